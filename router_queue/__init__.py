@@ -1,0 +1,1 @@
+"""router-queue: queued delivery of AI model runs (the Flask front door)."""

@@ -1,0 +1,99 @@
+"""Everything the front door decides before a request is queued.
+
+Parsing and validating the native body, the idempotency fingerprint, then one
+atomic admit in Redis (record + queue index + key reservation), then the
+publish. Nothing here reaches a worker unless the admit succeeded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from .catalog import ModelEntry
+from .errors import IdempotencyKeyConflict, InvalidInput, NotEnabled, ValidationFailed
+from .schemas import validation_detail
+from .services import Services
+
+log = logging.getLogger(__name__)
+
+#: Longest Idempotency-Key accepted, in characters.
+MAX_IDEMPOTENCY_KEY_LENGTH = 255
+
+
+def parse_body(raw: bytes) -> dict[str, Any]:
+    """The body as a JSON object, or ``400 invalid_input`` saying what is wrong."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidInput(f"the body is not valid JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise InvalidInput(f"the body must be a JSON object, not {type(body).__name__}")
+    return body
+
+
+def validate_body(entry: ModelEntry, body: dict[str, Any]) -> None:
+    """``422 invalid_input`` with the per-field ``detail`` array when the schema refuses."""
+    errors = entry.schema().validate(body)
+    if errors:
+        raise ValidationFailed(validation_detail(errors))
+
+
+def idempotency_key(raw: str | None) -> str | None:
+    if raw is None:
+        return None
+    if not raw or len(raw) > MAX_IDEMPOTENCY_KEY_LENGTH or not raw.isascii() or not raw.isprintable():
+        raise InvalidInput(
+            f"Idempotency-Key must be 1 to {MAX_IDEMPOTENCY_KEY_LENGTH} printable ASCII characters"
+        )
+    return raw
+
+
+def fingerprint(model_id: str, body: dict[str, Any]) -> str:
+    """What an Idempotency-Key is bound to: the model and the canonical body."""
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(f"{model_id}\n{canonical}".encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Admitted:
+    request_id: str
+    replayed: bool
+    #: Position at admission; None for a replay (read it from the store).
+    position: int | None
+
+
+def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, raw_body: bytes,
+          raw_idempotency_key: str | None) -> Admitted:
+    if not entry.queueable:
+        raise NotEnabled(f"{entry.id} cannot be queued; use POST /v2/models/{entry.id}")
+    key = idempotency_key(raw_idempotency_key)
+    body = parse_body(raw_body)
+    validate_body(entry, body)
+    request_id = services.ids.mint(workspace, entry.id)
+    admission = services.store.admit(
+        request_id=request_id,
+        workspace=workspace,
+        model=entry.id,
+        provider=entry.provider,
+        body=raw_body.decode(),
+        fingerprint=fingerprint(entry.id, body) if key else "",
+        idempotency_key_hash=hashlib.sha256(key.encode()).hexdigest() if key else "",
+    )
+    if admission.outcome == "NOT_ENABLED":
+        raise NotEnabled("queued delivery is not switched on for this workspace; "
+                         f"POST /v2/models/{entry.id} serves the same body synchronously")
+    if admission.outcome == "IDEM_CONFLICT":
+        raise IdempotencyKeyConflict("this Idempotency-Key is held by a different request; "
+                                     "send this one under a new key")
+    if admission.outcome == "REPLAY":
+        return Admitted(admission.request_id, True, None)
+    try:
+        dispatcher.publish(request_id, entry.provider)
+    except Exception:
+        # Admitted and recorded as unpublished: the sweeper publishes it.
+        log.exception("publish of request %s failed; the sweeper will publish it", request_id)
+    return Admitted(request_id, False, admission.position)

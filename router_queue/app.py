@@ -1,0 +1,93 @@
+"""The Flask app factory: the front door of the queue."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from dataclasses import dataclass
+
+import redis
+from flask import Flask, Response, g
+from werkzeug.exceptions import HTTPException
+
+from workers.celery_app import make_celery
+
+from .auth import KeyResolver
+from .dispatch import Dispatcher
+from .errors import InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RouterError
+from .errors import ServiceUnavailable
+from .routes import queue
+from .services import Services
+from .settings import Settings
+from .views import json_response
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class FrontDoor:
+    """What the routes reach through ``current_app.extensions["router_queue"]``."""
+
+    services: Services
+    dispatcher: Dispatcher
+    keys: KeyResolver
+
+
+def create_app(settings: Settings | None = None, *, services: Services | None = None,
+               dispatcher: Dispatcher | None = None) -> Flask:
+    """Build the front door. Tests pass ``services`` (fakeredis) and a ``dispatcher``."""
+    settings = settings or Settings.from_env()
+    services = services or Services.build(settings)
+    if dispatcher is None:
+        dispatcher = Dispatcher(make_celery(settings), services.store)
+    app = Flask(__name__, static_folder=None)
+    app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
+    app.extensions["router_queue"] = FrontDoor(services, dispatcher, KeyResolver(services.accounts))
+    app.register_blueprint(queue)
+    _register_error_handlers(app)
+
+    @app.before_request
+    def _call_id() -> None:
+        g.call_id = str(uuid.uuid4())
+
+    @app.after_request
+    def _stamp(response: Response) -> Response:
+        response.headers["X-Comfy-Request-Id"] = g.get("call_id") or str(uuid.uuid4())
+        return response
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return json_response({"status": "ok"})
+
+    return app
+
+
+def _render(error: RouterError) -> Response:
+    return json_response(error.body(), error.status, error.headers())
+
+
+def _register_error_handlers(app: Flask) -> None:
+    app.register_error_handler(RouterError, _render)
+
+    @app.errorhandler(HTTPException)
+    def _http(exc: HTTPException) -> Response:
+        if exc.code == 413:
+            return _render(PayloadTooLarge(f"the body is larger than {app.config['MAX_CONTENT_LENGTH']} bytes"))
+        if exc.code == 404:
+            return _render(ModelNotFound("no such route; models live under /v2/models/{provider}/{model}"))
+        if exc.code == 405:
+            return _render(MethodNotAllowed(f"{exc.description}"))
+        error = InvalidInput(exc.description or exc.name)
+        error.status = exc.code or 400
+        return _render(error)
+
+    @app.errorhandler(redis.exceptions.ConnectionError)
+    @app.errorhandler(redis.exceptions.TimeoutError)
+    def _redis_down(exc: Exception) -> Response:
+        log.warning("redis unreachable: %s", exc)
+        return _render(ServiceUnavailable("the request store is briefly unreachable; retry shortly", retry_after=1))
+
+    @app.errorhandler(Exception)
+    def _bug(exc: Exception) -> Response:
+        log.exception("unhandled error")
+        return _render(InternalError("an internal error occurred; quote X-Comfy-Request-Id to support"))

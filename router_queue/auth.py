@@ -1,0 +1,59 @@
+"""Who is calling: the API key from ``X-API-Key`` or ``Authorization: Bearer``.
+
+Key -> workspace lookups are cached in-process for a few seconds, because every
+status poll authenticates and the mapping almost never changes; a revoked key
+stops working within ``CACHE_TTL_S`` on every process.
+"""
+
+from __future__ import annotations
+
+import time
+
+from flask import Request
+
+from .accounts import Accounts, hash_key
+from .errors import Unauthorized
+
+#: Seconds a key -> workspace lookup is reused.
+CACHE_TTL_S = 5.0
+#: Longest key we look up; longer is refused unread (keys we mint are 46 chars).
+MAX_KEY_LENGTH = 256
+#: Entries kept before the cache is cleared wholesale (bounds memory).
+CACHE_MAX_ENTRIES = 10_000
+
+
+def presented_key(request: Request) -> str | None:
+    key = request.headers.get("X-API-Key")
+    if key is None:
+        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() == "bearer":
+            key = value
+    key = (key or "").strip()
+    return key or None
+
+
+class KeyResolver:
+    def __init__(self, accounts: Accounts):
+        self.accounts = accounts
+        self._cache: dict[str, tuple[float, str | None]] = {}
+
+    def workspace(self, request: Request) -> str:
+        """The caller's workspace id; ``401 unauthorized`` for no key or an unknown one."""
+        key = presented_key(request)
+        if key is None:
+            raise Unauthorized("send your API key as X-API-Key or Authorization: Bearer")
+        if len(key) > MAX_KEY_LENGTH or not key.isascii():
+            raise Unauthorized("the API key is not valid")
+        digest = hash_key(key)
+        now = time.monotonic()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[0] > now:
+            workspace = cached[1]
+        else:
+            if len(self._cache) >= CACHE_MAX_ENTRIES:
+                self._cache.clear()
+            workspace = self.accounts.workspace_for_key(key)
+            self._cache[digest] = (now + CACHE_TTL_S, workspace)
+        if not workspace:
+            raise Unauthorized("the API key is not valid")
+        return workspace

@@ -1,0 +1,111 @@
+"""The model catalog: which models exist, how to call them, what they cost.
+
+Loaded once from a JSON data file (``catalog.json`` by default). Each entry
+names its adapter, its upstream URL, its input schema (a class in
+``schemas.py``), its price, whether it can be queued, and its call policy.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+from marshmallow import Schema
+
+from .schemas import SCHEMAS
+
+
+@dataclass(frozen=True)
+class CallPolicy:
+    """How a worker calls the provider. Seconds throughout."""
+
+    connect_timeout_s: float = 5.0
+    read_timeout_s: float = 60.0
+    max_attempts: int = 3
+    #: Pause between two polls of a submit-then-poll provider.
+    poll_interval_s: float = 1.0
+    #: Longest a generation may run before it is given up as provider_timeout.
+    max_run_s: float = 1800.0
+    #: Longest a request may wait IN_QUEUE before it ends queue_timeout.
+    queue_timeout_s: float = 86_400.0
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    id: str
+    provider: str
+    model: str
+    adapter: str
+    upstream_url: str
+    input_schema: type[Schema]
+    output_media_type: str
+    price_credits: int
+    queueable: bool
+    policy: CallPolicy
+    billing: dict[str, Any] = field(default_factory=dict)
+    upstream_model: str = ""
+
+    def schema(self) -> Schema:
+        return self.input_schema()
+
+    def upstream(self, origin_override: str = "") -> str:
+        """The upstream URL, with its origin replaced when an override is set."""
+        if not origin_override:
+            return self.upstream_url
+        base = urlsplit(origin_override)
+        url = urlsplit(self.upstream_url)
+        return urlunsplit((base.scheme, base.netloc, url.path, url.query, ""))
+
+
+class CatalogError(ValueError):
+    """The catalog file is malformed; the message names the entry."""
+
+
+class Catalog:
+    def __init__(self, entries: dict[str, ModelEntry]):
+        self._entries = entries
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Catalog":
+        raw = json.loads(Path(path).read_text())
+        entries = {}
+        for model_id, spec in raw["models"].items():
+            provider, _, model = model_id.partition("/")
+            try:
+                entries[model_id] = ModelEntry(
+                    id=model_id,
+                    provider=provider,
+                    model=model,
+                    adapter=spec["adapter"],
+                    upstream_url=spec["upstream_url"],
+                    input_schema=SCHEMAS[spec["input_schema"]],
+                    output_media_type=spec.get("output_media_type", "application/json"),
+                    price_credits=int(spec["price_credits"]),
+                    queueable=bool(spec.get("queueable", True)),
+                    policy=CallPolicy(**spec.get("policy", {})),
+                    billing=dict(spec.get("billing", {})),
+                    upstream_model=spec.get("upstream_model", ""),
+                )
+            except (KeyError, TypeError, ValueError) as exc:
+                raise CatalogError(f"catalog entry {model_id!r}: {exc!r}") from exc
+        return cls(entries)
+
+    def get(self, provider: str, model: str) -> ModelEntry | None:
+        return self._entries.get(f"{provider}/{model}")
+
+    def by_id(self, model_id: str) -> ModelEntry | None:
+        return self._entries.get(model_id)
+
+    def suggest(self, model_id: str, limit: int = 3) -> list[str]:
+        """Up to ``limit`` catalog ids close to ``model_id``, best first."""
+        return difflib.get_close_matches(model_id, self._entries, n=limit, cutoff=0.5)
+
+    def providers(self) -> list[str]:
+        return sorted({entry.provider for entry in self._entries.values()})
+
+    def __iter__(self):
+        return iter(self._entries.values())

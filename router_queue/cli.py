@@ -1,0 +1,88 @@
+"""The ``router-queue`` command (Flask's CLI): accounts, and the one-command demo.
+
+    router-queue workspace create NAME [--enable-queue] [--credits N]
+    router-queue workspace enable-queue WS_ID [--off]
+    router-queue workspace set-credits WS_ID N
+    router-queue workspace list
+    router-queue key mint WS_ID
+    router-queue dev                # the whole stack on this machine
+"""
+
+from __future__ import annotations
+
+import click
+from flask import current_app
+from flask.cli import FlaskGroup
+
+from .app import create_app
+from .devstack import dev
+
+
+def _accounts():
+    return current_app.extensions["router_queue"].services.accounts
+
+
+@click.group(cls=FlaskGroup, create_app=lambda: create_app(), add_default_commands=False)
+def main() -> None:
+    """router-queue: queued delivery of AI model runs."""
+
+
+@main.group()
+def workspace() -> None:
+    """Create and configure workspaces."""
+
+
+@workspace.command("create")
+@click.argument("name")
+@click.option("--enable-queue/--no-enable-queue", default=False, help="Switch queued delivery on.")
+@click.option("--credits", type=click.IntRange(min=0), default=0, help="Starting credit balance.")
+def create_workspace(name: str, enable_queue: bool, credits: int) -> None:
+    """Create a workspace and print its id."""
+    click.echo(_accounts().create_workspace(name, queue_enabled=enable_queue, credits=credits))
+
+
+@workspace.command("enable-queue")
+@click.argument("workspace_id")
+@click.option("--off", is_flag=True, help="Switch queued delivery off instead.")
+def enable_queue(workspace_id: str, off: bool) -> None:
+    """Switch queued delivery on (or off) for a workspace."""
+    _or_fail(lambda: _accounts().set_queue_enabled(workspace_id, not off))
+    click.echo(f"queued delivery {'off' if off else 'on'} for {workspace_id}")
+
+
+@workspace.command("set-credits")
+@click.argument("workspace_id")
+@click.argument("credits", type=click.IntRange(min=0))
+def set_credits(workspace_id: str, credits: int) -> None:
+    """Set a workspace's credit balance."""
+    _or_fail(lambda: _accounts().set_credits(workspace_id, credits))
+    click.echo(f"{workspace_id} has {credits} credits")
+
+
+@workspace.command("list")
+def list_workspaces() -> None:
+    """List workspaces: id, queue switch, credits, name."""
+    for ws in _accounts().list():
+        click.echo(f"{ws.id}\t{'queue-on' if ws.queue_enabled else 'queue-off'}\t{ws.credits}\t{ws.name}")
+
+
+@main.group()
+def key() -> None:
+    """Mint API keys."""
+
+
+@key.command("mint")
+@click.argument("workspace_id")
+def mint_key(workspace_id: str) -> None:
+    """Mint an API key for a workspace. It is printed once and stored only hashed."""
+    click.echo(_or_fail(lambda: _accounts().mint_key(workspace_id)))
+
+
+def _or_fail(action):
+    try:
+        return action()
+    except LookupError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+main.add_command(dev)

@@ -1,0 +1,181 @@
+"""Starting the whole stack on one machine: ``router-queue dev`` and the
+integration tests both use ``Stack``.
+
+The stack is real processes: gunicorn serving the front door, a Celery worker
+consuming every provider queue, Celery beat running the sweeper, and the stub
+providers. With no ``REDIS_URL`` set, ``dev`` serves an embedded
+Redis-compatible server (fakeredis over TCP) from its own process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import click
+
+from workers.celery_app import MAINTENANCE_QUEUE, queue_name
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, timeout_s: float = 20.0, proc: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise RuntimeError(f"{proc.args!r} exited with {proc.returncode} before listening on {port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout_s} s")
+
+
+def start_embedded_redis(port: int) -> None:
+    """A fakeredis server over TCP in a daemon thread of this process."""
+    from fakeredis import TcpFakeServer
+
+    server = TcpFakeServer(("127.0.0.1", port), server_type="redis")
+    threading.Thread(target=server.serve_forever, name="embedded-redis", daemon=True).start()
+    wait_for_port(port)
+
+
+@dataclass
+class Stack:
+    """A set of child processes sharing one environment; stopped together."""
+
+    env: dict[str, str]
+    log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="router-queue-")))
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    quiet: bool = True
+
+    def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        out = open(self.log_dir / f"{name}.log", "ab") if self.quiet else None
+        proc = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if out else None)
+        self.procs[name] = proc
+        return proc
+
+    def start_stub(self, port: int) -> subprocess.Popen:
+        proc = self._spawn("stub", [sys.executable, "-m", "stub_provider", "--host", "127.0.0.1", "--port", str(port)])
+        wait_for_port(port, proc=proc)
+        return proc
+
+    def start_web(self, port: int, workers: int = 2) -> subprocess.Popen:
+        proc = self._spawn("web", [
+            sys.executable, "-m", "gunicorn", "--workers", str(workers), "--bind", f"127.0.0.1:{port}",
+            "--access-logfile", "-", "router_queue.wsgi:app",
+        ])
+        wait_for_port(port, proc=proc)
+        return proc
+
+    def start_worker(self, providers: list[str], name: str = "worker", pool: str = "threads",
+                     concurrency: int = 8) -> subprocess.Popen:
+        queues = ",".join([queue_name(p) for p in providers] + [MAINTENANCE_QUEUE])
+        return self._spawn(name, [
+            sys.executable, "-m", "celery", "-A", "workers.main", "worker", "--queues", queues,
+            "--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO",
+            "--hostname", f"{name}-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
+        ])
+
+    def start_beat(self) -> subprocess.Popen:
+        return self._spawn("beat", [
+            sys.executable, "-m", "celery", "-A", "workers.main", "beat", "--loglevel", "INFO",
+            "--schedule", str(self.log_dir / "celerybeat-schedule"),
+        ])
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def exited(self) -> str | None:
+        """The name of a child that exited, if any did."""
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                return name
+        return None
+
+
+WALKTHROUGH = """
+router-queue is up.
+  front door   {base}
+  stub         {stub}   (stands in for bfl, vertexai, openai)
+  redis        {redis}
+  logs         {logs}
+
+export COMFY_API_KEY={key}
+export COMFY_ROUTER_BASE_URL={base}
+BASE="$COMFY_ROUTER_BASE_URL/v2/models/bfl/flux-2-pro"
+curl "$BASE/requests" -H "X-API-Key: $COMFY_API_KEY" -H "Idempotency-Key: $(uuidgen)" \\
+  -H "Content-Type: application/json" -d '{{"prompt": "a red teapot on a windowsill, morning light"}}'
+curl -i "$BASE/requests/$REQUEST_ID/status" -H "X-API-Key: $COMFY_API_KEY"
+curl "$BASE/requests/$REQUEST_ID" -H "X-API-Key: $COMFY_API_KEY"
+
+Ctrl-C stops everything.
+"""
+
+
+@click.command("dev")
+@click.option("--port", type=int, default=8000, show_default=True, help="Front door port.")
+@click.option("--stub-port", type=int, default=8300, show_default=True, help="Stub provider port.")
+def dev(port: int, stub_port: int) -> None:
+    """Run the front door, a worker, beat and the stub providers, and seed a demo key."""
+    from .services import Services
+    from .settings import Settings
+
+    env = dict(os.environ)
+    if "REDIS_URL" not in env:
+        redis_port = free_port()
+        start_embedded_redis(redis_port)
+        env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+    env.setdefault("PROVIDER_ORIGIN_OVERRIDE", f"http://127.0.0.1:{stub_port}")
+    for name in ("BFL_API_KEY", "VERTEXAI_ACCESS_TOKEN", "OPENAI_API_KEY"):
+        env.setdefault(name, "stub-key")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+
+    settings = Settings.from_env(env)
+    services = Services.build(settings)
+    workspace_id = services.accounts.create_workspace("demo", queue_enabled=True, credits=1_000_000)
+    api_key = services.accounts.mint_key(workspace_id)
+
+    def _interrupt(*_):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _interrupt)
+    stack = Stack(env)
+    try:
+        stack.start_stub(stub_port)
+        stack.start_worker(services.catalog.providers())
+        stack.start_beat()
+        stack.start_web(port)
+        click.echo(WALKTHROUGH.format(base=f"http://127.0.0.1:{port}", stub=f"http://127.0.0.1:{stub_port}",
+                                      redis=env["REDIS_URL"], logs=stack.log_dir, key=api_key))
+        while (name := stack.exited()) is None:
+            time.sleep(0.5)
+        raise click.ClickException(f"{name} exited; see {stack.log_dir}/{name}.log")
+    except KeyboardInterrupt:
+        click.echo("stopping")
+    finally:
+        stack.stop()

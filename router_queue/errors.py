@@ -1,0 +1,132 @@
+"""One error tree for the front door; ``app.py`` renders every member the same way.
+
+Each class is one bucket of the contract's error table: it carries the HTTP
+status and the bucket that goes on ``X-Comfy-Error-Type`` and in the body.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class RouterError(Exception):
+    """Base of every error the API answers with. Never raised bare."""
+
+    status: int = 500
+    error_type: str = "internal_error"
+
+    def __init__(self, detail: str | list[dict[str, Any]], *, retry_after: int | None = None):
+        super().__init__(detail if isinstance(detail, str) else "per-field errors")
+        self.detail = detail
+        self.retry_after = retry_after
+
+    def body(self) -> dict[str, Any]:
+        return {"error_type": self.error_type, "detail": self.detail}
+
+    def headers(self) -> dict[str, str]:
+        headers = {"X-Comfy-Error-Type": self.error_type}
+        if self.retry_after is not None:
+            headers["Retry-After"] = str(max(1, int(self.retry_after)))
+        return headers
+
+
+class InvalidInput(RouterError):
+    """Body is not JSON or not an object (400)."""
+
+    status = 400
+    error_type = "invalid_input"
+
+
+class ValidationFailed(InvalidInput):
+    """The model's schema rejected the input; ``detail`` is the per-field array (422)."""
+
+    status = 422
+
+
+class PayloadTooLarge(InvalidInput):
+    status = 413
+
+
+class IdempotencyKeyConflict(InvalidInput):
+    """The ``Idempotency-Key`` is bound to a different request (409)."""
+
+    status = 409
+
+
+class Unauthorized(RouterError):
+    status = 401
+    error_type = "unauthorized"
+
+
+class InsufficientCredits(RouterError):
+    status = 402
+    error_type = "insufficient_credits"
+
+
+class NotEnabled(RouterError):
+    status = 403
+    error_type = "not_enabled"
+
+
+class ModelNotFound(RouterError):
+    status = 404
+    error_type = "model_not_found"
+
+
+class RequestNotFound(RouterError):
+    status = 404
+    error_type = "request_not_found"
+
+
+class ConcurrencyLimitExceeded(RouterError):
+    """The same ``Idempotency-Key`` is still being admitted (409 + Retry-After)."""
+
+    status = 409
+    error_type = "concurrency_limit_exceeded"
+
+
+class Gone(RouterError):
+    """The request existed and is past its retention window (410, no bucket)."""
+
+    status = 410
+    error_type = ""
+
+    def body(self) -> dict[str, Any]:
+        return {"detail": self.detail}
+
+    def headers(self) -> dict[str, str]:
+        return {}
+
+
+class MethodNotAllowed(RouterError):
+    status = 405
+    error_type = "invalid_input"
+
+
+class QueueBacklogFull(RouterError):
+    status = 429
+    error_type = "queue_backlog_full"
+
+
+class RateLimited(RouterError):
+    status = 429
+    error_type = "rate_limited"
+
+
+class InternalError(RouterError):
+    status = 500
+    error_type = "internal_error"
+
+
+class ServiceUnavailable(RouterError):
+    status = 503
+    error_type = "service_unavailable"
+
+
+class CompletedWithError(RouterError):
+    """The result read of a request that completed with ``error_type``."""
+
+    def __init__(self, status: int, error_type: str, detail: str):
+        super().__init__(detail)
+        self.status = status
+        self.error_type = error_type

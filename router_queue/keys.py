@@ -1,0 +1,77 @@
+"""The Redis key layout, in one place. Every key is built by a function here.
+
+=============================  ======  ==============================  ==================
+key                            type    TTL                             written by
+=============================  ======  ==============================  ==================
+rq:req:{id}                    hash    none; retention once COMPLETED  admit/claim/cancel/
+                                                                       complete.lua
+rq:result:{id}                 string  retention                       complete.lua
+rq:queue:{provider}            zset    none (members leave on claim,   admit/claim/cancel
+                                       cancel or completion)           .lua
+rq:seq:{provider}              string  none (INCR counter)             admit.lua
+rq:unpublished                 zset    none (members leave once        admit.lua, dispatch
+                                       published)
+rq:stats:{provider}            hash    none                            complete.lua
+rq:idem:{workspace}:{keyhash}  string  IDEMPOTENCY_TTL_SECONDS         admit.lua
+rq:ws:{workspace}              hash    none                            cli (accounts.py)
+rq:workspaces                  set     none (all workspace ids)        cli (accounts.py)
+rq:apikey:{sha256(key)}        string  none (value: workspace id)      cli (accounts.py)
+rq:config:id-secret            string  none                            ids.py (SET NX)
+=============================  ======  ==============================  ==================
+
+Request hash fields: ``id workspace model provider status body seq
+created_at started_at completed_at error_type detail content_type
+cancel_requested idem`` (timestamps are Unix seconds as decimal strings).
+``rq:queue:{provider}`` scores are the ``rq:seq`` sequence, so ``ZRANK`` is the
+number of requests ahead: the queue position in O(log n).
+``rq:unpublished`` scores are admission times; the sweeper re-publishes
+members older than ``REPUBLISH_AFTER_SECONDS``.
+"""
+
+from __future__ import annotations
+
+PREFIX = "rq"
+
+
+def request(request_id: str) -> str:
+    return f"{PREFIX}:req:{request_id}"
+
+
+def result(request_id: str) -> str:
+    return f"{PREFIX}:result:{request_id}"
+
+
+def queue(provider: str) -> str:
+    return f"{PREFIX}:queue:{provider}"
+
+
+def sequence(provider: str) -> str:
+    return f"{PREFIX}:seq:{provider}"
+
+
+def unpublished() -> str:
+    return f"{PREFIX}:unpublished"
+
+
+def stats(provider: str) -> str:
+    return f"{PREFIX}:stats:{provider}"
+
+
+def idempotency(workspace: str, key_hash: str) -> str:
+    return f"{PREFIX}:idem:{workspace}:{key_hash}"
+
+
+def workspace(workspace_id: str) -> str:
+    return f"{PREFIX}:ws:{workspace_id}"
+
+
+def workspaces() -> str:
+    return f"{PREFIX}:workspaces"
+
+
+def api_key(key_hash: str) -> str:
+    return f"{PREFIX}:apikey:{key_hash}"
+
+
+def id_secret() -> str:
+    return f"{PREFIX}:config:id-secret"

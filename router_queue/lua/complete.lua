@@ -1,0 +1,50 @@
+-- complete.lua: finish a request with its output or its error bucket.
+-- Status only moves forward: a request already COMPLETED is left untouched,
+-- so a duplicate or late worker can never overwrite the first outcome.
+--
+-- KEYS[1] rq:req:{id}   KEYS[2] rq:result:{id}   KEYS[3] rq:queue:{provider}
+-- KEYS[4] rq:stats:{provider}                    KEYS[5] rq:unpublished
+-- ARGV[1] id   ARGV[2] now (unix seconds)   ARGV[3] retention (s)
+-- ARGV[4] error_type ("" on success)        ARGV[5] detail
+-- ARGV[6] content type                      ARGV[7] output bytes
+-- returns "COMPLETED" | "ALREADY_COMPLETED" | "MISSING"
+
+local status = redis.call("HGET", KEYS[1], "status")
+if not status then
+  return "MISSING"
+end
+if status == "COMPLETED" then
+  return "ALREADY_COMPLETED"
+end
+
+local now = tonumber(ARGV[2])
+redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[2])
+if ARGV[4] == "" then
+  redis.call("HSET", KEYS[1], "content_type", ARGV[6])
+  redis.call("SET", KEYS[2], ARGV[7], "EX", ARGV[3])
+else
+  redis.call("HSET", KEYS[1], "error_type", ARGV[4], "detail", ARGV[5])
+end
+redis.call("EXPIRE", KEYS[1], ARGV[3])
+redis.call("ZREM", KEYS[3], ARGV[1])
+redis.call("ZREM", KEYS[5], ARGV[1])
+
+-- Pace estimates for Retry-After: moving averages (weight 0.2) of run time
+-- and of the interval between completions, the latter capped at the run time
+-- so an idle hour does not read as a slow queue.
+local started = tonumber(redis.call("HGET", KEYS[1], "started_at"))
+if started then
+  local run = math.max(now - started, 0)
+  local avg_run = tonumber(redis.call("HGET", KEYS[4], "avg_run_s")) or run
+  avg_run = avg_run * 0.8 + run * 0.2
+  local last = tonumber(redis.call("HGET", KEYS[4], "last_completed_at"))
+  local gap = avg_run
+  if last then
+    gap = math.min(math.max(now - last, 0), avg_run)
+  end
+  local avg_gap = tonumber(redis.call("HGET", KEYS[4], "avg_gap_s")) or gap
+  avg_gap = avg_gap * 0.8 + gap * 0.2
+  redis.call("HSET", KEYS[4], "avg_run_s", tostring(avg_run), "avg_gap_s", tostring(avg_gap),
+    "last_completed_at", ARGV[2])
+end
+return "COMPLETED"

@@ -1,0 +1,142 @@
+"""The four queue routes of the contract: submit, status, result, cancel."""
+
+from __future__ import annotations
+
+from flask import Blueprint, Response, current_app, g, request
+
+from . import admission, pacing
+from .catalog import ModelEntry
+from .errors import CompletedWithError, Gone, ModelNotFound, RequestNotFound
+from .ids import well_formed
+from .states import COMPLETED, RESULT_STATUS
+from .store import RequestRecord, StatusView
+from .views import json_response, request_urls, status_body
+
+queue = Blueprint("queue", __name__)
+
+#: Answered for every id we cannot show this caller, whatever the reason, so
+#: another workspace's ids are indistinguishable from ids that never existed.
+NOT_FOUND = "no such request for this caller and model"
+
+
+def _front():
+    return current_app.extensions["router_queue"]
+
+
+def _base_url() -> str:
+    return _front().services.settings.public_base_url or request.host_url.rstrip("/")
+
+
+def _model(provider: str, model: str) -> ModelEntry:
+    entry = _front().services.catalog.get(provider, model)
+    if entry is None:
+        model_id = f"{provider}/{model}"
+        close = _front().services.catalog.suggest(model_id)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ModelNotFound(f"{model_id} is not a model{hint}")
+    return entry
+
+
+def _caller_request(provider: str, model: str, request_id: str) -> tuple[ModelEntry, str, StatusView]:
+    """The model, the caller's workspace and the request's view, or 404/410."""
+    front = _front()
+    workspace = front.keys.workspace(request)
+    entry = _model(provider, model)
+    if not well_formed(request_id):
+        raise RequestNotFound(NOT_FOUND)
+    view = front.services.store.status_view(request_id, entry.provider)
+    record = view.record
+    if record is None:
+        if front.services.ids.is_ours(request_id, workspace, entry.id):
+            raise Gone(f"request {request_id} finished more than its retention window ago")
+        raise RequestNotFound(NOT_FOUND)
+    if record.workspace != workspace or record.model != entry.id:
+        raise RequestNotFound(NOT_FOUND)
+    return entry, workspace, view
+
+
+def _status_response(record: RequestRecord, view: StatusView, status: int = 200) -> Response:
+    body = status_body(record, view.position, _base_url(), _front().services.settings.result_retention_s)
+    hint = pacing.retry_after(record, view.position, view.pace)
+    return json_response(body, status, {"Retry-After": str(hint)})
+
+
+@queue.post("/v2/models/<provider>/<model>/requests")
+def submit(provider: str, model: str) -> Response:
+    front = _front()
+    workspace = front.keys.workspace(request)
+    entry = _model(provider, model)
+    admitted = admission.admit(
+        front.services, front.dispatcher, workspace=workspace, entry=entry,
+        raw_body=request.get_data(cache=False), raw_idempotency_key=request.headers.get("Idempotency-Key"),
+    )
+    g.call_id = admitted.request_id
+    if admitted.replayed:
+        return _replayed_handle(entry, admitted.request_id)
+    body = {
+        "request_id": admitted.request_id,
+        "status": "IN_QUEUE",
+        "queue_position": admitted.position or 0,
+        **request_urls(_base_url(), entry.id, admitted.request_id),
+    }
+    return json_response(body, 201)
+
+
+def _replayed_handle(entry: ModelEntry, request_id: str) -> Response:
+    """The original request's handle, as it stands now, marked as a replay."""
+    view = _front().services.store.status_view(request_id, entry.provider)
+    if view.record is not None:
+        response = _status_response(view.record, view, 201)
+    else:  # finished and past retention, while its key still lives
+        response = json_response(
+            {"request_id": request_id, "status": COMPLETED, **request_urls(_base_url(), entry.id, request_id)}, 201
+        )
+    response.headers["Idempotent-Replayed"] = "true"
+    return response
+
+
+@queue.get("/v2/models/<provider>/<model>/requests/<request_id>/status")
+def status(provider: str, model: str, request_id: str) -> Response:
+    _, _, view = _caller_request(provider, model, request_id)
+    return _status_response(view.record, view)
+
+
+@queue.get("/v2/models/<provider>/<model>/requests/<request_id>")
+def result(provider: str, model: str, request_id: str) -> Response:
+    _, _, view = _caller_request(provider, model, request_id)
+    record = view.record
+    if record.status != COMPLETED:
+        return _status_response(record, view, 202)
+    if record.error_type:
+        raise CompletedWithError(
+            RESULT_STATUS.get(record.error_type, 502), record.error_type, record.detail or record.error_type
+        )
+    output = _front().services.store.result(request_id)
+    if output is None:
+        raise Gone(f"the result of request {request_id} is past its retention window")
+    return Response(output, 200, content_type=record.content_type or "application/octet-stream")
+
+
+@queue.put("/v2/models/<provider>/<model>/requests/<request_id>/cancel")
+def cancel(provider: str, model: str, request_id: str) -> Response:
+    front = _front()
+    workspace = front.keys.workspace(request)
+    entry = _model(provider, model)
+    if not well_formed(request_id):
+        raise RequestNotFound(NOT_FOUND)
+    outcome = front.services.store.cancel(
+        request_id=request_id, workspace=workspace, model=entry.id, provider=entry.provider
+    )
+    if outcome == "MISSING":
+        if front.services.ids.is_ours(request_id, workspace, entry.id):
+            raise Gone(f"request {request_id} finished more than its retention window ago")
+        raise RequestNotFound(NOT_FOUND)
+    if outcome == "ALREADY_COMPLETED":
+        return json_response(
+            {"request_id": request_id, "status": "ALREADY_COMPLETED",
+             "detail": "the request had already finished; there was nothing to cancel"},
+            409, {"X-Comfy-Error-Type": "already_completed"},
+        )
+    body = {"request_id": request_id, "status": "CANCELLATION_REQUESTED",
+            **request_urls(_base_url(), entry.id, request_id)}
+    return json_response(body, 202)

@@ -1,0 +1,43 @@
+"""The composition root: everything the front door and the workers share,
+built once per process from one ``Settings``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis
+
+from .accounts import Accounts
+from .catalog import Catalog
+from .ids import RequestIds
+from .settings import Settings
+from .store import RequestStore
+
+
+@dataclass
+class Services:
+    settings: Settings
+    redis: redis.Redis
+    store: RequestStore
+    accounts: Accounts
+    ids: RequestIds
+    catalog: Catalog
+
+    @classmethod
+    def build(cls, settings: Settings, client: redis.Redis | None = None) -> "Services":
+        """``client`` lets tests pass a fakeredis client; else one is made from the URL."""
+        if client is None:
+            client = redis.Redis.from_url(
+                settings.redis_url, socket_connect_timeout=2, socket_timeout=5, health_check_interval=30
+            )
+        return cls(
+            settings=settings,
+            redis=client,
+            store=RequestStore(
+                client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s
+            ),
+            accounts=Accounts(client),
+            ids=RequestIds(client),
+            catalog=Catalog.load(settings.catalog_path),
+        )

@@ -1,0 +1,146 @@
+"""One typed settings object, read once from the environment at the edge.
+
+Every variable is named once here with its type, default and unit. Code below
+the edge (the app factory, the Celery factory, the store) takes a ``Settings``
+and never reads ``os.environ`` itself, so tests build one by hand.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+DEFAULT_CATALOG = Path(__file__).with_name("catalog.json")
+
+
+class SettingsError(ValueError):
+    """A variable had a value we cannot use; the message names the variable."""
+
+
+def _int(name: str, raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a whole number, got {raw!r}") from None
+    if value < 0:
+        raise SettingsError(f"{name} must not be negative, got {value}")
+    return value
+
+
+def _float(name: str, raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise SettingsError(f"{name} must be a number, got {raw!r}") from None
+    if value < 0:
+        raise SettingsError(f"{name} must not be negative, got {value}")
+    return value
+
+
+def _str(name: str, raw: str) -> str:
+    return raw.strip()
+
+
+def _url(name: str, raw: str) -> str:
+    raw = raw.strip().rstrip("/")
+    if raw and "://" not in raw:
+        raise SettingsError(f"{name} must be a URL with a scheme, got {raw!r}")
+    return raw
+
+
+class Secret(str):
+    """A string that masks itself in ``repr`` so settings can be logged."""
+
+    def __repr__(self) -> str:
+        return "Secret('***')" if self else "Secret('')"
+
+
+def _secret(name: str, raw: str) -> Secret:
+    return Secret(raw.strip())
+
+
+#: environment variable -> (field name, parser). The README's configuration
+#: table lists the same variables; keep them in step.
+_ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
+    "REDIS_URL": ("redis_url", _url),
+    "CELERY_BROKER_URL": ("broker_url", _url),
+    "PUBLIC_BASE_URL": ("public_base_url", _url),
+    "RESULT_RETENTION_SECONDS": ("result_retention_s", _int),
+    "IDEMPOTENCY_TTL_SECONDS": ("idempotency_ttl_s", _int),
+    "MAX_BODY_BYTES": ("max_body_bytes", _int),
+    "CATALOG_PATH": ("catalog_path", _str),
+    "PROVIDER_ORIGIN_OVERRIDE": ("provider_origin_override", _url),
+    "BFL_API_KEY": ("bfl_api_key", _secret),
+    "VERTEXAI_ACCESS_TOKEN": ("vertexai_access_token", _secret),
+    "OPENAI_API_KEY": ("openai_api_key", _secret),
+    "REPUBLISH_AFTER_SECONDS": ("republish_after_s", _float),
+    "SWEEP_INTERVAL_SECONDS": ("sweep_interval_s", _float),
+    "VISIBILITY_TIMEOUT_SECONDS": ("visibility_timeout_s", _int),
+    "LOG_LEVEL": ("log_level", _str),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    #: Redis holding requests, queues, keys and results. ``router-queue dev``
+    #: starts an embedded server instead when the variable is not set at all.
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    #: Celery broker; empty means the same Redis as ``redis_url``.
+    broker_url: str = ""
+    #: Origin the absolute status/response/cancel URLs are built on; empty
+    #: means the origin the caller used (``request.host_url``).
+    public_base_url: str = ""
+    #: Seconds a finished request and its result are kept; then ``410``.
+    result_retention_s: int = 86_400
+    #: Seconds an ``Idempotency-Key`` stays bound to its request.
+    idempotency_ttl_s: int = 86_400
+    #: Largest submit body accepted, in bytes; larger gets ``413``.
+    max_body_bytes: int = 1_048_576
+    #: The model catalog (JSON). Defaults to the one shipped in the package.
+    catalog_path: str = str(DEFAULT_CATALOG)
+    #: Replaces the scheme and host of every upstream URL (the stub provider
+    #: in tests and the demo). Empty in production.
+    provider_origin_override: str = ""
+    bfl_api_key: Secret = field(default_factory=lambda: Secret(""))
+    vertexai_access_token: Secret = field(default_factory=lambda: Secret(""))
+    openai_api_key: Secret = field(default_factory=lambda: Secret(""))
+    #: Seconds an admitted request may wait unpublished before the sweeper
+    #: publishes it again (covers a crash between admission and publish).
+    republish_after_s: float = 30.0
+    #: Seconds between two sweeper runs (Celery beat).
+    sweep_interval_s: float = 10.0
+    #: Seconds the Redis broker waits for an ack before redelivering. Must be
+    #: longer than any task runs; see workers/celery_app.py.
+    visibility_timeout_s: int = 43_200
+    log_level: str = "INFO"
+
+    @property
+    def effective_broker_url(self) -> str:
+        return self.broker_url or self.redis_url
+
+    def provider_key(self, provider: str) -> str:
+        """The upstream credential for ``provider``; empty when none is set."""
+        return {
+            "bfl": self.bfl_api_key,
+            "vertexai": self.vertexai_access_token,
+            "openai": self.openai_api_key,
+        }.get(provider, "")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
+        """Build settings from ``environ`` (default ``os.environ``)."""
+        environ = os.environ if environ is None else environ
+        values: dict[str, Any] = {}
+        for name, (attr, parse) in _ENV.items():
+            raw = environ.get(name)
+            if raw is not None and raw != "":
+                values[attr] = parse(name, raw)
+        values.update(overrides)
+        return cls(**values)
+
+    def as_table(self) -> list[tuple[str, str]]:
+        """(variable, current value) pairs, secrets masked, for ``router-queue config``."""
+        by_attr = {attr: env for env, (attr, _) in _ENV.items()}
+        return [(by_attr[f.name], repr(getattr(self, f.name))) for f in fields(self) if f.name in by_attr]

@@ -1,0 +1,47 @@
+"""The JSON bodies the queue routes answer with, and the URLs inside them."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timezone
+from typing import Any
+
+from flask import Response
+
+from .states import COMPLETED, IN_QUEUE
+from .store import RequestRecord
+
+
+def iso(ts: float | None) -> str | None:
+    if ts is None:
+        return None
+    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def request_urls(base: str, model_id: str, request_id: str) -> dict[str, str]:
+    """The three absolute URLs that address one request."""
+    root = f"{base}/v2/models/{model_id}/requests/{request_id}"
+    return {"status_url": f"{root}/status", "response_url": root, "cancel_url": f"{root}/cancel"}
+
+
+def status_body(record: RequestRecord, position: int | None, base: str, retention_s: int) -> dict[str, Any]:
+    body: dict[str, Any] = {"request_id": record.id, "status": record.status}
+    if record.status != COMPLETED:
+        body["queue_position"] = (position or 0) if record.status == IN_QUEUE else 0
+    body.update(request_urls(base, record.model, record.id))
+    body["created_at"] = iso(record.created_at)
+    if record.started_at is not None:
+        body["started_at"] = iso(record.started_at)
+    if record.completed_at is not None:
+        body["completed_at"] = iso(record.completed_at)
+        body["expires_at"] = iso(record.completed_at + retention_s)
+    if record.error_type:
+        body["error_type"] = record.error_type
+        body["detail"] = record.detail or ""
+    return body
+
+
+def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        json.dumps(body, separators=(",", ":")), status=status, headers=headers, mimetype="application/json"
+    )

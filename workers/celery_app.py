@@ -1,0 +1,70 @@
+"""The Celery factory. ``workers/main.py`` (the worker and beat entry point) and
+the front door's dispatcher both build their app here, from one ``Settings``.
+
+Delivery semantics, chosen deliberately:
+
+* ``task_acks_late`` + ``task_reject_on_worker_lost``: a message is acked only
+  after its task returns, and a child killed mid-task puts the message back at
+  once. A request therefore may be delivered twice; the claim in ``claim.lua``
+  makes the second delivery a no-op, so it runs once.
+* ``worker_prefetch_multiplier = 1``: a worker process reserves only what it
+  runs, so short requests never wait behind a long one reserved by a busy
+  process (celery#2788).
+* ``visibility_timeout`` (Redis broker): an unacked message is redelivered
+  after this long even while its task still runs (celery#5935), so it is set
+  far above the longest generation (12 h by default) and in every transport
+  options dict, since the shortest wins (celery#7651). Fast recovery after a
+  crash comes from our own sweeper, not from this timeout.
+* Results are not stored by Celery: a request's outcome lives in its Redis
+  record, written by the task itself.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from router_queue.settings import Settings
+
+#: Registered name of the delivery task; the front door publishes by name so
+#: it never imports the provider adapters.
+DELIVER_TASK = "workers.tasks.deliver"
+SWEEP_TASK = "workers.tasks.sweep_unpublished"
+#: Queue for housekeeping (the sweeper), consumed by any worker.
+MAINTENANCE_QUEUE = "router.maintenance"
+
+
+def queue_name(provider: str) -> str:
+    """The Celery queue a provider's requests are published to."""
+    return f"provider.{provider}"
+
+
+def make_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celery:
+    app = Celery("router_queue", broker=settings.effective_broker_url, include=list(include))
+    transport_options = {"visibility_timeout": settings.visibility_timeout_s}
+    app.conf.update(
+        task_acks_late=True,
+        task_reject_on_worker_lost=True,
+        worker_prefetch_multiplier=1,
+        task_ignore_result=True,
+        task_serializer="json",
+        accept_content=["json"],
+        task_default_queue=MAINTENANCE_QUEUE,
+        broker_transport_options=transport_options,
+        result_backend_transport_options=transport_options,
+        broker_connection_retry_on_startup=True,
+        # Set explicitly (Celery 6 flips the default). On a lost broker
+        # connection a running task keeps running and writes its outcome to
+        # Redis itself; the message it can no longer ack is redelivered and
+        # finds the request claimed, so nothing runs twice and nothing is cut.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        worker_hijack_root_logger=False,
+        beat_schedule={
+            "sweep-unpublished": {
+                "task": SWEEP_TASK,
+                "schedule": settings.sweep_interval_s,
+                "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.sweep_interval_s * 3},
+            },
+        },
+    )
+    app.router_settings = settings
+    return app
