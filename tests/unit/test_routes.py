@@ -1,0 +1,234 @@
+"""The queue routes as a caller sees them: statuses, bodies, headers, buckets."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from router_queue import keys
+
+FLUX = "/v2/models/bfl/flux-2-pro"
+ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
+
+
+def submit(http, auth, body=None, *, path=FLUX, headers=None, raw=None):
+    data = raw if raw is not None else json.dumps(body if body is not None else {"prompt": "a red teapot"})
+    return http.post(f"{path}/requests", data=data, headers={**auth, "Content-Type": "application/json",
+                                                              **(headers or {})})
+
+
+def assert_error(response, status, bucket):
+    assert response.status_code == status, response.get_data(as_text=True)
+    assert response.headers["X-Comfy-Error-Type"] == bucket
+    assert response.json["error_type"] == bucket
+    assert response.json["detail"]
+    assert response.headers["X-Comfy-Request-Id"]
+
+
+def test_submit_answers_the_handle_with_absolute_urls(http, auth, dispatcher):
+    response = submit(http, auth)
+    assert response.status_code == 201
+    body = response.json
+    request_id = body["request_id"]
+    assert response.headers["X-Comfy-Request-Id"] == request_id
+    assert body["status"] == "IN_QUEUE"
+    assert body["queue_position"] == 0
+    root = f"http://router.test{FLUX}/requests/{request_id}"
+    assert body["status_url"] == f"{root}/status"
+    assert body["response_url"] == root
+    assert body["cancel_url"] == f"{root}/cancel"
+    assert dispatcher.published == [(request_id, "bfl")]
+
+
+def test_bearer_and_x_api_key_both_authenticate(http, api_key):
+    assert submit(http, {"Authorization": f"Bearer {api_key}"}).status_code == 201
+    assert submit(http, {"X-API-Key": api_key}).status_code == 201
+
+
+@pytest.mark.parametrize("headers", [{}, {"X-API-Key": "rq_nope"}, {"Authorization": "Bearer "},
+                                     {"Authorization": "Basic abc"}, {"X-API-Key": "k" * 5000}])
+def test_missing_or_unknown_keys_are_unauthorized(http, headers, dispatcher):
+    assert_error(submit(http, headers), 401, "unauthorized")
+    assert_error(http.get(f"{FLUX}/requests/x/status", headers=headers), 401, "unauthorized")
+    assert dispatcher.published == []
+
+
+def test_unknown_model_suggests_close_ids(http, auth):
+    response = submit(http, auth, path="/v2/models/bfl/flux-2-pr")
+    assert_error(response, 404, "model_not_found")
+    assert "bfl/flux-2-pro" in response.json["detail"]
+
+
+@pytest.mark.parametrize("raw", [b"not json", b"[1, 2]", b'"text"', b"", b"\xff\xfe"])
+def test_a_body_that_is_not_a_json_object_is_invalid_input(http, auth, raw, dispatcher):
+    assert_error(submit(http, auth, raw=raw), 400, "invalid_input")
+    assert dispatcher.published == []
+
+
+def test_a_schema_violation_answers_the_per_field_detail(http, auth, dispatcher):
+    response = submit(http, auth, {"prompt": 5, "width": 10, "colour": "red"})
+    assert_error(response, 422, "invalid_input")
+    by_loc = {tuple(entry["loc"]): entry for entry in response.json["detail"]}
+    assert by_loc[("body", "prompt")]["type"] == "string_type"
+    assert by_loc[("body", "width")]["type"] == "out_of_range"
+    assert by_loc[("body", "colour")]["type"] == "extra_forbidden"
+    assert all(entry["msg"] for entry in response.json["detail"])
+    assert dispatcher.published == []
+
+
+def test_nested_schema_errors_carry_their_path(http, auth):
+    body = {"contents": [{"parts": [{"text": 1}]}]}
+    response = submit(http, auth, body, path="/v2/models/vertexai/gemini-3.1-flash-image")
+    assert_error(response, 422, "invalid_input")
+    assert response.json["detail"][0]["loc"] == ["body", "contents", 0, "parts", 0, "text"]
+
+
+def test_an_oversized_body_is_413(http, auth):
+    response = submit(http, auth, {"prompt": "x" * 2_000_000})
+    assert_error(response, 413, "invalid_input")
+
+
+def test_a_workspace_without_queued_delivery_is_not_enabled(http, services, dispatcher):
+    workspace = services.accounts.create_workspace("off", queue_enabled=False)
+    key = services.accounts.mint_key(workspace)
+    assert_error(submit(http, {"X-API-Key": key}), 403, "not_enabled")
+    assert dispatcher.published == []
+
+
+def test_idempotency_key_replays_the_handle_and_refuses_another_body(http, auth, dispatcher):
+    first = submit(http, auth, headers={"Idempotency-Key": "abc"})
+    again = submit(http, auth, headers={"Idempotency-Key": "abc"})
+    assert again.status_code == 201
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert again.json["request_id"] == first.json["request_id"]
+    assert again.headers["X-Comfy-Request-Id"] == first.json["request_id"]
+    assert "Idempotent-Replayed" not in first.headers
+    assert_error(submit(http, auth, {"prompt": "another"}, headers={"Idempotency-Key": "abc"}),
+                 409, "invalid_input")
+    assert len(dispatcher.published) == 1
+
+
+def test_a_malformed_idempotency_key_is_refused(http, auth):
+    assert_error(submit(http, auth, headers={"Idempotency-Key": "k" * 300}), 400, "invalid_input")
+
+
+def test_status_reports_queue_position_times_and_retry_after(http, auth, services):
+    ids = [submit(http, auth, {"prompt": f"p{i}"}).json["request_id"] for i in range(3)]
+    response = http.get(f"{FLUX}/requests/{ids[2]}/status", headers=auth)
+    assert response.status_code == 200
+    body = response.json
+    assert (body["status"], body["queue_position"]) == ("IN_QUEUE", 2)
+    assert ISO.match(body["created_at"])
+    assert "started_at" not in body and "error_type" not in body
+    assert int(response.headers["Retry-After"]) >= 1
+
+    services.store.claim(ids[0], "bfl")
+    running = http.get(f"{FLUX}/requests/{ids[0]}/status", headers=auth)
+    assert (running.json["status"], running.json["queue_position"]) == ("IN_PROGRESS", 0)
+    assert ISO.match(running.json["started_at"])
+    assert http.get(f"{FLUX}/requests/{ids[2]}/status", headers=auth).json["queue_position"] == 1
+
+
+def test_result_is_202_while_unfinished_then_the_native_bytes(http, auth, services):
+    request_id = submit(http, auth).json["request_id"]
+    pending = http.get(f"{FLUX}/requests/{request_id}", headers=auth)
+    assert pending.status_code == 202
+    assert pending.json["status"] == "IN_QUEUE"
+    assert int(pending.headers["Retry-After"]) >= 1
+
+    services.store.claim(request_id, "bfl")
+    native = b'{"id":"t","status":"Ready","result":{"sample":"https://x/y.jpeg"}}'
+    services.store.complete(request_id, "bfl", output=native, content_type="application/json")
+    done = http.get(f"{FLUX}/requests/{request_id}", headers=auth)
+    assert done.status_code == 200
+    assert done.get_data() == native
+    assert done.headers["Content-Type"] == "application/json"
+    status = http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).json
+    assert status["status"] == "COMPLETED"
+    assert "error_type" not in status and "queue_position" not in status
+    assert ISO.match(status["completed_at"]) and ISO.match(status["expires_at"])
+
+
+def test_raw_bytes_come_back_under_the_providers_content_type(http, auth, services):
+    path = "/v2/models/openai/gpt-4o-mini-tts"
+    request_id = submit(http, auth, {"input": "hi", "voice": "alloy"}, path=path).json["request_id"]
+    services.store.claim(request_id, "openai")
+    services.store.complete(request_id, "openai", output=b"ID3\x04\x00\xff\x00", content_type="audio/mpeg")
+    done = http.get(f"{path}/requests/{request_id}", headers=auth)
+    assert (done.status_code, done.headers["Content-Type"], done.get_data()) == (200, "audio/mpeg",
+                                                                                 b"ID3\x04\x00\xff\x00")
+
+
+@pytest.mark.parametrize("bucket,status", [("content_policy_violation", 400), ("provider_error", 502),
+                                           ("provider_timeout", 504), ("invalid_input", 422)])
+def test_a_failed_request_answers_its_bucket(http, auth, services, bucket, status):
+    request_id = submit(http, auth).json["request_id"]
+    services.store.claim(request_id, "bfl")
+    services.store.complete(request_id, "bfl", error_type=bucket, detail="what went wrong")
+    assert_error(http.get(f"{FLUX}/requests/{request_id}", headers=auth), status, bucket)
+    body = http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).json
+    assert (body["status"], body["error_type"], body["detail"]) == ("COMPLETED", bucket, "what went wrong")
+
+
+def test_cancel_of_a_queued_request_then_of_a_finished_one(http, auth):
+    request_id = submit(http, auth).json["request_id"]
+    response = http.put(f"{FLUX}/requests/{request_id}/cancel", headers=auth)
+    assert response.status_code == 202
+    assert response.json["status"] == "CANCELLATION_REQUESTED"
+    status = http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).json
+    assert (status["status"], status["error_type"]) == ("COMPLETED", "cancelled")
+    assert_error(http.get(f"{FLUX}/requests/{request_id}", headers=auth), 409, "cancelled")
+    again = http.put(f"{FLUX}/requests/{request_id}/cancel", headers=auth)
+    assert again.status_code == 409
+    assert again.json["status"] == "ALREADY_COMPLETED"
+    assert again.headers["X-Comfy-Error-Type"] == "already_completed"
+
+
+def test_other_workspaces_ids_look_exactly_like_unknown_ones(http, auth, services):
+    request_id = submit(http, auth).json["request_id"]
+    stranger = services.accounts.mint_key(services.accounts.create_workspace("eve", queue_enabled=True))
+    unknown = services.ids.mint("ws_nobody", "bfl/flux-2-pro")
+    answers = []
+    for path, headers in [
+        (f"{FLUX}/requests/{request_id}", {"X-API-Key": stranger}),
+        (f"/v2/models/vertexai/gemini-3.1-flash-image/requests/{request_id}", auth),
+        (f"{FLUX}/requests/{unknown}", auth),
+        (f"{FLUX}/requests/not-an-id", auth),
+        (f"{FLUX}/requests/{'a' * 300}", auth),
+    ]:
+        for suffix, method in (("/status", http.get), ("", http.get), ("/cancel", http.put)):
+            response = method(path + suffix, headers=headers)
+            assert_error(response, 404, "request_not_found")
+            answers.append(response.get_data())
+    assert len(set(answers)) == 1
+    assert http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).json["status"] == "IN_QUEUE"
+
+
+def test_a_request_past_retention_is_gone_for_good(http, auth, services):
+    request_id = submit(http, auth).json["request_id"]
+    services.redis.delete(keys.request(request_id), keys.result(request_id))  # what expiry does
+    for response in (http.get(f"{FLUX}/requests/{request_id}/status", headers=auth),
+                     http.get(f"{FLUX}/requests/{request_id}", headers=auth),
+                     http.put(f"{FLUX}/requests/{request_id}/cancel", headers=auth)):
+        assert response.status_code == 410
+        assert "X-Comfy-Error-Type" not in response.headers
+        assert response.headers["X-Comfy-Request-Id"]
+    stranger = services.accounts.mint_key(services.accounts.create_workspace("eve", queue_enabled=True))
+    assert_error(http.get(f"{FLUX}/requests/{request_id}/status", headers={"X-API-Key": stranger}),
+                 404, "request_not_found")
+
+
+def test_unknown_routes_and_methods_answer_in_the_contract_shape(http, auth):
+    assert_error(http.get("/nowhere", headers=auth), 404, "model_not_found")
+    assert_error(http.delete(f"{FLUX}/requests", headers=auth), 405, "invalid_input")
+
+
+def test_redis_down_is_503_service_unavailable(http, auth, services, request):
+    if request.node.callspec.params["client"] != "fakeredis":
+        pytest.skip("simulated with fakeredis")
+    services.redis.connection_pool.connection_kwargs["server"].connected = False
+    response = submit(http, {"X-API-Key": "rq_uncached"})
+    assert_error(response, 503, "service_unavailable")
+    assert int(response.headers["Retry-After"]) >= 1
