@@ -94,6 +94,6 @@ def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, 
     try:
         dispatcher.publish(request_id, entry.provider)
     except Exception:
-        # Admitted and recorded as unpublished: the sweeper publishes it.
+        # Admitted and still due in rq:due: the sweeper publishes it.
         log.exception("publish of request %s failed; the sweeper will publish it", request_id)
     return Admitted(request_id, False, admission.position)

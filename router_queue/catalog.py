@@ -25,9 +25,17 @@ class CallPolicy:
 
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 60.0
+    #: Provider calls tried before a retryable failure (connection error, 5xx,
+    #: 429, timeout) becomes final.
     max_attempts: int = 3
-    #: Pause between two polls of a submit-then-poll provider.
+    #: Backoff between attempts: base * 2**(attempt-1), capped, with jitter;
+    #: a 429's own Retry-After wins when it is longer.
+    backoff_base_s: float = 1.0
+    backoff_max_s: float = 30.0
+    #: First pause between two polls of a submit-then-poll provider; each
+    #: further pause grows 1.5x up to ``poll_interval_max_s``.
     poll_interval_s: float = 1.0
+    poll_interval_max_s: float = 5.0
     #: Longest a generation may run before it is given up as provider_timeout.
     max_run_s: float = 1800.0
     #: Longest a request may wait IN_QUEUE before it ends queue_timeout.
@@ -65,9 +73,14 @@ class CatalogError(ValueError):
     """The catalog file is malformed; the message names the entry."""
 
 
+#: Generations in flight per provider when the catalog names no cap.
+DEFAULT_MAX_IN_FLIGHT = 100
+
+
 class Catalog:
-    def __init__(self, entries: dict[str, ModelEntry]):
+    def __init__(self, entries: dict[str, ModelEntry], max_in_flight: dict[str, int] | None = None):
         self._entries = entries
+        self._max_in_flight = max_in_flight or {}
 
     @classmethod
     def load(cls, path: str | Path) -> "Catalog":
@@ -92,7 +105,8 @@ class Catalog:
                 )
             except (KeyError, TypeError, ValueError) as exc:
                 raise CatalogError(f"catalog entry {model_id!r}: {exc!r}") from exc
-        return cls(entries)
+        limits = {name: int(spec["max_in_flight"]) for name, spec in raw.get("providers", {}).items()}
+        return cls(entries, limits)
 
     def get(self, provider: str, model: str) -> ModelEntry | None:
         return self._entries.get(f"{provider}/{model}")
@@ -103,6 +117,10 @@ class Catalog:
     def suggest(self, model_id: str, limit: int = 3) -> list[str]:
         """Up to ``limit`` catalog ids close to ``model_id``, best first."""
         return difflib.get_close_matches(model_id, self._entries, n=limit, cutoff=0.5)
+
+    def max_in_flight(self, provider: str) -> int:
+        """How many generations the provider allows us in flight, fleet-wide."""
+        return self._max_in_flight.get(provider, DEFAULT_MAX_IN_FLIGHT)
 
     def providers(self) -> list[str]:
         return sorted({entry.provider for entry in self._entries.values()})

@@ -21,7 +21,7 @@ class Dispatcher:
     def publish(self, request_id: str, provider: str) -> None:
         """Publish, then forget the request awaits publishing.
 
-        A crash between the two leaves it in ``rq:unpublished``; the sweeper
+        A crash between the two leaves it in ``rq:due``; the sweeper
         publishes it again, and the worker's atomic claim runs it once.
         """
         self.celery.send_task(DELIVER_TASK, args=[request_id], queue=queue_name(provider))

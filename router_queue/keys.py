@@ -9,8 +9,10 @@ rq:result:{id}                 string  retention                       complete.
 rq:queue:{provider}            zset    none (members leave on claim,   admit/claim/cancel
                                        cancel or completion)           .lua
 rq:seq:{provider}              string  none (INCR counter)             admit.lua
-rq:unpublished                 zset    none (members leave once        admit.lua, dispatch
-                                       published)
+rq:due                         zset    none (members leave once        admit.lua, dispatch,
+                                       published or claimed)           delivery (defer)
+rq:running:{provider}          zset    none (members leave on          claim/renew/complete
+                                       completion)                     .lua
 rq:stats:{provider}            hash    none                            complete.lua
 rq:idem:{workspace}:{keyhash}  string  IDEMPOTENCY_TTL_SECONDS         admit.lua
 rq:ws:{workspace}              hash    none                            cli (accounts.py)
@@ -21,11 +23,18 @@ rq:config:id-secret            string  none                            ids.py (S
 
 Request hash fields: ``id workspace model provider status body seq
 created_at started_at completed_at error_type detail content_type
-cancel_requested idem`` (timestamps are Unix seconds as decimal strings).
+cancel_requested idem token lease_until takeovers attempts upstream_ref``
+(timestamps are Unix seconds as decimal strings; ``token`` is the Celery task
+id holding the lease; ``upstream_ref`` is the provider's own handle on a
+submitted generation, JSON, so a new worker resumes instead of resubmitting).
 ``rq:queue:{provider}`` scores are the ``rq:seq`` sequence, so ``ZRANK`` is the
 number of requests ahead: the queue position in O(log n).
-``rq:unpublished`` scores are admission times; the sweeper re-publishes
-members older than ``REPUBLISH_AFTER_SECONDS``.
+``rq:due`` scores are the time by which a waiting request must have been
+(re)published: admission + ``REPUBLISH_AFTER_SECONDS``, or the end of a
+deferral; the sweeper publishes members past due (their message was lost).
+``rq:running:{provider}`` scores are lease expiries; its size is the
+provider's count of generations in flight (the fleet-wide cap), and members
+past expiry are requests whose worker died: the reaper re-publishes them.
 """
 
 from __future__ import annotations
@@ -49,8 +58,12 @@ def sequence(provider: str) -> str:
     return f"{PREFIX}:seq:{provider}"
 
 
-def unpublished() -> str:
-    return f"{PREFIX}:unpublished"
+def due() -> str:
+    return f"{PREFIX}:due"
+
+
+def running(provider: str) -> str:
+    return f"{PREFIX}:running:{provider}"
 
 
 def stats(provider: str) -> str:

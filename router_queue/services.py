@@ -35,7 +35,8 @@ class Services:
             settings=settings,
             redis=client,
             store=RequestStore(
-                client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s
+                client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
+                republish_after_s=settings.republish_after_s,
             ),
             accounts=Accounts(client),
             ids=RequestIds(client),

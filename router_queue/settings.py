@@ -78,6 +78,8 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "REPUBLISH_AFTER_SECONDS": ("republish_after_s", _float),
     "SWEEP_INTERVAL_SECONDS": ("sweep_interval_s", _float),
     "VISIBILITY_TIMEOUT_SECONDS": ("visibility_timeout_s", _int),
+    "LEASE_SECONDS": ("lease_s", _float),
+    "MAX_TAKEOVERS": ("max_takeovers", _int),
     "LOG_LEVEL": ("log_level", _str),
 }
 
@@ -109,11 +111,19 @@ class Settings:
     #: Seconds an admitted request may wait unpublished before the sweeper
     #: publishes it again (covers a crash between admission and publish).
     republish_after_s: float = 30.0
-    #: Seconds between two sweeper runs (Celery beat).
-    sweep_interval_s: float = 10.0
+    #: Seconds between two sweeper runs (Celery beat): lost publishes, expired
+    #: leases, queue timeouts.
+    sweep_interval_s: float = 5.0
     #: Seconds the Redis broker waits for an ack before redelivering. Must be
     #: longer than any task runs; see workers/celery_app.py.
     visibility_timeout_s: int = 43_200
+    #: Seconds a running request's lease lasts without a heartbeat. A worker
+    #: renews its leases every third of this; a request whose lease runs out
+    #: (its worker died) is taken over by another delivery.
+    lease_s: float = 30.0
+    #: How many times a request whose worker died is taken over before it
+    #: ends provider_error (a request that kills its worker every time).
+    max_takeovers: int = 3
     log_level: str = "INFO"
 
     @property

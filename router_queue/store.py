@@ -15,11 +15,12 @@ from typing import Any
 import redis
 
 from . import keys
-from .states import COMPLETED, IN_PROGRESS, IN_QUEUE
+from .states import IN_QUEUE
 
 _FIELDS = (
     "id", "workspace", "model", "provider", "status", "created_at", "started_at",
     "completed_at", "error_type", "detail", "content_type", "cancel_requested",
+    "attempts", "upstream_ref",
 )
 
 
@@ -55,6 +56,10 @@ class RequestRecord:
     detail: str | None = None
     content_type: str | None = None
     cancel_requested: bool = False
+    #: Provider calls made so far that failed in a way worth retrying.
+    attempts: int = 0
+    #: The provider's handle on a submitted generation (JSON), for resuming.
+    upstream_ref: str | None = None
     #: Seconds until Redis drops the record (set once COMPLETED), else None.
     ttl_s: int | None = None
 
@@ -76,6 +81,8 @@ class RequestRecord:
             detail=row["detail"],
             content_type=row["content_type"],
             cancel_requested=bool(row["cancel_requested"]),
+            attempts=int(row["attempts"] or 0),
+            upstream_ref=row["upstream_ref"],
             ttl_s=ttl if ttl is not None and ttl >= 0 else None,
         )
 
@@ -105,15 +112,30 @@ class Admission:
     position: int | None = None
 
 
+@dataclass(frozen=True)
+class Lease:
+    """How a delivery claims a request: who holds it and under what limits."""
+
+    token: str
+    lease_s: float
+    max_in_flight: int
+    queue_timeout_s: float
+    max_takeovers: int
+
+
 class RequestStore:
-    def __init__(self, client: redis.Redis, *, retention_s: int, idempotency_ttl_s: int):
+    def __init__(self, client: redis.Redis, *, retention_s: int, idempotency_ttl_s: int,
+                 republish_after_s: float = 30.0):
         self.client = client
         self.retention_s = retention_s
         self.idempotency_ttl_s = idempotency_ttl_s
+        self.republish_after_s = republish_after_s
         self._admit = _load_script(client, "admit")
         self._claim = _load_script(client, "claim")
+        self._renew = _load_script(client, "renew")
         self._complete = _load_script(client, "complete")
         self._cancel = _load_script(client, "cancel")
+        self._expire_queued = _load_script(client, "expire_queued")
 
     # -- front door --------------------------------------------------------
     def admit(
@@ -130,15 +152,16 @@ class RequestStore:
         now: float | None = None,
     ) -> Admission:
         idem_key = keys.idempotency(workspace, idempotency_key_hash or "-")
+        now = now or time.time()
         reply = self._admit(
             keys=[
                 keys.request(request_id), keys.queue(provider), keys.sequence(provider),
-                keys.unpublished(), keys.workspace(workspace), idem_key,
+                keys.due(), keys.workspace(workspace), idem_key,
             ],
             args=[
-                request_id, workspace, model, provider, body, repr(now or time.time()),
+                request_id, workspace, model, provider, body, repr(now),
                 fingerprint if idempotency_key_hash else "", self.idempotency_ttl_s,
-                "1" if require_enabled else "0",
+                "1" if require_enabled else "0", repr(now + self.republish_after_s),
             ],
         )
         code = _text(reply[0])
@@ -149,8 +172,8 @@ class RequestStore:
         return Admission(code)
 
     def mark_published(self, request_id: str) -> None:
-        """Forget that ``request_id`` awaits its first publish."""
-        self.client.zrem(keys.unpublished(), request_id)
+        """Forget that ``request_id`` awaits a publish."""
+        self.client.zrem(keys.due(), request_id)
 
     def status_view(self, request_id: str, provider: str) -> StatusView:
         """Record, queue position and provider pace, in one round trip."""
@@ -171,7 +194,7 @@ class RequestStore:
 
     def cancel(self, *, request_id: str, workspace: str, model: str, provider: str) -> str:
         reply = self._cancel(
-            keys=[keys.request(request_id), keys.queue(provider), keys.unpublished()],
+            keys=[keys.request(request_id), keys.queue(provider), keys.due()],
             args=[request_id, workspace, model, repr(time.time()), self.retention_s],
         )
         return _text(reply) or ""
@@ -185,13 +208,40 @@ class RequestStore:
         values, body = pipe.execute()
         return RequestRecord.from_values(values), body
 
-    def claim(self, request_id: str, provider: str) -> str:
-        """IN_QUEUE -> IN_PROGRESS; returns "CLAIMED" or the status found instead."""
+    def claim(self, request_id: str, provider: str, lease: Lease, now: float | None = None) -> str:
+        """Take the request to run it; returns a claim.lua code ("CLAIMED", "RESUMED", ...)."""
         reply = self._claim(
-            keys=[keys.request(request_id), keys.queue(provider), keys.unpublished()],
-            args=[request_id, repr(time.time())],
+            keys=[keys.request(request_id), keys.queue(provider), keys.due(), keys.running(provider)],
+            args=[request_id, repr(now or time.time()), lease.lease_s, lease.max_in_flight,
+                  lease.queue_timeout_s, self.retention_s, lease.token, lease.max_takeovers],
         )
         return _text(reply) or ""
+
+    def renew(self, request_id: str, provider: str, token: str, lease_s: float) -> bool:
+        """Extend the lease ``token`` holds (0 s hands the request back at once)."""
+        return bool(self._renew(keys=[keys.request(request_id), keys.running(provider)],
+                                args=[request_id, token, repr(time.time()), lease_s]))
+
+    def renew_many(self, held: list[tuple[str, str, str]], lease_s: float) -> None:
+        """Heartbeat: extend every (id, provider, token) lease in one round trip."""
+        pipe = self.client.pipeline(transaction=False)
+        now = repr(time.time())
+        for request_id, provider, token in held:
+            self._renew(keys=[keys.request(request_id), keys.running(provider)],
+                        args=[request_id, token, now, lease_s], client=pipe)
+        pipe.execute()
+
+    def defer(self, request_id: str, seconds: float) -> None:
+        """A waiting request's next delivery is due within ``seconds``; else the sweeper publishes it."""
+        self.client.zadd(keys.due(), {request_id: time.time() + seconds})
+
+    def record_attempt(self, request_id: str) -> int:
+        """Count one failed provider call worth retrying; returns the count so far."""
+        return int(self.client.hincrby(keys.request(request_id), "attempts", 1))
+
+    def remember_upstream(self, request_id: str, ref: str) -> None:
+        """Keep the provider's handle on a submitted generation, to resume it."""
+        self.client.hset(keys.request(request_id), "upstream_ref", ref)
 
     def cancel_requested(self, request_id: str) -> bool:
         return bool(self.client.hexists(keys.request(request_id), "cancel_requested"))
@@ -210,7 +260,7 @@ class RequestStore:
         reply = self._complete(
             keys=[
                 keys.request(request_id), keys.result(request_id), keys.queue(provider),
-                keys.stats(provider), keys.unpublished(),
+                keys.stats(provider), keys.due(), keys.running(provider),
             ],
             args=[
                 request_id, repr(time.time()), self.retention_s, error_type, detail,
@@ -219,10 +269,10 @@ class RequestStore:
         )
         return _text(reply) or ""
 
-    # -- sweeper -----------------------------------------------------------
-    def unpublished_before(self, cutoff: float, limit: int = 500) -> list[tuple[str, str]]:
-        """(id, provider) of requests admitted before ``cutoff`` and never published."""
-        ids = [_text(i) for i in self.client.zrangebyscore(keys.unpublished(), "-inf", cutoff, 0, limit)]
+    # -- sweeper and reaper ----------------------------------------------------
+    def overdue_waiting(self, now: float, limit: int = 500) -> list[tuple[str, str]]:
+        """(id, provider) of IN_QUEUE requests past their publish due time."""
+        ids = [_text(i) for i in self.client.zrangebyscore(keys.due(), "-inf", now, 0, limit)]
         if not ids:
             return []
         pipe = self.client.pipeline(transaction=False)
@@ -233,11 +283,32 @@ class RequestStore:
             if _text(status) == IN_QUEUE:
                 found.append((request_id, _text(provider)))
             else:
-                self.client.zrem(keys.unpublished(), request_id)
+                self.client.zrem(keys.due(), request_id)
         return found
+
+    def expired_leases(self, provider: str, now: float, limit: int = 500) -> list[str]:
+        """Running requests whose lease ran out: their worker died (or hung)."""
+        return [_text(i) for i in self.client.zrangebyscore(keys.running(provider), "-inf", now, 0, limit)]
+
+    def postpone_reap(self, request_id: str, provider: str, until: float) -> None:
+        """Look at an expired lease again at ``until`` (its re-publish may be lost too)."""
+        self.client.zadd(keys.running(provider), {request_id: until}, xx=True)
+
+    def queue_head(self, provider: str, count: int = 100) -> list[str]:
+        """The ``count`` longest-waiting request ids of a provider's queue."""
+        return [_text(i) for i in self.client.zrange(keys.queue(provider), 0, count - 1)]
+
+    def expire_queued(self, request_id: str, provider: str, queue_timeout_s: float, now: float) -> bool:
+        """End a request that waited past its queue timeout; True when it did."""
+        reply = self._expire_queued(
+            keys=[keys.request(request_id), keys.queue(provider), keys.due()],
+            args=[request_id, repr(now), queue_timeout_s, self.retention_s],
+        )
+        return bool(reply)
 
     def queue_depth(self, provider: str) -> int:
         return int(self.client.zcard(keys.queue(provider)))
 
+    def in_flight(self, provider: str) -> int:
+        return int(self.client.zcard(keys.running(provider)))
 
-__all__ = ["COMPLETED", "IN_PROGRESS", "IN_QUEUE", "Admission", "RequestRecord", "RequestStore", "StatusView"]

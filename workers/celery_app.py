@@ -28,7 +28,7 @@ from router_queue.settings import Settings
 #: Registered name of the delivery task; the front door publishes by name so
 #: it never imports the provider adapters.
 DELIVER_TASK = "workers.tasks.deliver"
-SWEEP_TASK = "workers.tasks.sweep_unpublished"
+SWEEP_TASK = "workers.tasks.sweep"
 #: Queue for housekeeping (the sweeper), consumed by any worker.
 MAINTENANCE_QUEUE = "router.maintenance"
 
@@ -59,7 +59,7 @@ def make_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celery:
         worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_hijack_root_logger=False,
         beat_schedule={
-            "sweep-unpublished": {
+            "sweep": {
                 "task": SWEEP_TASK,
                 "schedule": settings.sweep_interval_s,
                 "options": {"queue": MAINTENANCE_QUEUE, "expires": settings.sweep_interval_s * 3},

@@ -1,12 +1,13 @@
 """What a worker process needs to run tasks, built lazily once per process.
 
-Built on first use rather than at import so that each prefork child opens its
-own Redis and HTTP connections after the fork.
+Built on first use rather than at import so that each process opens its own
+Redis and HTTP connections (and its heartbeat thread) after any fork.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 import requests
 from celery import Celery
@@ -14,18 +15,42 @@ from celery import Celery
 from router_queue.dispatch import Dispatcher
 from router_queue.services import Services
 
+from .leases import LeaseKeeper
+
 
 @dataclass
 class WorkerContext:
     services: Services
     session: requests.Session
     dispatcher: Dispatcher
+    leases: LeaseKeeper
+    #: Set when the worker begins a warm shutdown: running generations that
+    #: can be resumed elsewhere are handed back instead of waited for.
+    shutting_down: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def build(cls, app: Celery, services: Services | None = None) -> "WorkerContext":
+        services = services or Services.build(app.router_settings)
+        return cls(services, requests.Session(), Dispatcher(app, services.store),
+                   LeaseKeeper(services.store, services.settings.lease_s))
+
+
+_lock = threading.Lock()
+#: Every context this process built (one per Celery app), for the shutdown signal.
+_built: list[WorkerContext] = []
 
 
 def context_for(app: Celery) -> WorkerContext:
-    context = getattr(app, "_router_context", None)
-    if context is None:
-        services = Services.build(app.router_settings)
-        context = WorkerContext(services, requests.Session(), Dispatcher(app, services.store))
-        app._router_context = context
-    return context
+    with _lock:
+        context = getattr(app, "_router_context", None)
+        if context is None:
+            context = app._router_context = WorkerContext.build(app)
+            _built.append(context)
+        return context
+
+
+def begin_shutdown() -> None:
+    """Tell every running delivery of this process that the worker is stopping."""
+    with _lock:
+        for context in _built:
+            context.shutting_down.set()

@@ -1,53 +1,126 @@
 """Running one admitted request: claim it, call its provider, record the outcome.
 
 Plain functions, no Celery here, so they are tested directly. Safe to run
-twice for one request: the claim lets only the first delivery through.
+twice for one request: the claim lets one delivery at a time through, and a
+request only ever completes once (complete.lua keeps the first outcome).
 """
 
 from __future__ import annotations
 
+import json
 import logging
+import random
 import time
-
-import requests
+from typing import Any
 
 from router_queue import states
-from router_queue.services import Services
+from router_queue.catalog import CallPolicy, ModelEntry
+from router_queue.store import Lease, RequestRecord
 
-from .providers import ADAPTERS, ProviderCall, ProviderFailure
+from .context import WorkerContext
+from .providers import ADAPTERS, HandBack, ProviderCall, ProviderFailure
 
 log = logging.getLogger(__name__)
 
+#: Seconds (range, jittered) a delivery waits before trying again for a slot
+#: when its provider is at its in-flight cap.
+NO_SLOT_WAIT_S = (0.5, 2.0)
 
-def deliver(services: Services, session: requests.Session, request_id: str) -> str:
-    """Run ``request_id`` if it is still waiting; returns what happened, for logs."""
+
+class Later(Exception):
+    """Deliver this request again in ``countdown`` seconds (a Celery retry)."""
+
+    def __init__(self, countdown: float, reason: str):
+        super().__init__(reason)
+        self.countdown = countdown
+
+
+def backoff(policy: CallPolicy, attempt: int, retry_after_s: float | None = None) -> float:
+    """Seconds before attempt ``attempt + 1``: capped exponential, jittered, and
+    never sooner than the provider's own ``Retry-After``."""
+    ceiling = min(policy.backoff_max_s, policy.backoff_base_s * 2 ** (attempt - 1))
+    delay = ceiling * random.uniform(0.5, 1.0)
+    return max(delay, retry_after_s or 0.0)
+
+
+def deliver(context: WorkerContext, request_id: str, token: str) -> str:
+    """Run ``request_id`` if this delivery may; returns what happened, for logs.
+
+    ``token`` is the Celery task id: a retry of the same task keeps it and so
+    resumes its own lease; any other delivery needs the lease to have run out.
+    """
+    services = context.services
     store = services.store
     record, body = store.load(request_id)
     if record is None:
         log.warning("request %s has no record (expired or never admitted); dropping", request_id)
         return "missing"
-    claimed = store.claim(request_id, record.provider)
-    if claimed != "CLAIMED":
-        log.info("request %s already %s; duplicate delivery dropped", request_id, claimed)
-        return claimed.lower()
-
     entry = services.catalog.by_id(record.model)
     if entry is None:
         store.complete(request_id, record.provider, error_type=states.INTERNAL_ERROR,
                        detail=f"model {record.model} left the catalog")
         return "internal_error"
+    lease = Lease(token=token, lease_s=services.settings.lease_s,
+                  max_in_flight=services.catalog.max_in_flight(record.provider),
+                  queue_timeout_s=entry.policy.queue_timeout_s, max_takeovers=services.settings.max_takeovers)
+    claim = store.claim(request_id, record.provider, lease)
+    if claim == "NO_SLOT":
+        wait = random.uniform(*NO_SLOT_WAIT_S)
+        store.defer(request_id, wait + services.settings.republish_after_s)
+        raise Later(wait, f"{record.provider} is at its cap of generations in flight")
+    if claim not in ("CLAIMED", "RESUMED"):
+        log.info("request %s: %s; this delivery does nothing", request_id, claim)
+        return claim.lower()
+    context.leases.hold(request_id, record.provider, token)
+    try:
+        return _run(context, record, body or b"{}", entry, token)
+    finally:
+        context.leases.release(request_id)
+
+
+def _interruption(context: WorkerContext, request_id: str) -> str | None:
+    if context.shutting_down.is_set():
+        return "shutdown"
+    if context.services.store.cancel_requested(request_id):
+        return "cancel"
+    return None
+
+
+def _upstream_ref(record: RequestRecord) -> dict[str, Any] | None:
+    return json.loads(record.upstream_ref) if record.upstream_ref else None
+
+
+def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: ModelEntry, token: str) -> str:
+    services, store, request_id = context.services, context.services.store, record.id
     call = ProviderCall(
         entry=entry,
-        body=body or b"{}",
+        body=body,
         url=entry.upstream(services.settings.provider_origin_override),
         api_key=services.settings.provider_key(entry.provider),
-        session=session,
-        cancel_requested=lambda: store.cancel_requested(request_id),
+        session=context.session,
+        interruption=lambda: _interruption(context, request_id),
+        upstream_ref=_upstream_ref(record),
+        remember=lambda ref: store.remember_upstream(request_id, json.dumps(ref)),
+        started_at=record.started_at or time.time(),
     )
     started = time.monotonic()
     try:
         output = ADAPTERS[entry.adapter](call)
+    except HandBack:
+        store.renew(request_id, record.provider, token, 0)
+        context.dispatcher.publish(request_id, record.provider)
+        log.info("request %s handed back for another worker to resume", request_id)
+        return "handed_back"
     except ProviderFailure as failure:
+        if failure.retryable:
+            attempts = store.record_attempt(request_id)
+            if attempts < entry.policy.max_attempts:
+                countdown = backoff(entry.policy, attempts, failure.retry_after_s)
+                # Hold the lease through the wait so no other delivery takes over.
+                store.renew(request_id, record.provider, token, countdown + services.settings.lease_s)
+                log.info("request %s attempt %d failed (%s); retrying in %.1f s",
+                         request_id, attempts, failure.detail, countdown)
+                raise Later(countdown, failure.detail) from failure
         store.complete(request_id, record.provider, error_type=failure.error_type, detail=failure.detail)
         log.info("request %s completed with %s after %.2f s", request_id, failure.error_type,
                  time.monotonic() - started)
@@ -60,14 +133,3 @@ def deliver(services: Services, session: requests.Session, request_id: str) -> s
     store.complete(request_id, record.provider, output=output.content, content_type=output.content_type)
     log.info("request %s completed in %.2f s", request_id, time.monotonic() - started)
     return "completed"
-
-
-def republish_unpublished(services: Services, dispatcher, *, now: float | None = None) -> int:
-    """Publish requests admitted but never published (a crash between the two)."""
-    cutoff = (now or time.time()) - services.settings.republish_after_s
-    stranded = services.store.unpublished_before(cutoff)
-    for request_id, provider in stranded:
-        dispatcher.publish(request_id, provider)
-    if stranded:
-        log.warning("sweeper re-published %d stranded request(s)", len(stranded))
-    return len(stranded)

@@ -5,11 +5,13 @@ function. Delivery semantics are spelled out on each task.
 from __future__ import annotations
 
 from celery import shared_task
+from celery.signals import worker_shutting_down
 
 from .celery_app import DELIVER_TASK, SWEEP_TASK
-from .context import context_for
+from .context import begin_shutdown, context_for
+from .delivery import Later
 from .delivery import deliver as deliver_request
-from .delivery import republish_unpublished
+from .sweeper import sweep as sweep_once
 
 
 @shared_task(
@@ -20,15 +22,27 @@ from .delivery import republish_unpublished
     acks_late=True,
     reject_on_worker_lost=True,
     ignore_result=True,
-    # No Celery-level retries: the task records every outcome itself.
-    max_retries=0,
+    # Retries are how a delivery waits for a provider slot or backs off a
+    # failed provider call; the call policy bounds provider attempts, so
+    # Celery's own count is unbounded here.
+    max_retries=None,
 )
 def deliver(self, request_id: str) -> str:
     context = context_for(self.app)
-    return deliver_request(context.services, context.session, request_id)
+    try:
+        return deliver_request(context, request_id, token=self.request.id)
+    except Later as later:
+        raise self.retry(countdown=later.countdown, max_retries=None) from None
 
 
 @shared_task(bind=True, name=SWEEP_TASK, acks_late=True, ignore_result=True, max_retries=0)
-def sweep_unpublished(self) -> int:
-    context = context_for(self.app)
-    return republish_unpublished(context.services, context.dispatcher)
+def sweep(self) -> dict[str, int]:
+    report = sweep_once(context_for(self.app))
+    return {"republished": report.republished, "reaped": report.reaped, "timed_out": report.timed_out}
+
+
+@worker_shutting_down.connect
+def _hand_back_on_shutdown(sender=None, **_: object) -> None:
+    """Warm shutdown: polling generations hand their request back at their
+    next step (another worker resumes them); synchronous calls finish."""
+    begin_shutdown()

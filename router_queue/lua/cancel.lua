@@ -3,7 +3,7 @@
 -- worker, which stops between steps; a finished one is left alone.
 -- Ownership is checked here too, so another workspace's id changes nothing.
 --
--- KEYS[1] rq:req:{id}   KEYS[2] rq:queue:{provider}   KEYS[3] rq:unpublished
+-- KEYS[1] rq:req:{id}   KEYS[2] rq:queue:{provider}   KEYS[3] rq:due
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] now  ARGV[5] retention (s)
 -- returns "CANCELLED" | "REQUESTED" | "ALREADY_COMPLETED" | "MISSING"
 

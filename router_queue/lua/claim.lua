@@ -1,19 +1,76 @@
--- claim.lua: a worker takes a request: IN_QUEUE -> IN_PROGRESS, exactly once.
--- Duplicate deliveries (sweeper re-publish, broker redelivery) find the
--- request already claimed or finished and do nothing.
+-- claim.lua: a delivery takes a request to run it, exactly one at a time.
 --
--- KEYS[1] rq:req:{id}   KEYS[2] rq:queue:{provider}   KEYS[3] rq:unpublished
--- ARGV[1] id            ARGV[2] now (unix seconds)
--- returns "CLAIMED" | "IN_PROGRESS" | "COMPLETED" | "MISSING"
+--   IN_QUEUE, past its queue timeout   -> COMPLETED queue_timeout, never run
+--   IN_QUEUE, provider at its cap      -> stays IN_QUEUE (the task retries later)
+--   IN_QUEUE                           -> IN_PROGRESS under a lease held by token
+--   IN_PROGRESS, same token            -> resumed (a retry of the same task, or
+--                                         its redelivery after its process died)
+--   IN_PROGRESS, live lease            -> left alone: someone alive runs it
+--   IN_PROGRESS, lease expired         -> taken over (its worker died), unless
+--                                         it was taken over too often already
+--   COMPLETED / missing                -> nothing
+--
+-- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:due
+-- KEYS[4] rq:running:{provider}
+-- ARGV[1] id  ARGV[2] now (s)  ARGV[3] lease (s)  ARGV[4] provider's cap on
+-- requests in flight  ARGV[5] queue timeout (s)  ARGV[6] retention (s)
+-- ARGV[7] token (the Celery task id)  ARGV[8] most takeovers allowed
+-- returns "CLAIMED" | "RESUMED" | "NO_SLOT" | "LEASED" | "QUEUE_TIMEOUT"
+--       | "EXHAUSTED" | "COMPLETED" | "MISSING"
 
-local status = redis.call("HGET", KEYS[1], "status")
+local now = tonumber(ARGV[2])
+local rec = redis.call("HMGET", KEYS[1], "status", "created_at", "token", "lease_until", "takeovers")
+local status = rec[1]
 if not status then
   return "MISSING"
 end
-if status ~= "IN_QUEUE" then
-  return status
+if status == "COMPLETED" then
+  return "COMPLETED"
 end
-redis.call("HSET", KEYS[1], "status", "IN_PROGRESS", "started_at", ARGV[2])
-redis.call("ZREM", KEYS[2], ARGV[1])
-redis.call("ZREM", KEYS[3], ARGV[1])
-return "CLAIMED"
+
+local function finish(error_type, detail)
+  redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[2],
+    "error_type", error_type, "detail", detail)
+  redis.call("EXPIRE", KEYS[1], ARGV[6])
+  redis.call("ZREM", KEYS[2], ARGV[1])
+  redis.call("ZREM", KEYS[3], ARGV[1])
+  redis.call("ZREM", KEYS[4], ARGV[1])
+end
+
+local function lease()
+  local until_ = now + tonumber(ARGV[3])
+  redis.call("HSET", KEYS[1], "token", ARGV[7], "lease_until", tostring(until_))
+  redis.call("ZADD", KEYS[4], until_, ARGV[1])
+end
+
+if status == "IN_QUEUE" then
+  if now - tonumber(rec[2]) > tonumber(ARGV[5]) then
+    finish("queue_timeout", "waited in the queue longer than the model's queue timeout; never run, never billed")
+    return "QUEUE_TIMEOUT"
+  end
+  if redis.call("ZCARD", KEYS[4]) >= tonumber(ARGV[4]) then
+    return "NO_SLOT"
+  end
+  redis.call("HSET", KEYS[1], "status", "IN_PROGRESS", "started_at", ARGV[2])
+  redis.call("ZREM", KEYS[2], ARGV[1])
+  redis.call("ZREM", KEYS[3], ARGV[1])
+  lease()
+  return "CLAIMED"
+end
+
+-- IN_PROGRESS
+if rec[3] == ARGV[7] then
+  lease()
+  return "RESUMED"
+end
+if tonumber(rec[4] or "0") > now then
+  return "LEASED"
+end
+local takeovers = tonumber(rec[5] or "0") + 1
+if takeovers > tonumber(ARGV[8]) then
+  finish("provider_error", "the request's worker was lost " .. (takeovers - 1) .. " times; giving up")
+  return "EXHAUSTED"
+end
+redis.call("HSET", KEYS[1], "takeovers", takeovers)
+lease()
+return "RESUMED"

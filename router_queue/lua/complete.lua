@@ -3,7 +3,7 @@
 -- so a duplicate or late worker can never overwrite the first outcome.
 --
 -- KEYS[1] rq:req:{id}   KEYS[2] rq:result:{id}   KEYS[3] rq:queue:{provider}
--- KEYS[4] rq:stats:{provider}                    KEYS[5] rq:unpublished
+-- KEYS[4] rq:stats:{provider}   KEYS[5] rq:due   KEYS[6] rq:running:{provider}
 -- ARGV[1] id   ARGV[2] now (unix seconds)   ARGV[3] retention (s)
 -- ARGV[4] error_type ("" on success)        ARGV[5] detail
 -- ARGV[6] content type                      ARGV[7] output bytes
@@ -28,6 +28,7 @@ end
 redis.call("EXPIRE", KEYS[1], ARGV[3])
 redis.call("ZREM", KEYS[3], ARGV[1])
 redis.call("ZREM", KEYS[5], ARGV[1])
+redis.call("ZREM", KEYS[6], ARGV[1])
 
 -- Pace estimates for Retry-After: moving averages (weight 0.2) of run time
 -- and of the interval between completions, the latter capped at the run time

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import json
 import threading
+import time
 
 import pytest
 import requests
@@ -19,7 +20,10 @@ from router_queue.admission import fingerprint
 from router_queue.settings import Secret
 from router_queue.states import COMPLETED
 from stub_provider import create_app as create_stub
-from workers.delivery import deliver, republish_unpublished
+from workers.context import WorkerContext
+from workers.delivery import Later, deliver
+from workers.leases import LeaseKeeper
+from workers.sweeper import sweep
 
 
 @pytest.fixture(scope="module")
@@ -29,6 +33,12 @@ def stub_origin():
     thread.start()
     yield f"http://127.0.0.1:{server.server_port}"
     server.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def fresh_stub(stub_origin):
+    """The stub keys its fault counters by body; each test starts them afresh."""
+    requests.post(f"{stub_origin}/stub/reset")
 
 
 @pytest.fixture
@@ -49,10 +59,34 @@ def admitted(services, workspace, model, body):
     return request_id, provider
 
 
-def run(services, workspace, model, body):
+class RecordingDispatcher:
+    def __init__(self, store):
+        self.store = store
+        self.published = []
+
+    def publish(self, request_id, provider):
+        self.published.append((request_id, provider))
+        self.store.mark_published(request_id)
+
+
+def context_of(services) -> WorkerContext:
+    return WorkerContext(services, requests.Session(), RecordingDispatcher(services.store),
+                         LeaseKeeper(services.store, services.settings.lease_s))
+
+
+def deliver_until_done(context, request_id, token="task-1", waits=None):
+    """Deliver as Celery would: a ``Later`` is a retry of the same task (same token)."""
+    while True:
+        try:
+            return deliver(context, request_id, token=token)
+        except Later as later:
+            if waits is not None:
+                waits.append(later.countdown)
+
+
+def run(services, workspace, model, body, waits=None):
     request_id, provider = admitted(services, workspace, model, body)
-    with requests.Session() as session:
-        outcome = deliver(services, session, request_id)
+    outcome = deliver_until_done(context_of(services), request_id, waits=waits)
     return outcome, services.store.status_view(request_id, provider).record, request_id
 
 
@@ -98,11 +132,36 @@ def test_provider_failures_map_to_their_bucket(worker_services, workspace, model
     assert record.detail
 
 
+def test_a_provider_error_is_retried_with_backoff_until_attempts_run_out(worker_services, workspace):
+    waits = []
+    outcome, record, _ = run(worker_services, workspace, "bfl/flux-2-pro", {"prompt": "[stub:status=503]"}, waits)
+    assert (outcome, record.error_type, record.attempts) == ("provider_error", "provider_error", 4)
+    policy = worker_services.catalog.by_id("bfl/flux-2-pro").policy
+    assert len(waits) == policy.max_attempts - 1
+    for attempt, wait in enumerate(waits, start=1):
+        ceiling = min(policy.backoff_max_s, policy.backoff_base_s * 2 ** (attempt - 1))
+        assert ceiling / 2 <= wait <= ceiling
+
+
+def test_a_transient_failure_recovers_on_retry(worker_services, workspace):
+    outcome, record, _ = run(worker_services, workspace, "vertexai/gemini-3.1-flash-image",
+                             {"contents": [{"parts": [{"text": "flaky [stub:fail_times=2]"}]}]})
+    assert (outcome, record.error_type, record.attempts) == ("completed", None, 2)
+
+
+def test_a_429_is_retried_no_sooner_than_its_retry_after(worker_services, workspace):
+    waits = []
+    outcome, record, _ = run(worker_services, workspace, "openai/gpt-4o-mini-tts",
+                             {"input": "busy [stub:429=7]", "voice": "alloy"}, waits)
+    assert outcome == "completed"
+    assert waits == [7.0]
+
+
 def test_a_hung_provider_ends_in_provider_timeout(worker_services, workspace, monkeypatch):
     from router_queue.catalog import CallPolicy
 
     entry = worker_services.catalog.by_id("openai/gpt-4o-mini-tts")
-    fast = dataclasses.replace(entry, policy=CallPolicy(read_timeout_s=0.3))
+    fast = dataclasses.replace(entry, policy=CallPolicy(read_timeout_s=0.3, max_attempts=2, backoff_base_s=0))
     monkeypatch.setattr(worker_services.catalog, "by_id", lambda model_id: fast)
     outcome, record, _ = run(worker_services, workspace, "openai/gpt-4o-mini-tts",
                              {"input": "[stub:hang=3]", "voice": "alloy"})
@@ -121,38 +180,31 @@ def test_a_cancel_while_polling_stops_the_generation(worker_services, workspace)
         return result
 
     store.claim = claim_then_cancel
-    with requests.Session() as session:
-        assert deliver(worker_services, session, request_id) == "cancelled"
+    assert deliver(context_of(worker_services), request_id, token="t") == "cancelled"
     record = store.status_view(request_id, provider).record
     assert (record.status, record.error_type) == (COMPLETED, "cancelled")
 
 
 def test_a_second_delivery_of_one_request_does_nothing(worker_services, workspace, stub_origin):
-    requests.post(f"{stub_origin}/stub/reset")
     body = {"prompt": "once only"}
     request_id, _ = admitted(worker_services, workspace, "bfl/flux-2-pro", body)
-    with requests.Session() as session:
-        assert deliver(worker_services, session, request_id) == "completed"
-        assert deliver(worker_services, session, request_id) == "completed"  # found COMPLETED: dropped
+    context = context_of(worker_services)
+    assert deliver(context, request_id, token="first") == "completed"
+    assert deliver(context, request_id, token="second") == "completed"  # found COMPLETED: dropped
     digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     calls = requests.get(f"{stub_origin}/stub/calls").json()["submits"]
     assert calls[f"bfl_submit:{digest}"] == 1
 
 
 def test_a_missing_record_is_dropped(worker_services):
-    with requests.Session() as session:
-        assert deliver(worker_services, session, worker_services.ids.mint("ws_x", "bfl/flux-2-pro")) == "missing"
+    missing = worker_services.ids.mint("ws_x", "bfl/flux-2-pro")
+    assert deliver(context_of(worker_services), missing, token="t") == "missing"
 
 
 def test_the_sweeper_republishes_what_was_never_published(worker_services, workspace):
     stranded, _ = admitted(worker_services, workspace, "bfl/flux-2-pro", {"prompt": "stranded"})
-    published = []
-
-    class Recorder:
-        def publish(self, request_id, provider):
-            published.append((request_id, provider))
-            worker_services.store.mark_published(request_id)
-
-    assert republish_unpublished(worker_services, Recorder()) == 1
-    assert published == [(stranded, "bfl")]
-    assert republish_unpublished(worker_services, Recorder()) == 0
+    context = context_of(worker_services)
+    later = time.time() + worker_services.settings.republish_after_s + 1
+    assert sweep(context, now=later).republished == 1
+    assert context.dispatcher.published == [(stranded, "bfl")]
+    assert sweep(context, now=later).republished == 0

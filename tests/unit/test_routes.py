@@ -8,6 +8,9 @@ import re
 import pytest
 
 from router_queue import keys
+from router_queue.store import Lease
+
+LEASE = Lease(token="t", lease_s=30, max_in_flight=100, queue_timeout_s=3600, max_takeovers=3)
 
 FLUX = "/v2/models/bfl/flux-2-pro"
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
@@ -124,7 +127,7 @@ def test_status_reports_queue_position_times_and_retry_after(http, auth, service
     assert "started_at" not in body and "error_type" not in body
     assert int(response.headers["Retry-After"]) >= 1
 
-    services.store.claim(ids[0], "bfl")
+    services.store.claim(ids[0], "bfl", LEASE)
     running = http.get(f"{FLUX}/requests/{ids[0]}/status", headers=auth)
     assert (running.json["status"], running.json["queue_position"]) == ("IN_PROGRESS", 0)
     assert ISO.match(running.json["started_at"])
@@ -138,7 +141,7 @@ def test_result_is_202_while_unfinished_then_the_native_bytes(http, auth, servic
     assert pending.json["status"] == "IN_QUEUE"
     assert int(pending.headers["Retry-After"]) >= 1
 
-    services.store.claim(request_id, "bfl")
+    services.store.claim(request_id, "bfl", LEASE)
     native = b'{"id":"t","status":"Ready","result":{"sample":"https://x/y.jpeg"}}'
     services.store.complete(request_id, "bfl", output=native, content_type="application/json")
     done = http.get(f"{FLUX}/requests/{request_id}", headers=auth)
@@ -154,7 +157,7 @@ def test_result_is_202_while_unfinished_then_the_native_bytes(http, auth, servic
 def test_raw_bytes_come_back_under_the_providers_content_type(http, auth, services):
     path = "/v2/models/openai/gpt-4o-mini-tts"
     request_id = submit(http, auth, {"input": "hi", "voice": "alloy"}, path=path).json["request_id"]
-    services.store.claim(request_id, "openai")
+    services.store.claim(request_id, "openai", LEASE)
     services.store.complete(request_id, "openai", output=b"ID3\x04\x00\xff\x00", content_type="audio/mpeg")
     done = http.get(f"{path}/requests/{request_id}", headers=auth)
     assert (done.status_code, done.headers["Content-Type"], done.get_data()) == (200, "audio/mpeg",
@@ -165,7 +168,7 @@ def test_raw_bytes_come_back_under_the_providers_content_type(http, auth, servic
                                            ("provider_timeout", 504), ("invalid_input", 422)])
 def test_a_failed_request_answers_its_bucket(http, auth, services, bucket, status):
     request_id = submit(http, auth).json["request_id"]
-    services.store.claim(request_id, "bfl")
+    services.store.claim(request_id, "bfl", LEASE)
     services.store.complete(request_id, "bfl", error_type=bucket, detail="what went wrong")
     assert_error(http.get(f"{FLUX}/requests/{request_id}", headers=auth), status, bucket)
     body = http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).json

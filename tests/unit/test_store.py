@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from router_queue import keys
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
+from router_queue.store import Lease
 
 MODEL = "bfl/flux-2-pro"
+
+
+def lease(token="t1", *, lease_s=30.0, cap=100, queue_timeout_s=3600.0, max_takeovers=3):
+    return Lease(token=token, lease_s=lease_s, max_in_flight=cap, queue_timeout_s=queue_timeout_s,
+                 max_takeovers=max_takeovers)
 
 
 def admit(services, workspace, *, key_hash="", fingerprint="", body='{"prompt": "x"}', now=None):
@@ -19,7 +26,7 @@ def admit(services, workspace, *, key_hash="", fingerprint="", body='{"prompt": 
     return request_id, outcome
 
 
-def test_admit_writes_record_queue_place_and_unpublished_mark(services, workspace):
+def test_admit_writes_record_queue_place_and_publish_due_mark(services, workspace):
     request_id, outcome = admit(services, workspace, now=1000.0)
     assert (outcome.outcome, outcome.request_id, outcome.position) == ("ADMITTED", request_id, 0)
     view = services.store.status_view(request_id, "bfl")
@@ -27,7 +34,9 @@ def test_admit_writes_record_queue_place_and_unpublished_mark(services, workspac
     assert view.record.workspace == workspace
     assert view.record.created_at == 1000.0
     assert view.position == 0
-    assert services.store.unpublished_before(1001.0) == [(request_id, "bfl")]
+    due = 1000.0 + services.store.republish_after_s
+    assert services.store.overdue_waiting(due - 1) == []
+    assert services.store.overdue_waiting(due + 1) == [(request_id, "bfl")]
     record, body = services.store.load(request_id)
     assert body == b'{"prompt": "x"}'
 
@@ -35,7 +44,7 @@ def test_admit_writes_record_queue_place_and_unpublished_mark(services, workspac
 def test_positions_count_requests_ahead(services, workspace):
     ids = [admit(services, workspace)[0] for _ in range(5)]
     assert [services.store.status_view(i, "bfl").position for i in ids] == [0, 1, 2, 3, 4]
-    services.store.claim(ids[0], "bfl")
+    services.store.claim(ids[0], "bfl", lease())
     services.store.cancel(request_id=ids[2], workspace=workspace, model=MODEL, provider="bfl")
     assert [services.store.status_view(i, "bfl").position for i in ids[1:]] == [0, None, 1, 2]
 
@@ -80,18 +89,19 @@ def test_concurrent_submits_with_one_key_create_one_request(services, workspace)
 def test_claim_lets_exactly_one_delivery_through(services, workspace):
     request_id, _ = admit(services, workspace)
     with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(lambda _: services.store.claim(request_id, "bfl"), range(32)))
+        results = list(pool.map(lambda n: services.store.claim(request_id, "bfl", lease(f"t{n}")), range(32)))
     assert results.count("CLAIMED") == 1
-    assert set(results) == {"CLAIMED", IN_PROGRESS}
+    assert set(results) == {"CLAIMED", "LEASED"}
     view = services.store.status_view(request_id, "bfl")
     assert view.record.status == IN_PROGRESS and view.record.started_at is not None
     assert view.position is None
-    assert services.store.unpublished_before(float("inf")) == []
+    assert services.store.overdue_waiting(float("inf")) == []
+    assert services.store.in_flight("bfl") == 1
 
 
 def test_complete_keeps_the_first_outcome_and_sets_retention(services, workspace):
     request_id, _ = admit(services, workspace)
-    services.store.claim(request_id, "bfl")
+    services.store.claim(request_id, "bfl", lease())
     assert services.store.complete(request_id, "bfl", output=b"\x00bytes", content_type="image/png") == COMPLETED
     assert services.store.complete(request_id, "bfl", error_type="provider_error", detail="late") == "ALREADY_COMPLETED"
     view = services.store.status_view(request_id, "bfl")
@@ -106,7 +116,7 @@ def test_complete_keeps_the_first_outcome_and_sets_retention(services, workspace
 def test_a_claim_never_moves_a_completed_request_back(services, workspace):
     request_id, _ = admit(services, workspace)
     services.store.cancel(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl")
-    assert services.store.claim(request_id, "bfl") == COMPLETED
+    assert services.store.claim(request_id, "bfl", lease()) == COMPLETED
     assert services.store.status_view(request_id, "bfl").record.status == COMPLETED
 
 
@@ -123,7 +133,7 @@ def test_cancel_of_a_queued_request_completes_it_at_once(services, workspace):
 
 def test_cancel_of_a_running_request_flags_it_for_the_worker(services, workspace):
     request_id, _ = admit(services, workspace)
-    services.store.claim(request_id, "bfl")
+    services.store.claim(request_id, "bfl", lease())
     assert not services.store.cancel_requested(request_id)
     assert services.store.cancel(request_id=request_id, workspace=workspace, model=MODEL,
                                  provider="bfl") == "REQUESTED"
@@ -142,19 +152,78 @@ def test_cancel_by_another_workspace_or_model_changes_nothing(services, workspac
 
 def test_completion_feeds_the_pace_averages(services, workspace):
     request_id, _ = admit(services, workspace)
-    services.store.claim(request_id, "bfl")
+    services.store.claim(request_id, "bfl", lease())
     services.store.complete(request_id, "bfl", output=b"{}", content_type="application/json")
     pace = services.store.status_view(request_id, "bfl").pace
     assert pace.avg_run_s is not None and pace.avg_run_s >= 0
     assert pace.avg_gap_s is not None
 
 
-def test_unpublished_before_skips_requests_that_moved_on(services, workspace):
+def test_overdue_waiting_skips_requests_that_moved_on(services, workspace):
+    after = services.store.republish_after_s
     waiting, _ = admit(services, workspace, now=100.0)
     cancelled, _ = admit(services, workspace, now=100.0)
     services.store.cancel(request_id=cancelled, workspace=workspace, model=MODEL, provider="bfl")
     late, _ = admit(services, workspace, now=500.0)
-    assert services.store.unpublished_before(200.0) == [(waiting, "bfl")]
+    assert services.store.overdue_waiting(200.0 + after) == [(waiting, "bfl")]
     services.store.mark_published(waiting)
-    assert services.store.unpublished_before(200.0) == []
-    assert services.store.unpublished_before(600.0) == [(late, "bfl")]
+    assert services.store.overdue_waiting(200.0 + after) == []
+    assert services.store.overdue_waiting(600.0 + after) == [(late, "bfl")]
+
+
+def test_a_provider_at_its_cap_leaves_requests_waiting(services, workspace):
+    first, second = admit(services, workspace)[0], admit(services, workspace)[0]
+    assert services.store.claim(first, "bfl", lease("a", cap=1)) == "CLAIMED"
+    assert services.store.claim(second, "bfl", lease("b", cap=1)) == "NO_SLOT"
+    assert services.store.status_view(second, "bfl").record.status == IN_QUEUE
+    assert services.store.status_view(second, "bfl").position == 0
+    services.store.complete(first, "bfl", output=b"{}", content_type="application/json")
+    assert services.store.in_flight("bfl") == 0
+    assert services.store.claim(second, "bfl", lease("b", cap=1)) == "CLAIMED"
+
+
+def test_a_request_past_its_queue_timeout_is_never_run(services, workspace):
+    request_id, _ = admit(services, workspace, now=1000.0)
+    assert services.store.claim(request_id, "bfl", lease(queue_timeout_s=60), now=1061.0) == "QUEUE_TIMEOUT"
+    record = services.store.status_view(request_id, "bfl").record
+    assert (record.status, record.error_type, record.started_at) == (COMPLETED, "queue_timeout", None)
+    assert services.store.queue_depth("bfl") == 0
+
+
+def test_expire_queued_times_out_only_what_waited_too_long(services, workspace):
+    old, _ = admit(services, workspace, now=1000.0)
+    young, _ = admit(services, workspace, now=1050.0)
+    assert services.store.expire_queued(old, "bfl", 60, now=1070.0)
+    assert not services.store.expire_queued(young, "bfl", 60, now=1070.0)
+    assert services.store.queue_head("bfl") == [young]
+
+
+def test_the_same_token_resumes_and_an_expired_lease_is_taken_over(services, workspace):
+    request_id, _ = admit(services, workspace)
+    assert services.store.claim(request_id, "bfl", lease("a", lease_s=0.2)) == "CLAIMED"
+    assert services.store.claim(request_id, "bfl", lease("a", lease_s=0.2)) == "RESUMED"
+    assert services.store.claim(request_id, "bfl", lease("b")) == "LEASED"
+    assert services.store.expired_leases("bfl", time.time() + 1) == [request_id]
+    time.sleep(0.3)
+    assert services.store.claim(request_id, "bfl", lease("b")) == "RESUMED"
+    assert not services.store.renew(request_id, "bfl", "a", 30)  # the old holder lost it
+    assert services.store.renew(request_id, "bfl", "b", 30)
+
+
+def test_a_request_that_keeps_losing_its_worker_gives_up(services, workspace):
+    request_id, _ = admit(services, workspace)
+    services.store.claim(request_id, "bfl", lease("t0", lease_s=0, max_takeovers=2))
+    outcomes = [services.store.claim(request_id, "bfl", lease(f"t{n}", lease_s=0, max_takeovers=2))
+                for n in range(1, 4)]
+    assert outcomes == ["RESUMED", "RESUMED", "EXHAUSTED"]
+    record = services.store.status_view(request_id, "bfl").record
+    assert (record.status, record.error_type) == (COMPLETED, "provider_error")
+    assert services.store.in_flight("bfl") == 0
+
+
+def test_renew_many_extends_every_held_lease(services, workspace):
+    ids = [admit(services, workspace)[0] for _ in range(3)]
+    for n, request_id in enumerate(ids):
+        services.store.claim(request_id, "bfl", lease(f"t{n}", lease_s=1))
+    services.store.renew_many([(i, "bfl", f"t{n}") for n, i in enumerate(ids)], 60)
+    assert services.store.expired_leases("bfl", time.time() + 30) == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Callable
 
 from . import bfl, openai_speech, vertexai
-from .base import ProviderCall, ProviderFailure, ProviderOutput
+from .base import HandBack, ProviderCall, ProviderFailure, ProviderOutput
 
 ADAPTERS: dict[str, Callable[[ProviderCall], ProviderOutput]] = {
     "bfl": bfl.run,
@@ -13,4 +13,4 @@ ADAPTERS: dict[str, Callable[[ProviderCall], ProviderOutput]] = {
     "openai_speech": openai_speech.run,
 }
 
-__all__ = ["ADAPTERS", "ProviderCall", "ProviderFailure", "ProviderOutput"]
+__all__ = ["ADAPTERS", "HandBack", "ProviderCall", "ProviderFailure", "ProviderOutput"]

@@ -8,9 +8,9 @@ URL and key it talks to the provider; given the stub's origin (settings'
 
 from __future__ import annotations
 
-import time
+import json
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import requests
 
@@ -28,8 +28,16 @@ class ProviderCall:
     url: str
     api_key: str
     session: requests.Session
-    #: True once the caller asked to cancel; checked between steps.
-    cancel_requested: Callable[[], bool]
+    #: What should stop the run between two steps: "cancel" (the caller
+    #: asked), "shutdown" (this worker is stopping), or None.
+    interruption: Callable[[], str | None]
+    #: The provider's handle on a generation an earlier delivery submitted
+    #: (its worker died or handed it back): resume it, do not resubmit.
+    upstream_ref: dict[str, Any] | None = None
+    #: Keeps the provider's handle on a submitted generation in the record.
+    remember: Callable[[dict[str, Any]], None] = lambda ref: None
+    #: When the request started running (Unix s), across deliveries.
+    started_at: float = 0.0
 
     @property
     def timeout(self) -> tuple[float, float]:
@@ -45,32 +53,59 @@ class ProviderOutput:
 
 
 class ProviderFailure(Exception):
-    """A final answer that is not an output; ``error_type`` is the bucket."""
+    """An answer that is not an output; ``error_type`` is the bucket it ends in.
 
-    def __init__(self, error_type: str, detail: str, *, billable: bool = False):
+    ``retryable`` failures (connection errors, timeouts, 5xx, 429) are tried
+    again under the model's call policy and end in their bucket only once the
+    attempts are spent; the others are final at once.
+    """
+
+    def __init__(self, error_type: str, detail: str, *, billable: bool = False, retryable: bool = False,
+                 retry_after_s: float | None = None):
         super().__init__(detail)
         self.error_type = error_type
         self.detail = detail
-        #: Whether the provider charges us for this outcome (issue: billing).
+        #: Whether the provider charges us for this outcome.
         self.billable = billable
+        self.retryable = retryable
+        #: The provider's own pace (a 429's Retry-After), in seconds.
+        self.retry_after_s = retry_after_s
+
+
+class HandBack(Exception):
+    """This worker is shutting down: give the request to another one to resume."""
 
 
 def send(call: ProviderCall, method: str, url: str, **kwargs) -> requests.Response:
-    """One HTTP exchange; transport failures become provider buckets."""
+    """One HTTP exchange; transport failures become retryable provider failures."""
     try:
         return call.session.request(method, url, timeout=call.timeout, **kwargs)
     except requests.Timeout as exc:
-        raise ProviderFailure(states.PROVIDER_TIMEOUT, f"{call.entry.provider} did not answer in time: {exc}") from exc
+        raise ProviderFailure(states.PROVIDER_TIMEOUT, f"{call.entry.provider} did not answer in time: {exc}",
+                              retryable=True) from exc
     except requests.RequestException as exc:
-        raise ProviderFailure(states.PROVIDER_ERROR, f"could not reach {call.entry.provider}: {exc}") from exc
+        raise ProviderFailure(states.PROVIDER_ERROR, f"could not reach {call.entry.provider}: {exc}",
+                              retryable=True) from exc
+
+
+def _retry_after(response: requests.Response) -> float | None:
+    try:
+        return max(0.0, float(response.headers.get("Retry-After", "")))
+    except ValueError:
+        return None
 
 
 def unexpected(call: ProviderCall, response: requests.Response) -> ProviderFailure:
-    """A failure for an answer the adapter has no better reading of."""
+    """A failure for an answer the adapter has no better reading of.
+
+    429 and 5xx are worth another attempt (a 429 at the provider's own pace);
+    any other status is final.
+    """
     excerpt = response.text[:300].replace("\n", " ")
-    return ProviderFailure(
-        states.PROVIDER_ERROR, f"{call.entry.provider} answered HTTP {response.status_code}: {excerpt}"
-    )
+    detail = f"{call.entry.provider} answered HTTP {response.status_code}: {excerpt}"
+    if response.status_code == 429:
+        return ProviderFailure(states.PROVIDER_ERROR, detail, retryable=True, retry_after_s=_retry_after(response))
+    return ProviderFailure(states.PROVIDER_ERROR, detail, retryable=response.status_code >= 500)
 
 
 def cancelled() -> ProviderFailure:
@@ -81,8 +116,18 @@ def output_of(response: requests.Response) -> ProviderOutput:
     return ProviderOutput(response.content, response.headers.get("Content-Type", "application/octet-stream"))
 
 
-def sleep_unless_cancelled(call: ProviderCall, seconds: float) -> None:
-    """Wait ``seconds`` (the poll interval), raising at once if cancel is asked."""
-    if call.cancel_requested():
+def before_calling(call: ProviderCall) -> None:
+    """The check a synchronous adapter makes before it sends anything."""
+    stop = call.interruption()
+    if stop == "cancel":
         raise cancelled()
-    time.sleep(seconds)
+    if stop == "shutdown":
+        raise HandBack()
+
+
+def json_or_empty(response: requests.Response) -> dict[str, Any]:
+    try:
+        payload = response.json()
+    except (ValueError, json.JSONDecodeError):
+        return {}
+    return payload if isinstance(payload, dict) else {}

@@ -11,7 +11,7 @@ import json
 
 from router_queue import states
 
-from .base import ProviderCall, ProviderFailure, ProviderOutput, cancelled, output_of, send, unexpected
+from .base import ProviderCall, ProviderFailure, ProviderOutput, before_calling, output_of, send, unexpected
 
 
 def _upstream_body(call: ProviderCall) -> bytes:
@@ -22,8 +22,7 @@ def _upstream_body(call: ProviderCall) -> bytes:
 
 
 def run(call: ProviderCall) -> ProviderOutput:
-    if call.cancel_requested():
-        raise cancelled()
+    before_calling(call)
     response = send(
         call, "POST", call.url, data=_upstream_body(call),
         headers={"Authorization": f"Bearer {call.api_key}", "Content-Type": "application/json"},

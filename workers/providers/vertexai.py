@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from router_queue import states
 
-from .base import ProviderCall, ProviderFailure, ProviderOutput, cancelled, output_of, send, unexpected
+from .base import ProviderCall, ProviderFailure, ProviderOutput, before_calling, output_of, send, unexpected
 
 _SAFETY_FINISH = {"SAFETY", "IMAGE_SAFETY", "PROHIBITED_CONTENT", "BLOCKLIST", "SPII", "RECITATION"}
 
 
 def run(call: ProviderCall) -> ProviderOutput:
-    if call.cancel_requested():
-        raise cancelled()
+    before_calling(call)
     response = send(
         call, "POST", call.url, data=call.body,
         headers={"Authorization": f"Bearer {call.api_key}", "Content-Type": "application/json"},

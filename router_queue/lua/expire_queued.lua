@@ -1,0 +1,25 @@
+-- expire_queued.lua: end a request that waited IN_QUEUE past its queue
+-- timeout (COMPLETED queue_timeout, never dispatched, never billed). Run by
+-- the reaper on the head of each queue; claim.lua makes the same check when a
+-- delivery arrives.
+--
+-- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:due
+-- ARGV[1] id  ARGV[2] now (s)  ARGV[3] queue timeout (s)  ARGV[4] retention (s)
+-- returns 1 when it timed the request out, else 0
+
+local rec = redis.call("HMGET", KEYS[1], "status", "created_at")
+if rec[1] ~= "IN_QUEUE" then
+  if not rec[1] then
+    redis.call("ZREM", KEYS[2], ARGV[1])
+  end
+  return 0
+end
+if tonumber(ARGV[2]) - tonumber(rec[2]) <= tonumber(ARGV[3]) then
+  return 0
+end
+redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[2], "error_type", "queue_timeout",
+  "detail", "waited in the queue longer than the model's queue timeout; never run, never billed")
+redis.call("EXPIRE", KEYS[1], ARGV[4])
+redis.call("ZREM", KEYS[2], ARGV[1])
+redis.call("ZREM", KEYS[3], ARGV[1])
+return 1

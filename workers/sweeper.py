@@ -1,0 +1,72 @@
+"""Housekeeping, run by Celery beat every ``SWEEP_INTERVAL_SECONDS``.
+
+* Lost publishes: a waiting request past its due time (a crash between
+  admission and publish, or a deferred delivery whose message died with its
+  worker) is published again.
+* Dead workers: a running request whose lease ran out is published again; the
+  new delivery takes it over and resumes the provider's generation.
+* Queue timeouts: the longest-waiting requests of each queue that waited past
+  their model's queue timeout end ``queue_timeout``, never dispatched.
+
+Every action is safe to repeat: the claim lets one delivery run a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from router_queue import keys
+
+from .context import WorkerContext
+
+log = logging.getLogger(__name__)
+
+#: How many requests at the head of each queue are checked for queue timeout.
+QUEUE_HEAD = 100
+
+
+@dataclass(frozen=True)
+class SweepReport:
+    republished: int
+    reaped: int
+    timed_out: int
+
+
+def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
+    now = time.time() if now is None else now
+    services, store = context.services, context.services.store
+    republished = 0
+    for request_id, provider in store.overdue_waiting(now):
+        context.dispatcher.publish(request_id, provider)
+        republished += 1
+    reaped = 0
+    for provider in services.catalog.providers():
+        for request_id in store.expired_leases(provider, now):
+            store.postpone_reap(request_id, provider, now + services.settings.lease_s)
+            context.dispatcher.publish(request_id, provider)
+            reaped += 1
+    timed_out = sum(_time_out_queue_head(context, provider, now) for provider in services.catalog.providers())
+    if republished or reaped or timed_out:
+        log.warning("sweeper: %d re-published, %d taken from dead workers, %d queue timeouts",
+                    republished, reaped, timed_out)
+    return SweepReport(republished, reaped, timed_out)
+
+
+def _time_out_queue_head(context: WorkerContext, provider: str, now: float) -> int:
+    store, catalog = context.services.store, context.services.catalog
+    head = store.queue_head(provider, QUEUE_HEAD)
+    if not head:
+        return 0
+    pipe = store.client.pipeline(transaction=False)
+    for request_id in head:
+        pipe.hmget(keys.request(request_id), ("model", "created_at"))
+    timed_out = 0
+    for request_id, (model, created_at) in zip(head, pipe.execute()):
+        entry = catalog.by_id(model.decode()) if model else None
+        if entry is None or created_at is None:
+            continue
+        if now - float(created_at) > entry.policy.queue_timeout_s:
+            timed_out += store.expire_queued(request_id, provider, entry.policy.queue_timeout_s, now)
+    return timed_out
