@@ -1,0 +1,1 @@
+"""Front-door benchmark for router-queue: ``bench/run`` (see bench/README.md)."""

@@ -1,0 +1,469 @@
+"""The front-door benchmark: ``bench/run [options]``.
+
+Starts a Redis (unless ``REDIS_URL`` is set), the real front door and a Flask
+hello world under identical gunicorn settings, seeds a workspace and a key,
+and measures with wrk, baseline and subject interleaved over a few rounds
+(medians reported). Prints one ``BENCH`` line per figure on stdout and
+everything else on stderr; stops every process it started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+from .load import Driver, LoadResult, Shot
+from .procs import ROOT, Children, cpu_seconds, ensure_tool, log, start_gunicorn, start_redis
+
+MODEL_ID = "bfl/flux-2-pro"
+SUBMIT_BODY = '{"prompt": "bench"}'
+
+
+# -- arguments and small helpers ----------------------------------------------
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="bench/run", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn sync workers per app (default 4)")
+    parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
+    parser.add_argument("--connections", type=int, default=16, help="wrk connections (default 16)")
+    parser.add_argument("--duration", type=int, default=5, help="seconds per measured run (default 5)")
+    parser.add_argument("--warmup", type=int, default=2, help="seconds of warm-up per target (default 2)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved baseline/subject rounds; medians are reported (default 3)")
+    parser.add_argument("--near", type=int, default=10, help="requests ahead for the cost baseline (default 10)")
+    parser.add_argument("--depth", type=int, default=100_000, help="requests ahead for the deep read (default 100000)")
+    parser.add_argument("--redis-db", type=int, default=14,
+                        help="database used (and flushed) on a shared server given by REDIS_URL (default 14)")
+    parser.add_argument("--only", default="status_read,submit,depth",
+                        help="comma-separated phases: status_read, submit, depth (default all)")
+    parser.add_argument("--keep-logs", action="store_true", help="keep the temp dir with server logs")
+    args = parser.parse_args(argv)
+    args.only = {p.strip() for p in args.only.split(",") if p.strip()}
+    unknown = args.only - {"status_read", "submit", "depth"}
+    if unknown:
+        parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
+    if min(args.workers, args.threads, args.connections, args.duration, args.rounds) < 1:
+        parser.error("workers, threads, connections, duration and rounds must be at least 1")
+    if args.connections < args.threads:
+        parser.error("connections must be at least threads (wrk)")
+    return args
+
+
+def with_db(url: str, db: int) -> str:
+    """``url`` pointing at database ``db``."""
+    parts = urlsplit(url)
+    if parts.scheme == "unix":
+        query = dict(parse_qsl(parts.query))
+        query["db"] = str(db)
+        return f"unix://{parts.netloc}{parts.path}?{urlencode(query)}"
+    query = urlencode([(k, v) for k, v in parse_qsl(parts.query) if k != "db"])
+    return urlunsplit(parts._replace(path=f"/{db}", query=query))
+
+
+def http_json(method: str, url: str, headers: dict[str, str], body: str | None = None) -> tuple[int, dict]:
+    data = body.encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        try:
+            return exc.code, json.loads(raw)
+        except ValueError:
+            return exc.code, {"raw": raw[:300].decode(errors="replace")}
+
+
+def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None:
+    """Until ``url`` answers 200 (gunicorn workers import the app after the bind)."""
+    deadline = time.monotonic() + timeout_s
+    last = ""
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"gunicorn (pid {proc.pid}) exited with {proc.returncode} while booting {url}")
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                if response.status == 200:
+                    return
+                last = f"HTTP {response.status}"
+        except (urllib.error.URLError, OSError) as exc:
+            last = str(exc)
+        time.sleep(0.2)
+    raise TimeoutError(f"{url} did not answer 200 within {timeout_s} s ({last})")
+
+
+def label(count: int) -> str:
+    if count >= 1000 and count % 1000 == 0:
+        return f"{count // 1000}k"
+    return str(count)
+
+
+def fmt(value: float) -> str:
+    return f"{value:.1f}" if value >= 100 else f"{value:.3f}" if value < 10 else f"{value:.2f}"
+
+
+class MeasurementError(RuntimeError):
+    """A figure could not be measured (e.g. most answers had the wrong status)."""
+
+
+# -- measuring ------------------------------------------------------------------
+
+
+@dataclass
+class Pair:
+    """Interleaved runs: ``baseline[i]`` and ``subject[i]`` ran back to back in round ``i``."""
+
+    baseline: list[LoadResult]
+    subject: list[LoadResult]
+
+    def median_round(self) -> tuple[LoadResult, LoadResult]:
+        """The (baseline, subject) of the round with the median subject/baseline rate ratio.
+
+        Pairing runs that ran seconds apart cancels the slow drifts of a shared machine
+        better than taking each side's median separately, and keeps value/baseline exact.
+        """
+        rounds = sorted(zip(self.baseline, self.subject), key=lambda bs: bs[1].rate / bs[0].rate)
+        return rounds[(len(rounds) - 1) // 2]
+
+
+def _check(result: LoadResult, what: str, expected_status: int) -> None:
+    answered = result.expected + result.unexpected
+    if answered == 0 or result.ok_fraction < 0.5:
+        raise MeasurementError(
+            f"{what}: only {result.expected} of {answered} answers were {expected_status} "
+            f"({result.socket_errors} socket errors); the figure would be meaningless")
+    if result.unexpected or result.socket_errors:
+        log(f"warning: {what}: {result.unexpected} answers were not {expected_status}, "
+            f"{result.socket_errors} socket errors")
+
+
+@dataclass
+class Target:
+    """What one side of a pair loads: a shot at a server, with optional set-up around each run."""
+
+    label: str
+    shot: Shot
+    server_pid: int
+    enter: Callable[[], None] | None = None
+    leave: Callable[[], None] | None = None
+
+
+def run_target(driver: Driver, target: Target, seconds: int) -> tuple[LoadResult, float | None]:
+    """One load run; also the server's CPU (master + workers) per completed request, in ms."""
+    if target.enter:
+        target.enter()
+    try:
+        before = cpu_seconds(target.server_pid)
+        result = driver.run(target.shot, seconds)
+        after = cpu_seconds(target.server_pid)
+    finally:
+        if target.leave:
+            target.leave()
+    cpu_ms = None
+    if before is not None and after is not None and result.requests:
+        cpu_ms = 1000.0 * (after - before) / result.requests
+    return result, cpu_ms
+
+
+def _describe(result: LoadResult, cpu_ms: float | None) -> str:
+    cpu = f", {cpu_ms:.2f} ms server CPU/req" if cpu_ms is not None else ""
+    return f"{result.rate:.1f} req/s (p50 {result.p50_ms:.2f} ms{cpu})"
+
+
+def measure_pair(driver: Driver, args: argparse.Namespace, name: str, baseline: Target, subject: Target) -> Pair:
+    """Warm both up, then ``rounds`` x (baseline, subject), interleaved; every run checked."""
+    if args.warmup > 0:
+        log(f"{name}: warm-up ({args.warmup} s each)")
+        for target in (baseline, subject):
+            run_target(driver, target, args.warmup)
+    pair = Pair([], [])
+    for round_no in range(1, args.rounds + 1):
+        b, b_cpu = run_target(driver, baseline, args.duration)
+        _check(b, f"{name} {baseline.label}", baseline.shot.expected_status)
+        s, s_cpu = run_target(driver, subject, args.duration)
+        _check(s, f"{name} {subject.label}", subject.shot.expected_status)
+        pair.baseline.append(b)
+        pair.subject.append(s)
+        log(f"{name} round {round_no}/{args.rounds}: {baseline.label} {_describe(b, b_cpu)}; "
+            f"{subject.label} {_describe(s, s_cpu)}")
+    ratios = " ".join(f"{s.rate / b.rate:.3f}" for b, s in zip(pair.baseline, pair.subject))
+    log(f"{name}: {subject.label} / {baseline.label} rate ratio per round: {ratios} (the median round is reported)")
+    return pair
+
+
+def emit(name: str, value: float, unit: str, baseline: float) -> None:
+    ratio = value / baseline if baseline else float("nan")
+    print(f"BENCH {name} value={fmt(value)} {unit} baseline={fmt(baseline)} ratio={ratio:.3f}", flush=True)
+
+
+# -- seeding ----------------------------------------------------------------------
+
+
+def seed_queue(services, workspace: str, entry, count: int, batch: int = 2000) -> None:
+    """``count`` queued requests in ``entry``'s provider queue, admitted in pipelines.
+
+    Each request goes through ``RequestStore.admit`` itself (so the KEYS and ARGV
+    are whatever the store builds today), on a copy of the store whose admit.lua
+    handle queues the call on a pipeline instead of running it; one round trip
+    per ``batch`` requests instead of one per request.
+    """
+    store = services.store
+    script = getattr(store, "_admit", None)
+    if script is None:  # the store no longer exposes its admit.lua handle: one round trip each
+        log("warning: RequestStore has no _admit script handle; seeding one request at a time")
+        for _ in range(count):
+            admit_target(services, workspace, entry)
+        return
+    pipe = None
+
+    def queue_admit(keys, args, client=None):
+        script(keys=keys, args=args, client=pipe)
+        return [b"ADMITTED", str(args[0]).encode(), 0]
+
+    batching = copy.copy(store)
+    batching._admit = queue_admit
+    for start in range(0, count, batch):
+        pipe = services.redis.pipeline(transaction=False)
+        for _ in range(min(batch, count - start)):
+            batching.admit(request_id=services.ids.mint(workspace, entry.id), workspace=workspace,
+                           model=entry.id, provider=entry.provider, body=SUBMIT_BODY)
+        replies = pipe.execute()
+        bad = [r for r in replies if not (isinstance(r, list) and r and r[0] in (b"ADMITTED", "ADMITTED"))]
+        if bad:
+            raise MeasurementError(f"seeding the queue failed: admit.lua answered {bad[0]!r}")
+
+
+def admit_target(services, workspace: str, entry) -> tuple[str, int]:
+    request_id = services.ids.mint(workspace, entry.id)
+    admission = services.store.admit(request_id=request_id, workspace=workspace, model=entry.id,
+                                     provider=entry.provider, body=SUBMIT_BODY)
+    if admission.outcome != "ADMITTED":
+        raise MeasurementError(f"admitting the target request failed: {admission.outcome}")
+    return request_id, int(admission.position)
+
+
+# -- the run ------------------------------------------------------------------------
+
+
+def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
+    import redis
+
+    from router_queue import keys
+    from router_queue.services import Services
+    from router_queue.settings import Settings
+
+    wrk = ensure_tool("wrk", "wrk")
+    if wrk is None:
+        log("wrk unavailable (apt-get failed); falling back to the Python load generator, "
+            "which saturates sooner: figures are not comparable with wrk runs")
+
+    shared = bool(os.environ.get("REDIS_URL"))
+    if shared:
+        if args.redis_db == 0:
+            raise SystemExit("refusing to use (and flush) db 0 of a shared server; pass --redis-db N")
+        redis_url = with_db(os.environ["REDIS_URL"], args.redis_db)
+        log(f"using the Redis at REDIS_URL, database {args.redis_db} (flushed before and after)")
+    else:
+        binary = ensure_tool("redis-server", "redis-server")
+        if binary is None:
+            raise SystemExit("redis-server is missing and apt-get could not install it; set REDIS_URL")
+        redis_url, _ = start_redis(children, binary)
+        log(f"private redis-server at {redis_url}")
+
+    client = redis.Redis.from_url(redis_url)
+    client.ping()
+    if shared:
+        client.flushdb()
+
+        def flush_at_end() -> None:
+            # after the servers stopped: requests still in their listen backlogs when the
+            # last wrk run ended are answered after it, and write to Redis
+            try:
+                client.flushdb()
+            except redis.RedisError as exc:
+                log(f"could not flush database {args.redis_db} at the end: {exc}")
+
+        children.after_stop.append(flush_at_end)
+    return _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settings)
+
+
+def _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settings) -> int:
+    services = Services.build(Settings.from_env({"REDIS_URL": redis_url}))
+    entry = services.catalog.by_id(MODEL_ID)
+    if entry is None:
+        raise SystemExit(f"{MODEL_ID} is not in the catalog")
+    workspace = services.accounts.create_workspace("bench", queue_enabled=True, credits=10**12)
+    api_key = services.accounts.mint_key(workspace)
+    log(f"seeded workspace {workspace} with queued delivery on, and a key")
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "PUBLIC_BASE_URL")}
+    env["REDIS_URL"] = redis_url
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+    front, front_proc = start_gunicorn(children, "frontdoor", "router_queue.wsgi:app", env, args.workers)
+    hello, hello_proc = start_gunicorn(children, "hello", "bench.hello:app", env, args.workers)
+    wait_http(f"{front}/healthz", front_proc)
+    wait_http(f"{hello}/hello", hello_proc)
+    log(f"front door {front}, hello world {hello}, {args.workers} sync workers each; "
+        f"load: {'wrk' if wrk else 'python'} {args.threads} threads x {args.connections} connections, "
+        f"{args.duration} s runs, {args.rounds} rounds")
+
+    driver = Driver(wrk, tmp, threads=args.threads, connections=args.connections)
+    auth = {"X-API-Key": api_key}
+    post_headers = {**auth, "Content-Type": "application/json"}
+    failures: list[str] = []
+
+    def phase(name, fn) -> None:
+        if name not in args.only:
+            return
+        try:
+            fn()
+        except MeasurementError as exc:
+            log(f"ERROR: {exc}")
+            failures.append(name)
+
+    submit_url = f"{front}/v2/models/{MODEL_ID}/requests"
+
+    def status_url(request_id: str) -> str:
+        return f"{submit_url}/{request_id}/status"
+
+    def status_read() -> None:
+        code, handle = http_json("POST", submit_url, post_headers, SUBMIT_BODY)
+        if code != 201 or "request_id" not in handle:
+            raise MeasurementError(f"status_read: the target submit answered {code}: {handle}")
+        url = status_url(handle["request_id"])
+        code, body = http_json("GET", url, auth)
+        if code != 200:
+            raise MeasurementError(f"status_read: a status read answered {code}: {body}")
+        pair = measure_pair(driver, args, "status_read",
+                            Target("hello GET", Shot("GET", f"{hello}/hello", 200, auth), hello_proc.pid),
+                            Target("status read", Shot("GET", url, 200, auth), front_proc.pid))
+        b, v = pair.median_round()
+        emit("status_read_throughput", v.rate, "req/s", b.rate)
+
+    def submit() -> None:
+        queue_key = keys.queue(entry.provider)
+        before = client.zcard(queue_key)
+        pair = measure_pair(
+            driver, args, "submit",
+            Target("hello POST", Shot("POST", f"{hello}/hello", 201, post_headers, SUBMIT_BODY), hello_proc.pid),
+            Target("submit", Shot("POST", submit_url, 201, post_headers, SUBMIT_BODY), front_proc.pid))
+        measured = sum(r.expected for r in pair.subject)
+        grown = client.zcard(queue_key) - before
+        # warm-up submits grew the index too; every measured 201 must be in it
+        if grown < measured:
+            raise MeasurementError(f"submit: {measured} answers were 201 but the queue index grew by only {grown}")
+        log(f"submit: queue index grew by {grown} (measured 201s: {measured}, the rest from warm-up)")
+        b, v = pair.median_round()
+        emit("submit_throughput", v.rate, "req/s", b.rate)
+
+    def depth() -> None:
+        # Two queues are built once, parked under bench keys, and swapped in under the
+        # provider's queue key (RENAME, O(1)) for each run, so near and deep runs interleave.
+        queue_key = keys.queue(entry.provider)
+        parked = {"near": "bench:park:near", "deep": "bench:park:deep"}
+        # submits still in flight when the last wrk run stopped land a moment later: let them
+        # drain, then start from an empty queue
+        deadline = time.monotonic() + 10
+        while True:
+            client.delete(queue_key, *parked.values())
+            time.sleep(0.5)
+            if client.zcard(queue_key) == 0 or time.monotonic() > deadline:
+                break
+        sides = {}
+        for which, ahead in (("near", args.near), ("deep", args.depth)):
+            started = time.monotonic()
+            seed_queue(services, workspace, entry, ahead)
+            request_id, position = admit_target(services, workspace, entry)
+            if position != ahead:
+                raise MeasurementError(f"depth: the target sits at position {position}, expected {ahead}")
+            log(f"depth: seeded {ahead} queued requests ahead of {request_id} in "
+                f"{time.monotonic() - started:.1f} s")
+            client.rename(queue_key, parked[which])
+
+            def enter(which=which, request_id=request_id, ahead=ahead) -> None:
+                client.rename(parked[which], queue_key)
+                code, body = http_json("GET", status_url(request_id), auth)
+                if code != 200 or body.get("queue_position") != ahead:
+                    client.rename(queue_key, parked[which])
+                    raise MeasurementError(f"depth: a status read answered {code} with queue_position="
+                                           f"{body.get('queue_position')}, expected {ahead}")
+
+            def leave(which=which) -> None:
+                client.rename(queue_key, parked[which])
+
+            sides[which] = Target(f"behind {ahead}", Shot("GET", status_url(request_id), 200, auth),
+                                  front_proc.pid, enter, leave)
+        pair = measure_pair(driver, args, "depth", sides["near"], sides["deep"])
+        near, deep = pair.median_round()
+        near_ms = 1000.0 / near.rate
+        deep_ms = 1000.0 / deep.rate
+        emit(f"status_read_cost_behind_{label(args.depth)}", deep_ms, "ms", near_ms)
+
+    phase("status_read", status_read)
+    phase("submit", submit)
+    phase("depth", depth)
+    for name, proc in (("front door", front_proc), ("hello world", hello_proc)):
+        if proc.poll() is not None:
+            log(f"ERROR: the {name} gunicorn exited with {proc.returncode} during the run")
+            failures.append(name)
+    if failures:
+        log(f"ERROR: no figure for: {', '.join(failures)}; logs in {children.log_dir}")
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+
+    def _terminate(signum, _frame):
+        raise KeyboardInterrupt
+
+    # Ctrl-C, kill and a closed terminal all end in the same clean-up (SIGINT explicitly,
+    # as a shell starting us in the background leaves it ignored)
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _terminate)
+    tmp = Path(tempfile.mkdtemp(prefix="router-queue-bench-"))
+    children = Children(tmp)
+    code = 1
+    try:
+        code = run(args, children, tmp)
+    except KeyboardInterrupt:
+        log("interrupted; stopping what was started")
+        code = 130
+    except (MeasurementError, RuntimeError, TimeoutError, OSError) as exc:
+        log(f"ERROR: {exc}")
+        code = 1
+    except Exception:  # noqa: BLE001 - report, then still clean up
+        import traceback
+
+        traceback.print_exc(file=sys.stderr)
+        code = 1
+    finally:
+        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
+        children.stop_all()
+        if args.keep_logs or code != 0:
+            log(f"logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

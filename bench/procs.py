@@ -1,0 +1,152 @@
+"""Tools and child processes the benchmark starts: wrk, redis-server, gunicorn.
+
+Every child is started in its own session (so a Ctrl-C reaches only the
+benchmark, which then stops them in order) and remembered by PID; ``stop_all``
+stops exactly those PIDs and nothing else.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def log(message: str) -> None:
+    print(f"[bench] {message}", file=sys.stderr, flush=True)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]!r} (pid {proc.pid}) exited with {proc.returncode} "
+                               f"before listening on 127.0.0.1:{port}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout_s} s")
+
+
+def _apt_install(package: str) -> bool:
+    """``apt-get install -y package`` (with one ``apt-get update`` retry); True on success."""
+    prefix: list[str] = []
+    if os.geteuid() != 0:
+        if not shutil.which("sudo"):
+            return False
+        prefix = ["sudo", "-n"]
+    if not shutil.which("apt-get"):
+        return False
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    for attempt in range(2):
+        log(f"installing {package} with apt-get" + (" (after apt-get update)" if attempt else ""))
+        if attempt:
+            subprocess.run(prefix + ["apt-get", "update"], env=env, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, check=False)
+        done = subprocess.run(prefix + ["apt-get", "install", "-y", package], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+        if done.returncode == 0:
+            return True
+    return False
+
+
+def ensure_tool(binary: str, package: str) -> str | None:
+    """The path of ``binary``, installing ``package`` with apt if missing; None if that fails."""
+    path = shutil.which(binary)
+    if path is None and _apt_install(package):
+        path = shutil.which(binary)
+    return path
+
+
+class Children:
+    """The processes this run started, by PID, stopped in reverse order."""
+
+    def __init__(self, log_dir: Path):
+        self.log_dir = log_dir
+        self.procs: list[tuple[str, subprocess.Popen]] = []
+        #: Run once every child has stopped (e.g. flushing a shared Redis database).
+        self.after_stop: list = []
+
+    def spawn(self, name: str, argv: list[str], env: dict[str, str]) -> subprocess.Popen:
+        out = open(self.log_dir / f"{name}.log", "ab")
+        try:
+            proc = subprocess.Popen(argv, env=env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            out.close()
+        self.procs.append((name, proc))
+        log(f"started {name} (pid {proc.pid}), log {self.log_dir / (name + '.log')}")
+        return proc
+
+    def stop_all(self, timeout_s: float = 15.0) -> None:
+        for name, proc in reversed(self.procs):
+            if proc.poll() is None:
+                try:
+                    os.kill(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout_s
+        for name, proc in reversed(self.procs):
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                log(f"{name} (pid {proc.pid}) ignored SIGTERM; killing it")
+                try:
+                    os.kill(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        self.procs.clear()
+        while self.after_stop:
+            self.after_stop.pop()()
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """User+system CPU of ``pid`` and its direct children (gunicorn master + workers), from /proc."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+        total = 0
+        for p in [pid, *map(int, children)]:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])
+        return total / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def start_redis(children: Children, binary: str) -> tuple[str, subprocess.Popen]:
+    """A private, non-persistent redis-server on a free port; returns (URL, process)."""
+    port = free_port()
+    proc = children.spawn("redis", [
+        binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+        "--dir", str(children.log_dir), "--daemonize", "no",
+    ], dict(os.environ))
+    wait_for_port(port, proc)
+    return f"redis://127.0.0.1:{port}/0", proc
+
+
+def start_gunicorn(children: Children, name: str, app: str, env: dict[str, str],
+                   workers: int) -> tuple[str, subprocess.Popen]:
+    """``gunicorn app`` with sync workers on a free local port; returns (base URL, master)."""
+    port = free_port()
+    proc = children.spawn(name, [
+        sys.executable, "-m", "gunicorn", "--workers", str(workers), "--worker-class", "sync",
+        "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "5", "--log-level", "warning", app,
+    ], env)
+    wait_for_port(port, proc)
+    return f"http://127.0.0.1:{port}", proc
