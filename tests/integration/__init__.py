@@ -1,0 +1,1 @@
+"""Integration tests: real redis-server, Celery worker and beat, gunicorn, stub provider."""
