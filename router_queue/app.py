@@ -16,6 +16,7 @@ from .auth import KeyResolver
 from .dispatch import Dispatcher
 from .errors import InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RouterError
 from .errors import ServiceUnavailable
+from .ratelimit import init_limiter
 from .routes import queue
 from .services import Services
 from .settings import Settings
@@ -42,7 +43,8 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
         dispatcher = Dispatcher(make_celery(settings), services.store)
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    app.extensions["router_queue"] = FrontDoor(services, dispatcher, KeyResolver(services.accounts))
+    keys = KeyResolver(services.accounts)
+    app.extensions["router_queue"] = FrontDoor(services, dispatcher, keys)
     app.register_blueprint(queue)
     _register_error_handlers(app)
 
@@ -59,6 +61,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     def healthz() -> Response:
         return json_response({"status": "ok"})
 
+    init_limiter(app, settings, keys)
     return app
 
 
@@ -71,6 +74,8 @@ def _register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException) -> Response:
+        if exc.response is not None:  # already rendered, e.g. the rate limiter's 429
+            return exc.response
         if exc.code == 413:
             return _render(PayloadTooLarge(f"the body is larger than {app.config['MAX_CONTENT_LENGTH']} bytes"))
         if exc.code == 404:

@@ -66,6 +66,7 @@ def submit(provider: str, model: str) -> Response:
     front = _front()
     workspace = front.keys.workspace(request)
     entry = _model(provider, model)
+    admission.refuse_bring_your_own_key(request.headers)
     admitted = admission.admit(
         front.services, front.dispatcher, workspace=workspace, entry=entry,
         raw_body=request.get_data(cache=False), raw_idempotency_key=request.headers.get("Idempotency-Key"),
