@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass
 
 import redis
-from flask import Flask, Response, g
+from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from workers.celery_app import make_celery
@@ -16,7 +16,7 @@ from .auth import KeyResolver
 from .dispatch import Dispatcher
 from .errors import InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RouterError
 from .errors import ServiceUnavailable
-from .ratelimit import init_limiter
+from .ratelimit import RateLimits
 from .routes import queue
 from .services import Services
 from .settings import Settings
@@ -61,7 +61,11 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     def healthz() -> Response:
         return json_response({"status": "ok"})
 
-    init_limiter(app, settings, keys)
+    rate_limits = RateLimits(settings.rate_limit_storage_uri or settings.redis_url, settings.default_rate_limit, keys)
+
+    @app.before_request
+    def _rate_limit() -> None:
+        rate_limits.check(request)
     return app
 
 
@@ -74,8 +78,6 @@ def _register_error_handlers(app: Flask) -> None:
 
     @app.errorhandler(HTTPException)
     def _http(exc: HTTPException) -> Response:
-        if exc.response is not None:  # already rendered, e.g. the rate limiter's 429
-            return exc.response
         if exc.code == 413:
             return _render(PayloadTooLarge(f"the body is larger than {app.config['MAX_CONTENT_LENGTH']} bytes"))
         if exc.code == 404:

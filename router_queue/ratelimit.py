@@ -1,5 +1,8 @@
-"""Each caller's request rate over every route, polls included (Flask-Limiter).
+"""Each caller's request rate over every route, polls included.
 
+Built on ``limits`` (the library under Flask-Limiter), called from one
+``before_request`` hook: Flask-Limiter's per-request machinery cost as much CPU
+as the status read itself, and a status read is the call clients make most.
 Counters live in Redis (``RATE_LIMIT_STORAGE_URI``, default ``REDIS_URL``), so
 one limit holds across every front-door process. The bucket is the caller's
 workspace; its limit is the workspace's own ``rate_limit`` or
@@ -10,56 +13,64 @@ client address, which also slows down key guessing.
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
+from functools import lru_cache
 
-from flask import Flask, Response, g, request
-from flask_limiter import Limiter, RequestLimit
+from flask import Request
+from limits import RateLimitItem, parse_many
+from limits.storage import storage_from_string
+from limits.strategies import FixedWindowRateLimiter
 
-from .auth import Caller, KeyResolver, presented_key
+from .auth import KeyResolver, presented_key
 from .errors import RateLimited, Unauthorized
-from .settings import Settings
-from .views import json_response
+
+log = logging.getLogger(__name__)
+
+#: Routes no limit applies to (probes must always answer).
+EXEMPT_ENDPOINTS = frozenset({"healthz"})
 
 
-def init_limiter(app: Flask, settings: Settings, keys: KeyResolver) -> Limiter:
-    def caller() -> Caller | None:
-        """The caller, resolved once per request whichever callback asks first."""
-        if "caller" not in g:
+@lru_cache(maxsize=256)
+def _items(spec: str) -> tuple[RateLimitItem, ...]:
+    return tuple(parse_many(spec))
+
+
+class RateLimits:
+    def __init__(self, storage_uri: str, default_limit: str, keys: KeyResolver):
+        _items(default_limit)  # a malformed default fails at start, not on the first call
+        self.limiter = FixedWindowRateLimiter(storage_from_string(storage_uri, key_prefix="rq:rate"))
+        self.default_limit = default_limit
+        self.keys = keys
+
+    def _bucket_and_limit(self, request: Request) -> tuple[str, str]:
+        try:
+            caller = self.keys.caller(request)
+        except Unauthorized:
+            return f"unknown:{request.remote_addr}", self.default_limit
+        if caller.legacy:
+            key = presented_key(request) or ""
+            return "legacy:" + hashlib.sha256(key.encode()).hexdigest()[:32], self.default_limit
+        return f"ws:{caller.workspace}", caller.rate_limit or self.default_limit
+
+    def check(self, request: Request) -> None:
+        """Count this call; ``429 rate_limited`` with Retry-After once the allowance is spent."""
+        if request.endpoint in EXEMPT_ENDPOINTS:
+            return
+        bucket, spec = self._bucket_and_limit(request)
+        try:
+            items = _items(spec)
+        except ValueError:
+            log.error("workspace rate limit %r does not parse; using the default", spec)
+            items = _items(self.default_limit)
+        for item in items:
             try:
-                g.caller = keys.caller(request)
-            except Unauthorized:
-                g.caller = None
-        return g.caller
-
-    def bucket() -> str:
-        who = caller()
-        if who is None:
-            return f"unknown:{request.remote_addr}"
-        if who.legacy:
-            return "legacy:" + hashlib.sha256((presented_key(request) or "").encode()).hexdigest()[:32]
-        return f"ws:{who.workspace}"
-
-    def limit() -> str:
-        who = caller()
-        return (who.rate_limit if who is not None else None) or settings.default_rate_limit
-
-    def breached(limit: RequestLimit) -> Response:
-        error = RateLimited(f"request rate {limit.limit} is spent; honour Retry-After",
-                            retry_after=min(limit.limit.get_expiry(), max(1, math.ceil(limit.reset_at - time.time()))))
-        return json_response(error.body(), error.status, error.headers())
-
-    return Limiter(
-        key_func=bucket,
-        app=app,
-        application_limits=[limit],
-        application_limits_exempt_when=lambda: request.endpoint in ("healthz",),
-        storage_uri=settings.rate_limit_storage_uri or settings.redis_url,
-        strategy="fixed-window",
-        key_prefix="rq:rate",
-        # Redis trouble must not turn into a rate-limit answer: the request goes
-        # on and meets the same trouble as a clear 503 in its own route.
-        swallow_errors=True,
-        headers_enabled=False,
-        on_breach=breached,
-    )
+                allowed = self.limiter.hit(item, bucket)
+            except Exception:  # the counter store's trouble must not refuse calls
+                log.warning("rate-limit storage unreachable; call let through", exc_info=True)
+                return
+            if not allowed:
+                reset = self.limiter.get_window_stats(item, bucket).reset_time
+                wait = min(item.get_expiry(), max(1, math.ceil(reset - time.time())))
+                raise RateLimited(f"request rate {item} is spent; honour Retry-After", retry_after=wait)
