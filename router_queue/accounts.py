@@ -17,6 +17,8 @@ import redis
 from . import keys
 
 KEY_PREFIX = "rq_"
+#: What a legacy key (one that belongs to no workspace) maps to.
+NO_WORKSPACE = "-"
 
 
 def hash_key(api_key: str) -> str:
@@ -28,7 +30,29 @@ class Workspace:
     id: str
     name: str
     queue_enabled: bool
+    #: The balance: what the workspace has, holds not yet deducted.
     credits: int
+    #: Credits held for requests admitted and not yet settled.
+    held: int = 0
+    #: Requests waiting IN_QUEUE now.
+    queued: int = 0
+    max_queued: int | None = None
+    rate_limit: str | None = None
+
+    @property
+    def available(self) -> int:
+        return self.credits - self.held
+
+
+@dataclass(frozen=True)
+class LedgerEntry:
+    id: str
+    type: str
+    request_id: str
+    amount: int
+    balance: int
+    held: int
+    at: float
 
 
 class Accounts:
@@ -61,6 +85,10 @@ class Accounts:
             name=row.get("name", ""),
             queue_enabled=row.get("queue_enabled") == "1",
             credits=int(row.get("credits", "0")),
+            held=int(row.get("held", "0")),
+            queued=int(row.get("queued", "0")),
+            max_queued=int(row["max_queued"]) if row.get("max_queued") else None,
+            rate_limit=row.get("rate_limit") or None,
         )
 
     def list(self) -> list[Workspace]:
@@ -82,9 +110,42 @@ class Accounts:
         self._require(workspace_id)
         self.client.hset(keys.workspace(workspace_id), "queue_enabled", "1" if enabled else "0")
 
+    def mint_legacy_key(self) -> str:
+        """A key that belongs to no workspace (the kind issued before workspaces)."""
+        api_key = KEY_PREFIX + secrets.token_urlsafe(32)
+        self.client.set(keys.api_key(hash_key(api_key)), NO_WORKSPACE)
+        return api_key
+
     def set_credits(self, workspace_id: str, credits: int) -> None:
+        """Set the balance. Open holds stay held against it."""
         self._require(workspace_id)
         self.client.hset(keys.workspace(workspace_id), "credits", int(credits))
+
+    def set_limits(self, workspace_id: str, *, max_queued: int | None = None, rate_limit: str | None = None) -> None:
+        """The workspace's own backlog cap and request rate (Flask-Limiter notation)."""
+        self._require(workspace_id)
+        mapping: dict[str, str | int] = {}
+        if max_queued is not None:
+            mapping["max_queued"] = int(max_queued)
+        if rate_limit is not None:
+            mapping["rate_limit"] = rate_limit
+        if mapping:
+            self.client.hset(keys.workspace(workspace_id), mapping=mapping)
+
+    def rate_limit(self, workspace_id: str) -> str | None:
+        value = self.client.hget(keys.workspace(workspace_id), "rate_limit")
+        return value.decode() if value else None
+
+    def ledger(self, workspace_id: str, count: int = 1000) -> list[LedgerEntry]:
+        """The workspace's holds, charges and releases, oldest first."""
+        entries = []
+        for entry_id, fields in self.client.xrange(keys.ledger(workspace_id), count=count):
+            row = {k.decode(): v.decode() for k, v in fields.items()}
+            entries.append(LedgerEntry(
+                id=entry_id.decode(), type=row["type"], request_id=row["request_id"], amount=int(row["amount"]),
+                balance=int(float(row["balance"])), held=int(row["held"]), at=float(row["at"]),
+            ))
+        return entries
 
     def workspace_for_key(self, api_key: str) -> str | None:
         value = self.client.get(keys.api_key(hash_key(api_key)))

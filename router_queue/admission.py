@@ -13,8 +13,10 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from . import pacing
 from .catalog import ModelEntry
-from .errors import IdempotencyKeyConflict, InvalidInput, NotEnabled, ValidationFailed
+from .errors import (IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, QueueBacklogFull,
+                     ValidationFailed)
 from .schemas import validation_detail
 from .services import Services
 
@@ -22,6 +24,15 @@ log = logging.getLogger(__name__)
 
 #: Longest Idempotency-Key accepted, in characters.
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+#: Headers that carry the provider's own credentials (bring your own key):
+#: such a request is the caller's to run synchronously, never ours to queue.
+BYOK_HEADERS = ("X-Provider-Api-Key", "X-Provider-Authorization")
+
+
+def refuse_bring_your_own_key(headers) -> None:
+    if any(name in headers for name in BYOK_HEADERS):
+        raise NotEnabled("a request carrying the provider's own credentials cannot be queued; "
+                         "send it to the synchronous route")
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
@@ -82,7 +93,15 @@ def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, 
         body=raw_body.decode(),
         fingerprint=fingerprint(entry.id, body) if key else "",
         idempotency_key_hash=hashlib.sha256(key.encode()).hexdigest() if key else "",
+        price=entry.price_credits,
     )
+    if admission.outcome == "INSUFFICIENT_CREDITS":
+        raise InsufficientCredits(f"{entry.id} costs {entry.price_credits} credits and the workspace has "
+                                  f"{admission.available} available; nothing was queued or charged")
+    if admission.outcome == "BACKLOG_FULL":
+        hint = pacing.backlog_retry_after(services.store.pace(entry.provider))
+        raise QueueBacklogFull("this workspace already has as many requests waiting as it may; "
+                               "retry when some have started", retry_after=hint)
     if admission.outcome == "NOT_ENABLED":
         raise NotEnabled("queued delivery is not switched on for this workspace; "
                          f"POST /v2/models/{entry.id} serves the same body synchronously")

@@ -7,7 +7,7 @@ import uuid
 from dataclasses import dataclass
 
 import redis
-from flask import Flask, Response, g
+from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from workers.celery_app import make_celery
@@ -16,6 +16,7 @@ from .auth import KeyResolver
 from .dispatch import Dispatcher
 from .errors import InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RouterError
 from .errors import ServiceUnavailable
+from .ratelimit import RateLimits
 from .routes import queue
 from .services import Services
 from .settings import Settings
@@ -42,7 +43,8 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
         dispatcher = Dispatcher(make_celery(settings), services.store)
     app = Flask(__name__, static_folder=None)
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
-    app.extensions["router_queue"] = FrontDoor(services, dispatcher, KeyResolver(services.accounts))
+    keys = KeyResolver(services.accounts)
+    app.extensions["router_queue"] = FrontDoor(services, dispatcher, keys)
     app.register_blueprint(queue)
     _register_error_handlers(app)
 
@@ -59,6 +61,11 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     def healthz() -> Response:
         return json_response({"status": "ok"})
 
+    rate_limits = RateLimits(settings.rate_limit_storage_uri or settings.redis_url, settings.default_rate_limit, keys)
+
+    @app.before_request
+    def _rate_limit() -> None:
+        rate_limits.check(request)
     return app
 
 

@@ -1,18 +1,19 @@
 """Who is calling: the API key from ``X-API-Key`` or ``Authorization: Bearer``.
 
-Key -> workspace lookups are cached in-process for a few seconds, because every
+Key -> caller lookups are cached in-process for a few seconds, because every
 status poll authenticates and the mapping almost never changes; a revoked key
-stops working within ``CACHE_TTL_S`` on every process.
+or a changed rate limit takes effect within ``CACHE_TTL_S`` on every process.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 from flask import Request
 
-from .accounts import Accounts, hash_key
-from .errors import Unauthorized
+from .accounts import NO_WORKSPACE, Accounts, hash_key
+from .errors import NotEnabled, Unauthorized
 
 #: Seconds a key -> workspace lookup is reused.
 CACHE_TTL_S = 5.0
@@ -32,13 +33,25 @@ def presented_key(request: Request) -> str | None:
     return key or None
 
 
+@dataclass(frozen=True)
+class Caller:
+    #: The workspace id; ``NO_WORKSPACE`` for a legacy key.
+    workspace: str
+    #: The workspace's own request rate, if it sets one.
+    rate_limit: str | None = None
+
+    @property
+    def legacy(self) -> bool:
+        return self.workspace == NO_WORKSPACE
+
+
 class KeyResolver:
     def __init__(self, accounts: Accounts):
         self.accounts = accounts
-        self._cache: dict[str, tuple[float, str | None]] = {}
+        self._cache: dict[str, tuple[float, Caller | None]] = {}
 
-    def workspace(self, request: Request) -> str:
-        """The caller's workspace id; ``401 unauthorized`` for no key or an unknown one."""
+    def caller(self, request: Request) -> Caller:
+        """Who is calling; ``401 unauthorized`` for no key or an unknown one."""
         key = presented_key(request)
         if key is None:
             raise Unauthorized("send your API key as X-API-Key or Authorization: Bearer")
@@ -48,12 +61,28 @@ class KeyResolver:
         now = time.monotonic()
         cached = self._cache.get(digest)
         if cached is not None and cached[0] > now:
-            workspace = cached[1]
+            caller = cached[1]
         else:
             if len(self._cache) >= CACHE_MAX_ENTRIES:
                 self._cache.clear()
-            workspace = self.accounts.workspace_for_key(key)
-            self._cache[digest] = (now + CACHE_TTL_S, workspace)
-        if not workspace:
+            caller = self._lookup(key)
+            self._cache[digest] = (now + CACHE_TTL_S, caller)
+        if caller is None:
             raise Unauthorized("the API key is not valid")
-        return workspace
+        return caller
+
+    def _lookup(self, key: str) -> Caller | None:
+        workspace = self.accounts.workspace_for_key(key)
+        if not workspace:
+            return None
+        if workspace == NO_WORKSPACE:
+            return Caller(workspace)
+        return Caller(workspace, self.accounts.rate_limit(workspace))
+
+    def workspace(self, request: Request) -> str:
+        """The caller's workspace, for the queue routes: a legacy key belongs to
+        none, so queued delivery is ``403 not_enabled`` for it."""
+        caller = self.caller(request)
+        if caller.legacy:
+            raise NotEnabled("this API key belongs to no workspace; queued delivery needs a workspace key")
+        return caller.workspace

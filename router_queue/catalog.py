@@ -42,6 +42,9 @@ class CallPolicy:
     queue_timeout_s: float = 86_400.0
 
 
+_SCHEMA_INSTANCES: dict[type[Schema], Schema] = {}
+
+
 @dataclass(frozen=True)
 class ModelEntry:
     id: str
@@ -58,7 +61,13 @@ class ModelEntry:
     upstream_model: str = ""
 
     def schema(self) -> Schema:
-        return self.input_schema()
+        """The model's input schema. One instance per model, built on first use:
+        building a marshmallow schema deep-copies its fields, and validating does
+        not change the instance."""
+        schema = _SCHEMA_INSTANCES.get(self.input_schema)
+        if schema is None:
+            schema = _SCHEMA_INSTANCES[self.input_schema] = self.input_schema()
+        return schema
 
     def upstream(self, origin_override: str = "") -> str:
         """The upstream URL, with its origin replaced when an override is set."""

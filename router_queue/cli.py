@@ -3,8 +3,11 @@
     router-queue workspace create NAME [--enable-queue] [--credits N]
     router-queue workspace enable-queue WS_ID [--off]
     router-queue workspace set-credits WS_ID N
+    router-queue workspace set-limits WS_ID [--max-queued N] [--rate "20/second"]
     router-queue workspace list
+    router-queue workspace ledger WS_ID
     router-queue key mint WS_ID
+    router-queue key mint-legacy
     router-queue dev                # the whole stack on this machine
 """
 
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import click
 from flask import current_app
+from limits import parse_many
 from flask.cli import FlaskGroup
 
 from .app import create_app
@@ -59,11 +63,37 @@ def set_credits(workspace_id: str, credits: int) -> None:
     click.echo(f"{workspace_id} has {credits} credits")
 
 
+@workspace.command("set-limits")
+@click.argument("workspace_id")
+@click.option("--max-queued", type=click.IntRange(min=0), help="Requests it may have waiting at once.")
+@click.option("--rate", "rate_limit", help='Request rate over all routes, e.g. "20/second;1000/minute".')
+def set_limits(workspace_id: str, max_queued: int | None, rate_limit: str | None) -> None:
+    """Set a workspace's own backlog cap and request rate."""
+    if rate_limit is not None:
+        try:
+            parse_many(rate_limit)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--rate") from None
+    _or_fail(lambda: _accounts().set_limits(workspace_id, max_queued=max_queued, rate_limit=rate_limit))
+    click.echo(f"limits set for {workspace_id}")
+
+
 @workspace.command("list")
 def list_workspaces() -> None:
-    """List workspaces: id, queue switch, credits, name."""
+    """List workspaces: id, queue switch, balance, held, waiting, name."""
     for ws in _accounts().list():
-        click.echo(f"{ws.id}\t{'queue-on' if ws.queue_enabled else 'queue-off'}\t{ws.credits}\t{ws.name}")
+        click.echo(f"{ws.id}\t{'queue-on' if ws.queue_enabled else 'queue-off'}\t{ws.credits}\t"
+                   f"held={ws.held}\tqueued={ws.queued}\t{ws.name}")
+
+
+@workspace.command("ledger")
+@click.argument("workspace_id")
+@click.option("--count", type=click.IntRange(min=1), default=1000, show_default=True)
+def ledger(workspace_id: str, count: int) -> None:
+    """The workspace's holds, charges and releases, oldest first."""
+    for entry in _accounts().ledger(workspace_id, count):
+        click.echo(f"{entry.id}\t{entry.type}\t{entry.amount}\t{entry.request_id}\t"
+                   f"balance={entry.balance}\theld={entry.held}")
 
 
 @main.group()
@@ -76,6 +106,12 @@ def key() -> None:
 def mint_key(workspace_id: str) -> None:
     """Mint an API key for a workspace. It is printed once and stored only hashed."""
     click.echo(_or_fail(lambda: _accounts().mint_key(workspace_id)))
+
+
+@key.command("mint-legacy")
+def mint_legacy_key() -> None:
+    """Mint a key that belongs to no workspace (queued delivery answers 403 for it)."""
+    click.echo(_accounts().mint_legacy_key())
 
 
 def _or_fail(action):

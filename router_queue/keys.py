@@ -17,13 +17,21 @@ rq:stats:{provider}            hash    none                            complete.
 rq:idem:{workspace}:{keyhash}  string  IDEMPOTENCY_TTL_SECONDS         admit.lua
 rq:ws:{workspace}              hash    none                            cli (accounts.py)
 rq:workspaces                  set     none (all workspace ids)        cli (accounts.py)
+rq:ledger:{workspace}          stream  none (append-only)              lua/lib.lua (settle),
+                                                                       admit.lua (hold)
 rq:apikey:{sha256(key)}        string  none (value: workspace id)      cli (accounts.py)
 rq:config:id-secret            string  none                            ids.py (SET NX)
 =============================  ======  ==============================  ==================
 
+Workspace hash fields: ``name queue_enabled credits held queued max_queued
+rate_limit created_at`` (``credits`` is the balance; ``held`` the sum of
+open holds; ``queued`` how many of its requests wait IN_QUEUE).
+
 Request hash fields: ``id workspace model provider status body seq
 created_at started_at completed_at error_type detail content_type
-cancel_requested idem token lease_until takeovers attempts upstream_ref``
+cancel_requested idem token lease_until takeovers attempts upstream_ref
+hold charged`` (``hold``: credits held at admission, zeroed when settled;
+``charged``: what was charged)
 (timestamps are Unix seconds as decimal strings; ``token`` is the Celery task
 id holding the lease; ``upstream_ref`` is the provider's own handle on a
 submitted generation, JSON, so a new worker resumes instead of resubmitting).
@@ -76,6 +84,10 @@ def idempotency(workspace: str, key_hash: str) -> str:
 
 def workspace(workspace_id: str) -> str:
     return f"{PREFIX}:ws:{workspace_id}"
+
+
+def ledger(workspace_id: str) -> str:
+    return f"{PREFIX}:ledger:{workspace_id}"
 
 
 def workspaces() -> str:

@@ -35,3 +35,9 @@ def retry_after(record: RequestRecord, position: int | None, pace: Pace, now: fl
     gap = pace.avg_gap_s if pace.avg_gap_s else run
     wait = (position or 0) * gap + run / 2
     return int(min(max(math.ceil(wait), MIN_HINT_S), MAX_QUEUED_HINT_S))
+
+
+def backlog_retry_after(pace: Pace) -> int:
+    """After a full backlog: about when one of the provider's requests leaves the queue."""
+    gap = pace.avg_gap_s or pace.avg_run_s or DEFAULT_RUN_S
+    return int(min(max(math.ceil(gap), MIN_HINT_S), MAX_QUEUED_HINT_S))

@@ -6,7 +6,7 @@ from flask import Blueprint, Response, current_app, g, request
 
 from . import admission, pacing
 from .catalog import ModelEntry
-from .errors import CompletedWithError, Gone, ModelNotFound, RequestNotFound
+from .errors import CompletedWithError, Gone, ModelNotFound, PayloadTooLarge, RequestNotFound
 from .ids import well_formed
 from .states import COMPLETED, RESULT_STATUS
 from .store import RequestRecord, StatusView
@@ -66,9 +66,10 @@ def submit(provider: str, model: str) -> Response:
     front = _front()
     workspace = front.keys.workspace(request)
     entry = _model(provider, model)
+    admission.refuse_bring_your_own_key(request.headers)
     admitted = admission.admit(
         front.services, front.dispatcher, workspace=workspace, entry=entry,
-        raw_body=request.get_data(cache=False), raw_idempotency_key=request.headers.get("Idempotency-Key"),
+        raw_body=_body(), raw_idempotency_key=request.headers.get("Idempotency-Key"),
     )
     g.call_id = admitted.request_id
     if admitted.replayed:
@@ -80,6 +81,20 @@ def submit(provider: str, model: str) -> Response:
         **request_urls(_base_url(), entry.id, admitted.request_id),
     }
     return json_response(body, 201)
+
+
+def _body() -> bytes:
+    """The request body; ``413`` when it is over the limit.
+
+    A body with a Content-Length over the limit is refused by werkzeug before
+    this; a chunked one (no Content-Length) is only cut at the limit, so a
+    body that fills the limit is taken to be over it.
+    """
+    raw = request.get_data(cache=False)
+    limit = current_app.config["MAX_CONTENT_LENGTH"]
+    if request.content_length is None and len(raw) >= limit:
+        raise PayloadTooLarge(f"the body is larger than {limit} bytes")
+    return raw
 
 
 def _replayed_handle(entry: ModelEntry, request_id: str) -> Response:

@@ -36,7 +36,7 @@ class Services:
             redis=client,
             store=RequestStore(
                 client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
-                republish_after_s=settings.republish_after_s,
+                republish_after_s=settings.republish_after_s, max_queued=settings.max_queued,
             ),
             accounts=Accounts(client),
             ids=RequestIds(client),

@@ -80,6 +80,9 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "VISIBILITY_TIMEOUT_SECONDS": ("visibility_timeout_s", _int),
     "LEASE_SECONDS": ("lease_s", _float),
     "MAX_TAKEOVERS": ("max_takeovers", _int),
+    "MAX_QUEUED_PER_WORKSPACE": ("max_queued", _int),
+    "DEFAULT_RATE_LIMIT": ("default_rate_limit", _str),
+    "RATE_LIMIT_STORAGE_URI": ("rate_limit_storage_uri", _str),
     "LOG_LEVEL": ("log_level", _str),
 }
 
@@ -124,6 +127,15 @@ class Settings:
     #: How many times a request whose worker died is taken over before it
     #: ends provider_error (a request that kills its worker every time).
     max_takeovers: int = 3
+    #: Requests a workspace may have waiting IN_QUEUE (a workspace's own
+    #: ``max_queued`` wins); past it, ``429 queue_backlog_full``.
+    max_queued: int = 1000
+    #: Calls per caller across all routes, polls included, in Flask-Limiter's
+    #: notation ("50/second;2000/minute"); a workspace's own ``rate_limit`` wins.
+    default_rate_limit: str = "50/second"
+    #: Where rate-limit counters live; empty means ``REDIS_URL``, so the limit
+    #: holds across every front-door process. ``memory://`` for one process.
+    rate_limit_storage_uri: str = ""
     log_level: str = "INFO"
 
     @property

@@ -24,9 +24,13 @@ _FIELDS = (
 )
 
 
+_PACE_FIELDS = ("avg_run_s", "avg_gap_s")
+
+
 def _load_script(client: redis.Redis, name: str):
-    source = resources.files("router_queue").joinpath("lua", f"{name}.lua").read_text()
-    return client.register_script(source)
+    """Register ``lua/{name}.lua`` with the shared accounting of ``lua/lib.lua`` in front."""
+    lua = resources.files("router_queue").joinpath("lua")
+    return client.register_script(lua.joinpath("lib.lua").read_text() + lua.joinpath(f"{name}.lua").read_text())
 
 
 def _text(value: Any) -> str | None:
@@ -110,6 +114,8 @@ class Admission:
     outcome: str
     request_id: str | None = None
     position: int | None = None
+    #: Credits the workspace had free, when it could not fund the request.
+    available: int | None = None
 
 
 @dataclass(frozen=True)
@@ -125,8 +131,10 @@ class Lease:
 
 class RequestStore:
     def __init__(self, client: redis.Redis, *, retention_s: int, idempotency_ttl_s: int,
-                 republish_after_s: float = 30.0):
+                 republish_after_s: float = 30.0, max_queued: int = 1000):
         self.client = client
+        #: Requests a workspace may have waiting unless it sets its own cap.
+        self.max_queued = max_queued
         self.retention_s = retention_s
         self.idempotency_ttl_s = idempotency_ttl_s
         self.republish_after_s = republish_after_s
@@ -149,6 +157,7 @@ class RequestStore:
         fingerprint: str = "",
         idempotency_key_hash: str = "",
         require_enabled: bool = True,
+        price: int = 0,
         now: float | None = None,
     ) -> Admission:
         idem_key = keys.idempotency(workspace, idempotency_key_hash or "-")
@@ -156,12 +165,13 @@ class RequestStore:
         reply = self._admit(
             keys=[
                 keys.request(request_id), keys.queue(provider), keys.sequence(provider),
-                keys.due(), keys.workspace(workspace), idem_key,
+                keys.due(), keys.workspace(workspace), idem_key, keys.ledger(workspace),
             ],
             args=[
                 request_id, workspace, model, provider, body, repr(now),
                 fingerprint if idempotency_key_hash else "", self.idempotency_ttl_s,
-                "1" if require_enabled else "0", repr(now + self.republish_after_s),
+                "1" if require_enabled else "0", repr(now + self.republish_after_s), int(price),
+                self.max_queued,
             ],
         )
         code = _text(reply[0])
@@ -169,6 +179,8 @@ class RequestStore:
             return Admission(code, _text(reply[1]), int(reply[2]))
         if code == "REPLAY":
             return Admission(code, _text(reply[1]))
+        if code == "INSUFFICIENT_CREDITS":
+            return Admission(code, available=int(float(_text(reply[1]))))
         return Admission(code)
 
     def mark_published(self, request_id: str) -> None:
@@ -181,7 +193,7 @@ class RequestStore:
         pipe.hmget(keys.request(request_id), _FIELDS)
         pipe.ttl(keys.request(request_id))
         pipe.zrank(keys.queue(provider), request_id)
-        pipe.hmget(keys.stats(provider), ("avg_run_s", "avg_gap_s"))
+        pipe.hmget(keys.stats(provider), _PACE_FIELDS)
         values, ttl, rank, pace = pipe.execute()
         return StatusView(
             record=RequestRecord.from_values(values, ttl),
@@ -189,12 +201,17 @@ class RequestStore:
             pace=Pace(_seconds(pace[0]), _seconds(pace[1])),
         )
 
+    def pace(self, provider: str) -> Pace:
+        avg_run, avg_gap = self.client.hmget(keys.stats(provider), _PACE_FIELDS)
+        return Pace(_seconds(avg_run), _seconds(avg_gap))
+
     def result(self, request_id: str) -> bytes | None:
         return self.client.get(keys.result(request_id))
 
     def cancel(self, *, request_id: str, workspace: str, model: str, provider: str) -> str:
         reply = self._cancel(
-            keys=[keys.request(request_id), keys.queue(provider), keys.due()],
+            keys=[keys.request(request_id), keys.queue(provider), keys.due(), keys.workspace(workspace),
+                  keys.ledger(workspace)],
             args=[request_id, workspace, model, repr(time.time()), self.retention_s],
         )
         return _text(reply) or ""
@@ -208,10 +225,12 @@ class RequestStore:
         values, body = pipe.execute()
         return RequestRecord.from_values(values), body
 
-    def claim(self, request_id: str, provider: str, lease: Lease, now: float | None = None) -> str:
+    def claim(self, record: RequestRecord, lease: Lease, now: float | None = None) -> str:
         """Take the request to run it; returns a claim.lua code ("CLAIMED", "RESUMED", ...)."""
+        request_id, provider = record.id, record.provider
         reply = self._claim(
-            keys=[keys.request(request_id), keys.queue(provider), keys.due(), keys.running(provider)],
+            keys=[keys.request(request_id), keys.queue(provider), keys.due(), keys.running(provider),
+                  keys.workspace(record.workspace), keys.ledger(record.workspace)],
             args=[request_id, repr(now or time.time()), lease.lease_s, lease.max_in_flight,
                   lease.queue_timeout_s, self.retention_s, lease.token, lease.max_takeovers],
         )
@@ -248,23 +267,27 @@ class RequestStore:
 
     def complete(
         self,
-        request_id: str,
-        provider: str,
+        record: RequestRecord,
         *,
         output: bytes = b"",
         content_type: str = "",
         error_type: str = "",
         detail: str = "",
+        billable: bool | None = None,
     ) -> str:
-        """Finish the request; a request already COMPLETED keeps its first outcome."""
+        """Finish the request and settle its credits, once; a request already
+        COMPLETED keeps its first outcome. ``billable`` defaults to "a success"."""
+        request_id, provider = record.id, record.provider
+        billable = (not error_type) if billable is None else billable
         reply = self._complete(
             keys=[
                 keys.request(request_id), keys.result(request_id), keys.queue(provider),
                 keys.stats(provider), keys.due(), keys.running(provider),
+                keys.workspace(record.workspace), keys.ledger(record.workspace),
             ],
             args=[
                 request_id, repr(time.time()), self.retention_s, error_type, detail,
-                content_type, output,
+                content_type, output, "1" if billable else "0",
             ],
         )
         return _text(reply) or ""
@@ -298,10 +321,12 @@ class RequestStore:
         """The ``count`` longest-waiting request ids of a provider's queue."""
         return [_text(i) for i in self.client.zrange(keys.queue(provider), 0, count - 1)]
 
-    def expire_queued(self, request_id: str, provider: str, queue_timeout_s: float, now: float) -> bool:
+    def expire_queued(self, request_id: str, provider: str, workspace: str, queue_timeout_s: float,
+                      now: float) -> bool:
         """End a request that waited past its queue timeout; True when it did."""
         reply = self._expire_queued(
-            keys=[keys.request(request_id), keys.queue(provider), keys.due()],
+            keys=[keys.request(request_id), keys.queue(provider), keys.due(), keys.workspace(workspace),
+                  keys.ledger(workspace)],
             args=[request_id, repr(now), queue_timeout_s, self.retention_s],
         )
         return bool(reply)

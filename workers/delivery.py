@@ -57,13 +57,12 @@ def deliver(context: WorkerContext, request_id: str, token: str) -> str:
         return "missing"
     entry = services.catalog.by_id(record.model)
     if entry is None:
-        store.complete(request_id, record.provider, error_type=states.INTERNAL_ERROR,
-                       detail=f"model {record.model} left the catalog")
+        store.complete(record, error_type=states.INTERNAL_ERROR, detail=f"model {record.model} left the catalog")
         return "internal_error"
     lease = Lease(token=token, lease_s=services.settings.lease_s,
                   max_in_flight=services.catalog.max_in_flight(record.provider),
                   queue_timeout_s=entry.policy.queue_timeout_s, max_takeovers=services.settings.max_takeovers)
-    claim = store.claim(request_id, record.provider, lease)
+    claim = store.claim(record, lease)
     if claim == "NO_SLOT":
         wait = random.uniform(*NO_SLOT_WAIT_S)
         store.defer(request_id, wait + services.settings.republish_after_s)
@@ -121,15 +120,14 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
                 log.info("request %s attempt %d failed (%s); retrying in %.1f s",
                          request_id, attempts, failure.detail, countdown)
                 raise Later(countdown, failure.detail) from failure
-        store.complete(request_id, record.provider, error_type=failure.error_type, detail=failure.detail)
+        store.complete(record, error_type=failure.error_type, detail=failure.detail, billable=failure.billable)
         log.info("request %s completed with %s after %.2f s", request_id, failure.error_type,
                  time.monotonic() - started)
         return failure.error_type
     except Exception:
         log.exception("request %s failed inside the worker", request_id)
-        store.complete(request_id, record.provider, error_type=states.INTERNAL_ERROR,
-                       detail="the worker failed while running the request")
+        store.complete(record, error_type=states.INTERNAL_ERROR, detail="the worker failed while running the request")
         return "internal_error"
-    store.complete(request_id, record.provider, output=output.content, content_type=output.content_type)
+    store.complete(record, output=output.content, content_type=output.content_type)
     log.info("request %s completed in %.2f s", request_id, time.monotonic() - started)
     return "completed"

@@ -61,12 +61,13 @@ def _time_out_queue_head(context: WorkerContext, provider: str, now: float) -> i
         return 0
     pipe = store.client.pipeline(transaction=False)
     for request_id in head:
-        pipe.hmget(keys.request(request_id), ("model", "created_at"))
+        pipe.hmget(keys.request(request_id), ("model", "created_at", "workspace"))
     timed_out = 0
-    for request_id, (model, created_at) in zip(head, pipe.execute()):
+    for request_id, (model, created_at, workspace) in zip(head, pipe.execute()):
         entry = catalog.by_id(model.decode()) if model else None
         if entry is None or created_at is None:
             continue
         if now - float(created_at) > entry.policy.queue_timeout_s:
-            timed_out += store.expire_queued(request_id, provider, entry.policy.queue_timeout_s, now)
+            timed_out += store.expire_queued(request_id, provider, workspace.decode(),
+                                             entry.policy.queue_timeout_s, now)
     return timed_out

@@ -1,9 +1,12 @@
--- admit.lua: write a new request, its place in its provider's queue and its
--- idempotency reservation in one atomic step.
+-- admit.lua: admit a new request in one atomic step: its record, its place in
+-- its provider's queue, its idempotency reservation and the hold on its price.
+-- Refusals (not enabled, backlog full, insufficient credits) write nothing,
+-- so the Idempotency-Key stays free for a later try.
 --
 -- KEYS[1] rq:req:{id}            KEYS[2] rq:queue:{provider}
 -- KEYS[3] rq:seq:{provider}      KEYS[4] rq:due
 -- KEYS[5] rq:ws:{workspace}      KEYS[6] rq:idem:{workspace}:{keyhash}
+-- KEYS[7] rq:ledger:{workspace}
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] provider
 -- ARGV[5] body (JSON text)       ARGV[6] now (unix seconds)
 -- ARGV[7] fingerprint of (model, canonical body); "" when no Idempotency-Key
@@ -11,31 +14,48 @@
 --                                        queued delivery switched on
 -- ARGV[10] time (s) by which the request must have been published, after
 --          which the sweeper publishes it (a crash between admit and publish)
+-- ARGV[11] price (credits) held until the request is charged or released
+-- ARGV[12] most requests the workspace may have waiting, unless the
+--          workspace sets its own max_queued
 -- returns {"ADMITTED", id, position} | {"REPLAY", id} | {"IDEM_CONFLICT"}
---       | {"NOT_ENABLED"}
-
-if ARGV[9] == "1" and redis.call("HGET", KEYS[5], "queue_enabled") ~= "1" then
-  return {"NOT_ENABLED"}
-end
+--       | {"NOT_ENABLED"} | {"BACKLOG_FULL"} | {"INSUFFICIENT_CREDITS", available}
 
 if ARGV[7] ~= "" then
   local held = redis.call("GET", KEYS[6])
   if held then
     local sep = string.find(held, "|", 1, true)
-    local fingerprint = string.sub(held, 1, sep - 1)
-    if fingerprint ~= ARGV[7] then
+    if string.sub(held, 1, sep - 1) ~= ARGV[7] then
       return {"IDEM_CONFLICT"}
     end
     return {"REPLAY", string.sub(held, sep + 1)}
   end
 end
 
+local ws = redis.call("HMGET", KEYS[5], "queue_enabled", "queued", "max_queued", "credits", "held")
+if ARGV[9] == "1" and ws[1] ~= "1" then
+  return {"NOT_ENABLED"}
+end
+if tonumber(ws[2] or "0") >= tonumber(ws[3] or ARGV[12]) then
+  return {"BACKLOG_FULL"}
+end
+local price = tonumber(ARGV[11])
+local available = tonumber(ws[4] or "0") - tonumber(ws[5] or "0")
+if price > 0 and available < price then
+  return {"INSUFFICIENT_CREDITS", tostring(available)}
+end
+
 local seq = redis.call("INCR", KEYS[3])
 redis.call("HSET", KEYS[1],
   "id", ARGV[1], "workspace", ARGV[2], "model", ARGV[3], "provider", ARGV[4],
-  "status", "IN_QUEUE", "body", ARGV[5], "seq", seq, "created_at", ARGV[6])
+  "status", "IN_QUEUE", "body", ARGV[5], "seq", seq, "created_at", ARGV[6], "hold", price)
 redis.call("ZADD", KEYS[2], seq, ARGV[1])
 redis.call("ZADD", KEYS[4], ARGV[10], ARGV[1])
+redis.call("HINCRBY", KEYS[5], "queued", 1)
+if price > 0 then
+  local held = redis.call("HINCRBY", KEYS[5], "held", price)
+  redis.call("XADD", KEYS[7], "*", "type", "hold", "request_id", ARGV[1], "amount", price,
+    "balance", tonumber(ws[4] or "0"), "held", held, "at", ARGV[6])
+end
 if ARGV[7] ~= "" then
   redis.call("HSET", KEYS[1], "idem", KEYS[6])
   redis.call("SET", KEYS[6], ARGV[7] .. "|" .. ARGV[1], "EX", ARGV[8])

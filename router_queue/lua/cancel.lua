@@ -4,6 +4,7 @@
 -- Ownership is checked here too, so another workspace's id changes nothing.
 --
 -- KEYS[1] rq:req:{id}   KEYS[2] rq:queue:{provider}   KEYS[3] rq:due
+-- KEYS[4] rq:ws:{workspace}   KEYS[5] rq:ledger:{workspace}
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] now  ARGV[5] retention (s)
 -- returns "CANCELLED" | "REQUESTED" | "ALREADY_COMPLETED" | "MISSING"
 
@@ -20,6 +21,8 @@ if rec[1] == "IN_PROGRESS" then
 end
 redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[4],
   "error_type", "cancelled", "detail", "cancelled by the caller while queued")
+left_queue(KEYS[4])
+settle(KEYS[1], KEYS[4], KEYS[5], ARGV[1], "release", ARGV[4])
 redis.call("EXPIRE", KEYS[1], ARGV[5])
 redis.call("ZREM", KEYS[2], ARGV[1])
 redis.call("ZREM", KEYS[3], ARGV[1])

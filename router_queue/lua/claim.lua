@@ -11,7 +11,7 @@
 --   COMPLETED / missing                -> nothing
 --
 -- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:due
--- KEYS[4] rq:running:{provider}
+-- KEYS[4] rq:running:{provider}  KEYS[5] rq:ws:{workspace}  KEYS[6] rq:ledger:{workspace}
 -- ARGV[1] id  ARGV[2] now (s)  ARGV[3] lease (s)  ARGV[4] provider's cap on
 -- requests in flight  ARGV[5] queue timeout (s)  ARGV[6] retention (s)
 -- ARGV[7] token (the Celery task id)  ARGV[8] most takeovers allowed
@@ -28,9 +28,15 @@ if status == "COMPLETED" then
   return "COMPLETED"
 end
 
+-- Ends the request unrun (queue timeout) or given up (workers kept dying):
+-- the provider billed nothing we know of, so the hold is released.
 local function finish(error_type, detail)
+  if status == "IN_QUEUE" then
+    left_queue(KEYS[5])
+  end
   redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[2],
     "error_type", error_type, "detail", detail)
+  settle(KEYS[1], KEYS[5], KEYS[6], ARGV[1], "release", ARGV[2])
   redis.call("EXPIRE", KEYS[1], ARGV[6])
   redis.call("ZREM", KEYS[2], ARGV[1])
   redis.call("ZREM", KEYS[3], ARGV[1])
@@ -52,6 +58,7 @@ if status == "IN_QUEUE" then
     return "NO_SLOT"
   end
   redis.call("HSET", KEYS[1], "status", "IN_PROGRESS", "started_at", ARGV[2])
+  left_queue(KEYS[5])
   redis.call("ZREM", KEYS[2], ARGV[1])
   redis.call("ZREM", KEYS[3], ARGV[1])
   lease()

@@ -1,12 +1,17 @@
--- complete.lua: finish a request with its output or its error bucket.
+-- complete.lua: finish a request with its output or its error bucket, and
+-- settle its credits: charged when the provider bills (a success, or a
+-- refusal the catalog says is billed), released otherwise.
 -- Status only moves forward: a request already COMPLETED is left untouched,
--- so a duplicate or late worker can never overwrite the first outcome.
+-- so a duplicate or late worker can never overwrite the first outcome nor
+-- charge a second time.
 --
 -- KEYS[1] rq:req:{id}   KEYS[2] rq:result:{id}   KEYS[3] rq:queue:{provider}
 -- KEYS[4] rq:stats:{provider}   KEYS[5] rq:due   KEYS[6] rq:running:{provider}
+-- KEYS[7] rq:ws:{workspace}     KEYS[8] rq:ledger:{workspace}
 -- ARGV[1] id   ARGV[2] now (unix seconds)   ARGV[3] retention (s)
 -- ARGV[4] error_type ("" on success)        ARGV[5] detail
 -- ARGV[6] content type                      ARGV[7] output bytes
+-- ARGV[8] "1" when the provider bills this outcome
 -- returns "COMPLETED" | "ALREADY_COMPLETED" | "MISSING"
 
 local status = redis.call("HGET", KEYS[1], "status")
@@ -18,7 +23,11 @@ if status == "COMPLETED" then
 end
 
 local now = tonumber(ARGV[2])
+if status == "IN_QUEUE" then
+  left_queue(KEYS[7])
+end
 redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[2])
+settle(KEYS[1], KEYS[7], KEYS[8], ARGV[1], ARGV[8] == "1" and "charge" or "release", ARGV[2])
 if ARGV[4] == "" then
   redis.call("HSET", KEYS[1], "content_type", ARGV[6])
   redis.call("SET", KEYS[2], ARGV[7], "EX", ARGV[3])

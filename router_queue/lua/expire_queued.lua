@@ -4,6 +4,7 @@
 -- delivery arrives.
 --
 -- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:due
+-- KEYS[4] rq:ws:{workspace}  KEYS[5] rq:ledger:{workspace}
 -- ARGV[1] id  ARGV[2] now (s)  ARGV[3] queue timeout (s)  ARGV[4] retention (s)
 -- returns 1 when it timed the request out, else 0
 
@@ -19,6 +20,8 @@ if tonumber(ARGV[2]) - tonumber(rec[2]) <= tonumber(ARGV[3]) then
 end
 redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[2], "error_type", "queue_timeout",
   "detail", "waited in the queue longer than the model's queue timeout; never run, never billed")
+left_queue(KEYS[4])
+settle(KEYS[1], KEYS[4], KEYS[5], ARGV[1], "release", ARGV[2])
 redis.call("EXPIRE", KEYS[1], ARGV[4])
 redis.call("ZREM", KEYS[2], ARGV[1])
 redis.call("ZREM", KEYS[3], ARGV[1])

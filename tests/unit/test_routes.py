@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from tests.unit.support import record_of
 from router_queue import keys
 from router_queue.store import Lease
 
@@ -127,7 +128,7 @@ def test_status_reports_queue_position_times_and_retry_after(http, auth, service
     assert "started_at" not in body and "error_type" not in body
     assert int(response.headers["Retry-After"]) >= 1
 
-    services.store.claim(ids[0], "bfl", LEASE)
+    services.store.claim(record_of(services, ids[0], "bfl"), LEASE)
     running = http.get(f"{FLUX}/requests/{ids[0]}/status", headers=auth)
     assert (running.json["status"], running.json["queue_position"]) == ("IN_PROGRESS", 0)
     assert ISO.match(running.json["started_at"])
@@ -141,9 +142,9 @@ def test_result_is_202_while_unfinished_then_the_native_bytes(http, auth, servic
     assert pending.json["status"] == "IN_QUEUE"
     assert int(pending.headers["Retry-After"]) >= 1
 
-    services.store.claim(request_id, "bfl", LEASE)
+    services.store.claim(record_of(services, request_id, "bfl"), LEASE)
     native = b'{"id":"t","status":"Ready","result":{"sample":"https://x/y.jpeg"}}'
-    services.store.complete(request_id, "bfl", output=native, content_type="application/json")
+    services.store.complete(record_of(services, request_id, "bfl"), output=native, content_type="application/json")
     done = http.get(f"{FLUX}/requests/{request_id}", headers=auth)
     assert done.status_code == 200
     assert done.get_data() == native
@@ -157,8 +158,8 @@ def test_result_is_202_while_unfinished_then_the_native_bytes(http, auth, servic
 def test_raw_bytes_come_back_under_the_providers_content_type(http, auth, services):
     path = "/v2/models/openai/gpt-4o-mini-tts"
     request_id = submit(http, auth, {"input": "hi", "voice": "alloy"}, path=path).json["request_id"]
-    services.store.claim(request_id, "openai", LEASE)
-    services.store.complete(request_id, "openai", output=b"ID3\x04\x00\xff\x00", content_type="audio/mpeg")
+    services.store.claim(record_of(services, request_id, "openai"), LEASE)
+    services.store.complete(record_of(services, request_id, "openai"), output=b"ID3\x04\x00\xff\x00", content_type="audio/mpeg")
     done = http.get(f"{path}/requests/{request_id}", headers=auth)
     assert (done.status_code, done.headers["Content-Type"], done.get_data()) == (200, "audio/mpeg",
                                                                                  b"ID3\x04\x00\xff\x00")
@@ -168,8 +169,8 @@ def test_raw_bytes_come_back_under_the_providers_content_type(http, auth, servic
                                            ("provider_timeout", 504), ("invalid_input", 422)])
 def test_a_failed_request_answers_its_bucket(http, auth, services, bucket, status):
     request_id = submit(http, auth).json["request_id"]
-    services.store.claim(request_id, "bfl", LEASE)
-    services.store.complete(request_id, "bfl", error_type=bucket, detail="what went wrong")
+    services.store.claim(record_of(services, request_id, "bfl"), LEASE)
+    services.store.complete(record_of(services, request_id, "bfl"), error_type=bucket, detail="what went wrong")
     assert_error(http.get(f"{FLUX}/requests/{request_id}", headers=auth), status, bucket)
     body = http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).json
     assert (body["status"], body["error_type"], body["detail"]) == ("COMPLETED", bucket, "what went wrong")

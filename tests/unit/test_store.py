@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+from tests.unit.support import record_of
 from router_queue import keys
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from router_queue.store import Lease
@@ -44,7 +45,7 @@ def test_admit_writes_record_queue_place_and_publish_due_mark(services, workspac
 def test_positions_count_requests_ahead(services, workspace):
     ids = [admit(services, workspace)[0] for _ in range(5)]
     assert [services.store.status_view(i, "bfl").position for i in ids] == [0, 1, 2, 3, 4]
-    services.store.claim(ids[0], "bfl", lease())
+    services.store.claim(record_of(services, ids[0], "bfl"), lease())
     services.store.cancel(request_id=ids[2], workspace=workspace, model=MODEL, provider="bfl")
     assert [services.store.status_view(i, "bfl").position for i in ids[1:]] == [0, None, 1, 2]
 
@@ -89,7 +90,7 @@ def test_concurrent_submits_with_one_key_create_one_request(services, workspace)
 def test_claim_lets_exactly_one_delivery_through(services, workspace):
     request_id, _ = admit(services, workspace)
     with ThreadPoolExecutor(16) as pool:
-        results = list(pool.map(lambda n: services.store.claim(request_id, "bfl", lease(f"t{n}")), range(32)))
+        results = list(pool.map(lambda n: services.store.claim(record_of(services, request_id, "bfl"), lease(f"t{n}")), range(32)))
     assert results.count("CLAIMED") == 1
     assert set(results) == {"CLAIMED", "LEASED"}
     view = services.store.status_view(request_id, "bfl")
@@ -101,9 +102,9 @@ def test_claim_lets_exactly_one_delivery_through(services, workspace):
 
 def test_complete_keeps_the_first_outcome_and_sets_retention(services, workspace):
     request_id, _ = admit(services, workspace)
-    services.store.claim(request_id, "bfl", lease())
-    assert services.store.complete(request_id, "bfl", output=b"\x00bytes", content_type="image/png") == COMPLETED
-    assert services.store.complete(request_id, "bfl", error_type="provider_error", detail="late") == "ALREADY_COMPLETED"
+    services.store.claim(record_of(services, request_id, "bfl"), lease())
+    assert services.store.complete(record_of(services, request_id, "bfl"), output=b"\x00bytes", content_type="image/png") == COMPLETED
+    assert services.store.complete(record_of(services, request_id, "bfl"), error_type="provider_error", detail="late") == "ALREADY_COMPLETED"
     view = services.store.status_view(request_id, "bfl")
     assert view.record.status == COMPLETED
     assert view.record.error_type is None
@@ -116,7 +117,7 @@ def test_complete_keeps_the_first_outcome_and_sets_retention(services, workspace
 def test_a_claim_never_moves_a_completed_request_back(services, workspace):
     request_id, _ = admit(services, workspace)
     services.store.cancel(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl")
-    assert services.store.claim(request_id, "bfl", lease()) == COMPLETED
+    assert services.store.claim(record_of(services, request_id, "bfl"), lease()) == COMPLETED
     assert services.store.status_view(request_id, "bfl").record.status == COMPLETED
 
 
@@ -133,7 +134,7 @@ def test_cancel_of_a_queued_request_completes_it_at_once(services, workspace):
 
 def test_cancel_of_a_running_request_flags_it_for_the_worker(services, workspace):
     request_id, _ = admit(services, workspace)
-    services.store.claim(request_id, "bfl", lease())
+    services.store.claim(record_of(services, request_id, "bfl"), lease())
     assert not services.store.cancel_requested(request_id)
     assert services.store.cancel(request_id=request_id, workspace=workspace, model=MODEL,
                                  provider="bfl") == "REQUESTED"
@@ -152,8 +153,8 @@ def test_cancel_by_another_workspace_or_model_changes_nothing(services, workspac
 
 def test_completion_feeds_the_pace_averages(services, workspace):
     request_id, _ = admit(services, workspace)
-    services.store.claim(request_id, "bfl", lease())
-    services.store.complete(request_id, "bfl", output=b"{}", content_type="application/json")
+    services.store.claim(record_of(services, request_id, "bfl"), lease())
+    services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
     pace = services.store.status_view(request_id, "bfl").pace
     assert pace.avg_run_s is not None and pace.avg_run_s >= 0
     assert pace.avg_gap_s is not None
@@ -173,18 +174,18 @@ def test_overdue_waiting_skips_requests_that_moved_on(services, workspace):
 
 def test_a_provider_at_its_cap_leaves_requests_waiting(services, workspace):
     first, second = admit(services, workspace)[0], admit(services, workspace)[0]
-    assert services.store.claim(first, "bfl", lease("a", cap=1)) == "CLAIMED"
-    assert services.store.claim(second, "bfl", lease("b", cap=1)) == "NO_SLOT"
+    assert services.store.claim(record_of(services, first, "bfl"), lease("a", cap=1)) == "CLAIMED"
+    assert services.store.claim(record_of(services, second, "bfl"), lease("b", cap=1)) == "NO_SLOT"
     assert services.store.status_view(second, "bfl").record.status == IN_QUEUE
     assert services.store.status_view(second, "bfl").position == 0
-    services.store.complete(first, "bfl", output=b"{}", content_type="application/json")
+    services.store.complete(record_of(services, first, "bfl"), output=b"{}", content_type="application/json")
     assert services.store.in_flight("bfl") == 0
-    assert services.store.claim(second, "bfl", lease("b", cap=1)) == "CLAIMED"
+    assert services.store.claim(record_of(services, second, "bfl"), lease("b", cap=1)) == "CLAIMED"
 
 
 def test_a_request_past_its_queue_timeout_is_never_run(services, workspace):
     request_id, _ = admit(services, workspace, now=1000.0)
-    assert services.store.claim(request_id, "bfl", lease(queue_timeout_s=60), now=1061.0) == "QUEUE_TIMEOUT"
+    assert services.store.claim(record_of(services, request_id, "bfl"), lease(queue_timeout_s=60), now=1061.0) == "QUEUE_TIMEOUT"
     record = services.store.status_view(request_id, "bfl").record
     assert (record.status, record.error_type, record.started_at) == (COMPLETED, "queue_timeout", None)
     assert services.store.queue_depth("bfl") == 0
@@ -193,27 +194,27 @@ def test_a_request_past_its_queue_timeout_is_never_run(services, workspace):
 def test_expire_queued_times_out_only_what_waited_too_long(services, workspace):
     old, _ = admit(services, workspace, now=1000.0)
     young, _ = admit(services, workspace, now=1050.0)
-    assert services.store.expire_queued(old, "bfl", 60, now=1070.0)
-    assert not services.store.expire_queued(young, "bfl", 60, now=1070.0)
+    assert services.store.expire_queued(old, "bfl", workspace, 60, now=1070.0)
+    assert not services.store.expire_queued(young, "bfl", workspace, 60, now=1070.0)
     assert services.store.queue_head("bfl") == [young]
 
 
 def test_the_same_token_resumes_and_an_expired_lease_is_taken_over(services, workspace):
     request_id, _ = admit(services, workspace)
-    assert services.store.claim(request_id, "bfl", lease("a", lease_s=0.2)) == "CLAIMED"
-    assert services.store.claim(request_id, "bfl", lease("a", lease_s=0.2)) == "RESUMED"
-    assert services.store.claim(request_id, "bfl", lease("b")) == "LEASED"
+    assert services.store.claim(record_of(services, request_id, "bfl"), lease("a", lease_s=0.2)) == "CLAIMED"
+    assert services.store.claim(record_of(services, request_id, "bfl"), lease("a", lease_s=0.2)) == "RESUMED"
+    assert services.store.claim(record_of(services, request_id, "bfl"), lease("b")) == "LEASED"
     assert services.store.expired_leases("bfl", time.time() + 1) == [request_id]
     time.sleep(0.3)
-    assert services.store.claim(request_id, "bfl", lease("b")) == "RESUMED"
+    assert services.store.claim(record_of(services, request_id, "bfl"), lease("b")) == "RESUMED"
     assert not services.store.renew(request_id, "bfl", "a", 30)  # the old holder lost it
     assert services.store.renew(request_id, "bfl", "b", 30)
 
 
 def test_a_request_that_keeps_losing_its_worker_gives_up(services, workspace):
     request_id, _ = admit(services, workspace)
-    services.store.claim(request_id, "bfl", lease("t0", lease_s=0, max_takeovers=2))
-    outcomes = [services.store.claim(request_id, "bfl", lease(f"t{n}", lease_s=0, max_takeovers=2))
+    services.store.claim(record_of(services, request_id, "bfl"), lease("t0", lease_s=0, max_takeovers=2))
+    outcomes = [services.store.claim(record_of(services, request_id, "bfl"), lease(f"t{n}", lease_s=0, max_takeovers=2))
                 for n in range(1, 4)]
     assert outcomes == ["RESUMED", "RESUMED", "EXHAUSTED"]
     record = services.store.status_view(request_id, "bfl").record
@@ -224,6 +225,6 @@ def test_a_request_that_keeps_losing_its_worker_gives_up(services, workspace):
 def test_renew_many_extends_every_held_lease(services, workspace):
     ids = [admit(services, workspace)[0] for _ in range(3)]
     for n, request_id in enumerate(ids):
-        services.store.claim(request_id, "bfl", lease(f"t{n}", lease_s=1))
+        services.store.claim(record_of(services, request_id, "bfl"), lease(f"t{n}", lease_s=1))
     services.store.renew_many([(i, "bfl", f"t{n}") for n, i in enumerate(ids)], 60)
     assert services.store.expired_leases("bfl", time.time() + 30) == []

@@ -1,0 +1,35 @@
+-- lib.lua: the accounting every script that moves a request shares. store.py
+-- prepends it to each script at load, so holds, charges, releases and the
+-- per-workspace waiting count are written in one place.
+-- Callers pass the workspace hash (rq:ws:{ws}) and its ledger
+-- (rq:ledger:{ws}) among their KEYS.
+
+-- One fewer request of this workspace is waiting IN_QUEUE.
+local function left_queue(ws_key)
+  if redis.call("HINCRBY", ws_key, "queued", -1) < 0 then
+    redis.call("HSET", ws_key, "queued", 0)
+  end
+end
+
+-- Settle the credits held for a request at admission, once: "charge" turns
+-- the hold into a charge (the provider billed us), "release" gives it back.
+-- The record's hold is zeroed in the same step, so retries, duplicate
+-- deliveries and racing completions can never settle twice.
+local function settle(req_key, ws_key, ledger_key, request_id, how, now)
+  local hold = tonumber(redis.call("HGET", req_key, "hold") or "0")
+  if hold <= 0 then
+    return
+  end
+  redis.call("HSET", req_key, "hold", 0)
+  local held = redis.call("HINCRBY", ws_key, "held", -hold)
+  local credits
+  if how == "charge" then
+    redis.call("HSET", req_key, "charged", hold)
+    credits = redis.call("HINCRBY", ws_key, "credits", -hold)
+  else
+    credits = tonumber(redis.call("HGET", ws_key, "credits") or "0")
+  end
+  redis.call("XADD", ledger_key, "*", "type", how, "request_id", request_id, "amount", hold,
+    "balance", credits, "held", held, "at", now)
+end
+
