@@ -143,6 +143,9 @@ def _stack_env(redis_url: str, stub_port: int) -> dict[str, str]:
         "OPENAI_API_KEY": "stub",
         "SWEEP_INTERVAL_SECONDS": "1",
         "REPUBLISH_AFTER_SECONDS": "2",
+        # Tests poll faster than a client honouring Retry-After would; the
+        # rate-limit tests set a workspace's own, tighter limit.
+        "DEFAULT_RATE_LIMIT": "2000/second",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
     })
     # The children must not inherit a base URL meant for the client under test.

@@ -430,10 +430,6 @@ def test_a_body_over_one_mib_is_413(caller: Caller) -> None:
     _assert_error(response, 413, "invalid_input")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a body sent chunked (no Content-Length) is cut silently at MAX_BODY_BYTES instead of "
-    "answered 413: routes.submit reads it with request.get_data(), and werkzeug's LimitedStream.readall "
-    "stops at the max without raising; a JSON object padded past 1 MiB with whitespace is admitted (201)"))
 def test_a_chunked_body_over_one_mib_is_413(caller: Caller) -> None:
     head = json.dumps({"prompt": unique_prompt("padded past the limit")}).encode()
 
