@@ -29,6 +29,7 @@ from router_queue.settings import Settings
 #: it never imports the provider adapters.
 DELIVER_TASK = "workers.tasks.deliver"
 SWEEP_TASK = "workers.tasks.sweep"
+PING_TASK = "workers.tasks.ping"
 #: Queue for housekeeping (the sweeper), consumed by any worker.
 MAINTENANCE_QUEUE = "router.maintenance"
 

@@ -4,10 +4,12 @@ function. Delivery semantics are spelled out on each task.
 
 from __future__ import annotations
 
+import time
+
 from celery import shared_task
 from celery.signals import worker_shutting_down
 
-from .celery_app import DELIVER_TASK, SWEEP_TASK
+from .celery_app import DELIVER_TASK, PING_TASK, SWEEP_TASK
 from .context import begin_shutdown, context_for
 from .delivery import Later
 from .delivery import deliver as deliver_request
@@ -46,3 +48,15 @@ def _hand_back_on_shutdown(sender=None, **_: object) -> None:
     """Warm shutdown: polling generations hand their request back at their
     next step (another worker resumes them); synchronous calls finish."""
     begin_shutdown()
+
+
+@shared_task(bind=True, name=PING_TASK, ignore_result=True, acks_late=False, max_retries=0)
+def ping(self, reply_key: str) -> None:
+    """A no-op round trip: answers on ``reply_key`` (a Redis list) when run.
+
+    Used to check a worker still consumes (liveness) and by the benchmark as
+    the bare Celery round trip that dispatch latency is measured against.
+    """
+    client = context_for(self.app).services.redis
+    client.rpush(reply_key, repr(time.time()))
+    client.expire(reply_key, 60)
