@@ -1,9 +1,11 @@
-"""The front-door benchmark: ``bench/run [options]``.
+"""The router-queue benchmark: ``bench/run [options]``.
 
 Starts a Redis (unless ``REDIS_URL`` is set), the real front door and a Flask
 hello world under identical gunicorn settings, seeds a workspace and a key,
 and measures with wrk, baseline and subject interleaved over a few rounds
-(medians reported). Prints one ``BENCH`` line per figure on stdout and
+(medians reported). Then, for the delivery figures (inflight, dispatch), the
+whole stack on a flushed database: stub provider, Celery workers, beat and
+gunicorn (bench/fleet.py). Prints one ``BENCH`` line per figure on stdout and
 everything else on stderr; stops every process it started.
 """
 
@@ -26,11 +28,15 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from . import fleet
 from .load import Driver, LoadResult, Shot
 from .procs import ROOT, Children, cpu_seconds, ensure_tool, log, start_gunicorn, start_redis
 
 MODEL_ID = "bfl/flux-2-pro"
 SUBMIT_BODY = '{"prompt": "bench"}'
+#: Phases on the front door alone (no Celery worker), then phases on the whole stack.
+FRONT_PHASES = ("status_read", "submit", "depth")
+PHASES = FRONT_PHASES + fleet.PHASES
 
 
 # -- arguments and small helpers ----------------------------------------------
@@ -50,14 +56,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--depth", type=int, default=100_000, help="requests ahead for the deep read (default 100000)")
     parser.add_argument("--redis-db", type=int, default=14,
                         help="database used (and flushed) on a shared server given by REDIS_URL (default 14)")
-    parser.add_argument("--only", default="status_read,submit,depth",
-                        help="comma-separated phases: status_read, submit, depth (default all)")
+    parser.add_argument("--only", default=",".join(PHASES),
+                        help=f"comma-separated phases: {', '.join(PHASES)} (default all)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp dir with server logs")
+    fleet.add_arguments(parser)
     args = parser.parse_args(argv)
     args.only = {p.strip() for p in args.only.split(",") if p.strip()}
-    unknown = args.only - {"status_read", "submit", "depth"}
+    unknown = args.only - set(PHASES)
     if unknown:
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
+    fleet.check_arguments(parser, args)
     if min(args.workers, args.threads, args.connections, args.duration, args.rounds) < 1:
         parser.error("workers, threads, connections, duration and rounds must be at least 1")
     if args.connections < args.threads:
@@ -268,8 +276,9 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
     from router_queue.services import Services
     from router_queue.settings import Settings
 
-    wrk = ensure_tool("wrk", "wrk")
-    if wrk is None:
+    front_door = bool(args.only & set(FRONT_PHASES))
+    wrk = ensure_tool("wrk", "wrk") if front_door else None
+    if front_door and wrk is None:
         log("wrk unavailable (apt-get failed); falling back to the Python load generator, "
             "which saturates sooner: figures are not comparable with wrk runs")
 
@@ -300,17 +309,35 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
                 log(f"could not flush database {args.redis_db} at the end: {exc}")
 
         children.after_stop.append(flush_at_end)
-    return _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settings)
+    failures: list[str] = []
+    if front_door:
+        failures += _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settings)
+    if args.only & set(fleet.PHASES):
+        if front_door:
+            # what the front-door phases left (thousands of published deliveries, the parked
+            # queues) must not reach the fleet's workers
+            client.flushdb()
+        failures += fleet.measure(args, children, redis_url, http_json=http_json, wait_http=wait_http,
+                                  emit=emit, error_type=MeasurementError)
+    if failures:
+        log(f"ERROR: no figure for: {', '.join(failures)}; logs in {children.log_dir}")
+        return 1
+    return 0
 
 
-def _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settings) -> int:
+def _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settings) -> list[str]:
+    """The front-door phases; the names of those that failed. Stops its servers at the end."""
     services = Services.build(Settings.from_env({"REDIS_URL": redis_url}))
     entry = services.catalog.by_id(MODEL_ID)
     if entry is None:
         raise SystemExit(f"{MODEL_ID} is not in the catalog")
     workspace = services.accounts.create_workspace("bench", queue_enabled=True, credits=10**12)
+    # The workspace's own limits, far above what a run reaches: every call still pays for the
+    # rate-limit check and the backlog cap, none is refused by them (the defaults, 50/second
+    # and 1000 waiting, would refuse most of a run's calls and the 100k seeded requests)
+    services.accounts.set_limits(workspace, max_queued=10**9, rate_limit="10000000/second")
     api_key = services.accounts.mint_key(workspace)
-    log(f"seeded workspace {workspace} with queued delivery on, and a key")
+    log(f"seeded workspace {workspace} with queued delivery on, limits out of reach, and a key")
 
     env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "PUBLIC_BASE_URL")}
     env["REDIS_URL"] = redis_url
@@ -422,10 +449,8 @@ def _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settin
         if proc.poll() is not None:
             log(f"ERROR: the {name} gunicorn exited with {proc.returncode} during the run")
             failures.append(name)
-    if failures:
-        log(f"ERROR: no figure for: {', '.join(failures)}; logs in {children.log_dir}")
-        return 1
-    return 0
+    children.stop({"frontdoor", "hello"})
+    return failures
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,9 @@
-"""Tools and child processes the benchmark starts: wrk, redis-server, gunicorn.
+"""Tools and child processes the benchmark starts: wrk, redis-server, gunicorn (and the
+fleet of bench/fleet.py: stub provider, Celery workers, beat).
 
 Every child is started in its own session (so a Ctrl-C reaches only the
-benchmark, which then stops them in order) and remembered by PID; ``stop_all``
-stops exactly those PIDs and nothing else.
+benchmark, which then stops them in order) and remembered by PID; ``stop`` and
+``stop_all`` stop exactly those PIDs and nothing else.
 """
 
 from __future__ import annotations
@@ -93,15 +94,17 @@ class Children:
         log(f"started {name} (pid {proc.pid}), log {self.log_dir / (name + '.log')}")
         return proc
 
-    def stop_all(self, timeout_s: float = 15.0) -> None:
-        for name, proc in reversed(self.procs):
+    def stop(self, names: set[str] | None = None, timeout_s: float = 15.0) -> None:
+        """Stop the children named in ``names`` (all when None), newest first, by PID."""
+        chosen = [(name, proc) for name, proc in self.procs if names is None or name in names]
+        for name, proc in reversed(chosen):
             if proc.poll() is None:
                 try:
                     os.kill(proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
         deadline = time.monotonic() + timeout_s
-        for name, proc in reversed(self.procs):
+        for name, proc in reversed(chosen):
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -111,7 +114,10 @@ class Children:
                 except ProcessLookupError:
                     pass
                 proc.wait()
-        self.procs.clear()
+        self.procs = [(name, proc) for name, proc in self.procs if (name, proc) not in chosen]
+
+    def stop_all(self, timeout_s: float = 15.0) -> None:
+        self.stop(None, timeout_s)
         while self.after_stop:
             self.after_stop.pop()()
 
