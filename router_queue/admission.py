@@ -78,8 +78,10 @@ class Admitted:
 
 
 def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, raw_body: bytes,
-          raw_idempotency_key: str | None) -> Admitted:
-    if not entry.queueable:
+          raw_idempotency_key: str | None, queued: bool = True) -> Admitted:
+    """Admit a request for the workers. ``queued`` is False for the synchronous
+    route, which shares everything but queued delivery's gating."""
+    if queued and not entry.queueable:
         raise NotEnabled(f"{entry.id} cannot be queued; use POST /v2/models/{entry.id}")
     key = idempotency_key(raw_idempotency_key)
     body = parse_body(raw_body)
@@ -94,6 +96,7 @@ def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, 
         fingerprint=fingerprint(entry.id, body) if key else "",
         idempotency_key_hash=hashlib.sha256(key.encode()).hexdigest() if key else "",
         price=entry.price_credits,
+        require_enabled=queued,
     )
     if admission.outcome == "INSUFFICIENT_CREDITS":
         raise InsufficientCredits(f"{entry.id} costs {entry.price_credits} credits and the workspace has "

@@ -17,6 +17,7 @@ from .dispatch import Dispatcher
 from .errors import InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RouterError
 from .errors import ServiceUnavailable
 from .ratelimit import RateLimits
+from .catalog_routes import discovery
 from .routes import queue
 from .services import Services
 from .settings import Settings
@@ -41,11 +42,12 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     services = services or Services.build(settings)
     if dispatcher is None:
         dispatcher = Dispatcher(make_celery(settings), services.store)
-    app = Flask(__name__, static_folder=None)
+    app = Flask(__name__, static_folder=None, template_folder="templates")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     keys = KeyResolver(services.accounts)
     app.extensions["router_queue"] = FrontDoor(services, dispatcher, keys)
     app.register_blueprint(queue)
+    app.register_blueprint(discovery)
     _register_error_handlers(app)
 
     @app.before_request

@@ -53,12 +53,21 @@ class ModelEntry:
     adapter: str
     upstream_url: str
     input_schema: type[Schema]
+    #: Describes the native output in the OpenAPI documents; None for raw bytes.
+    output_schema: type[Schema] | None
     output_media_type: str
     price_credits: int
     queueable: bool
     policy: CallPolicy
+    #: Billing facts a caller may read before running (never the price):
+    #: ``charges_on_policy_rejection``. Served as-is by ``GET /v2/models``.
     billing: dict[str, Any] = field(default_factory=dict)
     upstream_model: str = ""
+
+    @property
+    def charges_on_policy_rejection(self) -> bool:
+        """Whether the provider bills a content-policy refusal (so we charge it)."""
+        return bool(self.billing.get("charges_on_policy_rejection", False))
 
     def schema(self) -> Schema:
         """The model's input schema. One instance per model, built on first use:
@@ -105,6 +114,7 @@ class Catalog:
                     adapter=spec["adapter"],
                     upstream_url=spec["upstream_url"],
                     input_schema=SCHEMAS[spec["input_schema"]],
+                    output_schema=SCHEMAS[spec["output_schema"]] if spec.get("output_schema") else None,
                     output_media_type=spec.get("output_media_type", "application/json"),
                     price_credits=int(spec["price_credits"]),
                     queueable=bool(spec.get("queueable", True)),
@@ -122,6 +132,10 @@ class Catalog:
 
     def by_id(self, model_id: str) -> ModelEntry | None:
         return self._entries.get(model_id)
+
+    def ids(self) -> list[str]:
+        """Every model id, sorted: the order the catalog route pages in."""
+        return sorted(self._entries)
 
     def suggest(self, model_id: str, limit: int = 3) -> list[str]:
         """Up to ``limit`` catalog ids close to ``model_id``, best first."""

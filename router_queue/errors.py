@@ -113,6 +113,13 @@ class RateLimited(RouterError):
     error_type = "rate_limited"
 
 
+class DeadlineExceeded(RouterError):
+    """The synchronous route's connection bound ran out (504 + Retry-After while it runs)."""
+
+    status = 504
+    error_type = "deadline_exceeded"
+
+
 class InternalError(RouterError):
     status = 500
     error_type = "internal_error"

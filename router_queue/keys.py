@@ -21,6 +21,8 @@ rq:ledger:{workspace}          stream  none (append-only)              lua/lib.l
                                                                        admit.lua (hold)
 rq:apikey:{sha256(key)}        string  none (value: workspace id)      cli (accounts.py)
 rq:config:id-secret            string  none                            ids.py (SET NX)
+rq:done:{id}                   pubsub  (a channel, not a key)          lua/lib.lua
+                                                                       (announce_completed)
 =============================  ======  ==============================  ==================
 
 Workspace hash fields: ``name queue_enabled credits held queued max_queued
@@ -100,3 +102,8 @@ def api_key(key_hash: str) -> str:
 
 def id_secret() -> str:
     return f"{PREFIX}:config:id-secret"
+
+
+def done_channel(request_id: str) -> str:
+    """Pub/sub channel announcing a request is COMPLETED (lua/lib.lua spells it too)."""
+    return f"{PREFIX}:done:{request_id}"

@@ -1,4 +1,5 @@
-"""The four queue routes of the contract: submit, status, result, cancel."""
+"""The model routes of the contract: the four queue routes (submit, status,
+result, cancel) and the synchronous run that shares their admission."""
 
 from __future__ import annotations
 
@@ -6,11 +7,12 @@ from flask import Blueprint, Response, current_app, g, request
 
 from . import admission, pacing
 from .catalog import ModelEntry
-from .errors import CompletedWithError, Gone, ModelNotFound, PayloadTooLarge, RequestNotFound
+from .errors import CompletedWithError, DeadlineExceeded, Gone, ModelNotFound, PayloadTooLarge, RequestNotFound
 from .ids import well_formed
 from .states import COMPLETED, RESULT_STATUS
 from .store import RequestRecord, StatusView
 from .views import json_response, request_urls, status_body
+from .waiting import wait_until_completed
 
 queue = Blueprint("queue", __name__)
 
@@ -119,17 +121,47 @@ def status(provider: str, model: str, request_id: str) -> Response:
 @queue.get("/v2/models/<provider>/<model>/requests/<request_id>")
 def result(provider: str, model: str, request_id: str) -> Response:
     _, _, view = _caller_request(provider, model, request_id)
-    record = view.record
-    if record.status != COMPLETED:
-        return _status_response(record, view, 202)
+    if view.record.status != COMPLETED:
+        return _status_response(view.record, view, 202)
+    return _finished(view.record)
+
+
+def _finished(record: RequestRecord) -> Response:
+    """A completed request as the caller collects it: the native bytes under the
+    provider's Content-Type, or the error response of its bucket."""
     if record.error_type:
         raise CompletedWithError(
             RESULT_STATUS.get(record.error_type, 502), record.error_type, record.detail or record.error_type
         )
-    output = _front().services.store.result(request_id)
+    output = _front().services.store.result(record.id)
     if output is None:
-        raise Gone(f"the result of request {request_id} is past its retention window")
+        raise Gone(f"the result of request {record.id} is past its retention window")
     return Response(output, 200, content_type=record.content_type or "application/octet-stream")
+
+
+@queue.post("/v2/models/<provider>/<model>")
+def run(provider: str, model: str) -> Response:
+    """The synchronous route: the same admission and workers as the queue,
+    holding the connection until the request completes or the deadline."""
+    front = _front()
+    caller = front.keys.caller(request)
+    entry = _model(provider, model)
+    admitted = admission.admit(
+        front.services, front.dispatcher, workspace=caller.workspace, entry=entry, raw_body=_body(),
+        raw_idempotency_key=request.headers.get("Idempotency-Key"), queued=False,
+    )
+    g.call_id = admitted.request_id
+    settings = front.services.settings
+    view = wait_until_completed(front.services.store, admitted.request_id, entry.provider, settings.sync_hold_s)
+    if view.record is None:
+        raise Gone(f"request {admitted.request_id} finished more than its retention window ago")
+    if view.record.status != COMPLETED:
+        raise DeadlineExceeded(
+            f"the generation did not finish within {settings.sync_deadline_s:.0f} s and runs on; "
+            "send the same request with the same Idempotency-Key to collect it",
+            retry_after=pacing.retry_after(view.record, view.position, view.pace),
+        )
+    return _finished(view.record)
 
 
 @queue.put("/v2/models/<provider>/<model>/requests/<request_id>/cancel")

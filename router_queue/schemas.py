@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from marshmallow import RAISE, Schema, ValidationError, fields, validate, validates_schema
+from marshmallow import INCLUDE, RAISE, Schema, ValidationError, fields, validate, validates_schema
 
 # -- bfl/flux-2-pro: BFL's own request body ------------------------------------
 
@@ -112,9 +112,70 @@ class SpeechInput(Schema):
     speed = fields.Float(validate=validate.Range(min=0.25, max=4.0))
 
 
-#: Schema classes by the name a catalog entry gives in ``input_schema``.
+# -- outputs: documentation of the providers' native answers ---------------------
+# The routes never reshape an output (it is served byte for byte); these only
+# describe it in the OpenAPI documents, so unknown fields are allowed.
+
+
+class _FluxSample(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    sample = fields.String(required=True, metadata={"description": "signed URL of the image"})
+    prompt = fields.String()
+    seed = fields.Integer()
+
+
+class Flux2ProOutput(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    id = fields.String(required=True)
+    status = fields.String(required=True, metadata={"description": "Ready"})
+    result = fields.Nested(_FluxSample, required=True)
+
+
+class _OutputPart(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    text = fields.String()
+    inlineData = fields.Nested(_Blob)
+
+
+class _OutputContent(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    role = fields.String()
+    parts = fields.List(fields.Nested(_OutputPart))
+
+
+class _Candidate(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    content = fields.Nested(_OutputContent)
+    finishReason = fields.String()
+    index = fields.Integer()
+
+
+class GenerateContentOutput(Schema):
+    class Meta:
+        unknown = INCLUDE
+
+    candidates = fields.List(fields.Nested(_Candidate))
+    promptFeedback = fields.Dict()
+    usageMetadata = fields.Dict()
+    modelVersion = fields.String()
+    responseId = fields.String()
+
+
+#: Schema classes by the name a catalog entry gives in ``input_schema`` or
+#: ``output_schema``.
 SCHEMAS: dict[str, type[Schema]] = {
-    cls.__name__: cls for cls in (Flux2ProInput, GeminiGenerateContentInput, SpeechInput)
+    cls.__name__: cls
+    for cls in (Flux2ProInput, GeminiGenerateContentInput, SpeechInput, Flux2ProOutput, GenerateContentOutput)
 }
 
 # -- per-field errors ------------------------------------------------------------

@@ -81,6 +81,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "LEASE_SECONDS": ("lease_s", _float),
     "MAX_TAKEOVERS": ("max_takeovers", _int),
     "MAX_QUEUED_PER_WORKSPACE": ("max_queued", _int),
+    "SYNC_DEADLINE_SECONDS": ("sync_deadline_s", _float),
     "DEFAULT_RATE_LIMIT": ("default_rate_limit", _str),
     "RATE_LIMIT_STORAGE_URI": ("rate_limit_storage_uri", _str),
     "LOG_LEVEL": ("log_level", _str),
@@ -136,7 +137,18 @@ class Settings:
     #: Where rate-limit counters live; empty means ``REDIS_URL``, so the limit
     #: holds across every front-door process. ``memory://`` for one process.
     rate_limit_storage_uri: str = ""
+    #: Seconds the synchronous route holds a connection before it answers
+    #: ``504 deadline_exceeded`` (the generation runs on; the same
+    #: Idempotency-Key re-attaches). Clients read with a 600 s timeout, so the
+    #: answer leaves ``sync_margin_s`` before this mark.
+    sync_deadline_s: float = 600.0
     log_level: str = "INFO"
+
+    @property
+    def sync_hold_s(self) -> float:
+        """How long the synchronous route really holds: the deadline less a
+        margin (5 s, or a tenth of a short deadline) for the 504 to arrive."""
+        return max(0.5, self.sync_deadline_s - min(5.0, self.sync_deadline_s / 10))
 
     @property
     def effective_broker_url(self) -> str:

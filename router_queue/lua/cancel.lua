@@ -24,6 +24,7 @@ redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[4],
 left_queue(KEYS[4])
 settle(KEYS[1], KEYS[4], KEYS[5], ARGV[1], "release", ARGV[4])
 redis.call("EXPIRE", KEYS[1], ARGV[5])
+announce_completed(ARGV[1])
 redis.call("ZREM", KEYS[2], ARGV[1])
 redis.call("ZREM", KEYS[3], ARGV[1])
 return "CANCELLED"

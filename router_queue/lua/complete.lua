@@ -35,6 +35,7 @@ else
   redis.call("HSET", KEYS[1], "error_type", ARGV[4], "detail", ARGV[5])
 end
 redis.call("EXPIRE", KEYS[1], ARGV[3])
+announce_completed(ARGV[1])
 redis.call("ZREM", KEYS[3], ARGV[1])
 redis.call("ZREM", KEYS[5], ARGV[1])
 redis.call("ZREM", KEYS[6], ARGV[1])

@@ -23,6 +23,7 @@ redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[2], "err
 left_queue(KEYS[4])
 settle(KEYS[1], KEYS[4], KEYS[5], ARGV[1], "release", ARGV[2])
 redis.call("EXPIRE", KEYS[1], ARGV[4])
+announce_completed(ARGV[1])
 redis.call("ZREM", KEYS[2], ARGV[1])
 redis.call("ZREM", KEYS[3], ARGV[1])
 return 1

@@ -33,3 +33,9 @@ local function settle(req_key, ws_key, ledger_key, request_id, how, now)
     "balance", credits, "held", held, "at", now)
 end
 
+
+-- Tell whoever holds a connection for this request (the synchronous route)
+-- that it is COMPLETED. The channel is keys.done_channel() in keys.py.
+local function announce_completed(request_id)
+  redis.call("PUBLISH", "rq:done:" .. request_id, "COMPLETED")
+end

@@ -80,7 +80,7 @@ def run(call: ProviderCall) -> ProviderOutput:
             return output_of(response)
         if status in _MODERATED:
             raise ProviderFailure(states.CONTENT_POLICY_VIOLATION, f"bfl refused the request: {status}",
-                                  billable=call.entry.billing.get("charged_on_refusal", False))
+                                  billable=call.entry.charges_on_policy_rejection)
         if status not in _RUNNING:
             if cancel_tried:
                 raise cancelled()

@@ -28,14 +28,14 @@ def run(call: ProviderCall) -> ProviderOutput:
             raise ProviderFailure(
                 states.CONTENT_POLICY_VIOLATION,
                 f"the model blocked the prompt: {feedback.get('blockReason')}",
-                billable=call.entry.billing.get("charged_on_refusal", False),
+                billable=call.entry.charges_on_policy_rejection,
             )
         if not candidates or candidates[0].get("finishReason") in _SAFETY_FINISH:
             reason = candidates[0].get("finishReason") if candidates else "no candidates"
             raise ProviderFailure(
                 states.CONTENT_POLICY_VIOLATION,
                 f"the model refused to generate: {reason}",
-                billable=call.entry.billing.get("charged_on_refusal", False),
+                billable=call.entry.charges_on_policy_rejection,
             )
         return output_of(response)
     if response.status_code == 400:

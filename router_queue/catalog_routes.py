@@ -1,0 +1,96 @@
+"""Discovery: the model catalog, each model's OpenAPI document, the whole
+API's document, and a docs page rendered from it (no outside network)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+
+from flask import Blueprint, Response, current_app, render_template, request
+
+from .catalog import Catalog
+from .errors import InvalidInput, ModelNotFound
+from .openapi import api_document, model_document, serialized
+from .views import json_response
+
+discovery = Blueprint("discovery", __name__)
+
+#: Page size when the caller names none, and the most a page holds.
+DEFAULT_LIMIT, MAX_LIMIT = 20, 100
+
+
+def _catalog() -> Catalog:
+    return current_app.extensions["router_queue"].services.catalog
+
+
+def _encode_cursor(model_id: str) -> str:
+    return base64.urlsafe_b64encode(model_id.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> str:
+    try:
+        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+    except (binascii.Error, UnicodeDecodeError, ValueError):
+        raise InvalidInput("cursor is not one this server handed out; start again without it") from None
+
+
+def _limit() -> int:
+    raw = request.args.get("limit")
+    if raw is None:
+        return DEFAULT_LIMIT
+    try:
+        limit = int(raw)
+    except ValueError:
+        raise InvalidInput(f"limit must be a whole number, got {raw!r}") from None
+    if limit < 1:
+        raise InvalidInput("limit must be at least 1")
+    return min(limit, MAX_LIMIT)
+
+
+@discovery.get("/v2/models")
+def list_models() -> Response:
+    limit = _limit()
+    ids = _catalog().ids()
+    cursor = request.args.get("cursor")
+    start = 0
+    if cursor:
+        after = _decode_cursor(cursor)
+        start = next((n for n, model_id in enumerate(ids) if model_id > after), len(ids))
+    page = ids[start:start + limit]
+    has_more = start + limit < len(ids)
+    data = []
+    for model_id in page:
+        entry = _catalog().by_id(model_id)
+        data.append({"id": entry.id, "provider": entry.provider, "model": entry.model, "billing": entry.billing})
+    return json_response({"data": data, "has_more": has_more,
+                          "next_cursor": _encode_cursor(page[-1]) if has_more and page else None, "limit": limit})
+
+
+def _document_response(document: dict) -> Response:
+    body, etag = serialized(document)
+    if etag in request.headers.get("If-None-Match", ""):
+        return Response(status=304, headers={"ETag": etag})
+    return Response(body, 200, mimetype="application/json", headers={"ETag": etag})
+
+
+@discovery.get("/v2/models/<provider>/<model>/openapi.json")
+def model_schema(provider: str, model: str) -> Response:
+    entry = _catalog().get(provider, model)
+    if entry is None:
+        model_id = f"{provider}/{model}"
+        close = _catalog().suggest(model_id)
+        hint = f"; did you mean {', '.join(close)}?" if close else ""
+        raise ModelNotFound(f"{model_id} is not a model{hint}")
+    return _document_response(model_document(entry))
+
+
+@discovery.get("/v2/openapi.json")
+def openapi() -> Response:
+    return _document_response(api_document(_catalog()))
+
+
+@discovery.get("/v2/docs")
+def docs() -> str:
+    document = api_document(_catalog())
+    return render_template("docs.html", doc=document, dumps=lambda value: json.dumps(value, indent=2))

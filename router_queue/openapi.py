@@ -1,0 +1,243 @@
+"""OpenAPI 3 documents, generated with apispec from the very marshmallow schemas
+the routes validate with: one per model (``/v2/models/{id}/openapi.json``) and
+one for the whole API (``/v2/openapi.json``), with concrete paths per catalog
+model so a client (or schemathesis) knows each model's own body.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from functools import lru_cache
+from typing import Any
+
+from apispec import APISpec
+from apispec.ext.marshmallow import MarshmallowPlugin
+from marshmallow import Schema, fields
+
+from .catalog import Catalog, ModelEntry
+
+OPENAPI_VERSION = "3.0.3"
+API_VERSION = "2"
+
+# -- response bodies (documentation; the routes build them in views.py) ---------
+
+
+class ErrorSchema(Schema):
+    error_type = fields.String(required=True, metadata={"description": "the bucket, also on X-Comfy-Error-Type"})
+    detail = fields.Raw(required=True, metadata={
+        "description": "a sentence, or for 422 the per-field array of {loc, msg, type}",
+        "oneOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}],
+    })
+
+
+class GoneSchema(Schema):
+    detail = fields.String(required=True)
+
+
+class HandleSchema(Schema):
+    request_id = fields.String(required=True)
+    status = fields.String(required=True, metadata={"enum": ["IN_QUEUE", "IN_PROGRESS", "COMPLETED"]})
+    queue_position = fields.Integer(metadata={"minimum": 0})
+    status_url = fields.String(required=True)
+    response_url = fields.String(required=True)
+    cancel_url = fields.String(required=True)
+
+
+class StatusSchema(HandleSchema):
+    created_at = fields.String(required=True, metadata={"format": "date-time"})
+    started_at = fields.String(metadata={"format": "date-time"})
+    completed_at = fields.String(metadata={"format": "date-time"})
+    expires_at = fields.String(metadata={"format": "date-time", "description": "when the result is dropped"})
+    error_type = fields.String(metadata={"description": "present only when the request did not succeed"})
+    detail = fields.String()
+
+
+class CancelSchema(Schema):
+    request_id = fields.String(required=True)
+    status = fields.String(required=True, metadata={"enum": ["CANCELLATION_REQUESTED", "ALREADY_COMPLETED"]})
+    status_url = fields.String()
+    response_url = fields.String()
+    cancel_url = fields.String()
+    detail = fields.String()
+
+
+class CatalogModelSchema(Schema):
+    id = fields.String(required=True)
+    provider = fields.String(required=True)
+    model = fields.String(required=True)
+    billing = fields.Dict(required=True, metadata={"description": "facts such as charges_on_policy_rejection"})
+
+
+class CatalogPageSchema(Schema):
+    data = fields.List(fields.Nested(CatalogModelSchema), required=True)
+    has_more = fields.Boolean(required=True)
+    next_cursor = fields.String(required=True, allow_none=True)
+    limit = fields.Integer(required=True)
+
+
+def _spec(title: str, description: str) -> APISpec:
+    spec = APISpec(title=title, version=API_VERSION, openapi_version=OPENAPI_VERSION,
+                   plugins=[MarshmallowPlugin()], info={"description": description})
+    spec.components.security_scheme("apiKey", {"type": "apiKey", "in": "header", "name": "X-API-Key"})
+    spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
+    spec.components.header("X-Comfy-Request-Id", {"schema": {"type": "string"}, "description": "this call's id"})
+    spec.components.header("X-Comfy-Error-Type", {"schema": {"type": "string"}, "description": "the bucket"})
+    spec.components.header("Retry-After", {"schema": {"type": "integer", "minimum": 1},
+                                           "description": "seconds before a new call is worth it"})
+    spec.components.header("Idempotent-Replayed", {"schema": {"type": "string", "enum": ["true"]}})
+    spec.components.schema("Error", schema=ErrorSchema)
+    return spec
+
+
+def _error(description: str, *, retry_after: bool = False) -> dict[str, Any]:
+    headers = {"X-Comfy-Request-Id": "X-Comfy-Request-Id", "X-Comfy-Error-Type": "X-Comfy-Error-Type"}
+    if retry_after:
+        headers["Retry-After"] = "Retry-After"
+    return {"description": description, "headers": headers,
+            "content": {"application/json": {"schema": "Error"}}}
+
+
+def _errors(*codes: int) -> dict[str, Any]:
+    known = {
+        400: _error("invalid_input: not JSON, not an object; content_policy_violation on a result"),
+        401: _error("unauthorized: no key or an unknown key"),
+        402: _error("insufficient_credits: nothing queued or charged"),
+        403: _error("not_enabled: queued delivery is off for this caller or model"),
+        404: _error("model_not_found or request_not_found"),
+        405: _error("invalid_input: method not allowed"),
+        409: _error("concurrency_limit_exceeded, invalid_input (key held by another request), cancelled",
+                    retry_after=False),
+        413: _error("invalid_input: body over the size limit"),
+        422: _error("invalid_input: the model's schema rejected the input; detail is per field"),
+        429: _error("queue_backlog_full or rate_limited", retry_after=True),
+        500: _error("internal_error"),
+        502: _error("provider_error"),
+        503: _error("service_unavailable: a dependency is briefly down", retry_after=True),
+        504: _error("provider_timeout, queue_timeout, or deadline_exceeded (sync route)"),
+    }
+    return {str(code): known[code] for code in codes}
+
+
+def _output(entry: ModelEntry, spec: APISpec, name: str) -> dict[str, Any]:
+    if entry.output_schema is not None:
+        if name not in spec.components.schemas:
+            spec.components.schema(name, schema=entry.output_schema)
+        schema: Any = name
+    else:
+        schema = {"type": "string", "format": "binary"}
+    return {"description": "the provider's native output, byte for byte",
+            "headers": {"X-Comfy-Request-Id": "X-Comfy-Request-Id"},
+            "content": {entry.output_media_type: {"schema": schema}}}
+
+
+def _names(entry: ModelEntry) -> tuple[str, str]:
+    stem = "".join(part.capitalize() for part in entry.id.replace("/", "-").replace(".", "-").split("-"))
+    return f"{stem}Input", f"{stem}Output"
+
+
+def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> None:
+    input_name, output_name = _names(entry)
+    if input_name not in spec.components.schemas:
+        spec.components.schema(input_name, schema=entry.input_schema)
+    body = {"required": True, "content": {"application/json": {"schema": input_name}}}
+    idem = {"name": "Idempotency-Key", "in": "header", "required": False,
+            "schema": {"type": "string", "minLength": 1, "maxLength": 255}}
+    root = f"/v2/models/{entry.id}"
+    spec.path(path=root, operations={"post": {
+        "summary": f"Run {entry.id} synchronously", "tags": [entry.id], "parameters": [idem], "requestBody": body,
+        "responses": {"200": _output(entry, spec, output_name),
+                      **_errors(400, 401, 402, 404, 409, 413, 422, 429, 502, 503, 504)},
+    }})
+    if not queue_routes:
+        return
+    handle = {"description": "admitted", "content": {"application/json": {"schema": HandleSchema}},
+              "headers": {"X-Comfy-Request-Id": "X-Comfy-Request-Id", "Idempotent-Replayed": "Idempotent-Replayed"}}
+    spec.path(path=f"{root}/requests", operations={"post": {
+        "summary": f"Queue a {entry.id} request", "tags": [entry.id], "parameters": [idem], "requestBody": body,
+        "responses": {"201": handle, **_errors(400, 401, 402, 403, 404, 409, 413, 422, 429, 503)},
+    }})
+    rid = {"name": "request_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}
+    status = {"content": {"application/json": {"schema": StatusSchema}},
+              "headers": {"Retry-After": "Retry-After", "X-Comfy-Request-Id": "X-Comfy-Request-Id"}}
+    gone = {"description": "past its retention window, for good",
+            "content": {"application/json": {"schema": GoneSchema}}}
+    spec.path(path=f"{root}/requests/{{request_id}}/status", operations={"get": {
+        "summary": "Poll a request", "tags": [entry.id], "parameters": [rid],
+        "responses": {"200": {"description": "the request's state", **status}, "410": gone,
+                      **_errors(401, 403, 404, 429, 503)},
+    }})
+    spec.path(path=f"{root}/requests/{{request_id}}", operations={"get": {
+        "summary": "Collect a request's result", "tags": [entry.id], "parameters": [rid],
+        "responses": {"200": _output(entry, spec, output_name),
+                      "202": {"description": "not finished yet", **status}, "410": gone,
+                      **_errors(400, 401, 403, 404, 409, 422, 429, 500, 502, 503, 504)},
+    }})
+    cancel = {"content": {"application/json": {"schema": CancelSchema}}}
+    spec.path(path=f"{root}/requests/{{request_id}}/cancel", operations={"put": {
+        "summary": "Ask to cancel a request", "tags": [entry.id], "parameters": [rid],
+        "responses": {"202": {"description": "CANCELLATION_REQUESTED", **cancel},
+                      "409": {"description": "ALREADY_COMPLETED (or another 409 bucket)", **cancel}, "410": gone,
+                      **_errors(401, 403, 404, 429, 503)},
+    }})
+
+
+def _patch_parts(document: dict[str, Any]) -> dict[str, Any]:
+    """What marshmallow's cross-field check says and apispec cannot: a Gemini
+    part holds exactly one of text, inlineData, fileData."""
+    part = document.get("components", {}).get("schemas", {}).get("_Part")
+    if part is not None:
+        part.update(minProperties=1, maxProperties=1)
+    return document
+
+
+def model_document(entry: ModelEntry) -> dict[str, Any]:
+    """One model's input and output schemas as a standalone OpenAPI document."""
+    spec = _spec(entry.id, f"Input and output of {entry.id}; price {entry.price_credits} credits per run.")
+    _model_paths(spec, entry, queue_routes=entry.queueable)
+    return _patch_parts(spec.to_dict())
+
+
+def api_document(catalog: Catalog) -> dict[str, Any]:
+    """The whole API: every model's routes, the catalog and schema routes, health."""
+    spec = _spec("router-queue", "Queued and synchronous delivery of AI model runs. "
+                 "Authenticate with X-API-Key or Authorization: Bearer.")
+    for model_id in catalog.ids():
+        _model_paths(spec, catalog.by_id(model_id), queue_routes=catalog.by_id(model_id).queueable)
+    spec.path(path="/v2/models", operations={"get": {
+        "summary": "The model catalog, a page at a time", "tags": ["catalog"],
+        "parameters": [
+            {"name": "cursor", "in": "query", "required": False, "schema": {"type": "string", "maxLength": 200}},
+            {"name": "limit", "in": "query", "required": False,
+             "schema": {"type": "integer", "minimum": 1, "description": "above 100 is clamped to 100"}},
+        ],
+        "responses": {"200": {"description": "one page", "content": {"application/json": {
+            "schema": CatalogPageSchema}}}, **_errors(400, 429)},
+    }})
+    spec.path(path="/v2/models/{provider}/{model}/openapi.json", operations={"get": {
+        "summary": "One model's input and output schemas", "tags": ["catalog"],
+        "parameters": [
+            {"name": "provider", "in": "path", "required": True, "schema": {"type": "string"}},
+            {"name": "model", "in": "path", "required": True, "schema": {"type": "string"}},
+            {"name": "If-None-Match", "in": "header", "required": False, "schema": {"type": "string"}},
+        ],
+        "responses": {"200": {"description": "an OpenAPI document", "headers": {"ETag": {
+            "schema": {"type": "string"}}}, "content": {"application/json": {"schema": {"type": "object"}}}},
+            "304": {"description": "unchanged since the ETag sent"}, **_errors(404, 429)},
+    }})
+    spec.path(path="/healthz", operations={"get": {"summary": "Liveness", "tags": ["operations"],
+                                                  "responses": {"200": {"description": "alive"}}}})
+    document = _patch_parts(spec.to_dict())
+    document["security"] = [{"apiKey": []}, {"bearer": []}]
+    return document
+
+
+@lru_cache(maxsize=64)
+def _serialized(document_json: str) -> tuple[bytes, str]:
+    body = document_json.encode()
+    return body, '"' + hashlib.sha256(body).hexdigest()[:32] + '"'
+
+
+def serialized(document: dict[str, Any]) -> tuple[bytes, str]:
+    """The document's bytes and a strong ETag over them."""
+    return _serialized(json.dumps(document, sort_keys=True, separators=(",", ":")))

@@ -1,0 +1,36 @@
+"""Holding a connection until a request completes: the synchronous route.
+
+The waiter subscribes to the request's completion channel, then reads its
+status, so a completion that lands between the admit and the subscribe is
+not missed; after that it sleeps on the channel, with a slow safety re-read
+in case a notification is lost (pub/sub does not queue for absent listeners).
+"""
+
+from __future__ import annotations
+
+import time
+
+from . import keys
+from .states import COMPLETED
+from .store import RequestStore, StatusView
+
+#: Seconds between two safety re-reads of the status while waiting.
+RECHECK_S = 5.0
+
+
+def wait_until_completed(store: RequestStore, request_id: str, provider: str, hold_s: float) -> StatusView:
+    """The request's view once COMPLETED, or as it stands when ``hold_s`` runs out."""
+    pubsub = store.client.pubsub(ignore_subscribe_messages=True)
+    pubsub.subscribe(keys.done_channel(request_id))
+    try:
+        end = time.monotonic() + hold_s
+        while True:
+            view = store.status_view(request_id, provider)
+            if view.record is None or view.record.status == COMPLETED:
+                return view
+            left = end - time.monotonic()
+            if left <= 0:
+                return view
+            pubsub.get_message(timeout=min(left, RECHECK_S))
+    finally:
+        pubsub.close()
