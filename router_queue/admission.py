@@ -36,10 +36,21 @@ def refuse_bring_your_own_key(headers) -> None:
 
 
 def parse_body(raw: bytes) -> dict[str, Any]:
-    """The body as a JSON object, or ``400 invalid_input`` saying what is wrong."""
+    """The body as a JSON object, or ``400 invalid_input`` saying what is wrong.
+
+    JSON on the wire is UTF-8 (RFC 8259); ``json.loads`` would also take UTF-16
+    and UTF-32 bytes, which we would then store and forward as they came, so the
+    bytes are decoded strictly first.
+    """
     try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InvalidInput("the body must be JSON encoded as UTF-8") from None
+    try:
+        body = json.loads(text)
+    except RecursionError:
+        raise InvalidInput("the body nests too deeply to be a model's input") from None
+    except ValueError as exc:
         raise InvalidInput(f"the body is not valid JSON: {exc}") from None
     if not isinstance(body, dict):
         raise InvalidInput(f"the body must be a JSON object, not {type(body).__name__}")
@@ -65,7 +76,8 @@ def idempotency_key(raw: str | None) -> str | None:
 
 def fingerprint(model_id: str, body: dict[str, Any]) -> str:
     """What an Idempotency-Key is bound to: the model and the canonical body."""
-    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    # ASCII escapes keep a lone surrogate (legal in JSON text) encodable.
+    canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(f"{model_id}\n{canonical}".encode()).hexdigest()
 
 

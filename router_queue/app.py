@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 import uuid
 from dataclasses import dataclass
 
@@ -15,15 +16,18 @@ from workers.celery_app import make_celery
 from .auth import KeyResolver
 from .dispatch import Dispatcher
 from .errors import InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RouterError
-from .errors import ServiceUnavailable
+from .errors import RequestNotFound, ServiceUnavailable
 from .ratelimit import RateLimits
 from .catalog_routes import discovery
-from .routes import queue
+from .routes import NOT_FOUND, queue
 from .services import Services
 from .settings import Settings
 from .views import json_response
 
 log = logging.getLogger(__name__)
+
+#: Paths that address a request; a miss under one is request_not_found.
+_REQUEST_PATH = re.compile(r"^/v2/models/[^/]+/[^/]+/requests/.")
 
 
 @dataclass
@@ -83,6 +87,8 @@ def _register_error_handlers(app: Flask) -> None:
         if exc.code == 413:
             return _render(PayloadTooLarge(f"the body is larger than {app.config['MAX_CONTENT_LENGTH']} bytes"))
         if exc.code == 404:
+            if _REQUEST_PATH.match(request.path):  # e.g. an id holding an encoded slash
+                return _render(RequestNotFound(NOT_FOUND))
             return _render(ModelNotFound("no such route; models live under /v2/models/{provider}/{model}"))
         if exc.code == 405:
             return _render(MethodNotAllowed(f"{exc.description}"))

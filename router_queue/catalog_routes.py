@@ -30,7 +30,7 @@ def _encode_cursor(model_id: str) -> str:
 
 def _decode_cursor(cursor: str) -> str:
     try:
-        return base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        return base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True).decode()
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise InvalidInput("cursor is not one this server handed out; start again without it") from None
 

@@ -31,11 +31,13 @@ open holds; ``queued`` how many of its requests wait IN_QUEUE).
 
 Request hash fields: ``id workspace model provider status body seq
 created_at started_at completed_at error_type detail content_type
-cancel_requested idem token lease_until takeovers attempts upstream_ref
+cancel_requested idem token holder successor handed_back lease_until takeovers
+attempts upstream_ref
 hold charged`` (``hold``: credits held at admission, zeroed when settled;
 ``charged``: what was charged)
-(timestamps are Unix seconds as decimal strings; ``token`` is the Celery task
-id holding the lease; ``upstream_ref`` is the provider's own handle on a
+(timestamps are Unix seconds as decimal strings; ``token`` is unique to the
+execution holding the lease, ``holder`` its "{Celery task id}:{retries}";
+``successor`` the resume key of the retry a holder kept its lease for; ``upstream_ref`` is the provider's own handle on a
 submitted generation, JSON, so a new worker resumes instead of resubmitting).
 ``rq:queue:{provider}`` scores are the ``rq:seq`` sequence, so ``ZRANK`` is the
 number of requests ahead: the queue position in O(log n).

@@ -71,6 +71,8 @@ class RateLimits:
                 log.warning("rate-limit storage unreachable; call let through", exc_info=True)
                 return
             if not allowed:
+                # The window's end is read from a TTL in whole seconds: round up
+                # and add one so a client that waits exactly this is let in.
                 reset = self.limiter.get_window_stats(item, bucket).reset_time
-                wait = min(item.get_expiry(), max(1, math.ceil(reset - time.time())))
+                wait = min(item.get_expiry(), max(1, math.ceil(reset - time.time()) + 1))
                 raise RateLimited(f"request rate {item} is spent; honour Retry-After", retry_after=wait)

@@ -122,11 +122,15 @@ class Admission:
 class Lease:
     """How a delivery claims a request: who holds it and under what limits."""
 
+    #: Unique to this execution, so a broker's redelivery of the same message
+    #: while the first execution still runs is told apart from it.
     token: str
     lease_s: float
     max_in_flight: int
     queue_timeout_s: float
     max_takeovers: int
+    #: "{task id}:{retry number}": resumes a lease its holder kept for this retry.
+    resume_key: str = ""
 
 
 class RequestStore:
@@ -232,14 +236,17 @@ class RequestStore:
             keys=[keys.request(request_id), keys.queue(provider), keys.due(), keys.running(provider),
                   keys.workspace(record.workspace), keys.ledger(record.workspace)],
             args=[request_id, repr(now or time.time()), lease.lease_s, lease.max_in_flight,
-                  lease.queue_timeout_s, self.retention_s, lease.token, lease.max_takeovers],
+                  lease.queue_timeout_s, self.retention_s, lease.token, lease.max_takeovers, lease.resume_key],
         )
         return _text(reply) or ""
 
-    def renew(self, request_id: str, provider: str, token: str, lease_s: float) -> bool:
-        """Extend the lease ``token`` holds (0 s hands the request back at once)."""
+    def renew(self, request_id: str, provider: str, token: str, lease_s: float, *, successor: str = "",
+              hand_back: bool = False) -> bool:
+        """Extend the lease ``token`` holds. ``successor``: keep it for that retry
+        alone; ``hand_back``: end it now for another worker to resume."""
         return bool(self._renew(keys=[keys.request(request_id), keys.running(provider)],
-                                args=[request_id, token, repr(time.time()), lease_s]))
+                                args=[request_id, token, repr(time.time()), lease_s, successor,
+                                      "1" if hand_back else ""]))
 
     def renew_many(self, held: list[tuple[str, str, str]], lease_s: float) -> None:
         """Heartbeat: extend every (id, provider, token) lease in one round trip."""
@@ -247,7 +254,7 @@ class RequestStore:
         now = repr(time.time())
         for request_id, provider, token in held:
             self._renew(keys=[keys.request(request_id), keys.running(provider)],
-                        args=[request_id, token, now, lease_s], client=pipe)
+                        args=[request_id, token, now, lease_s, "", ""], client=pipe)
         pipe.execute()
 
     def defer(self, request_id: str, seconds: float) -> None:

@@ -6,7 +6,8 @@ Delivery semantics, chosen deliberately:
 * ``task_acks_late`` + ``task_reject_on_worker_lost``: a message is acked only
   after its task returns, and a child killed mid-task puts the message back at
   once. A request therefore may be delivered twice; the claim in ``claim.lua``
-  makes the second delivery a no-op, so it runs once.
+  lets a second delivery through only once the first one's lease ran out, so
+  it runs once at a time and a dead worker's request is taken over.
 * ``worker_prefetch_multiplier = 1``: a worker process reserves only what it
   runs, so short requests never wait behind a long one reserved by a busy
   process (celery#2788).
@@ -55,8 +56,9 @@ def make_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celery:
         broker_connection_retry_on_startup=True,
         # Set explicitly (Celery 6 flips the default). On a lost broker
         # connection a running task keeps running and writes its outcome to
-        # Redis itself; the message it can no longer ack is redelivered and
-        # finds the request claimed, so nothing runs twice and nothing is cut.
+        # Redis itself; the message it can no longer ack is redelivered, and
+        # its new execution finds the lease alive (each execution has its own
+        # token), so nothing runs twice and nothing is cut.
         worker_cancel_long_running_tasks_on_connection_loss=False,
         worker_hijack_root_logger=False,
         beat_schedule={

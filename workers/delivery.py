@@ -11,6 +11,7 @@ import json
 import logging
 import random
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from router_queue import states
@@ -43,12 +44,23 @@ def backoff(policy: CallPolicy, attempt: int, retry_after_s: float | None = None
     return max(delay, retry_after_s or 0.0)
 
 
-def deliver(context: WorkerContext, request_id: str, token: str) -> str:
-    """Run ``request_id`` if this delivery may; returns what happened, for logs.
+@dataclass(frozen=True)
+class Execution:
+    """Who this delivery is, for the lease.
 
-    ``token`` is the Celery task id: a retry of the same task keeps it and so
-    resumes its own lease; any other delivery needs the lease to have run out.
+    ``token`` is unique to this execution. ``resume_key`` names this retry of
+    its task ("{task id}:{retries}") and ``next_resume_key`` the next one: a
+    delivery that schedules a retry keeps its lease for that retry alone, so a
+    redelivered copy of a message never runs beside the original.
     """
+
+    token: str
+    resume_key: str = ""
+    next_resume_key: str = ""
+
+
+def deliver(context: WorkerContext, request_id: str, execution: Execution) -> str:
+    """Run ``request_id`` if this delivery may; returns what happened, for logs."""
     services = context.services
     store = services.store
     record, body = store.load(request_id)
@@ -59,9 +71,10 @@ def deliver(context: WorkerContext, request_id: str, token: str) -> str:
     if entry is None:
         store.complete(record, error_type=states.INTERNAL_ERROR, detail=f"model {record.model} left the catalog")
         return "internal_error"
-    lease = Lease(token=token, lease_s=services.settings.lease_s,
+    lease = Lease(token=execution.token, lease_s=services.settings.lease_s,
                   max_in_flight=services.catalog.max_in_flight(record.provider),
-                  queue_timeout_s=entry.policy.queue_timeout_s, max_takeovers=services.settings.max_takeovers)
+                  queue_timeout_s=entry.policy.queue_timeout_s, max_takeovers=services.settings.max_takeovers,
+                  resume_key=execution.resume_key)
     claim = store.claim(record, lease)
     if claim == "NO_SLOT":
         wait = random.uniform(*NO_SLOT_WAIT_S)
@@ -70,9 +83,9 @@ def deliver(context: WorkerContext, request_id: str, token: str) -> str:
     if claim not in ("CLAIMED", "RESUMED"):
         log.info("request %s: %s; this delivery does nothing", request_id, claim)
         return claim.lower()
-    context.leases.hold(request_id, record.provider, token)
+    context.leases.hold(request_id, record.provider, execution.token)
     try:
-        return _run(context, record, body or b"{}", entry, token)
+        return _run(context, record, body or b"{}", entry, execution)
     finally:
         context.leases.release(request_id)
 
@@ -89,7 +102,7 @@ def _upstream_ref(record: RequestRecord) -> dict[str, Any] | None:
     return json.loads(record.upstream_ref) if record.upstream_ref else None
 
 
-def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: ModelEntry, token: str) -> str:
+def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: ModelEntry, execution: Execution) -> str:
     services, store, request_id = context.services, context.services.store, record.id
     call = ProviderCall(
         entry=entry,
@@ -106,7 +119,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
     try:
         output = ADAPTERS[entry.adapter](call)
     except HandBack:
-        store.renew(request_id, record.provider, token, 0)
+        store.renew(request_id, record.provider, execution.token, 0, hand_back=True)
         context.dispatcher.publish(request_id, record.provider)
         log.info("request %s handed back for another worker to resume", request_id)
         return "handed_back"
@@ -115,8 +128,9 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
             attempts = store.record_attempt(request_id)
             if attempts < entry.policy.max_attempts:
                 countdown = backoff(entry.policy, attempts, failure.retry_after_s)
-                # Hold the lease through the wait so no other delivery takes over.
-                store.renew(request_id, record.provider, token, countdown + services.settings.lease_s)
+                # Keep the lease through the wait, for the retry alone.
+                store.renew(request_id, record.provider, execution.token, countdown + services.settings.lease_s,
+                            successor=execution.next_resume_key)
                 log.info("request %s attempt %d failed (%s); retrying in %.1f s",
                          request_id, attempts, failure.detail, countdown)
                 raise Later(countdown, failure.detail) from failure

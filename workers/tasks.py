@@ -5,13 +5,14 @@ function. Delivery semantics are spelled out on each task.
 from __future__ import annotations
 
 import time
+import uuid
 
 from celery import shared_task
 from celery.signals import worker_shutting_down
 
 from .celery_app import DELIVER_TASK, PING_TASK, SWEEP_TASK
 from .context import begin_shutdown, context_for
-from .delivery import Later
+from .delivery import Execution, Later
 from .delivery import deliver as deliver_request
 from .sweeper import sweep as sweep_once
 
@@ -31,8 +32,11 @@ from .sweeper import sweep as sweep_once
 )
 def deliver(self, request_id: str) -> str:
     context = context_for(self.app)
+    retries = self.request.retries or 0
+    execution = Execution(token=uuid.uuid4().hex, resume_key=f"{self.request.id}:{retries}",
+                          next_resume_key=f"{self.request.id}:{retries + 1}")
     try:
-        return deliver_request(context, request_id, token=self.request.id)
+        return deliver_request(context, request_id, execution)
     except Later as later:
         raise self.retry(countdown=later.countdown, max_retries=None) from None
 

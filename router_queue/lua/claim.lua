@@ -3,9 +3,12 @@
 --   IN_QUEUE, past its queue timeout   -> COMPLETED queue_timeout, never run
 --   IN_QUEUE, provider at its cap      -> stays IN_QUEUE (the task retries later)
 --   IN_QUEUE                           -> IN_PROGRESS under a lease held by token
---   IN_PROGRESS, same token            -> resumed (a retry of the same task, or
---                                         its redelivery after its process died)
---   IN_PROGRESS, live lease            -> left alone: someone alive runs it
+--   IN_PROGRESS, resume key matches    -> resumed: the retry its holder scheduled
+--                                         (the holder kept the lease for it)
+--   IN_PROGRESS, live lease            -> left alone: someone alive runs it (a
+--                                         duplicate or a broker redelivery)
+--   IN_PROGRESS, handed back           -> resumed: a worker stopping warm gave
+--                                         it up; not a takeover
 --   IN_PROGRESS, lease expired         -> taken over (its worker died), unless
 --                                         it was taken over too often already
 --   COMPLETED / missing                -> nothing
@@ -14,12 +17,15 @@
 -- KEYS[4] rq:running:{provider}  KEYS[5] rq:ws:{workspace}  KEYS[6] rq:ledger:{workspace}
 -- ARGV[1] id  ARGV[2] now (s)  ARGV[3] lease (s)  ARGV[4] provider's cap on
 -- requests in flight  ARGV[5] queue timeout (s)  ARGV[6] retention (s)
--- ARGV[7] token (the Celery task id)  ARGV[8] most takeovers allowed
+-- ARGV[7] token: unique to this execution   ARGV[8] most takeovers allowed
+-- ARGV[9] resume key: "{task id}:{retry number}" of this execution, which
+--         matches the record's "successor" only for the retry a holder left
 -- returns "CLAIMED" | "RESUMED" | "NO_SLOT" | "LEASED" | "QUEUE_TIMEOUT"
 --       | "EXHAUSTED" | "COMPLETED" | "MISSING"
 
 local now = tonumber(ARGV[2])
-local rec = redis.call("HMGET", KEYS[1], "status", "created_at", "token", "lease_until", "takeovers")
+local rec = redis.call("HMGET", KEYS[1], "status", "created_at", "successor", "lease_until", "takeovers",
+  "handed_back")
 local status = rec[1]
 if not status then
   return "MISSING"
@@ -46,7 +52,8 @@ end
 
 local function lease()
   local until_ = now + tonumber(ARGV[3])
-  redis.call("HSET", KEYS[1], "token", ARGV[7], "lease_until", tostring(until_))
+  redis.call("HSET", KEYS[1], "token", ARGV[7], "holder", ARGV[9], "lease_until", tostring(until_))
+  redis.call("HDEL", KEYS[1], "successor", "handed_back")
   redis.call("ZADD", KEYS[4], until_, ARGV[1])
 end
 
@@ -67,12 +74,16 @@ if status == "IN_QUEUE" then
 end
 
 -- IN_PROGRESS
-if rec[3] == ARGV[7] then
+if rec[3] and rec[3] == ARGV[9] then
   lease()
   return "RESUMED"
 end
 if tonumber(rec[4] or "0") > now then
   return "LEASED"
+end
+if rec[6] == "1" then
+  lease()
+  return "RESUMED"
 end
 local takeovers = tonumber(rec[5] or "0") + 1
 if takeovers > tonumber(ARGV[8]) then

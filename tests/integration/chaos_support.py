@@ -277,10 +277,11 @@ class ChaosStack:
 
     def holder(self, request_id: str) -> str | None:
         """The worker whose current process received the delivery holding the request's lease."""
-        token = self.services.redis.hget(keys.request(request_id), "token")
-        if not token:
+        holder = self.services.redis.hget(keys.request(request_id), "holder")
+        if not holder:
             return None
-        mark = f"Task workers.tasks.deliver[{token.decode()}] received"
+        task_id = holder.decode().rsplit(":", 1)[0]  # "{task id}:{retries}"
+        mark = f"Task workers.tasks.deliver[{task_id}] received"
         found = [name for name in self.workers() if mark in self.current_log(name)]
         # Several when the broker redelivered the message: the live one holds it.
         alive = [name for name in found if self.stack.procs[name].poll() is None]

@@ -295,10 +295,6 @@ def test_cancels_racing_completions_settle_each_request_once(pool: StackPool) ->
 # -- a redelivery of a message whose delivery is still running ---------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: claim.lua answers RESUMED to any delivery carrying the lease holder's token, live lease or not; "
-    "a redelivered message (same Celery task id: RabbitMQ after a connection loss or consumer_timeout, "
-    "Redis after visibility_timeout) runs the request a second time beside the live one"))
 def test_a_redelivered_message_of_a_live_delivery_does_not_run_the_request_again(pool: StackPool) -> None:
     running = pool.get("redis")
     with running.caller("redelivery") as caller:
@@ -306,8 +302,9 @@ def test_a_redelivered_message_of_a_live_delivery_does_not_run_the_request_again
         # and no upstream handle stored yet.
         body = _body(FLUX, unique_prompt("redelivered while running", "[stub:hang=2]", "[stub:latency=1]"))
         request_id = caller.submit_ok(FLUX, body)
-        token = wait_for(lambda: record(running.services, request_id).get("token"), timeout_s=10,
-                         what="the request claimed")
+        holder = wait_for(lambda: record(running.services, request_id).get("holder"), timeout_s=10,
+                          what="the request claimed")
+        token = holder.rsplit(":", 1)[0]  # the Celery task id of the live delivery
         assert not record(running.services, request_id).get("upstream_ref")
         # What the broker redelivers is the very message the live delivery runs: same task id.
         celery = make_celery(running.settings)
@@ -332,10 +329,6 @@ def test_a_redelivered_message_of_a_live_delivery_does_not_run_the_request_again
 # -- rolling restarts during one long generation ------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG: a warm-shutdown hand-back counts as a takeover (claim.lua increments 'takeovers' for any "
-    "expired lease, and the hand-back ends the lease at once), so MAX_TAKEOVERS+1 worker restarts during "
-    "one generation end it provider_error ('worker was lost N times') though no worker was lost"))
 def test_rolling_restarts_during_a_generation_do_not_give_it_up(pool: StackPool) -> None:
     running = pool.get("redis")
     restarts = running.settings.max_takeovers + 1

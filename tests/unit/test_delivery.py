@@ -18,10 +18,12 @@ from werkzeug.serving import make_server
 
 from router_queue.admission import fingerprint
 from router_queue.settings import Secret
+from router_queue.store import Lease
+from tests.unit.support import record_of
 from router_queue.states import COMPLETED
 from stub_provider import create_app as create_stub
 from workers.context import WorkerContext
-from workers.delivery import Later, deliver
+from workers.delivery import Execution, Later, deliver
 from workers.leases import LeaseKeeper
 from workers.sweeper import sweep
 
@@ -74,12 +76,20 @@ def context_of(services) -> WorkerContext:
                          LeaseKeeper(services.store, services.settings.lease_s))
 
 
-def deliver_until_done(context, request_id, token="task-1", waits=None):
-    """Deliver as Celery would: a ``Later`` is a retry of the same task (same token)."""
+def execution(task_id="task-1", retries=0) -> Execution:
+    """What tasks.deliver builds for retry ``retries`` of task ``task_id``."""
+    return Execution(token=f"{task_id}-run-{retries}", resume_key=f"{task_id}:{retries}",
+                     next_resume_key=f"{task_id}:{retries + 1}")
+
+
+def deliver_until_done(context, request_id, task_id="task-1", waits=None):
+    """Deliver as Celery would: a ``Later`` is a retry of the same task."""
+    retries = 0
     while True:
         try:
-            return deliver(context, request_id, token=token)
+            return deliver(context, request_id, execution(task_id, retries))
         except Later as later:
+            retries += 1
             if waits is not None:
                 waits.append(later.countdown)
 
@@ -180,7 +190,7 @@ def test_a_cancel_while_polling_stops_the_generation(worker_services, workspace)
         return result
 
     store.claim = claim_then_cancel
-    assert deliver(context_of(worker_services), request_id, token="t") == "cancelled"
+    assert deliver(context_of(worker_services), request_id, execution()) == "cancelled"
     record = store.status_view(request_id, provider).record
     assert (record.status, record.error_type) == (COMPLETED, "cancelled")
 
@@ -189,8 +199,8 @@ def test_a_second_delivery_of_one_request_does_nothing(worker_services, workspac
     body = {"prompt": "once only"}
     request_id, _ = admitted(worker_services, workspace, "bfl/flux-2-pro", body)
     context = context_of(worker_services)
-    assert deliver(context, request_id, token="first") == "completed"
-    assert deliver(context, request_id, token="second") == "completed"  # found COMPLETED: dropped
+    assert deliver(context, request_id, execution("first")) == "completed"
+    assert deliver(context, request_id, execution("second")) == "completed"  # found COMPLETED: dropped
     digest = hashlib.sha256(json.dumps(body, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
     calls = requests.get(f"{stub_origin}/stub/calls").json()["submits"]
     assert calls[f"bfl_submit:{digest}"] == 1
@@ -198,7 +208,7 @@ def test_a_second_delivery_of_one_request_does_nothing(worker_services, workspac
 
 def test_a_missing_record_is_dropped(worker_services):
     missing = worker_services.ids.mint("ws_x", "bfl/flux-2-pro")
-    assert deliver(context_of(worker_services), missing, token="t") == "missing"
+    assert deliver(context_of(worker_services), missing, execution()) == "missing"
 
 
 def test_the_sweeper_republishes_what_was_never_published(worker_services, workspace):
@@ -208,3 +218,23 @@ def test_the_sweeper_republishes_what_was_never_published(worker_services, works
     assert sweep(context, now=later).republished == 1
     assert context.dispatcher.published == [(stranded, "bfl")]
     assert sweep(context, now=later).republished == 0
+
+
+def test_a_redelivered_message_does_not_run_beside_its_live_original(worker_services, workspace):
+    request_id, provider = admitted(worker_services, workspace, "bfl/flux-2-pro", {"prompt": "[stub:latency=5]"})
+    store = worker_services.store
+    original = Lease("task-1-run-a", 30, 100, 3600, 3, resume_key="task-1:0")
+    assert store.claim(record_of(worker_services, request_id, provider), original) == "CLAIMED"
+    # The broker hands the same message (same task id, same retry count) out again.
+    assert deliver(context_of(worker_services), request_id, execution("task-1", 0)) == "leased"
+
+
+def test_a_handed_back_request_is_resumed_without_counting_a_takeover(worker_services, workspace):
+    request_id, provider = admitted(worker_services, workspace, "bfl/flux-2-pro", {"prompt": "[stub:latency=0.2]"})
+    store = worker_services.store
+    for n in range(worker_services.settings.max_takeovers + 2):  # more restarts than takeovers allowed
+        token = f"worker-{n}"
+        assert store.claim(record_of(worker_services, request_id, provider),
+                           Lease(token, 30, 100, 3600, worker_services.settings.max_takeovers)) in ("CLAIMED", "RESUMED")
+        assert store.renew(request_id, provider, token, 0, hand_back=True)
+    assert deliver_until_done(context_of(worker_services), request_id) == "completed"

@@ -13,9 +13,9 @@ from router_queue.store import Lease
 MODEL = "bfl/flux-2-pro"
 
 
-def lease(token="t1", *, lease_s=30.0, cap=100, queue_timeout_s=3600.0, max_takeovers=3):
+def lease(token="t1", *, lease_s=30.0, cap=100, queue_timeout_s=3600.0, max_takeovers=3, resume_key=""):
     return Lease(token=token, lease_s=lease_s, max_in_flight=cap, queue_timeout_s=queue_timeout_s,
-                 max_takeovers=max_takeovers)
+                 max_takeovers=max_takeovers, resume_key=resume_key)
 
 
 def admit(services, workspace, *, key_hash="", fingerprint="", body='{"prompt": "x"}', now=None):
@@ -199,15 +199,19 @@ def test_expire_queued_times_out_only_what_waited_too_long(services, workspace):
     assert services.store.queue_head("bfl") == [young]
 
 
-def test_the_same_token_resumes_and_an_expired_lease_is_taken_over(services, workspace):
+def test_only_the_retry_a_holder_named_resumes_and_an_expired_lease_is_taken_over(services, workspace):
     request_id, _ = admit(services, workspace)
-    assert services.store.claim(record_of(services, request_id, "bfl"), lease("a", lease_s=0.2)) == "CLAIMED"
-    assert services.store.claim(record_of(services, request_id, "bfl"), lease("a", lease_s=0.2)) == "RESUMED"
+    record = record_of(services, request_id, "bfl")
+    assert services.store.claim(record, lease("a", lease_s=0.2, resume_key="task:0")) == "CLAIMED"
+    assert services.store.claim(record, lease("a2", lease_s=0.2, resume_key="task:0")) == "LEASED"  # redelivered
+    assert services.store.renew(request_id, "bfl", "a", 0.2, successor="task:1")
+    assert services.store.claim(record, lease("a3", lease_s=0.2, resume_key="task:1")) == "RESUMED"
+    assert services.store.claim(record, lease("a4", lease_s=0.2, resume_key="task:1")) == "LEASED"  # used once
     assert services.store.claim(record_of(services, request_id, "bfl"), lease("b")) == "LEASED"
     assert services.store.expired_leases("bfl", time.time() + 1) == [request_id]
     time.sleep(0.3)
     assert services.store.claim(record_of(services, request_id, "bfl"), lease("b")) == "RESUMED"
-    assert not services.store.renew(request_id, "bfl", "a", 30)  # the old holder lost it
+    assert not services.store.renew(request_id, "bfl", "a3", 30)  # the old holder lost it
     assert services.store.renew(request_id, "bfl", "b", 30)
 
 

@@ -45,8 +45,8 @@ class FinishingDispatcher:
 def sync_app(settings, services):
     def build(**kwargs):
         dispatcher = FinishingDispatcher(services, **kwargs)
-        local = dataclasses.replace(settings, sync_deadline_s=2.0)
-        return create_app(local, services=services, dispatcher=dispatcher).test_client(), dispatcher
+        services.settings = dataclasses.replace(settings, sync_deadline_s=2.0)
+        return create_app(services.settings, services=services, dispatcher=dispatcher).test_client(), dispatcher
     return build
 
 
