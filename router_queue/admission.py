@@ -16,7 +16,7 @@ from typing import Any
 from . import pacing
 from .catalog import ModelEntry
 from .errors import (IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, QueueBacklogFull,
-                     ValidationFailed)
+                     ServiceUnavailable, ValidationFailed)
 from .schemas import validation_detail
 from .services import Services
 
@@ -117,6 +117,9 @@ def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, 
         hint = pacing.backlog_retry_after(services.store.pace(entry.provider))
         raise QueueBacklogFull("this workspace already has as many requests waiting as it may; "
                                "retry when some have started", retry_after=hint)
+    if admission.outcome == "DRAINING":
+        raise ServiceUnavailable(f"{entry.provider} is draining for maintenance and admits nothing new; "
+                                 "retry shortly", retry_after=30)
     if admission.outcome == "NOT_ENABLED":
         raise NotEnabled("queued delivery is not switched on for this workspace; "
                          f"POST /v2/models/{entry.id} serves the same body synchronously")

@@ -19,6 +19,7 @@ from .errors import InternalError, InvalidInput, MethodNotAllowed, ModelNotFound
 from .errors import RequestNotFound, ServiceUnavailable
 from .ratelimit import RateLimits
 from .catalog_routes import discovery
+from .operations import operations
 from .routes import NOT_FOUND, queue
 from .services import Services
 from .settings import Settings
@@ -63,10 +64,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
         response.headers["X-Comfy-Request-Id"] = g.get("call_id") or str(uuid.uuid4())
         return response
 
-    @app.get("/healthz")
-    def healthz() -> Response:
-        return json_response({"status": "ok"})
-
+    app.register_blueprint(operations)
     rate_limits = RateLimits(settings.rate_limit_storage_uri or settings.redis_url, settings.default_rate_limit, keys)
 
     @app.before_request

@@ -8,6 +8,7 @@
     router-queue workspace ledger WS_ID
     router-queue key mint WS_ID
     router-queue key mint-legacy
+    router-queue ops depths | inspect ID | cancel ID | requeue ID | drain PROVIDER [--off] | purge-expired
     router-queue dev                # the whole stack on this machine
 """
 
@@ -20,6 +21,7 @@ from flask.cli import FlaskGroup
 
 from .app import create_app
 from .devstack import dev
+from .ops_cli import ops
 
 
 def _accounts():
@@ -122,3 +124,4 @@ def _or_fail(action):
 
 
 main.add_command(dev)
+main.add_command(ops)

@@ -75,9 +75,12 @@ class Stack:
         wait_for_port(port, proc=proc)
         return proc
 
-    def start_web(self, port: int, workers: int = 2) -> subprocess.Popen:
+    def start_web(self, port: int, workers: int = 2, worker_class: str = "gevent") -> subprocess.Popen:
+        """gunicorn as the Procfile runs it: gevent workers, so held synchronous
+        calls cost a greenlet each rather than a whole worker."""
         proc = self._spawn("web", [
-            sys.executable, "-m", "gunicorn", "--workers", str(workers), "--bind", f"127.0.0.1:{port}",
+            sys.executable, "-m", "gunicorn", "--workers", str(workers), "--worker-class", worker_class,
+            "--worker-connections", "1000", "--timeout", "660", "--bind", f"127.0.0.1:{port}",
             "--access-logfile", "-", "router_queue.wsgi:app",
         ])
         wait_for_port(port, proc=proc)

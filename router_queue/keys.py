@@ -21,6 +21,9 @@ rq:ledger:{workspace}          stream  none (append-only)              lua/lib.l
                                                                        admit.lua (hold)
 rq:apikey:{sha256(key)}        string  none (value: workspace id)      cli (accounts.py)
 rq:config:id-secret            string  none                            ids.py (SET NX)
+rq:metrics:{provider}          hash    none (counters)                 admit.lua, metrics.py
+rq:metrics:sweeper             hash    none (counters)                 metrics.py
+rq:draining                    set     none (providers not admitting)  cli (ops drain)
 rq:done:{id}                   pubsub  (a channel, not a key)          lua/lib.lua
                                                                        (announce_completed)
 =============================  ======  ==============================  ==================
@@ -109,3 +112,15 @@ def id_secret() -> str:
 def done_channel(request_id: str) -> str:
     """Pub/sub channel announcing a request is COMPLETED (lua/lib.lua spells it too)."""
     return f"{PREFIX}:done:{request_id}"
+
+
+def metrics(provider: str) -> str:
+    return f"{PREFIX}:metrics:{provider}"
+
+
+def sweeper_metrics() -> str:
+    return f"{PREFIX}:metrics:sweeper"
+
+
+def draining() -> str:
+    return f"{PREFIX}:draining"

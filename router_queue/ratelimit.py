@@ -29,7 +29,7 @@ from .errors import RateLimited, Unauthorized
 log = logging.getLogger(__name__)
 
 #: Routes no limit applies to (probes must always answer).
-EXEMPT_ENDPOINTS = frozenset({"healthz"})
+EXEMPT_ENDPOINTS = frozenset({"operations.healthz", "operations.readyz", "operations.metrics"})
 
 
 @lru_cache(maxsize=256)

@@ -3,6 +3,8 @@ result, cancel) and the synchronous run that shares their admission."""
 
 from __future__ import annotations
 
+import logging
+
 from flask import Blueprint, Response, current_app, g, request
 
 from . import admission, pacing
@@ -14,6 +16,7 @@ from .store import RequestRecord, StatusView
 from .views import json_response, request_urls, status_body
 from .waiting import wait_until_completed
 
+log = logging.getLogger(__name__)
 queue = Blueprint("queue", __name__)
 
 #: Answered for every id we cannot show this caller, whatever the reason, so
@@ -74,6 +77,9 @@ def submit(provider: str, model: str) -> Response:
         raw_body=_body(), raw_idempotency_key=request.headers.get("Idempotency-Key"),
     )
     g.call_id = admitted.request_id
+    log.info("submit: %s", "replayed" if admitted.replayed else "admitted", extra={
+        "request_id": admitted.request_id, "workspace": workspace, "model": entry.id,
+        "outcome": "replayed" if admitted.replayed else "admitted", "status": "IN_QUEUE"})
     if admitted.replayed:
         return _replayed_handle(entry, admitted.request_id)
     body = {
@@ -178,6 +184,10 @@ def cancel(provider: str, model: str, request_id: str) -> Response:
         if front.services.ids.is_ours(request_id, workspace, entry.id):
             raise Gone(f"request {request_id} finished more than its retention window ago")
         raise RequestNotFound(NOT_FOUND)
+    log.info("cancel: %s", outcome.lower(), extra={"request_id": request_id, "workspace": workspace,
+                                                   "model": entry.id, "outcome": outcome.lower()})
+    if outcome == "CANCELLED":
+        front.services.metrics.completed(entry.provider, entry.id, "cancelled")
     if outcome == "ALREADY_COMPLETED":
         return json_response(
             {"request_id": request_id, "status": "ALREADY_COMPLETED",

@@ -11,6 +11,7 @@ import redis
 from .accounts import Accounts
 from .catalog import Catalog
 from .ids import RequestIds
+from .metrics import MetricsRecorder
 from .settings import Settings
 from .store import RequestStore
 
@@ -23,6 +24,7 @@ class Services:
     accounts: Accounts
     ids: RequestIds
     catalog: Catalog
+    metrics: MetricsRecorder
 
     @classmethod
     def build(cls, settings: Settings, client: redis.Redis | None = None) -> "Services":
@@ -41,4 +43,5 @@ class Services:
             accounts=Accounts(client),
             ids=RequestIds(client),
             catalog=Catalog.load(settings.catalog_path),
+            metrics=MetricsRecorder(client),
         )

@@ -169,7 +169,8 @@ class RequestStore:
         reply = self._admit(
             keys=[
                 keys.request(request_id), keys.queue(provider), keys.sequence(provider),
-                keys.due(), keys.workspace(workspace), idem_key, keys.ledger(workspace),
+                keys.due(), keys.workspace(workspace), idem_key, keys.ledger(workspace), keys.metrics(provider),
+                keys.draining(),
             ],
             args=[
                 request_id, workspace, model, provider, body, repr(now),
@@ -337,6 +338,13 @@ class RequestStore:
             args=[request_id, repr(now), queue_timeout_s, self.retention_s],
         )
         return bool(reply)
+
+    def set_draining(self, provider: str, draining: bool) -> None:
+        """Stop (or resume) admitting requests for ``provider``; in-flight work goes on."""
+        (self.client.sadd if draining else self.client.srem)(keys.draining(), provider)
+
+    def draining(self) -> set[str]:
+        return {_text(p) for p in self.client.smembers(keys.draining())}
 
     def queue_depth(self, provider: str) -> int:
         return int(self.client.zcard(keys.queue(provider)))

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from router_queue import states
+from router_queue import logs, states
 from router_queue.catalog import CallPolicy, ModelEntry
 from router_queue.store import Lease, RequestRecord
 
@@ -61,6 +61,11 @@ class Execution:
 
 def deliver(context: WorkerContext, request_id: str, execution: Execution) -> str:
     """Run ``request_id`` if this delivery may; returns what happened, for logs."""
+    with logs.bound(request_id=request_id, task=execution.resume_key):
+        return _deliver(context, request_id, execution)
+
+
+def _deliver(context: WorkerContext, request_id: str, execution: Execution) -> str:
     services = context.services
     store = services.store
     record, body = store.load(request_id)
@@ -75,7 +80,21 @@ def deliver(context: WorkerContext, request_id: str, execution: Execution) -> st
                   max_in_flight=services.catalog.max_in_flight(record.provider),
                   queue_timeout_s=entry.policy.queue_timeout_s, max_takeovers=services.settings.max_takeovers,
                   resume_key=execution.resume_key)
+    with logs.bound(workspace=record.workspace, model=record.model):
+        return _claim_and_run(context, record, body, entry, lease, execution)
+
+
+def _claim_and_run(context: WorkerContext, record: RequestRecord, body: bytes | None, entry: ModelEntry,
+                   lease: Lease, execution: Execution) -> str:
+    services, store, request_id = context.services, context.services.store, record.id
     claim = store.claim(record, lease)
+    log.info("claim: %s", claim, extra={"outcome": claim.lower()})
+    metrics = services.metrics
+    if claim == "CLAIMED":
+        metrics.claimed(record.provider, record.model, time.time() - record.created_at)
+    elif claim in ("QUEUE_TIMEOUT", "EXHAUSTED"):
+        metrics.completed(record.provider, record.model,
+                          states.QUEUE_TIMEOUT if claim == "QUEUE_TIMEOUT" else states.PROVIDER_ERROR)
     if claim == "NO_SLOT":
         wait = random.uniform(*NO_SLOT_WAIT_S)
         store.defer(request_id, wait + services.settings.republish_after_s)
@@ -114,6 +133,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         upstream_ref=_upstream_ref(record),
         remember=lambda ref: store.remember_upstream(request_id, json.dumps(ref)),
         started_at=record.started_at or time.time(),
+        timed=lambda seconds: services.metrics.provider_call(entry.provider, entry.id, seconds),
     )
     started = time.monotonic()
     try:
@@ -127,6 +147,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         if failure.retryable:
             attempts = store.record_attempt(request_id)
             if attempts < entry.policy.max_attempts:
+                services.metrics.retried(entry.provider, entry.id)
                 countdown = backoff(entry.policy, attempts, failure.retry_after_s)
                 # Keep the lease through the wait, for the retry alone.
                 store.renew(request_id, record.provider, execution.token, countdown + services.settings.lease_s,
@@ -134,14 +155,25 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
                 log.info("request %s attempt %d failed (%s); retrying in %.1f s",
                          request_id, attempts, failure.detail, countdown)
                 raise Later(countdown, failure.detail) from failure
-        store.complete(record, error_type=failure.error_type, detail=failure.detail, billable=failure.billable)
+        _completed(context, record, store.complete(record, error_type=failure.error_type, detail=failure.detail,
+                                                   billable=failure.billable), failure.error_type, call.started_at)
         log.info("request %s completed with %s after %.2f s", request_id, failure.error_type,
-                 time.monotonic() - started)
+                 time.monotonic() - started, extra={"outcome": failure.error_type, "status": "COMPLETED"})
         return failure.error_type
     except Exception:
         log.exception("request %s failed inside the worker", request_id)
-        store.complete(record, error_type=states.INTERNAL_ERROR, detail="the worker failed while running the request")
+        _completed(context, record, store.complete(record, error_type=states.INTERNAL_ERROR,
+                                                   detail="the worker failed while running the request"),
+                   states.INTERNAL_ERROR, call.started_at)
         return "internal_error"
-    store.complete(record, output=output.content, content_type=output.content_type)
-    log.info("request %s completed in %.2f s", request_id, time.monotonic() - started)
+    _completed(context, record, store.complete(record, output=output.content, content_type=output.content_type),
+               "success", call.started_at)
+    log.info("request %s completed in %.2f s", request_id, time.monotonic() - started,
+             extra={"outcome": "success", "status": "COMPLETED"})
     return "completed"
+
+
+def _completed(context: WorkerContext, record: RequestRecord, written: str, outcome: str, started_at: float) -> None:
+    """Count a completion this delivery wrote (not one a duplicate found done)."""
+    if written == "COMPLETED":
+        context.services.metrics.completed(record.provider, record.model, outcome, time.time() - started_at)

@@ -1,6 +1,16 @@
 """Worker and beat entry point: ``celery -A workers.main worker|beat``."""
 
+from celery.signals import setup_logging
+
+from router_queue import logs
 from router_queue.settings import Settings
 from workers.celery_app import make_celery
 
-app = make_celery(Settings.from_env(), include=("workers.tasks",))
+settings = Settings.from_env()
+app = make_celery(settings, include=("workers.tasks",))
+
+
+@setup_logging.connect
+def _json_logs(**_: object) -> None:
+    """Celery's own lines and ours, as JSON through one handler."""
+    logs.configure(settings.log_level)

@@ -48,6 +48,7 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
             context.dispatcher.publish(request_id, provider)
             reaped += 1
     timed_out = sum(_time_out_queue_head(context, provider, now) for provider in services.catalog.providers())
+    services.metrics.swept(republished=republished, reaped=reaped, timed_out=timed_out)
     if republished or reaped or timed_out:
         log.warning("sweeper: %d re-published, %d taken from dead workers, %d queue timeouts",
                     republished, reaped, timed_out)
@@ -67,7 +68,8 @@ def _time_out_queue_head(context: WorkerContext, provider: str, now: float) -> i
         entry = catalog.by_id(model.decode()) if model else None
         if entry is None or created_at is None:
             continue
-        if now - float(created_at) > entry.policy.queue_timeout_s:
-            timed_out += store.expire_queued(request_id, provider, workspace.decode(),
-                                             entry.policy.queue_timeout_s, now)
+        if now - float(created_at) > entry.policy.queue_timeout_s and store.expire_queued(
+                request_id, provider, workspace.decode(), entry.policy.queue_timeout_s, now):
+            context.services.metrics.completed(provider, entry.id, "queue_timeout")
+            timed_out += 1
     return timed_out

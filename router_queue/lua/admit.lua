@@ -6,7 +6,7 @@
 -- KEYS[1] rq:req:{id}            KEYS[2] rq:queue:{provider}
 -- KEYS[3] rq:seq:{provider}      KEYS[4] rq:due
 -- KEYS[5] rq:ws:{workspace}      KEYS[6] rq:idem:{workspace}:{keyhash}
--- KEYS[7] rq:ledger:{workspace}
+-- KEYS[7] rq:ledger:{workspace}  KEYS[8] rq:metrics:{provider}  KEYS[9] rq:draining
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] provider
 -- ARGV[5] body (JSON text)       ARGV[6] now (unix seconds)
 -- ARGV[7] fingerprint of (model, canonical body); "" when no Idempotency-Key
@@ -19,6 +19,13 @@
 --          workspace sets its own max_queued
 -- returns {"ADMITTED", id, position} | {"REPLAY", id} | {"IDEM_CONFLICT"}
 --       | {"NOT_ENABLED"} | {"BACKLOG_FULL"} | {"INSUFFICIENT_CREDITS", available}
+--       | {"DRAINING"}
+-- Admissions and refusals are counted in rq:metrics:{provider} on the way.
+
+local function refused(reason)
+  redis.call("HINCRBY", KEYS[8], "refused|" .. ARGV[3] .. "|" .. reason, 1)
+  return {reason}
+end
 
 if ARGV[7] ~= "" then
   local held = redis.call("GET", KEYS[6])
@@ -31,16 +38,20 @@ if ARGV[7] ~= "" then
   end
 end
 
+if redis.call("SISMEMBER", KEYS[9], ARGV[4]) == 1 then
+  return refused("DRAINING")
+end
 local ws = redis.call("HMGET", KEYS[5], "queue_enabled", "queued", "max_queued", "credits", "held")
 if ARGV[9] == "1" and ws[1] ~= "1" then
-  return {"NOT_ENABLED"}
+  return refused("NOT_ENABLED")
 end
 if tonumber(ws[2] or "0") >= tonumber(ws[3] or ARGV[12]) then
-  return {"BACKLOG_FULL"}
+  return refused("BACKLOG_FULL")
 end
 local price = tonumber(ARGV[11])
 local available = tonumber(ws[4] or "0") - tonumber(ws[5] or "0")
 if price > 0 and available < price then
+  refused("INSUFFICIENT_CREDITS")
   return {"INSUFFICIENT_CREDITS", tostring(available)}
 end
 
@@ -60,4 +71,5 @@ if ARGV[7] ~= "" then
   redis.call("HSET", KEYS[1], "idem", KEYS[6])
   redis.call("SET", KEYS[6], ARGV[7] .. "|" .. ARGV[1], "EX", ARGV[8])
 end
+redis.call("HINCRBY", KEYS[8], "admitted|" .. ARGV[3], 1)
 return {"ADMITTED", ARGV[1], redis.call("ZRANK", KEYS[2], ARGV[1])}

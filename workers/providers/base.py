@@ -9,6 +9,7 @@ URL and key it talks to the provider; given the stub's origin (settings'
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -38,6 +39,8 @@ class ProviderCall:
     remember: Callable[[dict[str, Any]], None] = lambda ref: None
     #: When the request started running (Unix s), across deliveries.
     started_at: float = 0.0
+    #: Told how long each HTTP exchange with the provider took (metrics).
+    timed: Callable[[float], None] = lambda seconds: None
 
     @property
     def timeout(self) -> tuple[float, float]:
@@ -78,6 +81,7 @@ class HandBack(Exception):
 
 def send(call: ProviderCall, method: str, url: str, **kwargs) -> requests.Response:
     """One HTTP exchange; transport failures become retryable provider failures."""
+    started = time.monotonic()
     try:
         return call.session.request(method, url, timeout=call.timeout, **kwargs)
     except requests.Timeout as exc:
@@ -86,6 +90,8 @@ def send(call: ProviderCall, method: str, url: str, **kwargs) -> requests.Respon
     except requests.RequestException as exc:
         raise ProviderFailure(states.PROVIDER_ERROR, f"could not reach {call.entry.provider}: {exc}",
                               retryable=True) from exc
+    finally:
+        call.timed(time.monotonic() - started)
 
 
 def _retry_after(response: requests.Response) -> float | None:

@@ -1,0 +1,46 @@
+"""Structured JSON logs, one object per line, with the request's context.
+
+Context (request id, workspace id, model, outcome) is bound with ``bound()``
+where work on a request starts and cleared when it ends, and every line
+logged meanwhile carries it. The API key is never part of it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import sys
+from typing import Iterator
+
+from pythonjsonlogger.json import JsonFormatter
+
+_context: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("router_queue_log_context", default={})
+
+
+@contextlib.contextmanager
+def bound(**fields: str | None) -> Iterator[None]:
+    """Add ``fields`` to every log line inside the block."""
+    token = _context.set({**_context.get(), **{k: v for k, v in fields.items() if v is not None}})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+class _ContextFilter(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        for name, value in _context.get().items():
+            setattr(record, name, value)
+        return True
+
+
+def configure(level: str = "INFO") -> None:
+    """Route every logger (ours, Celery's, gunicorn's) through one JSON handler."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
+                                       rename_fields={"asctime": "time", "levelname": "level", "name": "logger"}))
+    handler.addFilter(_ContextFilter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level)

@@ -1,0 +1,176 @@
+"""Prometheus metrics, kept in Redis so they are right across every process.
+
+The front door, the workers and the sweeper run as many processes on many
+machines; counters and histograms they write go to ``rq:metrics:{provider}``
+(admissions and refusals from admit.lua itself, the rest from here with one
+pipelined write), and ``/metrics`` reads them back at scrape time together
+with the queue depths and in-flight counts, which are read off the very
+indexes the queue runs on. Whichever front-door process is scraped, the
+figures are the fleet's.
+
+Histograms are stored per bucket, not cumulated, and cumulated at scrape time.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from typing import Iterable
+
+import redis
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from . import keys
+from .catalog import Catalog
+
+#: Histogram bucket bounds, seconds: from a fast poll to a long generation.
+BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+HISTOGRAMS = {
+    "wait": "Seconds a request waited IN_QUEUE before a worker claimed it.",
+    "run": "Seconds from claim to completion.",
+    "call": "Seconds one HTTP exchange with the provider took.",
+}
+
+
+def _bucket(value: float) -> str:
+    for bound in BUCKETS:
+        if value <= bound:
+            return repr(bound)
+    return "+Inf"
+
+
+class MetricsRecorder:
+    """Writes the counters and histograms the workers and the sweeper own."""
+
+    def __init__(self, client: redis.Redis):
+        self.client = client
+
+    def _observe(self, pipe, provider: str, name: str, model: str, seconds: float) -> None:
+        key = keys.metrics(provider)
+        pipe.hincrby(key, f"{name}_bucket|{model}|{_bucket(seconds)}", 1)
+        pipe.hincrbyfloat(key, f"{name}_sum|{model}", max(0.0, seconds))
+        pipe.hincrby(key, f"{name}_count|{model}", 1)
+
+    def claimed(self, provider: str, model: str, waited_s: float) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        self._observe(pipe, provider, "wait", model, waited_s)
+        pipe.execute()
+
+    def completed(self, provider: str, model: str, outcome: str, ran_s: float | None = None) -> None:
+        """One request completed; ``outcome`` is "success" or its error_type."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hincrby(keys.metrics(provider), f"completed|{model}|{outcome}", 1)
+        if ran_s is not None:
+            self._observe(pipe, provider, "run", model, ran_s)
+        pipe.execute()
+
+    def provider_call(self, provider: str, model: str, seconds: float) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        self._observe(pipe, provider, "call", model, seconds)
+        pipe.execute()
+
+    def retried(self, provider: str, model: str) -> None:
+        self.client.hincrby(keys.metrics(provider), f"retries|{model}", 1)
+
+    def swept(self, *, republished: int, reaped: int, timed_out: int) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        for action, count in (("republished", republished), ("reaped", reaped), ("timed_out", timed_out)):
+            if count:
+                pipe.hincrby(keys.sweeper_metrics(), action, count)
+        pipe.execute()
+
+
+class RedisCollector(Collector):
+    """Reads the fleet's figures from Redis on each scrape."""
+
+    def __init__(self, client: redis.Redis, catalog: Catalog):
+        self.client = client
+        self.catalog = catalog
+
+    def collect(self) -> Iterable:
+        providers = self.catalog.providers()
+        pipe = self.client.pipeline(transaction=False)
+        for provider in providers:
+            pipe.zcard(keys.queue(provider))
+            pipe.zcard(keys.running(provider))
+            pipe.zrange(keys.queue(provider), 0, 0)
+            pipe.hgetall(keys.metrics(provider))
+        pipe.hgetall(keys.sweeper_metrics())
+        pipe.smembers(keys.draining())
+        replies = pipe.execute()
+        draining = {d.decode() for d in replies[-1]}
+        sweeper = {k.decode(): int(v) for k, v in replies[-2].items()}
+
+        depth = GaugeMetricFamily("router_queue_depth", "Requests waiting IN_QUEUE.", labels=["provider"])
+        in_flight = GaugeMetricFamily("router_queue_in_flight", "Requests IN_PROGRESS (holding a provider slot).",
+                                      labels=["provider"])
+        cap = GaugeMetricFamily("router_queue_in_flight_limit", "The provider's cap on requests in flight.",
+                                labels=["provider"])
+        oldest = GaugeMetricFamily("router_queue_oldest_wait_seconds", "Age of the longest-waiting request.",
+                                   labels=["provider"])
+        drain = GaugeMetricFamily("router_queue_draining", "1 while the provider admits nothing new.",
+                                  labels=["provider"])
+        admitted = CounterMetricFamily("router_queue_admissions", "Requests admitted.", labels=["provider", "model"])
+        refused = CounterMetricFamily("router_queue_refusals", "Submits refused at admission.",
+                                      labels=["provider", "model", "reason"])
+        completed = CounterMetricFamily("router_queue_completions", "Requests completed, by outcome.",
+                                        labels=["provider", "model", "outcome"])
+        retries = CounterMetricFamily("router_queue_provider_retries", "Provider calls retried.",
+                                      labels=["provider", "model"])
+        histograms = {name: HistogramMetricFamily(f"router_queue_{name}_seconds", text, labels=["provider", "model"])
+                      for name, text in HISTOGRAMS.items()}
+
+        now = time.time()
+        oldest_ids = []
+        for index, provider in enumerate(providers):
+            queued, running, head, fields = replies[index * 4: index * 4 + 4]
+            depth.add_metric([provider], queued)
+            in_flight.add_metric([provider], running)
+            cap.add_metric([provider], self.catalog.max_in_flight(provider))
+            drain.add_metric([provider], 1 if provider in draining else 0)
+            oldest_ids.append((provider, head[0].decode() if head else None))
+            self._counters(provider, fields, admitted, refused, completed, retries, histograms)
+        created = self._created_at([request_id for _, request_id in oldest_ids if request_id])
+        for provider, request_id in oldest_ids:
+            age = now - created[request_id] if request_id in created else 0.0
+            oldest.add_metric([provider], max(0.0, age))
+        sweeps = CounterMetricFamily("router_queue_sweeper_actions", "What the sweeper did.", labels=["action"])
+        for action in ("republished", "reaped", "timed_out"):
+            sweeps.add_metric([action], sweeper.get(action, 0))
+        yield from (depth, in_flight, cap, oldest, drain, admitted, refused, completed, retries, sweeps)
+        yield from histograms.values()
+
+    def _created_at(self, request_ids: list[str]) -> dict[str, float]:
+        if not request_ids:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for request_id in request_ids:
+            pipe.hget(keys.request(request_id), "created_at")
+        return {rid: float(value) for rid, value in zip(request_ids, pipe.execute()) if value}
+
+    @staticmethod
+    def _counters(provider, fields, admitted, refused, completed, retries, histograms) -> None:
+        buckets: dict[tuple[str, str], dict[str, int]] = defaultdict(dict)
+        sums: dict[tuple[str, str], float] = defaultdict(float)
+        for raw_name, raw_value in fields.items():
+            kind, *labels = raw_name.decode().split("|")
+            value = float(raw_value)
+            if kind == "admitted":
+                admitted.add_metric([provider, labels[0]], value)
+            elif kind == "refused":
+                refused.add_metric([provider, labels[0], labels[1].lower()], value)
+            elif kind == "completed":
+                completed.add_metric([provider, labels[0], labels[1]], value)
+            elif kind == "retries":
+                retries.add_metric([provider, labels[0]], value)
+            elif kind.endswith("_bucket"):
+                buckets[(kind[:-7], labels[0])][labels[1]] = int(value)
+            elif kind.endswith("_sum"):
+                sums[(kind[:-4], labels[0])] = value
+        for (name, model), counts in buckets.items():
+            cumulative, rows = 0, []
+            for bound in [repr(b) for b in BUCKETS] + ["+Inf"]:
+                cumulative += counts.get(bound, 0)
+                rows.append((bound, cumulative))
+            histograms[name].add_metric([provider, model], rows, sums[(name, model)])

@@ -1,0 +1,85 @@
+"""What operators read: liveness, readiness, Prometheus metrics, and an
+operations page that refreshes itself."""
+
+from __future__ import annotations
+
+import time
+
+from flask import Blueprint, Response, current_app, render_template
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+from . import keys
+from .errors import ServiceUnavailable
+from .metrics import RedisCollector
+from .views import json_response
+
+operations = Blueprint("operations", __name__)
+
+
+def _front():
+    return current_app.extensions["router_queue"]
+
+
+@operations.get("/healthz")
+def healthz() -> Response:
+    """Liveness: the process answers. Touches no dependency on purpose."""
+    return json_response({"status": "ok"})
+
+
+@operations.get("/readyz")
+def readyz() -> Response:
+    """Readiness: Redis and the broker both answer, else 503 service_unavailable."""
+    front = _front()
+    front.services.redis.ping()
+    try:
+        with front.dispatcher.celery.connection_for_write() as connection:
+            connection.ensure_connection(max_retries=1, timeout=2)
+    except Exception as exc:
+        raise ServiceUnavailable(f"the broker cannot be reached: {exc}", retry_after=5) from None
+    return json_response({"status": "ready"})
+
+
+@operations.get("/metrics")
+def metrics() -> Response:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(RedisCollector(_front().services.redis, _front().services.catalog))
+    return Response(generate_latest(registry), 200, content_type=CONTENT_TYPE_LATEST)
+
+
+def summary() -> dict:
+    """Per provider: waiting, in flight, cap, oldest wait, pace; for the page."""
+    services = _front().services
+    store, catalog = services.store, services.catalog
+    now = time.time()
+    rows = []
+    for provider in catalog.providers():
+        head = store.queue_head(provider, 1)
+        created = services.redis.hget(keys.request(head[0]), "created_at") if head else None
+        pace = store.pace(provider)
+        metrics = {k.decode(): float(v) for k, v in services.redis.hgetall(keys.metrics(provider)).items()}
+        waits = [(v, metrics.get(k.replace("_sum|", "_count|"), 0)) for k, v in metrics.items()
+                 if k.startswith("wait_sum|")]
+        wait_total, wait_count = sum(v for v, _ in waits), sum(c for _, c in waits)
+        rows.append({
+            "provider": provider,
+            "queued": store.queue_depth(provider),
+            "in_flight": store.in_flight(provider),
+            "cap": catalog.max_in_flight(provider),
+            "oldest_wait_s": round(now - float(created), 1) if created else 0.0,
+            "per_minute": round(60 / pace.avg_gap_s, 1) if pace.avg_gap_s else 0.0,
+            "avg_run_s": round(pace.avg_run_s, 2) if pace.avg_run_s else 0.0,
+            "avg_wait_s": round(wait_total / wait_count, 2) if wait_count else 0.0,
+            "completed": int(sum(v for k, v in metrics.items() if k.startswith("completed|"))),
+            "draining": provider in store.draining(),
+        })
+    return {"providers": rows, "at": now}
+
+
+@operations.get("/ops/summary.json")
+def ops_summary() -> Response:
+    return json_response(summary())
+
+
+@operations.get("/ops")
+def ops_page() -> str:
+    return render_template("ops.html", summary=summary())

@@ -1,0 +1,100 @@
+"""``router-queue ops``: what an operator does to the queue by hand."""
+
+from __future__ import annotations
+
+import json
+
+import click
+from flask import current_app
+from flask.cli import AppGroup
+
+from . import keys
+from .operations import summary
+from .states import COMPLETED, IN_PROGRESS
+
+ops = AppGroup("ops", help="Inspect and steer the queues.")
+
+
+def _front():
+    return current_app.extensions["router_queue"]
+
+
+@ops.command("depths")
+def depths() -> None:
+    """Per provider: waiting, in flight, cap, oldest waiting age."""
+    click.echo("provider\twaiting\tin_flight\tcap\toldest_wait_s\tdraining")
+    for row in summary()["providers"]:
+        click.echo(f"{row['provider']}\t{row['queued']}\t{row['in_flight']}\t{row['cap']}\t"
+                   f"{row['oldest_wait_s']}\t{'yes' if row['draining'] else 'no'}")
+
+
+def _record(request_id: str) -> dict[str, str]:
+    raw = _front().services.redis.hgetall(keys.request(request_id))
+    if not raw:
+        raise click.ClickException(f"no request {request_id} (never admitted, or past retention)")
+    return {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+
+
+@ops.command("inspect")
+@click.argument("request_id")
+def inspect(request_id: str) -> None:
+    """Everything stored about one request (its body summarised)."""
+    record = _record(request_id)
+    body = record.pop("body", "")
+    record["body"] = f"<{len(body)} bytes>"
+    record["position"] = _front().services.redis.zrank(keys.queue(record["provider"]), request_id)
+    record["ttl_s"] = _front().services.redis.ttl(keys.request(request_id))
+    click.echo(json.dumps(record, indent=2, sort_keys=True))
+
+
+@ops.command("cancel")
+@click.argument("request_id")
+def cancel(request_id: str) -> None:
+    """Cancel a request as its owner would."""
+    record = _record(request_id)
+    outcome = _front().services.store.cancel(request_id=request_id, workspace=record["workspace"],
+                                             model=record["model"], provider=record["provider"])
+    click.echo(outcome.lower())
+
+
+@ops.command("requeue")
+@click.argument("request_id")
+def requeue(request_id: str) -> None:
+    """Publish a request again: a waiting one whose message was lost, or a
+    running one whose worker is stuck (its lease is ended so another resumes it)."""
+    record = _record(request_id)
+    front = _front()
+    if record["status"] == COMPLETED:
+        raise click.ClickException("the request is COMPLETED; there is nothing to requeue")
+    if record["status"] == IN_PROGRESS and record.get("token"):
+        front.services.store.renew(request_id, record["provider"], record["token"], 0, hand_back=True)
+    front.dispatcher.publish(request_id, record["provider"])
+    click.echo(f"published {request_id} to {record['provider']}")
+
+
+@ops.command("drain")
+@click.argument("provider")
+@click.option("--off", is_flag=True, help="Admit again.")
+def drain(provider: str, off: bool) -> None:
+    """Stop admitting for a provider (503 service_unavailable); in-flight work finishes."""
+    if provider not in _front().services.catalog.providers():
+        raise click.ClickException(f"no provider {provider!r}")
+    _front().services.store.set_draining(provider, not off)
+    click.echo(f"{provider} {'admitting' if off else 'draining'}")
+
+
+@ops.command("purge-expired")
+def purge_expired() -> None:
+    """Drop index entries whose request record has expired (waiting, running, due)."""
+    services = _front().services
+    client, purged = services.redis, 0
+    indexes = [keys.due()] + [key(p) for p in services.catalog.providers() for key in (keys.queue, keys.running)]
+    for index in indexes:
+        members = [m.decode() for m in client.zrange(index, 0, -1)]
+        pipe = client.pipeline(transaction=False)
+        for member in members:
+            pipe.exists(keys.request(member))
+        gone = [m for m, exists in zip(members, pipe.execute()) if not exists]
+        if gone:
+            purged += client.zrem(index, *gone)
+    click.echo(f"purged {purged} index entries of expired requests")

@@ -1,0 +1,103 @@
+"""Metrics that match known traffic, drain, the operations page, JSON logs."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from router_queue import logs
+from router_queue.store import Lease
+from tests.unit.support import record_of
+
+FLUX = "/v2/models/bfl/flux-2-pro"
+
+
+def scrape(http) -> dict[tuple[str, tuple], float]:
+    response = http.get("/metrics")
+    assert response.status_code == 200
+    samples = {}
+    for family in text_string_to_metric_families(response.get_data(as_text=True)):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def submit(http, auth, prompt):
+    return http.post(f"{FLUX}/requests", data=json.dumps({"prompt": prompt}),
+                     headers={**auth, "Content-Type": "application/json"})
+
+
+def test_metrics_match_known_traffic(http, auth, services, workspace):
+    ids = [submit(http, auth, f"p{n}").json["request_id"] for n in range(4)]
+    poor = services.accounts.create_workspace("poor", queue_enabled=True, credits=0)
+    assert submit(http, {"X-API-Key": services.accounts.mint_key(poor)}, "x").status_code == 402
+    store, metrics = services.store, services.metrics
+    for request_id, outcome in ((ids[0], "success"), (ids[1], "provider_error")):
+        store.claim(record_of(services, request_id, "bfl"), Lease("t", 30, 100, 3600, 3))
+        metrics.claimed("bfl", "bfl/flux-2-pro", 0.3)
+        if outcome == "success":
+            store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
+        else:
+            store.complete(record_of(services, request_id, "bfl"), error_type=outcome, detail="x")
+        metrics.completed("bfl", "bfl/flux-2-pro", outcome, 2.0)
+    http.put(f"{FLUX}/requests/{ids[2]}/cancel", headers=auth)
+    metrics.swept(republished=2, reaped=1, timed_out=0)
+
+    samples = scrape(http)
+    bfl = (("provider", "bfl"),)
+    model = (("model", "bfl/flux-2-pro"), ("provider", "bfl"))
+    assert samples[("router_queue_depth", bfl)] == 1
+    assert samples[("router_queue_in_flight", bfl)] == 0
+    assert samples[("router_queue_admissions_total", model)] == 4
+    assert samples[("router_queue_refusals_total", tuple(sorted(model + (("reason", "insufficient_credits"),))))] == 1
+    completions = {labels: value for (name, labels), value in samples.items() if name == "router_queue_completions_total"}
+    assert completions == {
+        (("model", "bfl/flux-2-pro"), ("outcome", "success"), ("provider", "bfl")): 1,
+        (("model", "bfl/flux-2-pro"), ("outcome", "provider_error"), ("provider", "bfl")): 1,
+        (("model", "bfl/flux-2-pro"), ("outcome", "cancelled"), ("provider", "bfl")): 1,
+    }
+    assert samples[("router_queue_wait_seconds_count", model)] == 2
+    assert samples[("router_queue_wait_seconds_bucket", tuple(sorted(model + (("le", "0.25"),))))] == 0
+    assert samples[("router_queue_wait_seconds_bucket", tuple(sorted(model + (("le", "0.5"),))))] == 2
+    assert samples[("router_queue_run_seconds_sum", model)] == 4.0
+    assert samples[("router_queue_sweeper_actions_total", (("action", "republished"),))] == 2
+    assert samples[("router_queue_oldest_wait_seconds", bfl)] >= 0
+
+
+def test_a_draining_provider_admits_nothing_and_says_so(http, auth, services):
+    services.store.set_draining("bfl", True)
+    refused = submit(http, auth, "during a deploy")
+    assert refused.status_code == 503
+    assert refused.headers["X-Comfy-Error-Type"] == "service_unavailable"
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert services.store.queue_depth("bfl") == 0
+    services.store.set_draining("bfl", False)
+    assert submit(http, auth, "after it").status_code == 201
+
+
+def test_the_operations_page_shows_the_queues(http, auth):
+    submit(http, auth, "waiting")
+    page = http.get("/ops").get_data(as_text=True)
+    assert '<tr data-provider="bfl">' in page
+    assert '<td class="queued">1</td>' in page
+    summary = http.get("/ops/summary.json").json
+    assert {row["provider"]: row["queued"] for row in summary["providers"]}["bfl"] == 1
+
+
+def test_health_answers_without_touching_dependencies(http):
+    assert http.get("/healthz").json == {"status": "ok"}
+
+
+def test_log_lines_are_json_with_the_bound_context(capsys):
+    logs.configure("INFO")
+    try:
+        with logs.bound(request_id="r-1", workspace="ws_1", model="bfl/flux-2-pro"):
+            logging.getLogger("router_queue.test").info("claimed", extra={"outcome": "claimed"})
+        line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    finally:
+        logging.getLogger().handlers.clear()
+    assert line["message"] == "claimed"
+    assert (line["request_id"], line["workspace"], line["model"], line["outcome"]) == (
+        "r-1", "ws_1", "bfl/flux-2-pro", "claimed")
