@@ -19,12 +19,6 @@ if rec[1] == "IN_PROGRESS" then
   redis.call("HSET", KEYS[1], "cancel_requested", ARGV[4])
   return "REQUESTED"
 end
-redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[4],
-  "error_type", "cancelled", "detail", "cancelled by the caller while queued")
-left_queue(KEYS[4])
-settle(KEYS[1], KEYS[4], KEYS[5], ARGV[1], "release", ARGV[4])
-redis.call("EXPIRE", KEYS[1], ARGV[5])
-announce_completed(ARGV[1])
-redis.call("ZREM", KEYS[2], ARGV[1])
-redis.call("ZREM", KEYS[3], ARGV[1])
+finish_unbilled({req = KEYS[1], queue = KEYS[2], due = KEYS[3], ws = KEYS[4], ledger = KEYS[5]},
+  ARGV[1], ARGV[4], ARGV[5], true, "cancelled", "cancelled by the caller while queued")
 return "CANCELLED"

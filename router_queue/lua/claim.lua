@@ -37,17 +37,8 @@ end
 -- Ends the request unrun (queue timeout) or given up (workers kept dying):
 -- the provider billed nothing we know of, so the hold is released.
 local function finish(error_type, detail)
-  if status == "IN_QUEUE" then
-    left_queue(KEYS[5])
-  end
-  redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[2],
-    "error_type", error_type, "detail", detail)
-  settle(KEYS[1], KEYS[5], KEYS[6], ARGV[1], "release", ARGV[2])
-  redis.call("EXPIRE", KEYS[1], ARGV[6])
-  announce_completed(ARGV[1])
-  redis.call("ZREM", KEYS[2], ARGV[1])
-  redis.call("ZREM", KEYS[3], ARGV[1])
-  redis.call("ZREM", KEYS[4], ARGV[1])
+  finish_unbilled({req = KEYS[1], queue = KEYS[2], due = KEYS[3], running = KEYS[4], ws = KEYS[5], ledger = KEYS[6]},
+    ARGV[1], ARGV[2], ARGV[6], status == "IN_QUEUE", error_type, detail)
 end
 
 local function lease()

@@ -18,12 +18,7 @@ end
 if tonumber(ARGV[2]) - tonumber(rec[2]) <= tonumber(ARGV[3]) then
   return 0
 end
-redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[2], "error_type", "queue_timeout",
-  "detail", "waited in the queue longer than the model's queue timeout; never run, never billed")
-left_queue(KEYS[4])
-settle(KEYS[1], KEYS[4], KEYS[5], ARGV[1], "release", ARGV[2])
-redis.call("EXPIRE", KEYS[1], ARGV[4])
-announce_completed(ARGV[1])
-redis.call("ZREM", KEYS[2], ARGV[1])
-redis.call("ZREM", KEYS[3], ARGV[1])
+finish_unbilled({req = KEYS[1], queue = KEYS[2], due = KEYS[3], ws = KEYS[4], ledger = KEYS[5]},
+  ARGV[1], ARGV[2], ARGV[4], true, "queue_timeout",
+  "waited in the queue longer than the model's queue timeout; never run, never billed")
 return 1

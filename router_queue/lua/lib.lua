@@ -39,3 +39,23 @@ end
 local function announce_completed(request_id)
   redis.call("PUBLISH", "rq:done:" .. request_id, "COMPLETED")
 end
+
+-- End a request that produced no output the provider billed (cancelled while
+-- queued, timed out in the queue, given up after its workers kept dying):
+-- COMPLETED with its bucket, out of every index, its hold released, kept for
+-- the retention window, announced. k holds the keys: req, queue, due, ws,
+-- ledger, and running when it may hold a provider slot.
+local function finish_unbilled(k, request_id, now, retention, was_queued, error_type, detail)
+  if was_queued then
+    left_queue(k.ws)
+  end
+  redis.call("HSET", k.req, "status", "COMPLETED", "completed_at", now, "error_type", error_type, "detail", detail)
+  settle(k.req, k.ws, k.ledger, request_id, "release", now)
+  redis.call("EXPIRE", k.req, retention)
+  redis.call("ZREM", k.queue, request_id)
+  redis.call("ZREM", k.due, request_id)
+  if k.running then
+    redis.call("ZREM", k.running, request_id)
+  end
+  announce_completed(request_id)
+end
