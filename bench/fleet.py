@@ -2,7 +2,7 @@
 
 ``router_queue.devstack.Stack`` starts the stub provider, Celery workers (thread
 pool), beat and gunicorn, here as bench children (own session, stopped by PID
-with everything else). Two figures:
+with everything else). Three figures:
 
 * ``inflight_<n>_completion``: seconds from the first of ``n`` submits of a
   ``[stub:latency=L]`` generation until the last of them is COMPLETED, against
@@ -11,6 +11,8 @@ with everything else). Two figures:
   (``started_at``) of one request on an idle fleet, median of sequential
   submits, against the median bare Celery round trip (``workers.tasks.ping``:
   publish -> run -> RPUSH -> BLPOP), the two interleaved.
+* ``sync_held_status_p50`` / ``_p99`` (bench/sync_held.py): status-read latency
+  while 200 synchronous calls are held open, against the same reads without them.
 """
 
 from __future__ import annotations
@@ -28,11 +30,12 @@ from pathlib import Path
 
 from router_queue.devstack import Stack
 
+from . import sync_held
 from .procs import ROOT, Children, cpu_seconds, free_port, log
 
 MODEL_ID = "bfl/flux-2-pro"
 #: Phases measured on the whole stack (``--only``).
-PHASES = ("inflight", "dispatch")
+PHASES = ("inflight", "dispatch", "sync_held")
 IN_PROGRESS, COMPLETED = "IN_PROGRESS", "COMPLETED"
 
 
@@ -54,7 +57,7 @@ class BenchStack(Stack):
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("delivery figures (inflight, dispatch)")
+    group = parser.add_argument_group("delivery figures (inflight, dispatch, sync_held)")
     group.add_argument("--inflight", type=int, default=500,
                        help="generations submitted at once for the in-flight figure (default 500)")
     group.add_argument("--latency", type=float, default=5.0,
@@ -69,9 +72,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--worker-threads", type=int, default=256,
                        help="threads per Celery worker, --pool threads (default 256)")
     group.add_argument("--web-workers", type=int, default=2,
-                       help="gunicorn sync workers of the stack's front door (default 2, as devstack)")
+                       help="gunicorn gevent workers of the stack's front door (default 2, as devstack)")
     group.add_argument("--samples", type=int, default=50,
                        help="dispatch samples (and as many pings), interleaved (default 50)")
+    sync_held.add_arguments(group)
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -79,6 +83,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
            args.web_workers, args.samples) < 1:
         parser.error("inflight, submitters, inflight-rounds, fleet-workers, worker-threads, web-workers "
                      "and samples must be at least 1")
+    sync_held.check_arguments(parser, args)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -148,7 +153,7 @@ class Fleet:
         started = time.monotonic()
         request_id = self.submit(self.prompt("probe", 0))
         self.wait_records([request_id], (COMPLETED,), timeout_s=60, interval_s=0.05)
-        log(f"fleet up: front door {self.base} ({args.web_workers} sync workers), stub {self.stub}, "
+        log(f"fleet up: front door {self.base} ({args.web_workers} gevent workers), stub {self.stub}, "
             f"{args.fleet_workers} Celery workers x {args.worker_threads} threads, beat; "
             f"a probe request completed in {time.monotonic() - started:.2f} s")
 
@@ -428,12 +433,13 @@ def measure(args: argparse.Namespace, children: Children, redis_url: str, *, htt
     fleet = Fleet(args, children, redis_url, http_json)
     fleet.start(wait_http)
     failures = []
-    for name, fn in (("dispatch", measure_dispatch), ("inflight", measure_inflight)):
+    # sync_held last: its held generations occupy the workers' threads while they run
+    for name, fn in (("dispatch", measure_dispatch), ("inflight", measure_inflight), ("sync_held", sync_held.measure)):
         if name not in args.only:
             continue
         try:
             fn(fleet, emit)
-        except (MeasurementError, error_type) as exc:
+        except (MeasurementError, sync_held.MeasurementError, error_type) as exc:
             log(f"ERROR: {exc}")
             failures.append(name)
     dead = fleet.stack.exited()

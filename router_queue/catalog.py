@@ -55,7 +55,8 @@ class ModelEntry:
     input_schema: type[Schema]
     #: Describes the native output in the OpenAPI documents; None for raw bytes.
     output_schema: type[Schema] | None
-    output_media_type: str
+    #: The Content-Types the provider answers with (the first is its default).
+    output_media_types: tuple[str, ...]
     price_credits: int
     queueable: bool
     policy: CallPolicy
@@ -115,7 +116,7 @@ class Catalog:
                     upstream_url=spec["upstream_url"],
                     input_schema=SCHEMAS[spec["input_schema"]],
                     output_schema=SCHEMAS[spec["output_schema"]] if spec.get("output_schema") else None,
-                    output_media_type=spec.get("output_media_type", "application/json"),
+                    output_media_types=tuple(spec.get("output_media_types", ["application/json"])),
                     price_credits=int(spec["price_credits"]),
                     queueable=bool(spec.get("queueable", True)),
                     policy=CallPolicy(**spec.get("policy", {})),

@@ -128,7 +128,7 @@ def _output(entry: ModelEntry, spec: APISpec, name: str) -> dict[str, Any]:
         schema = {"type": "string", "format": "binary"}
     return {"description": "the provider's native output, byte for byte",
             "headers": {"X-Comfy-Request-Id": "X-Comfy-Request-Id"},
-            "content": {entry.output_media_type: {"schema": schema}}}
+            "content": {media: {"schema": schema} for media in entry.output_media_types}}
 
 
 def _names(entry: ModelEntry) -> tuple[str, str]:

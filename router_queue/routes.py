@@ -106,16 +106,15 @@ def _body() -> bytes:
 
 
 def _replayed_handle(entry: ModelEntry, request_id: str) -> Response:
-    """The original request's handle, as it stands now, marked as a replay."""
+    """The original request's handle (the 201's fields, its status as it stands
+    now), marked as a replay."""
     view = _front().services.store.status_view(request_id, entry.provider)
-    if view.record is not None:
-        response = _status_response(view.record, view, 201)
-    else:  # finished and past retention, while its key still lives
-        response = json_response(
-            {"request_id": request_id, "status": COMPLETED, **request_urls(_base_url(), entry.id, request_id)}, 201
-        )
-    response.headers["Idempotent-Replayed"] = "true"
-    return response
+    status = view.record.status if view.record is not None else COMPLETED  # past retention, key still alive
+    body = {"request_id": request_id, "status": status}
+    if status != COMPLETED:
+        body["queue_position"] = view.position or 0
+    body.update(request_urls(_base_url(), entry.id, request_id))
+    return json_response(body, 201, {"Idempotent-Replayed": "true"})
 
 
 @queue.get("/v2/models/<provider>/<model>/requests/<request_id>/status")

@@ -1,0 +1,259 @@
+"""``sync_held``: status-read latency on the front door while synchronous calls are held open.
+
+On the fleet's gunicorn (gevent workers, as the Procfile and ``devstack`` start
+it), ``--held-reads`` (500) status reads of one finished request, sent by
+``--held-readers`` (4) threads over keep-alive connections, each read timed on
+its own; first with nothing held (the baseline), then while ``--held`` (200)
+synchronous calls ``POST /v2/models/openai/gpt-4o-mini-tts`` of a
+``[stub:latency=--held-latency]`` generation (30 s) are held open, each on its
+own connection from its own thread. Printed:
+
+    BENCH sync_held_status_p50 value=<ms with held> ms baseline=<ms without> ratio=...
+    BENCH sync_held_status_p99 value=<ms with held> ms baseline=<ms without> ratio=...
+
+The held calls use OpenAI speech because its stub answers after the latency
+in one HTTP call: a worker thread waits on one socket and the stub sleeps, so
+the 200 generations cost next to no CPU while held (a BFL generation polls the
+stub every 0.5-2 s, and 200 of them would measure the workers' polling on 2
+cores rather than the front door). The figure is only taken while every held
+call is admitted (running or queued) and none has been answered; afterwards
+the held calls run to their end (each must answer 200 audio/mpeg) and the reads
+are measured once more without them, on stderr only, to show the drift.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from .procs import log
+
+MODEL_ID = "openai/gpt-4o-mini-tts"
+PROVIDER = "openai"
+#: Untimed reads per reader connection before each timed series.
+WARMUP_READS = 20
+#: Seconds of just holding (no reads) over which the fleet's CPU is logged.
+IDLE_WINDOW_S = 3.0
+
+
+class MeasurementError(RuntimeError):
+    """The figure could not be measured (re-raised by bench.fleet's caller like its own)."""
+
+
+def add_arguments(group) -> None:
+    group.add_argument("--held", type=int, default=200,
+                       help="synchronous calls held open for sync_held (default 200)")
+    group.add_argument("--held-latency", type=float, default=30.0,
+                       help="stub generation time of each held call, s (default 30)")
+    group.add_argument("--held-reads", type=int, default=500,
+                       help="timed status reads per side of sync_held (default 500)")
+    group.add_argument("--held-readers", type=int, default=4,
+                       help="threads sending the status reads, one connection each (default 4)")
+
+
+def check_arguments(parser, args) -> None:
+    if min(args.held, args.held_reads, args.held_readers) < 1 or args.held_latency < 5:
+        parser.error("held, held-reads and held-readers must be at least 1, held-latency at least 5 s")
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+
+def _summary(values_ms: list[float]) -> str:
+    return (f"p50 {_pct(values_ms, 0.5):.3f} p90 {_pct(values_ms, 0.9):.3f} p99 {_pct(values_ms, 0.99):.3f} "
+            f"max {max(values_ms):.3f} ms (mean {statistics.fmean(values_ms):.3f}, n={len(values_ms)})")
+
+
+# -- the status reads --------------------------------------------------------------
+
+
+def read_series(port: int, path: str, headers: dict[str, str], reads: int, readers: int) -> list[float]:
+    """``reads`` status reads from ``readers`` threads, one keep-alive connection each; ms per read."""
+    per = [reads // readers + (1 if n < reads % readers else 0) for n in range(readers)]
+    samples: list[list[float]] = [[] for _ in range(readers)]
+    errors: list[str] = []
+    start = threading.Barrier(readers)
+
+    def one_reader(number: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        try:
+            def read() -> float:
+                began = time.perf_counter()
+                conn.request("GET", path, headers=headers)
+                response = conn.getresponse()
+                body = response.read()
+                elapsed = time.perf_counter() - began
+                if response.status != 200:
+                    raise MeasurementError(f"a status read answered {response.status}: {body[:200]!r}")
+                return elapsed * 1000.0
+
+            for _ in range(WARMUP_READS):
+                read()
+            start.wait(timeout=60)
+            samples[number].extend(read() for _ in range(per[number]))
+        except Exception as exc:  # noqa: BLE001 - reported below, with the others
+            errors.append(f"reader {number}: {exc!r}")
+            start.abort()
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=one_reader, args=(n,), name=f"held-reader-{n}") for n in range(readers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise MeasurementError("status reads failed: " + "; ".join(errors[:3]))
+    return [ms for series in samples for ms in series]
+
+
+# -- the held synchronous calls ----------------------------------------------------
+
+
+@dataclass
+class HeldCall:
+    """One synchronous call on its own connection, from its own thread."""
+
+    body: bytes
+    status: int | None = None
+    content_type: str | None = None
+    length: int = 0
+    error: str | None = None
+    sent_at: float = 0.0
+    answered_at: float | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+
+def _hold(port: int, path: str, headers: dict[str, str], call: HeldCall, timeout_s: float) -> None:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout_s)
+    try:
+        call.sent_at = time.monotonic()
+        conn.request("POST", path, body=call.body, headers=headers)
+        response = conn.getresponse()
+        payload = response.read()
+        call.status, call.content_type, call.length = response.status, response.getheader("Content-Type"), len(payload)
+        if response.status != 200:
+            call.error = payload[:200].decode(errors="replace")
+    except Exception as exc:  # noqa: BLE001 - counted and reported by the caller
+        call.error = repr(exc)
+    finally:
+        call.answered_at = time.monotonic()
+        conn.close()
+        call.done.set()
+
+
+def _admitted(fleet: Any) -> tuple[int, int]:
+    """(running, queued) requests of the held calls' provider."""
+    from router_queue import keys
+
+    pipe = fleet.client.pipeline(transaction=False)
+    pipe.zcard(keys.running(PROVIDER))
+    pipe.zcard(keys.queue(PROVIDER))
+    running, queued = pipe.execute()
+    return int(running), int(queued)
+
+
+def _answered(calls: list[HeldCall]) -> int:
+    return sum(1 for call in calls if call.done.is_set())
+
+
+# -- the figure ------------------------------------------------------------------------
+
+
+def measure(fleet: Any, emit) -> None:
+    args = fleet.args
+    port = fleet.web_port
+    auth = {"X-API-Key": fleet.api_key}
+    run_path = f"/v2/models/{MODEL_ID}"
+
+    # the request whose status is read: one finished speech generation
+    code, handle = fleet.http_json("POST", f"{fleet.base}{run_path}/requests", fleet.post_headers,
+                                   json.dumps({"input": f"bench held target {uuid.uuid4().hex}", "voice": "alloy"}))
+    if code != 201:
+        raise MeasurementError(f"sync_held: the target submit answered {code}: {handle}")
+    fleet.wait_records([handle["request_id"]], ("COMPLETED",), timeout_s=30, interval_s=0.05)
+    status_path = f"{run_path}/requests/{handle['request_id']}/status"
+    running, queued = _admitted(fleet)
+    if running or queued:
+        raise MeasurementError(f"sync_held: {running} running and {queued} queued {PROVIDER} requests before "
+                               "the held calls; the phase needs an idle provider")
+
+    log(f"sync_held: {args.held_reads} status reads from {args.held_readers} threads, nothing held")
+    without = read_series(port, status_path, auth, args.held_reads, args.held_readers)
+    log(f"sync_held: without held calls {_summary(without)}")
+
+    latency = args.held_latency
+    calls = [HeldCall(json.dumps({"input": f"bench held {n} {uuid.uuid4().hex} [stub:latency={latency:g}]",
+                                  "voice": "alloy"}).encode()) for n in range(args.held)]
+    headers = {**auth, "Content-Type": "application/json"}
+    threads = [threading.Thread(target=_hold, args=(port, run_path, headers, call, latency + 120),
+                                name=f"held-{n}", daemon=True) for n, call in enumerate(calls)]
+    opened = time.monotonic()
+    for thread in threads:
+        thread.start()
+    measured = False
+    try:
+        deadline = opened + min(60.0, latency / 2)
+        while True:
+            running, queued = _admitted(fleet)
+            if running + queued >= args.held:
+                break
+            answered = _answered(calls)
+            if answered:
+                errors = [c.error for c in calls if c.done.is_set() and c.error][:3]
+                raise MeasurementError(f"sync_held: {answered} held calls answered before all were admitted "
+                                       f"({errors})")
+            if time.monotonic() > deadline:
+                raise MeasurementError(f"sync_held: only {running} running + {queued} queued of {args.held} "
+                                       f"held calls within {deadline - opened:.0f} s")
+            fleet.alive()
+            time.sleep(0.1)
+        admitted_s = time.monotonic() - opened
+        time.sleep(1.0)  # the admissions' own work is over; the front door just holds
+        running, queued = _admitted(fleet)
+        log(f"sync_held: {args.held} synchronous calls held ({running} running, {queued} queued; "
+            f"all admitted {admitted_s:.2f} s after the first was sent)")
+        # what holding costs by itself, with no reads: CPU of each fleet process over an idle window
+        cpu_before, idle_began = fleet.cpu(), time.monotonic()
+        time.sleep(IDLE_WINDOW_S)
+        cpu_after, idle_s = fleet.cpu(), time.monotonic() - idle_began
+        log(f"sync_held: CPU s over {idle_s:.1f} s of just holding: " + ", ".join(
+            f"{name} {cpu_after[name] - cpu_before.get(name, 0.0):.2f}" for name in sorted(cpu_after)))
+
+        log(f"sync_held: {args.held_reads} status reads from {args.held_readers} threads, {args.held} held")
+        began = time.monotonic()
+        held = read_series(port, status_path, auth, args.held_reads, args.held_readers)
+        took = time.monotonic() - began
+        answered = _answered(calls)
+        if answered:
+            raise MeasurementError(f"sync_held: {answered} held calls were answered while the reads ran "
+                                   f"(reads took {took:.1f} s; raise --held-latency)")
+        log(f"sync_held: with {args.held} held {_summary(held)} (the reads took {took:.2f} s)")
+        measured = True
+    finally:
+        # release: the generations end on their own at the stub's latency; wait them out (after a
+        # failure only briefly: stopping the fleet closes what is left)
+        end = opened + latency + 120 if measured else time.monotonic() + 5
+        for thread in threads:
+            thread.join(max(0.1, end - time.monotonic()))
+    failed = [c for c in calls if c.status != 200 or c.content_type != "audio/mpeg"]
+    spans = [c.answered_at - c.sent_at for c in calls if c.answered_at is not None]
+    log(f"sync_held: the held calls ended {_summary([s * 1000 for s in spans]) if spans else 'never'} "
+        f"after being sent")
+    if failed:
+        sample = [(c.status, c.content_type, c.error) for c in failed[:3]]
+        raise MeasurementError(f"sync_held: {len(failed)} of {args.held} held calls did not answer "
+                               f"200 audio/mpeg: {sample}")
+
+    after = read_series(port, status_path, auth, args.held_reads, args.held_readers)
+    log(f"sync_held: after the held calls ended (drift check, not reported) {_summary(after)}")
+    emit("sync_held_status_p50", _pct(held, 0.5), "ms", _pct(without, 0.5))
+    emit("sync_held_status_p99", _pct(held, 0.99), "ms", _pct(without, 0.99))

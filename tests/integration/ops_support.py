@@ -1,0 +1,423 @@
+"""Helpers for the operations tests (``test_operations.py``).
+
+Plain code, no fixtures: reading ``/metrics`` into comparable samples, a
+private ``redis-server`` that can be killed and brought back with its data,
+a private stack on it, a background load of submits and polls, the operator
+CLI as a subprocess, headless Chromium, and the JSON log lines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import redis
+import requests
+from prometheus_client.parser import text_string_to_metric_families
+
+from router_queue.devstack import ROOT, Stack, free_port, wait_for_port
+from router_queue.services import Services
+from router_queue.settings import DEFAULT_CATALOG, Settings
+
+from ._support import FLUX, Caller, Stub, unique_prompt, wait_for
+from .chaos_support import _spawned, stack_env
+
+#: Seconds the load's HTTP client waits for any one answer.
+CLIENT_TIMEOUT_S = 10.0
+
+# -- /metrics ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Scrape:
+    """One read of ``/metrics``: every sample by (name, sorted labels)."""
+
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float]
+    text: str
+
+    def get(self, name: str, **labels: str) -> float:
+        return self.samples.get((name, tuple(sorted(labels.items()))), 0.0)
+
+    def names(self) -> set[str]:
+        return {name for name, _ in self.samples}
+
+
+def scrape(base_url: str) -> Scrape:
+    response = requests.get(f"{base_url}/metrics", timeout=10)
+    assert response.status_code == 200, (response.status_code, response.text[:500])
+    assert response.headers["Content-Type"].startswith("text/plain"), response.headers["Content-Type"]
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return Scrape(samples, response.text)
+
+
+# -- a private redis-server ----------------------------------------------------------------
+
+
+@dataclass
+class PrivateRedis:
+    """``redis-server`` on a port of its own, append-only file on (fsync always),
+    so killing it and starting it again on the same port keeps every write."""
+
+    directory: Path
+    port: int = field(default_factory=free_port)
+    proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        binary = shutil.which("redis-server")
+        if binary is None:
+            pytest.fail("no redis-server binary on PATH")
+        log = open(self.directory / "redis.log", "ab")
+        try:
+            self.proc = subprocess.Popen(
+                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
+                 "--appendfsync", "always", "--dir", str(self.directory)],
+                stdout=log, stderr=subprocess.STDOUT)
+        finally:
+            log.close()
+        wait_for_port(self.port, proc=self.proc)
+        wait_for(self.answers, timeout_s=10, what=f"redis-server on {self.port} answering PING")
+
+    def answers(self) -> bool:
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, socket_timeout=0.5)
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+        finally:
+            client.close()
+
+    def kill(self) -> None:
+        """SIGKILL: a crash. Connections are reset and new ones refused until ``start``."""
+        assert self.proc is not None and self.proc.poll() is None
+        os.kill(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(10)
+
+    def pause(self) -> None:
+        """SIGSTOP: a hung server. Connections are accepted (by the kernel) and never answered."""
+        assert self.proc is not None and self.proc.poll() is None
+        os.kill(self.proc.pid, signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGCONT)  # a stopped process would not act on SIGTERM
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# -- a private stack -----------------------------------------------------------------------
+
+
+@dataclass
+class PrivateStack:
+    """Stub, one worker, beat and gunicorn on a Redis of their own (broker too)."""
+
+    env: dict[str, str]
+    services: Services
+    stack: Stack
+    base_url: str
+    stub: Stub
+
+    def caller(self, name: str) -> Caller:
+        accounts = self.services.accounts
+        workspace = accounts.create_workspace(name, queue_enabled=True, credits=1_000_000)
+        return Caller(self.base_url, workspace, accounts.mint_key(workspace))
+
+    def log_tails(self, lines: int = 60) -> str:
+        out = []
+        for path in sorted(self.stack.log_dir.glob("*.log")):
+            text = path.read_text(errors="replace").splitlines()[-lines:]
+            out.append(f"==> {path} <==\n" + "\n".join(text))
+        return "\n\n".join(out)
+
+
+@contextmanager
+def private_stack(redis_url: str, log_dir: Path) -> Iterator[PrivateStack]:
+    """The chaos tests' timings (lease 3 s, sweep every 1 s, republish after 2 s),
+    the shipped catalog, broker = ``redis_url``; stopped on exit."""
+    stub_port, web_port = free_port(), free_port()
+    log_dir.mkdir(parents=True, exist_ok=True)
+    env = stack_env(redis_url, "redis", stub_port, Path(DEFAULT_CATALOG))
+    env.pop("CELERY_BROKER_URL", None)  # the broker is REDIS_URL itself
+    settings = Settings.from_env(env)
+    services = Services.build(settings)
+    stack = Stack(env, log_dir=log_dir)
+    running = PrivateStack(env, services, stack, f"http://127.0.0.1:{web_port}",
+                           Stub(f"http://127.0.0.1:{stub_port}"))
+    try:
+        _spawned(lambda: stack.start_stub(stub_port))
+        _spawned(lambda: stack.start_worker(services.catalog.providers()))
+        _spawned(lambda: stack.start_beat())
+        _spawned(lambda: stack.start_web(web_port))
+        with running.caller("probe") as caller:
+            request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("private probe")})
+            try:
+                caller.wait_status(FLUX, request_id, timeout_s=30)
+            except AssertionError as exc:
+                raise AssertionError(f"{exc}\n\n{running.log_tails()}") from None
+        yield running
+    finally:
+        stack.stop()
+        services.redis.close()
+
+
+def children(pid: int) -> set[int]:
+    """The process's direct children (gunicorn's workers)."""
+    found: set[int] = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            found |= {int(c) for c in (task / "children").read_text().split()}
+        except OSError:
+            pass
+    return found
+
+
+# -- a background load ---------------------------------------------------------------------
+
+
+@dataclass
+class Answer:
+    """One HTTP exchange the load made."""
+
+    kind: str  # "submit" | "status"
+    at: float  # monotonic, when it was sent
+    elapsed_s: float
+    status: int | None  # None: no answer (timeout, connection error)
+    error_type: str | None = None
+    header_error_type: str | None = None
+    retry_after: str | None = None
+    failure: str | None = None
+
+
+class Load:
+    """Threads that submit FLUX requests and poll the ones admitted, until stopped."""
+
+    def __init__(self, base_url: str, callers: list[Caller], pause_s: float = 0.1):
+        self.base_url = base_url
+        self.callers = callers
+        self.pause_s = pause_s
+        self.stop_event = threading.Event()
+        self.lock = threading.Lock()
+        self.answers: list[Answer] = []
+        #: Every request admitted (201), with the caller that holds it.
+        self.admitted: list[tuple[Caller, str]] = []
+        self.threads = [threading.Thread(target=self._run, args=(c,), daemon=True) for c in callers]
+
+    def __enter__(self) -> "Load":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def stop(self) -> None:
+        self.stop_event.set()
+        for thread in self.threads:
+            thread.join(CLIENT_TIMEOUT_S * 3)
+        assert not any(t.is_alive() for t in self.threads), "a load thread did not stop"
+
+    def _exchange(self, kind: str, call) -> requests.Response | None:
+        started = time.monotonic()
+        try:
+            response = call()
+        except requests.RequestException as exc:
+            answer = Answer(kind, started, time.monotonic() - started, None, failure=repr(exc))
+            response = None
+        else:
+            error_type = None
+            if response.status_code >= 400:
+                try:
+                    error_type = response.json().get("error_type")
+                except ValueError:
+                    error_type = "<not json>"
+            answer = Answer(kind, started, time.monotonic() - started, response.status_code, error_type,
+                            response.headers.get("X-Comfy-Error-Type"), response.headers.get("Retry-After"))
+        with self.lock:
+            self.answers.append(answer)
+        return response
+
+    def _run(self, caller: Caller) -> None:
+        mine: list[str] = []
+        turn = 0
+        while not self.stop_event.is_set():
+            turn += 1
+            body = {"prompt": unique_prompt("under load", "[stub:latency=0.5]")}
+            response = self._exchange("submit", lambda: caller.submit(FLUX, body))
+            if response is not None and response.status_code == 201:
+                request_id = response.json()["request_id"]
+                mine.append(request_id)
+                with self.lock:
+                    self.admitted.append((caller, request_id))
+            if mine:
+                target = mine[turn % len(mine)]
+                self._exchange("status", lambda: caller.status(FLUX, target))
+            self.stop_event.wait(self.pause_s)
+
+
+# -- the operator CLI ----------------------------------------------------------------------
+
+
+def run_ops(env: dict[str, str], *args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+    """``router-queue ops ARGS`` as an operator runs it, in a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-c", "from router_queue.cli import main; main()", "ops", *args],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s,
+    )
+
+
+def ops_ok(env: dict[str, str], *args: str) -> str:
+    done = run_ops(env, *args)
+    assert done.returncode == 0, f"ops {' '.join(args)} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def depths_table(text: str) -> dict[str, dict[str, str]]:
+    """``ops depths`` output by provider: {"bfl": {"waiting": "2", ...}}."""
+    lines = [line.split("\t") for line in text.strip().splitlines()]
+    header, rows = lines[0], lines[1:]
+    assert header == ["provider", "waiting", "in_flight", "cap", "oldest_wait_s", "draining"], header
+    return {row[0]: dict(zip(header, row)) for row in rows}
+
+
+# -- headless Chromium ------------------------------------------------------------------------
+
+CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--disable-dev-shm-usage")
+
+
+def chromium() -> str:
+    """The Chromium binary; installs Debian's package when missing. Fails in CI
+    (CI=true) and skips elsewhere when it cannot be had."""
+    for name in ("chromium", "chromium-browser"):
+        found = shutil.which(name)
+        if found:
+            return found
+    problem = ""
+    if shutil.which("apt-get"):
+        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+        try:
+            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=300)
+            done = subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], env=env, capture_output=True,
+                                  text=True, timeout=900)
+            problem = done.stderr[-2000:]
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            problem = repr(exc)
+        found = shutil.which("chromium")
+        if found:
+            return found
+    else:
+        problem = "no apt-get on this machine"
+    reason = f"headless Chromium is not installed and `apt-get install -y chromium` failed: {problem}"
+    if os.environ.get("CI", "").lower() == "true":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+def run_chromium(binary: str, profile: Path, *args: str, timeout_s: float = 90.0) -> subprocess.CompletedProcess:
+    return subprocess.run([binary, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args],
+                          capture_output=True, text=True, timeout=timeout_s)
+
+
+class ProvidersTable(HTMLParser):
+    """Reads ``table#providers`` rows: provider -> [(td class, text), ...], and span#updated."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rows: dict[str, list[tuple[str, str]]] = {}
+        self.updated = ""
+        self._in_table = False
+        self._row: str | None = None
+        self._cell: list[str] | None = None
+        self._cell_class = ""
+        self._in_updated = False
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        attributes = dict(attrs)
+        if tag == "table" and attributes.get("id") == "providers":
+            self._in_table = True
+        elif tag == "span" and attributes.get("id") == "updated":
+            self._in_updated = True
+        elif self._in_table and tag == "tr" and attributes.get("data-provider"):
+            self._row = attributes["data-provider"]
+            self.rows[self._row] = []
+        elif self._row is not None and tag == "td":
+            self._cell, self._cell_class = [], attributes.get("class") or ""
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag == "table":
+            self._in_table = False
+        elif tag == "span":
+            self._in_updated = False
+        elif tag == "tr":
+            self._row = None
+        elif tag == "td" and self._cell is not None and self._row is not None:
+            self.rows[self._row].append((self._cell_class, "".join(self._cell).strip()))
+            self._cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self._cell is not None:
+            self._cell.append(data)
+        elif self._in_updated:
+            self.updated += data
+
+    def cell(self, provider: str, css_class: str) -> str:
+        found = [text for cls, text in self.rows[provider] if cls == css_class]
+        assert len(found) == 1, (provider, css_class, self.rows[provider])
+        return found[0]
+
+
+def parse_ops_page(html: str) -> ProvidersTable:
+    table = ProvidersTable()
+    table.feed(html)
+    table.close()
+    return table
+
+
+# -- JSON logs ------------------------------------------------------------------------------------
+
+
+def json_lines(text: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """The lines that are one JSON object each, and the others."""
+    objects, others = [], []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            parsed = json.loads(line)
+        except ValueError:
+            others.append(line)
+            continue
+        if isinstance(parsed, dict):
+            objects.append(parsed)
+        else:
+            others.append(line)
+    return objects, others
