@@ -52,8 +52,11 @@ def inspect(request_id: str) -> None:
 def cancel(request_id: str) -> None:
     """Cancel a request as its owner would."""
     record = _record(request_id)
-    outcome = _front().services.store.cancel(request_id=request_id, workspace=record["workspace"],
-                                             model=record["model"], provider=record["provider"])
+    services = _front().services
+    outcome = services.store.cancel(request_id=request_id, workspace=record["workspace"],
+                                    model=record["model"], provider=record["provider"])
+    if outcome == "CANCELLED":
+        services.metrics.completed(record["provider"], record["model"], "cancelled")
     click.echo(outcome.lower())
 
 

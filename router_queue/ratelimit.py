@@ -40,7 +40,11 @@ def _items(spec: str) -> tuple[RateLimitItem, ...]:
 class RateLimits:
     def __init__(self, storage_uri: str, default_limit: str, keys: KeyResolver):
         _items(default_limit)  # a malformed default fails at start, not on the first call
-        self.limiter = FixedWindowRateLimiter(storage_from_string(storage_uri, key_prefix="rq:rate"))
+        # Bounded socket waits: a Redis that hangs must not hang the caller
+        # (the check then lets the call through, and the route answers 503).
+        storage = storage_from_string(storage_uri, key_prefix="rq:rate", socket_timeout=0.5,
+                                      socket_connect_timeout=0.5)
+        self.limiter = FixedWindowRateLimiter(storage)
         self.default_limit = default_limit
         self.keys = keys
 
