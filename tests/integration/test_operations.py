@@ -412,6 +412,33 @@ def test_operator_cli_end_to_end(stack: RunningStack, caller: Caller) -> None:
     assert services.redis.zscore(keys.running("vertexai"), ghost) is None
 
 
+def test_cli_cancel_is_counted_as_a_completion(stack: RunningStack, caller: Caller) -> None:
+    env = dict(stack.env)
+    labels = {"provider": BFL, "model": FLUX, "outcome": "cancelled"}
+    with saturated_worker(caller):
+        request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("cli cancel counted")})
+        before = scrape(stack.base_url)
+        assert ops_ok(env, "cancel", request_id).strip() == "cancelled"
+        after = scrape(stack.base_url)
+        assert caller.status_body(FLUX, request_id)["error_type"] == "cancelled"
+        assert after.get("router_queue_depth", provider=BFL) == before.get("router_queue_depth", provider=BFL) - 1
+        assert (after.get("router_queue_completions_total", **labels)
+                - before.get("router_queue_completions_total", **labels)) == 1
+
+
+# -- 5. JSON logs -----------------------------------------------------------------------------------
+
+#: A gunicorn access-log line (its own logger and format, not ours).
+ACCESS_LINE = re.compile(r'^\S+ - \S+ \[[^\]]+\] "(GET|POST|PUT|DELETE|HEAD) \S+ HTTP/[\d.]+" \d{3} ')
+
+
+def test_json_logs_carry_the_request_context_and_never_the_key(stack: RunningStack, caller: Caller) -> None:
+    request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("json logs")})
+    caller.wait_status(FLUX, request_id)
+    context = {"request_id": request_id, "workspace": caller.workspace, "model": FLUX}
+
+    def lines_about(name: str) -> list[dict]:
+        objects, others = json_lines(stack.log_text(name))
         stray = [line for line in others if request_id in line and not ACCESS_LINE.match(line)]
         assert not stray, f"{name}.log: lines about the request that are not JSON: {stray[:5]}"
         ours = [o for o in objects if str(o.get("logger", "")).startswith(("router_queue", "workers"))]
