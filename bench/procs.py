@@ -148,10 +148,12 @@ def start_redis(children: Children, binary: str) -> tuple[str, subprocess.Popen]
 
 def start_gunicorn(children: Children, name: str, app: str, env: dict[str, str],
                    workers: int) -> tuple[str, subprocess.Popen]:
-    """``gunicorn app`` with sync workers on a free local port; returns (base URL, master)."""
+    """``gunicorn app`` served as the Procfile serves the front door (gevent workers,
+    long keep-alive) on a free local port; returns (base URL, master)."""
     port = free_port()
     proc = children.spawn(name, [
-        sys.executable, "-m", "gunicorn", "--workers", str(workers), "--worker-class", "sync",
+        sys.executable, "-m", "gunicorn", "--workers", str(workers), "--worker-class", "gevent",
+        "--worker-connections", "1000", "--keep-alive", "75",
         "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "5", "--log-level", "warning", app,
     ], env)
     wait_for_port(port, proc)

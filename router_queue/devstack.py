@@ -77,10 +77,12 @@ class Stack:
 
     def start_web(self, port: int, workers: int = 2, worker_class: str = "gevent") -> subprocess.Popen:
         """gunicorn as the Procfile runs it: gevent workers, so held synchronous
-        calls cost a greenlet each rather than a whole worker."""
+        calls cost a greenlet each rather than a whole worker, and a keep-alive
+        longer than clients' own idle expiry (httpx: 5 s), so a client never
+        reuses a connection the server is closing at that instant."""
         proc = self._spawn("web", [
             sys.executable, "-m", "gunicorn", "--workers", str(workers), "--worker-class", worker_class,
-            "--worker-connections", "1000", "--timeout", "660", "--bind", f"127.0.0.1:{port}",
+            "--worker-connections", "1000", "--keep-alive", "75", "--timeout", "660", "--bind", f"127.0.0.1:{port}",
             "--access-logfile", "-", "router_queue.wsgi:app",
         ])
         wait_for_port(port, proc=proc)
