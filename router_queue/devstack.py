@@ -63,9 +63,12 @@ class Stack:
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="router-queue-")))
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     quiet: bool = True
+    _logs: list = field(default_factory=list)
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         out = open(self.log_dir / f"{name}.log", "ab") if self.quiet else None
+        if out is not None:
+            self._logs.append(out)  # closed in stop(), once the child is gone
         proc = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if out else None)
         self.procs[name] = proc
         return proc
@@ -114,6 +117,9 @@ class Stack:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        for log_file in self._logs:
+            log_file.close()
+        self._logs.clear()
 
     def exited(self) -> str | None:
         """The name of a child that exited, if any did."""
