@@ -10,8 +10,9 @@ import json
 from flask import Blueprint, Response, current_app, render_template, request
 
 from .catalog import Catalog
-from .errors import InvalidInput, ModelNotFound
+from .errors import InvalidInput
 from .openapi import api_document, model_document, serialized
+from .routes import model_entry
 from .views import json_response
 
 discovery = Blueprint("discovery", __name__)
@@ -76,13 +77,7 @@ def _document_response(document: dict) -> Response:
 
 @discovery.get("/v2/models/<provider>/<model>/openapi.json")
 def model_schema(provider: str, model: str) -> Response:
-    entry = _catalog().get(provider, model)
-    if entry is None:
-        model_id = f"{provider}/{model}"
-        close = _catalog().suggest(model_id)
-        hint = f"; did you mean {', '.join(close)}?" if close else ""
-        raise ModelNotFound(f"{model_id} is not a model{hint}")
-    return _document_response(model_document(entry))
+    return _document_response(model_document(model_entry(provider, model)))
 
 
 @discovery.get("/v2/openapi.json")

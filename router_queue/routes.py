@@ -32,7 +32,8 @@ def _base_url() -> str:
     return _front().services.settings.public_base_url or request.host_url.rstrip("/")
 
 
-def _model(provider: str, model: str) -> ModelEntry:
+def model_entry(provider: str, model: str) -> ModelEntry:
+    """The catalog entry, or ``404 model_not_found`` suggesting close ids."""
     entry = _front().services.catalog.get(provider, model)
     if entry is None:
         model_id = f"{provider}/{model}"
@@ -46,7 +47,7 @@ def _caller_request(provider: str, model: str, request_id: str) -> tuple[ModelEn
     """The model, the caller's workspace and the request's view, or 404/410."""
     front = _front()
     workspace = front.keys.workspace(request)
-    entry = _model(provider, model)
+    entry = model_entry(provider, model)
     if not well_formed(request_id):
         raise RequestNotFound(NOT_FOUND)
     view = front.services.store.status_view(request_id, entry.provider)
@@ -70,7 +71,7 @@ def _status_response(record: RequestRecord, view: StatusView, status: int = 200)
 def submit(provider: str, model: str) -> Response:
     front = _front()
     workspace = front.keys.workspace(request)
-    entry = _model(provider, model)
+    entry = model_entry(provider, model)
     admission.refuse_bring_your_own_key(request.headers)
     admitted = admission.admit(
         front.services, front.dispatcher, workspace=workspace, entry=entry,
@@ -150,7 +151,7 @@ def run(provider: str, model: str) -> Response:
     holding the connection until the request completes or the deadline."""
     front = _front()
     caller = front.keys.caller(request)
-    entry = _model(provider, model)
+    entry = model_entry(provider, model)
     admitted = admission.admit(
         front.services, front.dispatcher, workspace=caller.workspace, entry=entry, raw_body=_body(),
         raw_idempotency_key=request.headers.get("Idempotency-Key"), queued=False,
@@ -173,7 +174,7 @@ def run(provider: str, model: str) -> Response:
 def cancel(provider: str, model: str, request_id: str) -> Response:
     front = _front()
     workspace = front.keys.workspace(request)
-    entry = _model(provider, model)
+    entry = model_entry(provider, model)
     if not well_formed(request_id):
         raise RequestNotFound(NOT_FOUND)
     outcome = front.services.store.cancel(

@@ -8,7 +8,7 @@ and never reads ``os.environ`` itself, so tests build one by hand.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -173,8 +173,3 @@ class Settings:
                 values[attr] = parse(name, raw)
         values.update(overrides)
         return cls(**values)
-
-    def as_table(self) -> list[tuple[str, str]]:
-        """(variable, current value) pairs, secrets masked, for ``router-queue config``."""
-        by_attr = {attr: env for env, (attr, _) in _ENV.items()}
-        return [(by_attr[f.name], repr(getattr(self, f.name))) for f in fields(self) if f.name in by_attr]
