@@ -11,37 +11,18 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from router_queue.devstack import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args[0]!r} (pid {proc.pid}) exited with {proc.returncode} "
-                               f"before listening on 127.0.0.1:{port}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout_s} s")
 
 
 def _apt_install(package: str) -> bool:
@@ -142,7 +123,7 @@ def start_redis(children: Children, binary: str) -> tuple[str, subprocess.Popen]
         binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
         "--dir", str(children.log_dir), "--daemonize", "no",
     ], dict(os.environ))
-    wait_for_port(port, proc)
+    wait_for_port(port, timeout_s=30.0, proc=proc)
     return f"redis://127.0.0.1:{port}/0", proc
 
 
@@ -156,5 +137,5 @@ def start_gunicorn(children: Children, name: str, app: str, env: dict[str, str],
         "--worker-connections", "1000", "--keep-alive", "75",
         "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "5", "--log-level", "warning", app,
     ], env)
-    wait_for_port(port, proc)
+    wait_for_port(port, timeout_s=30.0, proc=proc)
     return f"http://127.0.0.1:{port}", proc

@@ -46,6 +46,19 @@ def wait_for_port(port: int, timeout_s: float = 20.0, proc: subprocess.Popen | N
     raise TimeoutError(f"nothing listened on 127.0.0.1:{port} within {timeout_s} s")
 
 
+def redis_answers(url: str) -> bool:
+    """Whether a Redis at ``url`` answers PING within half a second."""
+    import redis
+
+    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+    finally:
+        client.close()
+
+
 def start_embedded_redis(port: int) -> None:
     """A fakeredis server over TCP in a daemon thread of this process."""
     from fakeredis import TcpFakeServer

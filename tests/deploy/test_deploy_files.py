@@ -45,6 +45,7 @@ import pytest
 import redis
 import yaml
 
+from router_queue.devstack import free_port, redis_answers
 from router_queue.settings import _ENV, Settings
 from workers.celery_app import MAINTENANCE_QUEUE, queue_name
 
@@ -715,37 +716,21 @@ def test_procfile_commands() -> None:
 DEPLOY_TEST_REDIS_URL = os.environ.get("DEPLOY_TEST_REDIS_URL", "redis://127.0.0.1:6379/12")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _answers(url: str) -> bool:
-    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-
-
 @pytest.fixture(scope="module")
 def redis_url() -> Iterator[str]:
     """Db 12 of the Redis on 127.0.0.1:6379 (a private redis-server if none
     answers), flushed before and after."""
     url, server = DEPLOY_TEST_REDIS_URL, None
-    if not _answers(url):
+    if not redis_answers(url):
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.skip("no Redis answers and redis-server is not installed")
-        port = _free_port()
+        port = free_port()
         server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                                    "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"redis://127.0.0.1:{port}/12"
         deadline = time.monotonic() + 10
-        while not _answers(url):
+        while not redis_answers(url):
             assert time.monotonic() < deadline, "private redis-server did not start"
             time.sleep(0.1)
     client = redis.Redis.from_url(url)
@@ -847,7 +832,7 @@ def _get(url: str) -> tuple[int, str]:
 @pytest.mark.integration
 def test_procfile_web_answers_the_probes_and_serves_the_metrics_the_autoscalers_use(
         tmp_path: Path, redis_url: str, started: list[Process]) -> None:
-    port = _free_port()
+    port = free_port()
     web = Process.start("web", _clean_env(tmp_path, redis_url, PORT=str(port)))
     started.append(web)
     base = f"http://127.0.0.1:{port}"

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import pytest
 import redis
 
-from router_queue.devstack import ROOT, Stack, free_port, wait_for_port
+from router_queue.devstack import ROOT, Stack, free_port, redis_answers, wait_for_port
 from router_queue.services import Services
 from router_queue.settings import Settings
 
@@ -57,21 +57,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 # -- Redis ---------------------------------------------------------------------
 
 
-def _answers(url: str) -> bool:
-    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
-    try:
-        return bool(client.ping())
-    except redis.RedisError:
-        return False
-    finally:
-        client.close()
-
-
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """A Redis database the session owns: flushed at start, never db 0."""
     db = urlsplit(TEST_REDIS_URL).path.strip("/") or "0"
-    if db != "0" and _answers(TEST_REDIS_URL):
+    if db != "0" and redis_answers(TEST_REDIS_URL):
         client = redis.Redis.from_url(TEST_REDIS_URL)
         client.flushdb()
         client.close()
@@ -88,7 +78,7 @@ def redis_url() -> Iterator[str]:
     try:
         wait_for_port(port, proc=proc)
         deadline = time.monotonic() + 10
-        while not _answers(url):
+        while not redis_answers(url):
             if time.monotonic() > deadline:
                 pytest.fail(f"private redis-server on port {port} did not answer PING")
             time.sleep(0.05)

@@ -23,11 +23,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
-import redis
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from router_queue.devstack import ROOT, Stack, free_port, wait_for_port
+from router_queue.devstack import ROOT, Stack, free_port, redis_answers, wait_for_port
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Settings
 
@@ -97,13 +96,7 @@ class PrivateRedis:
         wait_for(self.answers, timeout_s=10, what=f"redis-server on {self.port} answering PING")
 
     def answers(self) -> bool:
-        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.5, socket_timeout=0.5)
-        try:
-            return bool(client.ping())
-        except redis.RedisError:
-            return False
-        finally:
-            client.close()
+        return redis_answers(self.url)
 
     def kill(self) -> None:
         """SIGKILL: a crash. Connections are reset and new ones refused until ``start``."""
