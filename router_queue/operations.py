@@ -51,6 +51,7 @@ def summary() -> dict:
     services = _front().services
     store, catalog = services.store, services.catalog
     now = time.time()
+    draining = store.draining()
     rows = []
     for provider in catalog.providers():
         head = store.queue_head(provider, 1)
@@ -70,7 +71,7 @@ def summary() -> dict:
             "avg_run_s": round(pace.avg_run_s, 2) if pace.avg_run_s else 0.0,
             "avg_wait_s": round(wait_total / wait_count, 2) if wait_count else 0.0,
             "completed": int(sum(v for k, v in metrics.items() if k.startswith("completed|"))),
-            "draining": provider in store.draining(),
+            "draining": provider in draining,
         })
     return {"providers": rows, "at": now}
 
