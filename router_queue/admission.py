@@ -11,7 +11,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from . import pacing
 from .catalog import ModelEntry
@@ -90,9 +90,13 @@ class Admitted:
 
 
 def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, raw_body: bytes,
-          raw_idempotency_key: str | None, queued: bool = True) -> Admitted:
+          raw_idempotency_key: str | None, queued: bool = True,
+          rate: Callable[[], Any] = lambda: None) -> Admitted:
     """Admit a request for the workers. ``queued`` is False for the synchronous
-    route, which shares everything but queued delivery's gating."""
+    route, which shares everything but queued delivery's gating. ``rate`` hands
+    over the call's rate allowance (``ratelimit.carried_allowance``), taken only
+    when the admit script runs to count it in the same atomic step: a body
+    refused before that leaves it to the after-request hook."""
     if queued and not entry.queueable:
         raise NotEnabled(f"{entry.id} cannot be queued; use POST /v2/models/{entry.id}")
     key = idempotency_key(raw_idempotency_key)
@@ -109,6 +113,7 @@ def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, 
         idempotency_key_hash=hashlib.sha256(key.encode()).hexdigest() if key else "",
         price=entry.price_credits,
         require_enabled=queued,
+        rate=rate(),
     )
     if admission.outcome == "INSUFFICIENT_CREDITS":
         raise InsufficientCredits(f"{entry.id} costs {entry.price_credits} credits and the workspace has "

@@ -16,8 +16,8 @@ from workers.celery_app import make_celery
 from .auth import KeyResolver
 from .dispatch import Dispatcher
 from .errors import InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RouterError
-from .errors import RequestNotFound, ServiceUnavailable
-from .ratelimit import RateLimits
+from .errors import RateLimited, RequestNotFound, ServiceUnavailable
+from .ratelimit import CARRIED_ENDPOINTS, RateLimits
 from .catalog_routes import discovery
 from .operations import operations
 from .routes import NOT_FOUND, queue
@@ -65,11 +65,30 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
         return response
 
     app.register_blueprint(operations)
-    rate_limits = RateLimits(settings.rate_limit_storage_uri or settings.redis_url, settings.default_rate_limit, keys)
+    rate_limits = RateLimits(services.redis, settings.default_rate_limit, keys)
 
     @app.before_request
     def _rate_limit() -> None:
-        rate_limits.check(request)
+        allowance = rate_limits.allowance(request)
+        if allowance is None:
+            return
+        if request.endpoint in CARRIED_ENDPOINTS:
+            g.rate_allowance = allowance  # the route's own script counts it
+        else:
+            rate_limits.spend(allowance)
+
+    @app.after_request
+    def _spend_carried(response: Response) -> Response:
+        """A carried allowance the route ended without spending (it refused
+        the call before its script ran) is counted now, and a spent window
+        answers 429 in place of the route's answer, as if checked first."""
+        allowance = g.pop("rate_allowance", None)
+        if allowance is not None:
+            try:
+                rate_limits.spend(allowance)
+            except RateLimited as exc:
+                return _render(exc)
+        return response
     return app
 
 

@@ -1,13 +1,19 @@
 """Each caller's request rate over every route, polls included.
 
-Built on ``limits`` (the library under Flask-Limiter), called from one
-``before_request`` hook: Flask-Limiter's per-request machinery cost as much CPU
-as the status read itself, and a status read is the call clients make most.
-Counters live in Redis (``RATE_LIMIT_STORAGE_URI``, default ``REDIS_URL``), so
-one limit holds across every front-door process. The bucket is the caller's
+Fixed windows as in ``limits`` (whose parser reads the specs, and whose key
+layout the counters keep): a counter per window in the store's Redis, so one
+limit holds across every front-door process. The bucket is the caller's
 workspace; its limit is the workspace's own ``rate_limit`` or
 ``DEFAULT_RATE_LIMIT``. Calls with a key we do not know share one bucket per
 client address, which also slows down key guessing.
+
+The count is one ``INCR`` per window in ``lua/lib.lua`` (``spend_rate``).
+Most routes spend it from a ``before_request`` hook (``rate.lua``, its own
+round trip). The hot routes (:data:`CARRIED_ENDPOINTS`: submit, the
+synchronous run, status and result reads) pass the allowance into the one
+script they run anyway, so a status poll costs one Redis round trip, not two;
+when such a route ends before its script ran (a malformed id, a refused body),
+the allowance is spent after it, and a spent window still answers 429.
 """
 
 from __future__ import annotations
@@ -15,21 +21,43 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
-import time
+from dataclasses import dataclass
 from functools import lru_cache
 
-from flask import Request
+import redis
+from flask import Request, g
 from limits import RateLimitItem, parse_many
-from limits.storage import storage_from_string
-from limits.strategies import FixedWindowRateLimiter
 
 from .auth import KeyResolver, presented_key
 from .errors import RateLimited, Unauthorized
+from .store import load_script
 
 log = logging.getLogger(__name__)
 
 #: Routes no limit applies to (probes must always answer).
 EXEMPT_ENDPOINTS = frozenset({"operations.healthz", "operations.readyz", "operations.metrics"})
+#: Routes that count the call inside their own script (see the module docstring).
+CARRIED_ENDPOINTS = frozenset({"queue.submit", "queue.run", "queue.status", "queue.result"})
+#: Prefix of the counters' keys (``limits``' storage prefix, kept for continuity).
+KEY_PREFIX = "rq:rate:"
+
+
+@dataclass(frozen=True)
+class Allowance:
+    """One caller's windows, ready to be counted by a script: the counters'
+    keys go after the script's own KEYS, ``(limit, seconds)`` pairs after its ARGV."""
+
+    items: tuple[RateLimitItem, ...]
+    keys: tuple[str, ...]
+    args: tuple[int, ...]
+
+    def refusal(self, reply) -> RateLimited:
+        """The 429 for a script's ``{window index, ms left}`` answer."""
+        index, left_ms = int(reply[0]), int(reply[1])
+        item = self.items[index - 1]
+        # Add a second so a client that waits exactly this finds the window over.
+        wait = min(item.get_expiry(), max(1, math.ceil(left_ms / 1000) + 1))
+        return RateLimited(f"request rate {item} is spent; honour Retry-After", retry_after=wait)
 
 
 @lru_cache(maxsize=256)
@@ -37,14 +65,20 @@ def _items(spec: str) -> tuple[RateLimitItem, ...]:
     return tuple(parse_many(spec))
 
 
+@lru_cache(maxsize=4096)
+def _allowance(bucket: str, spec: str) -> Allowance:
+    items = _items(spec)
+    return Allowance(
+        items=items,
+        keys=tuple(KEY_PREFIX + item.key_for(bucket) for item in items),
+        args=tuple(n for item in items for n in (item.amount, item.get_expiry())),
+    )
+
+
 class RateLimits:
-    def __init__(self, storage_uri: str, default_limit: str, keys: KeyResolver):
+    def __init__(self, client: redis.Redis, default_limit: str, keys: KeyResolver):
         _items(default_limit)  # a malformed default fails at start, not on the first call
-        # Bounded socket waits: a Redis that hangs must not hang the caller
-        # (the check then lets the call through, and the route answers 503).
-        storage = storage_from_string(storage_uri, key_prefix="rq:rate", socket_timeout=0.5,
-                                      socket_connect_timeout=0.5)
-        self.limiter = FixedWindowRateLimiter(storage)
+        self._spend = load_script(client, "rate")
         self.default_limit = default_limit
         self.keys = keys
 
@@ -58,25 +92,31 @@ class RateLimits:
             return "legacy:" + hashlib.sha256(key.encode()).hexdigest()[:32], self.default_limit
         return f"ws:{caller.workspace}", caller.rate_limit or self.default_limit
 
-    def check(self, request: Request) -> None:
-        """Count this call; ``429 rate_limited`` with Retry-After once the allowance is spent."""
+    def allowance(self, request: Request) -> Allowance | None:
+        """What this call is counted against; None on the exempt routes. No I/O
+        beyond the (cached) key lookup."""
         if request.endpoint in EXEMPT_ENDPOINTS:
-            return
+            return None
         bucket, spec = self._bucket_and_limit(request)
         try:
-            items = _items(spec)
+            return _allowance(bucket, spec)
         except ValueError:
             log.error("workspace rate limit %r does not parse; using the default", spec)
-            items = _items(self.default_limit)
-        for item in items:
-            try:
-                allowed = self.limiter.hit(item, bucket)
-            except Exception:  # the counter store's trouble must not refuse calls
-                log.warning("rate-limit storage unreachable; call let through", exc_info=True)
-                return
-            if not allowed:
-                # The window's end is read from a TTL in whole seconds: round up
-                # and add one so a client that waits exactly this is let in.
-                reset = self.limiter.get_window_stats(item, bucket).reset_time
-                wait = min(item.get_expiry(), max(1, math.ceil(reset - time.time()) + 1))
-                raise RateLimited(f"request rate {item} is spent; honour Retry-After", retry_after=wait)
+            return _allowance(bucket, self.default_limit)
+
+    def spend(self, allowance: Allowance) -> None:
+        """Count one call in its own round trip; ``429 rate_limited`` with
+        Retry-After once a window's allowance is spent."""
+        try:
+            reply = self._spend(keys=list(allowance.keys), args=list(allowance.args))
+        except redis.RedisError:  # the counter store's trouble must not refuse calls
+            log.warning("rate-limit counters unreachable; call let through", exc_info=True)
+            return
+        if reply:
+            raise allowance.refusal(reply)
+
+
+def carried_allowance() -> Allowance | None:
+    """For a route in :data:`CARRIED_ENDPOINTS`: the allowance to hand to its
+    script, taken once (so the after-request hook does not count it again)."""
+    return g.pop("rate_allowance", None)

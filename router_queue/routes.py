@@ -11,6 +11,7 @@ from . import admission, pacing
 from .catalog import ModelEntry
 from .errors import CompletedWithError, DeadlineExceeded, Gone, ModelNotFound, PayloadTooLarge, RequestNotFound
 from .ids import well_formed
+from .ratelimit import carried_allowance
 from .states import COMPLETED, RESULT_STATUS
 from .store import RequestRecord, StatusView
 from .views import json_response, request_urls, status_body
@@ -50,7 +51,7 @@ def _caller_request(provider: str, model: str, request_id: str) -> tuple[ModelEn
     entry = model_entry(provider, model)
     if not well_formed(request_id):
         raise RequestNotFound(NOT_FOUND)
-    view = front.services.store.status_view(request_id, entry.provider)
+    view = front.services.store.status_view(request_id, entry.provider, carried_allowance())
     record = view.record
     if record is None:
         if front.services.ids.is_ours(request_id, workspace, entry.id):
@@ -75,7 +76,7 @@ def submit(provider: str, model: str) -> Response:
     admission.refuse_bring_your_own_key(request.headers)
     admitted = admission.admit(
         front.services, front.dispatcher, workspace=workspace, entry=entry,
-        raw_body=_body(), raw_idempotency_key=request.headers.get("Idempotency-Key"),
+        raw_body=_body(), raw_idempotency_key=request.headers.get("Idempotency-Key"), rate=carried_allowance,
     )
     g.call_id = admitted.request_id
     log.info("submit: %s", "replayed" if admitted.replayed else "admitted", extra={
@@ -154,7 +155,7 @@ def run(provider: str, model: str) -> Response:
     entry = model_entry(provider, model)
     admitted = admission.admit(
         front.services, front.dispatcher, workspace=caller.workspace, entry=entry, raw_body=_body(),
-        raw_idempotency_key=request.headers.get("Idempotency-Key"), queued=False,
+        raw_idempotency_key=request.headers.get("Idempotency-Key"), queued=False, rate=carried_allowance,
     )
     g.call_id = admitted.request_id
     settings = front.services.settings

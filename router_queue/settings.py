@@ -83,7 +83,6 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_QUEUED_PER_WORKSPACE": ("max_queued", _int),
     "SYNC_DEADLINE_SECONDS": ("sync_deadline_s", _float),
     "DEFAULT_RATE_LIMIT": ("default_rate_limit", _str),
-    "RATE_LIMIT_STORAGE_URI": ("rate_limit_storage_uri", _str),
     "LOG_LEVEL": ("log_level", _str),
 }
 
@@ -136,7 +135,6 @@ class Settings:
     default_rate_limit: str = "50/second"
     #: Where rate-limit counters live; empty means ``REDIS_URL``, so the limit
     #: holds across every front-door process. ``memory://`` for one process.
-    rate_limit_storage_uri: str = ""
     #: Seconds the synchronous route holds a connection before it answers
     #: ``504 deadline_exceeded`` (the generation runs on; the same
     #: Idempotency-Key re-attaches). Clients read with a 600 s timeout, so the

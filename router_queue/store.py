@@ -27,7 +27,7 @@ _FIELDS = (
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
 
 
-def _load_script(client: redis.Redis, name: str):
+def load_script(client: redis.Redis, name: str):
     """Register ``lua/{name}.lua`` with the shared accounting of ``lua/lib.lua`` in front."""
     lua = resources.files("router_queue").joinpath("lua")
     return client.register_script(lua.joinpath("lib.lua").read_text() + lua.joinpath(f"{name}.lua").read_text())
@@ -142,12 +142,13 @@ class RequestStore:
         self.retention_s = retention_s
         self.idempotency_ttl_s = idempotency_ttl_s
         self.republish_after_s = republish_after_s
-        self._admit = _load_script(client, "admit")
-        self._claim = _load_script(client, "claim")
-        self._renew = _load_script(client, "renew")
-        self._complete = _load_script(client, "complete")
-        self._cancel = _load_script(client, "cancel")
-        self._expire_queued = _load_script(client, "expire_queued")
+        self._admit = load_script(client, "admit")
+        self._claim = load_script(client, "claim")
+        self._renew = load_script(client, "renew")
+        self._complete = load_script(client, "complete")
+        self._cancel = load_script(client, "cancel")
+        self._expire_queued = load_script(client, "expire_queued")
+        self._status = load_script(client, "status")
 
     # -- front door --------------------------------------------------------
     def admit(
@@ -163,23 +164,29 @@ class RequestStore:
         require_enabled: bool = True,
         price: int = 0,
         now: float | None = None,
+        rate=None,
     ) -> Admission:
+        """One atomic admission (``admit.lua``). ``rate`` (a ``ratelimit.Allowance``)
+        is counted first; a spent window raises the refusal it makes."""
+        rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         idem_key = keys.idempotency(workspace, idempotency_key_hash or "-")
         now = now or time.time()
         reply = self._admit(
             keys=[
                 keys.request(request_id), keys.queue(provider), keys.sequence(provider),
                 keys.due(), keys.workspace(workspace), idem_key, keys.ledger(workspace), keys.metrics(provider),
-                keys.draining(),
+                keys.draining(), *rate_keys,
             ],
             args=[
                 request_id, workspace, model, provider, body, repr(now),
                 fingerprint if idempotency_key_hash else "", self.idempotency_ttl_s,
                 "1" if require_enabled else "0", repr(now + self.republish_after_s), int(price),
-                self.max_queued,
+                self.max_queued, *rate_args,
             ],
         )
         code = _text(reply[0])
+        if code == "RATE_LIMITED":
+            raise rate.refusal(reply[1:])
         if code == "ADMITTED":
             return Admission(code, _text(reply[1]), int(reply[2]))
         if code == "REPLAY":
@@ -192,14 +199,20 @@ class RequestStore:
         """Forget that ``request_id`` awaits a publish."""
         self.client.zrem(keys.due(), request_id)
 
-    def status_view(self, request_id: str, provider: str) -> StatusView:
-        """Record, queue position and provider pace, in one round trip."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hmget(keys.request(request_id), _FIELDS)
-        pipe.ttl(keys.request(request_id))
-        pipe.zrank(keys.queue(provider), request_id)
-        pipe.hmget(keys.stats(provider), _PACE_FIELDS)
-        values, ttl, rank, pace = pipe.execute()
+    def status_view(self, request_id: str, provider: str, rate=None) -> StatusView:
+        """Record, queue position and provider pace, in one round trip (``status.lua``).
+
+        ``rate`` (a ``ratelimit.Allowance``) is counted in the same step; a
+        spent window raises the refusal it makes.
+        """
+        rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
+        reply = self._status(
+            keys=[keys.request(request_id), keys.queue(provider), keys.stats(provider), *rate_keys],
+            args=[request_id, len(_FIELDS), *_FIELDS, *rate_args],
+        )
+        if reply[0] == b"RATE_LIMITED":
+            raise rate.refusal(reply[1:])
+        _, values, ttl, rank, pace = reply
         return StatusView(
             record=RequestRecord.from_values(values, ttl),
             position=rank,

@@ -17,14 +17,21 @@
 -- ARGV[11] price (credits) held until the request is charged or released
 -- ARGV[12] most requests the workspace may have waiting, unless the
 --          workspace sets its own max_queued
+-- KEYS[10..] the caller's rate-window counters, with a (limit, window
+--          seconds) pair each in ARGV[13..] (ratelimit.py): counted first
 -- returns {"ADMITTED", id, position} | {"REPLAY", id} | {"IDEM_CONFLICT"}
 --       | {"NOT_ENABLED"} | {"BACKLOG_FULL"} | {"INSUFFICIENT_CREDITS", available}
---       | {"DRAINING"}
+--       | {"DRAINING"} | {"RATE_LIMITED", window index, ms left}
 -- Admissions and refusals are counted in rq:metrics:{provider} on the way.
 
 local function refused(reason)
   redis.call("HINCRBY", KEYS[8], "refused|" .. ARGV[3] .. "|" .. reason, 1)
   return {reason}
+end
+
+local spent = spend_rate(10, 13)
+if spent then
+  return {"RATE_LIMITED", spent[1], spent[2]}
 end
 
 if ARGV[7] ~= "" then

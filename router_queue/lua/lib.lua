@@ -59,3 +59,29 @@ local function finish_unbilled(k, request_id, now, retention, was_queued, error_
   end
   announce_completed(request_id)
 end
+
+-- Count this call in the caller's fixed rate windows (ratelimit.py): the
+-- counters are KEYS[first_key] onwards, each one's (limit, window seconds) a
+-- pair in ARGV from first_arg. Every window counts the call until one is
+-- found spent; returns nil when allowed, else {that window's index, ms left}.
+local function spend_rate(first_key, first_arg)
+  local i = 0
+  while KEYS[first_key + i] do
+    local key = KEYS[first_key + i]
+    local window = ARGV[first_arg + 2 * i + 1]
+    local count = redis.call("INCR", key)
+    if count == 1 then
+      redis.call("EXPIRE", key, window)
+    end
+    if count > tonumber(ARGV[first_arg + 2 * i]) then
+      local left = redis.call("PTTL", key)
+      if left < 0 then  -- a counter left without its expiry: start its window now
+        redis.call("EXPIRE", key, window)
+        left = tonumber(window) * 1000
+      end
+      return {i + 1, left}
+    end
+    i = i + 1
+  end
+  return nil
+end

@@ -44,7 +44,7 @@ def client(request):
 @pytest.fixture
 def settings() -> Settings:
     return Settings(redis_url="redis://unused", public_base_url="http://router.test", republish_after_s=0,
-                    rate_limit_storage_uri="memory://", default_rate_limit="1000/second")
+                    default_rate_limit="1000/second")
 
 
 @pytest.fixture

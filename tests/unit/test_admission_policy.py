@@ -111,6 +111,25 @@ def test_429_rate_limited_counts_every_route_per_workspace(http, services):
     assert submit(http, other).status_code == 201  # another workspace has its own allowance
 
 
+def test_calls_refused_before_their_route_reaches_redis_still_count(http, services, dispatcher):
+    """Submits and status reads count the call inside their own script; one that
+    is refused before that (a malformed id, a body the schema refuses, a model
+    that does not exist) is counted all the same, and a spent window wins."""
+    workspace, key = key_for(services, rate_limit="4/minute")
+    auth = {"X-API-Key": key}
+    assert http.get(f"{FLUX}/requests/not-an-id/status", headers=auth).status_code == 404
+    assert submit(http, key, {"prompt": 5}).status_code == 422
+    assert submit(http, key, path="/v2/models/bfl/flux-9").status_code == 404
+    request_id = submit(http, key).json["request_id"]  # the fourth call
+
+    assert_error(http.get(f"{FLUX}/requests/not-an-id/status", headers=auth), 429, "rate_limited", retry_after=True)
+    assert_error(submit(http, key, {"prompt": 5}), 429, "rate_limited", retry_after=True)
+    assert_error(submit(http, key), 429, "rate_limited", retry_after=True)
+    assert_error(http.get(f"{FLUX}/requests/{request_id}", headers=auth), 429, "rate_limited", retry_after=True)
+    assert [p[0] for p in dispatcher.published] == [request_id]  # a refused submit queued nothing
+    assert services.accounts.get(workspace).queued == 1
+
+
 def test_health_is_never_rate_limited(http, services):
     _, key = key_for(services, rate_limit="1/minute")
     assert [http.get("/healthz", headers={"X-API-Key": key}).status_code for _ in range(3)] == [200] * 3
