@@ -1,8 +1,9 @@
 """Everything the front door decides before a request is queued.
 
 Parsing and validating the native body, the idempotency fingerprint, then one
-atomic admit in Redis (record + queue index + key reservation), then the
-publish. Nothing here reaches a worker unless the admit succeeded.
+atomic admit in Redis (record + queue index + key reservation, and the Celery
+message itself when the broker is that Redis), else the publish after it.
+Nothing here reaches a worker unless the admit succeeded.
 """
 
 from __future__ import annotations
@@ -103,6 +104,7 @@ def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, 
     body = parse_body(raw_body)
     validate_body(entry, body)
     request_id = services.ids.mint(workspace, entry.id)
+    message = dispatcher.message_for_admit(request_id, entry.provider)  # None: publish after the admit
     admission = services.store.admit(
         request_id=request_id,
         workspace=workspace,
@@ -114,6 +116,7 @@ def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, 
         price=entry.price_credits,
         require_enabled=queued,
         rate=rate(),
+        message=message,
     )
     if admission.outcome == "INSUFFICIENT_CREDITS":
         raise InsufficientCredits(f"{entry.id} costs {entry.price_credits} credits and the workspace has "
@@ -133,6 +136,8 @@ def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, 
                                      "send this one under a new key")
     if admission.outcome == "REPLAY":
         return Admitted(admission.request_id, True, None)
+    if message is not None:  # pushed to the broker by the admit itself
+        return Admitted(request_id, False, admission.position)
     try:
         dispatcher.publish(request_id, entry.provider)
     except Exception:

@@ -46,7 +46,8 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     settings = settings or Settings.from_env()
     services = services or Services.build(settings)
     if dispatcher is None:
-        dispatcher = Dispatcher(make_celery(settings), services.store)
+        dispatcher = Dispatcher(make_celery(settings), services.store, providers=tuple(services.catalog.providers()),
+                                broker_is_store=settings.effective_broker_url == settings.redis_url)
     app = Flask(__name__, static_folder=None, template_folder="templates")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     keys = KeyResolver(services.accounts)
@@ -54,21 +55,13 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     app.register_blueprint(queue)
     app.register_blueprint(discovery)
     _register_error_handlers(app)
-
-    @app.before_request
-    def _call_id() -> None:
-        g.call_id = str(uuid.uuid4())
-
-    @app.after_request
-    def _stamp(response: Response) -> Response:
-        response.headers["X-Comfy-Request-Id"] = g.get("call_id") or str(uuid.uuid4())
-        return response
-
     app.register_blueprint(operations)
     rate_limits = RateLimits(services.redis, settings.default_rate_limit, keys)
 
     @app.before_request
-    def _rate_limit() -> None:
+    def _open_call() -> None:
+        """Name the call (``X-Comfy-Request-Id``) and count it against the caller's rate."""
+        g.call_id = str(uuid.uuid4())
         allowance = rate_limits.allowance(request)
         if allowance is None:
             return
@@ -78,16 +71,18 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
             rate_limits.spend(allowance)
 
     @app.after_request
-    def _spend_carried(response: Response) -> Response:
+    def _close_call(response: Response) -> Response:
         """A carried allowance the route ended without spending (it refused
         the call before its script ran) is counted now, and a spent window
-        answers 429 in place of the route's answer, as if checked first."""
+        answers 429 in place of the route's answer, as if checked first.
+        Every answer carries the call's id."""
         allowance = g.pop("rate_allowance", None)
         if allowance is not None:
             try:
                 rate_limits.spend(allowance)
             except RateLimited as exc:
-                return _render(exc)
+                response = _render(exc)
+        response.headers["X-Comfy-Request-Id"] = g.get("call_id") or str(uuid.uuid4())
         return response
     return app
 

@@ -21,6 +21,8 @@ CACHE_TTL_S = 5.0
 MAX_KEY_LENGTH = 256
 #: Entries kept before the cache is cleared wholesale (bounds memory).
 CACHE_MAX_ENTRIES = 10_000
+#: Where a request's resolved caller (or its refusal) is kept for the rest of it.
+_ENVIRON_KEY = "router_queue.caller"
 
 
 def presented_key(request: Request) -> str | None:
@@ -51,7 +53,20 @@ class KeyResolver:
         self._cache: dict[str, tuple[float, Caller | None]] = {}
 
     def caller(self, request: Request) -> Caller:
-        """Who is calling; ``401 unauthorized`` for no key or an unknown one."""
+        """Who is calling; ``401 unauthorized`` for no key or an unknown one.
+        Resolved once per request (the rate limit and the route both ask)."""
+        known = request.environ.get(_ENVIRON_KEY)
+        if known is None:
+            try:
+                known = self._resolve(request)
+            except Unauthorized as refusal:
+                known = refusal
+            request.environ[_ENVIRON_KEY] = known
+        if isinstance(known, Unauthorized):
+            raise known
+        return known
+
+    def _resolve(self, request: Request) -> Caller:
         key = presented_key(request)
         if key is None:
             raise Unauthorized("send your API key as X-API-Key or Authorization: Bearer")

@@ -69,7 +69,8 @@ class RequestRecord:
 
     @classmethod
     def from_values(cls, values: list[Any], ttl: int | None = None) -> "RequestRecord | None":
-        row = dict(zip(_FIELDS, (_text(v) for v in values)))
+        """From an ``HMGET`` of :data:`_FIELDS` (bytes or None each)."""
+        row = dict(zip(_FIELDS, [None if v is None else v.decode() for v in values]))
         if row["status"] is None:
             return None
         return cls(
@@ -78,7 +79,7 @@ class RequestRecord:
             model=row["model"] or "",
             provider=row["provider"] or "",
             status=row["status"],
-            created_at=_seconds(row["created_at"]) or 0.0,
+            created_at=float(row["created_at"] or 0),
             started_at=_seconds(row["started_at"]),
             completed_at=_seconds(row["completed_at"]),
             error_type=row["error_type"] or None,
@@ -165,9 +166,12 @@ class RequestStore:
         price: int = 0,
         now: float | None = None,
         rate=None,
+        message=None,
     ) -> Admission:
         """One atomic admission (``admit.lua``). ``rate`` (a ``ratelimit.Allowance``)
-        is counted first; a spent window raises the refusal it makes."""
+        is counted first; a spent window raises the refusal it makes. ``message``
+        (a ``dispatch.BrokerMessage``) is pushed to the broker in the same step;
+        without one the request waits in ``rq:due`` for its publish."""
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         idem_key = keys.idempotency(workspace, idempotency_key_hash or "-")
         now = now or time.time()
@@ -175,13 +179,13 @@ class RequestStore:
             keys=[
                 keys.request(request_id), keys.queue(provider), keys.sequence(provider),
                 keys.due(), keys.workspace(workspace), idem_key, keys.ledger(workspace), keys.metrics(provider),
-                keys.draining(), *rate_keys,
+                keys.draining(), message.list_key if message else keys.due(), *rate_keys,
             ],
             args=[
                 request_id, workspace, model, provider, body, repr(now),
                 fingerprint if idempotency_key_hash else "", self.idempotency_ttl_s,
                 "1" if require_enabled else "0", repr(now + self.republish_after_s), int(price),
-                self.max_queued, *rate_args,
+                self.max_queued, message.payload if message else "", *rate_args,
             ],
         )
         code = _text(reply[0])

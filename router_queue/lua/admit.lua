@@ -17,8 +17,12 @@
 -- ARGV[11] price (credits) held until the request is charged or released
 -- ARGV[12] most requests the workspace may have waiting, unless the
 --          workspace sets its own max_queued
--- KEYS[10..] the caller's rate-window counters, with a (limit, window
---          seconds) pair each in ARGV[13..] (ratelimit.py): counted first
+-- KEYS[10] the broker's list for the provider's Celery queue
+-- ARGV[13] the Celery message to push onto it (dispatch.py), or "" when the
+--          front door publishes after the admit; then the request waits in
+--          rq:due (ARGV[10]) until its publish is confirmed
+-- KEYS[11..] the caller's rate-window counters, with a (limit, window
+--          seconds) pair each in ARGV[14..] (ratelimit.py): counted first
 -- returns {"ADMITTED", id, position} | {"REPLAY", id} | {"IDEM_CONFLICT"}
 --       | {"NOT_ENABLED"} | {"BACKLOG_FULL"} | {"INSUFFICIENT_CREDITS", available}
 --       | {"DRAINING"} | {"RATE_LIMITED", window index, ms left}
@@ -29,7 +33,7 @@ local function refused(reason)
   return {reason}
 end
 
-local spent = spend_rate(10, 13)
+local spent = spend_rate(11, 14)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
@@ -67,7 +71,11 @@ redis.call("HSET", KEYS[1],
   "id", ARGV[1], "workspace", ARGV[2], "model", ARGV[3], "provider", ARGV[4],
   "status", "IN_QUEUE", "body", ARGV[5], "seq", seq, "created_at", ARGV[6], "hold", price)
 redis.call("ZADD", KEYS[2], seq, ARGV[1])
-redis.call("ZADD", KEYS[4], ARGV[10], ARGV[1])
+if ARGV[13] ~= "" then
+  redis.call("LPUSH", KEYS[10], ARGV[13])
+else
+  redis.call("ZADD", KEYS[4], ARGV[10], ARGV[1])
+end
 redis.call("HINCRBY", KEYS[5], "queued", 1)
 if price > 0 then
   local held = redis.call("HINCRBY", KEYS[5], "held", price)

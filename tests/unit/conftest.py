@@ -59,6 +59,9 @@ class RecordingDispatcher:
         self.store = store
         self.published: list[tuple[str, str]] = []
 
+    def message_for_admit(self, request_id, provider):
+        return None  # published after the admit, through publish()
+
     def publish(self, request_id: str, provider: str) -> None:
         self.published.append((request_id, provider))
         self.store.mark_published(request_id)

@@ -26,6 +26,9 @@ class FinishingDispatcher:
         self.outcome = outcome or {"output": NATIVE, "content_type": "application/json"}
         self.published: list[str] = []
 
+    def message_for_admit(self, request_id, provider):
+        return None  # published after the admit, through publish()
+
     def publish(self, request_id, provider):
         self.published.append(request_id)
         self.services.store.mark_published(request_id)
