@@ -2,18 +2,31 @@
 
 ``GET /hello`` answers a small JSON body; ``POST /hello`` reads the JSON body
 and answers ``201`` with a small JSON body, the shape of a submit.
+``GET /hello/redis`` is the floor under a status read: the same hello world
+plus one Redis round trip (an ``INCR``, as the rate limit counts a call) on
+``REDIS_URL``, with the front door's client settings.
 """
 
 from __future__ import annotations
 
+import os
+
+import redis
 from flask import Flask, jsonify, request
 
 app = Flask(__name__)
+_redis = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+                              socket_connect_timeout=2, socket_timeout=5, health_check_interval=30)
 
 
 @app.get("/hello")
 def hello_get():
     return jsonify(message="hello")
+
+
+@app.get("/hello/redis")
+def hello_redis():
+    return jsonify(message="hello", count=_redis.incr("bench:hello"))
 
 
 @app.post("/hello")

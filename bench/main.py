@@ -35,7 +35,7 @@ from .procs import ROOT, Children, cpu_seconds, ensure_tool, log, start_gunicorn
 MODEL_ID = "bfl/flux-2-pro"
 SUBMIT_BODY = '{"prompt": "bench"}'
 #: Phases on the front door alone (no Celery worker), then phases on the whole stack.
-FRONT_PHASES = ("status_read", "submit", "depth")
+FRONT_PHASES = ("status_read", "floor", "submit", "depth")
 PHASES = FRONT_PHASES + fleet.PHASES
 
 
@@ -45,7 +45,7 @@ PHASES = FRONT_PHASES + fleet.PHASES
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench/run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn sync workers per app (default 4)")
+    parser.add_argument("--workers", type=int, default=4, help="gunicorn gevent workers per app (default 4)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
     parser.add_argument("--connections", type=int, default=16, help="wrk connections (default 16)")
     parser.add_argument("--duration", type=int, default=5, help="seconds per measured run (default 5)")
@@ -346,7 +346,7 @@ def _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settin
     hello, hello_proc = start_gunicorn(children, "hello", "bench.hello:app", env, args.workers)
     wait_http(f"{front}/healthz", front_proc)
     wait_http(f"{hello}/hello", hello_proc)
-    log(f"front door {front}, hello world {hello}, {args.workers} sync workers each; "
+    log(f"front door {front}, hello world {hello}, {args.workers} gevent workers each; "
         f"load: {'wrk' if wrk else 'python'} {args.threads} threads x {args.connections} connections, "
         f"{args.duration} s runs, {args.rounds} rounds")
 
@@ -382,6 +382,16 @@ def _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settin
                             Target("status read", Shot("GET", url, 200, auth), front_proc.pid))
         b, v = pair.median_round()
         emit("status_read_throughput", v.rate, "req/s", b.rate)
+
+    def floor() -> None:
+        # What one Redis round trip costs a hello world served this way: the
+        # floor under any read that must touch Redis (stderr and its own line).
+        pair = measure_pair(driver, args, "floor",
+                            Target("hello GET", Shot("GET", f"{hello}/hello", 200, auth), hello_proc.pid),
+                            Target("hello + one Redis INCR", Shot("GET", f"{hello}/hello/redis", 200, auth),
+                                   hello_proc.pid))
+        b, v = pair.median_round()
+        emit("one_redis_round_trip_throughput", v.rate, "req/s", b.rate)
 
     def submit() -> None:
         queue_key = keys.queue(entry.provider)
@@ -443,6 +453,7 @@ def _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settin
         emit(f"status_read_cost_behind_{label(args.depth)}", deep_ms, "ms", near_ms)
 
     phase("status_read", status_read)
+    phase("floor", floor)
     phase("submit", submit)
     phase("depth", depth)
     for name, proc in (("front door", front_proc), ("hello world", hello_proc)):
