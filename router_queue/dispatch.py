@@ -47,21 +47,24 @@ class BrokerMessage:
 
 
 class _Template:
-    """One provider's deliver message as Celery builds it, with stand-ins."""
+    """One provider's deliver message as Celery builds it, with stand-ins, and
+    the list it goes onto."""
 
-    def __init__(self, celery: Celery, queue: str):
+    def __init__(self, celery: Celery, queue: str, list_key: str):
         with celery.connection_for_write("memory://") as connection:
             celery.send_task(DELIVER_TASK, args=[_REQUEST], task_id=_TASK, queue=queue, connection=connection)
             message = connection.default_channel._get(queue)
         message["properties"]["delivery_tag"] = _TAG
+        self.list_key = list_key
         self.body = base64.b64decode(message["body"]).decode()
         self.body_b64 = message["body"]
         self.text = json.dumps(message)
 
-    def fill(self, request_id: str) -> str:
+    def message(self, request_id: str) -> BrokerMessage:
         body = base64.b64encode(self.body.replace(_REQUEST, request_id).encode()).decode()
-        return (self.text.replace(self.body_b64, body).replace(_REQUEST, request_id)
-                .replace(_TASK, str(uuid.uuid4())).replace(_TAG, str(uuid.uuid4())))
+        payload = (self.text.replace(self.body_b64, body).replace(_REQUEST, request_id)
+                   .replace(_TASK, str(uuid.uuid4())).replace(_TAG, str(uuid.uuid4())))
+        return BrokerMessage(self.list_key, payload)
 
 
 class Dispatcher:
@@ -72,23 +75,19 @@ class Dispatcher:
         self.celery = celery
         self.store = store
         self._templates: dict[str, _Template] = {}
-        self._list_keys: dict[str, str] = {}
         if broker_is_store:
             # kombu's Redis transport keeps a queue's priority-0 messages in a
             # list named after the queue, behind its optional global key prefix
             prefix = (celery.conf.broker_transport_options or {}).get("global_keyprefix", "")
             for provider in providers:
                 queue = queue_name(provider)
-                self._list_keys[provider] = prefix + queue
-                self._templates[provider] = _Template(celery, queue)
+                self._templates[provider] = _Template(celery, queue, prefix + queue)
 
     def message_for_admit(self, request_id: str, provider: str) -> BrokerMessage | None:
         """The message the admission script should push with the record, or
         None when this provider's requests are published after the admit."""
         template = self._templates.get(provider)
-        if template is None:
-            return None
-        return BrokerMessage(self._list_keys[provider], template.fill(request_id))
+        return template.message(request_id) if template is not None else None
 
     def publish(self, request_id: str, provider: str) -> None:
         """Publish, then forget the request awaits publishing.
