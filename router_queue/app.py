@@ -60,8 +60,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
 
     @app.before_request
     def _open_call() -> None:
-        """Name the call (``X-Comfy-Request-Id``) and count it against the caller's rate."""
-        g.call_id = str(uuid.uuid4())
+        """Count the call against the caller's rate."""
         allowance = rate_limits.allowance(request)
         if allowance is None:
             return
@@ -75,7 +74,8 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
         """A carried allowance the route ended without spending (it refused
         the call before its script ran) is counted now, and a spent window
         answers 429 in place of the route's answer, as if checked first.
-        Every answer carries the call's id."""
+        Every answer carries the call's id (``X-Comfy-Request-Id``): the
+        request id a route admitted, else a fresh one."""
         allowance = g.pop("rate_allowance", None)
         if allowance is not None:
             try:

@@ -4,11 +4,12 @@ result, cancel) and the synchronous run that shares their admission."""
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 from flask import Blueprint, Response, current_app, g, request
 
 from . import admission, pacing
-from .catalog import ModelEntry
+from .catalog import Catalog, ModelEntry
 from .errors import CompletedWithError, DeadlineExceeded, Gone, ModelNotFound, PayloadTooLarge, RequestNotFound
 from .ids import well_formed
 from .ratelimit import carried_allowance
@@ -16,6 +17,9 @@ from .states import COMPLETED, RESULT_STATUS
 from .store import RequestRecord, StatusView
 from .views import json_response, request_urls, status_body
 from .waiting import wait_until_completed
+
+if TYPE_CHECKING:
+    from .app import FrontDoor
 
 log = logging.getLogger(__name__)
 queue = Blueprint("queue", __name__)
@@ -25,32 +29,35 @@ queue = Blueprint("queue", __name__)
 NOT_FOUND = "no such request for this caller and model"
 
 
-def _front():
+def _front() -> "FrontDoor":
+    """The front door's parts. Routes fetch it once and hand it on: every
+    ``current_app`` lookup goes through a context-local proxy."""
     return current_app.extensions["router_queue"]
 
 
-def _base_url() -> str:
+def _base_url(front: "FrontDoor") -> str:
     """``PUBLIC_BASE_URL``, else the origin the caller used (scheme and Host;
     not ``request.host_url``, whose IRI decoding costs a tenth of a status read)."""
-    return _front().services.settings.public_base_url or f"{request.scheme}://{request.host}"
+    return front.services.settings.public_base_url or f"{request.scheme}://{request.host}"
 
 
-def model_entry(provider: str, model: str) -> ModelEntry:
+def model_entry(provider: str, model: str, catalog: Catalog | None = None) -> ModelEntry:
     """The catalog entry, or ``404 model_not_found`` suggesting close ids."""
-    entry = _front().services.catalog.get(provider, model)
+    if catalog is None:
+        catalog = _front().services.catalog
+    entry = catalog.get(provider, model)
     if entry is None:
         model_id = f"{provider}/{model}"
-        close = _front().services.catalog.suggest(model_id)
+        close = catalog.suggest(model_id)
         hint = f"; did you mean {', '.join(close)}?" if close else ""
         raise ModelNotFound(f"{model_id} is not a model{hint}")
     return entry
 
 
-def _caller_request(provider: str, model: str, request_id: str) -> tuple[ModelEntry, str, StatusView]:
-    """The model, the caller's workspace and the request's view, or 404/410."""
-    front = _front()
+def _caller_request(front: "FrontDoor", provider: str, model: str, request_id: str) -> StatusView:
+    """The request's view as this caller may see it, or 404/410."""
     workspace = front.keys.workspace(request)
-    entry = model_entry(provider, model)
+    entry = model_entry(provider, model, front.services.catalog)
     if not well_formed(request_id):
         raise RequestNotFound(NOT_FOUND)
     view = front.services.store.status_view(request_id, entry.provider, carried_allowance())
@@ -61,11 +68,12 @@ def _caller_request(provider: str, model: str, request_id: str) -> tuple[ModelEn
         raise RequestNotFound(NOT_FOUND)
     if record.workspace != workspace or record.model != entry.id:
         raise RequestNotFound(NOT_FOUND)
-    return entry, workspace, view
+    return view
 
 
-def _status_response(record: RequestRecord, view: StatusView, status: int = 200) -> Response:
-    body = status_body(record, view.position, _base_url(), _front().services.settings.result_retention_s)
+def _status_response(front: "FrontDoor", view: StatusView, status: int = 200) -> Response:
+    record = view.record
+    body = status_body(record, view.position, _base_url(front), front.services.settings.result_retention_s)
     hint = pacing.retry_after(record, view.position, view.pace)
     return json_response(body, status, {"Retry-After": str(hint)})
 
@@ -74,7 +82,7 @@ def _status_response(record: RequestRecord, view: StatusView, status: int = 200)
 def submit(provider: str, model: str) -> Response:
     front = _front()
     workspace = front.keys.workspace(request)
-    entry = model_entry(provider, model)
+    entry = model_entry(provider, model, front.services.catalog)
     admission.refuse_bring_your_own_key(request.headers)
     admitted = admission.admit(
         front.services, front.dispatcher, workspace=workspace, entry=entry,
@@ -85,12 +93,12 @@ def submit(provider: str, model: str) -> Response:
         "request_id": admitted.request_id, "workspace": workspace, "model": entry.id,
         "outcome": "replayed" if admitted.replayed else "admitted", "status": "IN_QUEUE"})
     if admitted.replayed:
-        return _replayed_handle(entry, admitted.request_id)
+        return _replayed_handle(front, entry, admitted.request_id)
     body = {
         "request_id": admitted.request_id,
         "status": "IN_QUEUE",
         "queue_position": admitted.position or 0,
-        **request_urls(_base_url(), entry.id, admitted.request_id),
+        **request_urls(_base_url(front), entry.id, admitted.request_id),
     }
     return json_response(body, 201)
 
@@ -109,40 +117,41 @@ def _body() -> bytes:
     return raw
 
 
-def _replayed_handle(entry: ModelEntry, request_id: str) -> Response:
+def _replayed_handle(front: "FrontDoor", entry: ModelEntry, request_id: str) -> Response:
     """The original request's handle (the 201's fields, its status as it stands
     now), marked as a replay."""
-    view = _front().services.store.status_view(request_id, entry.provider)
+    view = front.services.store.status_view(request_id, entry.provider)
     status = view.record.status if view.record is not None else COMPLETED  # past retention, key still alive
     body = {"request_id": request_id, "status": status}
     if status != COMPLETED:
         body["queue_position"] = view.position or 0
-    body.update(request_urls(_base_url(), entry.id, request_id))
+    body.update(request_urls(_base_url(front), entry.id, request_id))
     return json_response(body, 201, {"Idempotent-Replayed": "true"})
 
 
 @queue.get("/v2/models/<provider>/<model>/requests/<request_id>/status")
 def status(provider: str, model: str, request_id: str) -> Response:
-    _, _, view = _caller_request(provider, model, request_id)
-    return _status_response(view.record, view)
+    front = _front()
+    return _status_response(front, _caller_request(front, provider, model, request_id))
 
 
 @queue.get("/v2/models/<provider>/<model>/requests/<request_id>")
 def result(provider: str, model: str, request_id: str) -> Response:
-    _, _, view = _caller_request(provider, model, request_id)
+    front = _front()
+    view = _caller_request(front, provider, model, request_id)
     if view.record.status != COMPLETED:
-        return _status_response(view.record, view, 202)
-    return _finished(view.record)
+        return _status_response(front, view, 202)
+    return _finished(front, view.record)
 
 
-def _finished(record: RequestRecord) -> Response:
+def _finished(front: "FrontDoor", record: RequestRecord) -> Response:
     """A completed request as the caller collects it: the native bytes under the
     provider's Content-Type, or the error response of its bucket."""
     if record.error_type:
         raise CompletedWithError(
             RESULT_STATUS.get(record.error_type, 502), record.error_type, record.detail or record.error_type
         )
-    output = _front().services.store.result(record.id)
+    output = front.services.store.result(record.id)
     if output is None:
         raise Gone(f"the result of request {record.id} is past its retention window")
     return Response(output, 200, content_type=record.content_type or "application/octet-stream")
@@ -154,7 +163,7 @@ def run(provider: str, model: str) -> Response:
     holding the connection until the request completes or the deadline."""
     front = _front()
     caller = front.keys.caller(request)
-    entry = model_entry(provider, model)
+    entry = model_entry(provider, model, front.services.catalog)
     admitted = admission.admit(
         front.services, front.dispatcher, workspace=caller.workspace, entry=entry, raw_body=_body(),
         raw_idempotency_key=request.headers.get("Idempotency-Key"), queued=False, rate=carried_allowance,
@@ -170,14 +179,14 @@ def run(provider: str, model: str) -> Response:
             "send the same request with the same Idempotency-Key to collect it",
             retry_after=pacing.retry_after(view.record, view.position, view.pace),
         )
-    return _finished(view.record)
+    return _finished(front, view.record)
 
 
 @queue.put("/v2/models/<provider>/<model>/requests/<request_id>/cancel")
 def cancel(provider: str, model: str, request_id: str) -> Response:
     front = _front()
     workspace = front.keys.workspace(request)
-    entry = model_entry(provider, model)
+    entry = model_entry(provider, model, front.services.catalog)
     if not well_formed(request_id):
         raise RequestNotFound(NOT_FOUND)
     outcome = front.services.store.cancel(
@@ -198,5 +207,5 @@ def cancel(provider: str, model: str, request_id: str) -> Response:
             409, {"X-Comfy-Error-Type": "already_completed"},
         )
     body = {"request_id": request_id, "status": "CANCELLATION_REQUESTED",
-            **request_urls(_base_url(), entry.id, request_id)}
+            **request_urls(_base_url(front), entry.id, request_id)}
     return json_response(body, 202)

@@ -25,6 +25,8 @@ _FIELDS = (
 
 
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
+#: status.lua's ARGV after the request id: the field count, then the fields.
+_STATUS_FIELD_ARGS = (len(_FIELDS), *_FIELDS)
 
 
 def load_script(client: redis.Redis, name: str):
@@ -69,25 +71,27 @@ class RequestRecord:
 
     @classmethod
     def from_values(cls, values: list[Any], ttl: int | None = None) -> "RequestRecord | None":
-        """From an ``HMGET`` of :data:`_FIELDS` (bytes or None each)."""
-        row = dict(zip(_FIELDS, [None if v is None else v.decode() for v in values]))
-        if row["status"] is None:
+        """From an ``HMGET`` of :data:`_FIELDS` (bytes or None each). Every
+        status poll makes one, so the fields are unpacked by position."""
+        (id_, workspace, model, provider, status, created_at, started_at, completed_at, error_type, detail,
+         content_type, cancel_requested, attempts, upstream_ref) = values
+        if status is None:
             return None
         return cls(
-            id=row["id"] or "",
-            workspace=row["workspace"] or "",
-            model=row["model"] or "",
-            provider=row["provider"] or "",
-            status=row["status"],
-            created_at=float(row["created_at"] or 0),
-            started_at=_seconds(row["started_at"]),
-            completed_at=_seconds(row["completed_at"]),
-            error_type=row["error_type"] or None,
-            detail=row["detail"],
-            content_type=row["content_type"],
-            cancel_requested=bool(row["cancel_requested"]),
-            attempts=int(row["attempts"] or 0),
-            upstream_ref=row["upstream_ref"],
+            id=id_.decode() if id_ else "",
+            workspace=workspace.decode() if workspace else "",
+            model=model.decode() if model else "",
+            provider=provider.decode() if provider else "",
+            status=status.decode(),
+            created_at=float(created_at or 0),
+            started_at=float(started_at) if started_at else None,
+            completed_at=float(completed_at) if completed_at else None,
+            error_type=error_type.decode() if error_type else None,
+            detail=None if detail is None else detail.decode(),
+            content_type=None if content_type is None else content_type.decode(),
+            cancel_requested=bool(cancel_requested),
+            attempts=int(attempts or 0),
+            upstream_ref=None if upstream_ref is None else upstream_ref.decode(),
             ttl_s=ttl if ttl is not None and ttl >= 0 else None,
         )
 
@@ -212,7 +216,7 @@ class RequestStore:
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         reply = self._status(
             keys=[keys.request(request_id), keys.queue(provider), keys.stats(provider), *rate_keys],
-            args=[request_id, len(_FIELDS), *_FIELDS, *rate_args],
+            args=[request_id, *_STATUS_FIELD_ARGS, *rate_args],
         )
         if reply[0] == b"RATE_LIMITED":
             raise rate.refusal(reply[1:])
