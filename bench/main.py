@@ -45,7 +45,8 @@ PHASES = FRONT_PHASES + fleet.PHASES
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="bench/run", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=4, help="gunicorn gevent workers per app (default 4)")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="gunicorn gevent workers per app (default 2, the Procfile's WEB_CONCURRENCY)")
     parser.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
     parser.add_argument("--connections", type=int, default=16, help="wrk connections (default 16)")
     parser.add_argument("--duration", type=int, default=5, help="seconds per measured run (default 5)")
