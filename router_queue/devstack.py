@@ -25,6 +25,11 @@ import click
 from workers.celery_app import MAINTENANCE_QUEUE, queue_name
 
 ROOT = Path(__file__).resolve().parent.parent
+#: gunicorn's limits on the request line and on one header field, as in the
+#: Procfile: gunicorn's defaults (4094, 8190 bytes) answer an over-long id or
+#: Idempotency-Key itself, in HTML, before the app can give its contract error.
+#: 8190 is the most gunicorn allows for a request line.
+REQUEST_LIMITS = ("--limit-request-line", "8190", "--limit-request-field_size", "16384")
 
 
 def free_port() -> int:
@@ -95,11 +100,13 @@ class Stack:
         """gunicorn as the Procfile runs it: gevent workers, so held synchronous
         calls cost a greenlet each rather than a whole worker, and a keep-alive
         longer than clients' own idle expiry (httpx: 5 s), so a client never
-        reuses a connection the server is closing at that instant."""
+        reuses a connection the server is closing at that instant. Request
+        lines and header fields get room past gunicorn's defaults, so an
+        over-long id or Idempotency-Key reaches the app and its contract error."""
         proc = self._spawn("web", [
             sys.executable, "-m", "gunicorn", "--workers", str(workers), "--worker-class", worker_class,
-            "--worker-connections", "1000", "--keep-alive", "75", "--timeout", "660", "--bind", f"127.0.0.1:{port}",
-            "--access-logfile", "-", "router_queue.wsgi:app",
+            "--worker-connections", "1000", "--keep-alive", "75", "--timeout", "660", *REQUEST_LIMITS,
+            "--bind", f"127.0.0.1:{port}", "--access-logfile", "-", "router_queue.wsgi:app",
         ])
         wait_for_port(port, proc=proc)
         return proc
