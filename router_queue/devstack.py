@@ -30,6 +30,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: Idempotency-Key itself, in HTML, before the app can give its contract error.
 #: 8190 is the most gunicorn allows for a request line.
 REQUEST_LIMITS = ("--limit-request-line", "8190", "--limit-request-field_size", "16384")
+#: The front door's gunicorn worker (gevent's; gunicorn's own refusals of bad
+#: input in the contract's shape), as in the Procfile.
+WEB_WORKER_CLASS = "router_queue.gunicorn_worker.GeventWorker"
 
 
 def free_port() -> int:
@@ -96,7 +99,7 @@ class Stack:
         wait_for_port(port, proc=proc)
         return proc
 
-    def start_web(self, port: int, workers: int = 2, worker_class: str = "gevent") -> subprocess.Popen:
+    def start_web(self, port: int, workers: int = 2, worker_class: str = WEB_WORKER_CLASS) -> subprocess.Popen:
         """gunicorn as the Procfile runs it: gevent workers, so held synchronous
         calls cost a greenlet each rather than a whole worker, and a keep-alive
         longer than clients' own idle expiry (httpx: 5 s), so a client never

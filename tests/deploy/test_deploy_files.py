@@ -45,7 +45,7 @@ import pytest
 import redis
 import yaml
 
-from router_queue.devstack import REQUEST_LIMITS, free_port, redis_answers
+from router_queue.devstack import REQUEST_LIMITS, WEB_WORKER_CLASS, free_port, redis_answers
 from router_queue.settings import _ENV, Settings
 from workers.celery_app import MAINTENANCE_QUEUE, queue_name
 
@@ -516,7 +516,7 @@ def test_compose_services_run_modules_that_exist() -> None:
         module = _module_of(_service_argv(service))
         assert importlib.util.find_spec(module) is not None, f"{name}: no module {module}"
     assert "flower" in _service_argv(services["flower"])
-    assert _service_argv(services["web"])[:3] == ["gunicorn", "--worker-class", "gevent"]
+    assert _service_argv(services["web"])[:3] == ["gunicorn", "--worker-class", WEB_WORKER_CLASS]
 
 
 def test_compose_workers_each_consume_one_provider() -> None:
@@ -693,7 +693,7 @@ def test_procfile_commands() -> None:
     procfile = _procfile()
     assert {"web", "worker", "beat"} <= set(procfile)
     web = _shell_words(procfile["web"])
-    assert web[0] == "gunicorn" and _option(web, "--worker-class") == "gevent"
+    assert web[0] == "gunicorn" and _option(web, "--worker-class") == WEB_WORKER_CLASS
     assert web[-1] == "router_queue.wsgi:app"
     sync_deadline = Settings().sync_deadline_s
     assert float(_option(web, "--graceful-timeout")) > sync_deadline
@@ -846,7 +846,7 @@ def test_procfile_web_answers_the_probes_and_serves_the_metrics_the_autoscalers_
             return False
 
     web.wait_for(healthy, 20, "200 from /healthz")
-    assert any("gevent" in line for line in web.lines), web.log()
+    assert any(f"Using worker: {WEB_WORKER_CLASS}" in line for line in web.lines), web.log()
     assert _get(f"{base}/readyz")[0] == 200, web.log()
     status, metrics = _get(f"{base}/metrics")
     assert status == 200

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit
 
 import pytest
 import requests
@@ -680,6 +682,29 @@ def test_over_long_ids_and_keys_reach_the_app_and_get_contract_errors(rig: Rig, 
     else:
         assert_error(caller.submit(FLUX, _flux("huge key"), headers={"Idempotency-Key": "k" * 9000}), 400,
                      "invalid_input")
+    _nothing_admitted(rig.services, caller.workspace)
+
+
+def test_what_gunicorn_refuses_before_the_app_is_still_a_contract_error(rig: Rig) -> None:
+    """Past the server's line limits, and for a header that is not HTTP, the
+    worker class answers instead of the app, in the same shape."""
+    caller = rig.caller()
+    assert_error(caller.status(FLUX, "a" * 9000), 414, "invalid_input")
+    assert_error(caller.submit(FLUX, _flux("huge key"), headers={"Idempotency-Key": "k" * 20_000}), 431,
+                 "invalid_input")
+
+    host, port = urlsplit(caller.base_url).hostname, urlsplit(caller.base_url).port
+    with socket.create_connection((host, port), timeout=10) as raw:
+        raw.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nNo-Colon-Here\r\n\r\n")
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value for name, _, value in (line.partition(": ") for line in lines[1:])}
+    assert lines[0].startswith("HTTP/1.1 400 "), answer[:300]
+    assert headers["content-type"] == "application/json" and headers["x-comfy-error-type"] == "invalid_input"
+    assert headers["x-comfy-request-id"] and json.loads(body)["error_type"] == "invalid_input"
     _nothing_admitted(rig.services, caller.workspace)
 
 
