@@ -13,7 +13,7 @@ features) stay gunicorn's.
 
 Run it with ``gunicorn --worker-class router_queue.gunicorn_worker.GeventWorker``
 (the Procfile does). gunicorn imports it in the master, before gevent patches
-anything, so it imports nothing but gunicorn and ``errors``.
+anything, so it imports only the standard library, gunicorn and ``errors``.
 """
 
 from __future__ import annotations
@@ -62,6 +62,5 @@ class GeventWorker(ggevent.GeventWorker):
         self.log.warning("Invalid request from ip=%s: %s", (addr or ("",))[0], exc)
         try:
             util.write_nonblock(client, answer)
-        except Exception:
+        except Exception:  # the client may be gone already; as gunicorn does
             self.log.debug("Failed to send error message.")
-        return None
