@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from router_queue.devstack import REQUEST_LIMITS, WEB_WORKER_CLASS, free_port, wait_for_port
+from router_queue.devstack import WEB_SERVING, free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,8 +133,7 @@ def start_gunicorn(children: Children, name: str, app: str, env: dict[str, str],
     long keep-alive) on a free local port; returns (base URL, master)."""
     port = free_port()
     proc = children.spawn(name, [
-        sys.executable, "-m", "gunicorn", "--workers", str(workers), "--worker-class", WEB_WORKER_CLASS,
-        "--worker-connections", "1000", "--keep-alive", "75", *REQUEST_LIMITS,
+        sys.executable, "-m", "gunicorn", "--workers", str(workers), *WEB_SERVING,
         "--bind", f"127.0.0.1:{port}", "--graceful-timeout", "5", "--log-level", "warning", app,
     ], env)
     wait_for_port(port, timeout_s=30.0, proc=proc)

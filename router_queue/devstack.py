@@ -33,6 +33,13 @@ REQUEST_LIMITS = ("--limit-request-line", "8190", "--limit-request-field_size", 
 #: The front door's gunicorn worker (gevent's; gunicorn's own refusals of bad
 #: input in the contract's shape), as in the Procfile.
 WEB_WORKER_CLASS = "router_queue.gunicorn_worker.GeventWorker"
+#: How the Procfile serves the front door, as (option, value) pairs: its worker
+#: class, greenlets per worker, a keep-alive longer than clients' own idle
+#: expiry (httpx: 5 s, so a client never reuses a connection the server is
+#: closing at that instant) and the request limits. ``router-queue dev`` and
+#: the bench serve the same way.
+WEB_SERVING = ("--worker-class", WEB_WORKER_CLASS, "--worker-connections", "1000", "--keep-alive", "75",
+               *REQUEST_LIMITS)
 
 
 def free_port() -> int:
@@ -99,16 +106,11 @@ class Stack:
         wait_for_port(port, proc=proc)
         return proc
 
-    def start_web(self, port: int, workers: int = 2, worker_class: str = WEB_WORKER_CLASS) -> subprocess.Popen:
-        """gunicorn as the Procfile runs it: gevent workers, so held synchronous
-        calls cost a greenlet each rather than a whole worker, and a keep-alive
-        longer than clients' own idle expiry (httpx: 5 s), so a client never
-        reuses a connection the server is closing at that instant. Request
-        lines and header fields get room past gunicorn's defaults, so an
-        over-long id or Idempotency-Key reaches the app and its contract error."""
+    def start_web(self, port: int, workers: int = 2) -> subprocess.Popen:
+        """gunicorn as the Procfile runs it (:data:`WEB_SERVING`): gevent workers,
+        so held synchronous calls cost a greenlet each rather than a whole worker."""
         proc = self._spawn("web", [
-            sys.executable, "-m", "gunicorn", "--workers", str(workers), "--worker-class", worker_class,
-            "--worker-connections", "1000", "--keep-alive", "75", "--timeout", "660", *REQUEST_LIMITS,
+            sys.executable, "-m", "gunicorn", "--workers", str(workers), *WEB_SERVING, "--timeout", "660",
             "--bind", f"127.0.0.1:{port}", "--access-logfile", "-", "router_queue.wsgi:app",
         ])
         wait_for_port(port, proc=proc)

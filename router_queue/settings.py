@@ -133,8 +133,6 @@ class Settings:
     #: Calls per caller across all routes, polls included, in Flask-Limiter's
     #: notation ("50/second;2000/minute"); a workspace's own ``rate_limit`` wins.
     default_rate_limit: str = "50/second"
-    #: Where rate-limit counters live; empty means ``REDIS_URL``, so the limit
-    #: holds across every front-door process. ``memory://`` for one process.
     #: Seconds the synchronous route holds a connection before it answers
     #: ``504 deadline_exceeded`` (the generation runs on; the same
     #: Idempotency-Key re-attaches). Clients read with a 600 s timeout, so the

@@ -45,7 +45,7 @@ import pytest
 import redis
 import yaml
 
-from router_queue.devstack import REQUEST_LIMITS, WEB_WORKER_CLASS, free_port, redis_answers
+from router_queue.devstack import WEB_SERVING, WEB_WORKER_CLASS, free_port, redis_answers
 from router_queue.settings import _ENV, Settings
 from workers.celery_app import MAINTENANCE_QUEUE, queue_name
 
@@ -699,8 +699,9 @@ def test_procfile_commands() -> None:
     assert float(_option(web, "--graceful-timeout")) > sync_deadline
     assert float(_option(web, "--timeout")) > float(_option(web, "--graceful-timeout"))
     assert _option(web, "--bind") == "0.0.0.0:8000"
-    # gunicorn's own 414/431 are HTML; over-long ids and keys must reach the app (devstack serves the same)
-    assert [_option(web, flag) for flag in REQUEST_LIMITS[::2]] == list(REQUEST_LIMITS[1::2])
+    # router-queue dev and the bench serve as the Procfile does; gunicorn's own
+    # 414/431 would come before the app, so over-long ids and keys must reach it
+    assert [_option(web, flag) for flag in WEB_SERVING[::2]] == list(WEB_SERVING[1::2])
     assert _option(_shell_words(procfile["web"], {"PORT": "5001"}), "--bind") == "0.0.0.0:5001"
     worker = _shell_words(procfile["worker"])
     assert worker[:4] == ["celery", "-A", "workers.main", "worker"]
