@@ -38,6 +38,10 @@ class Workspace:
     queued: int = 0
     max_queued: int | None = None
     rate_limit: str | None = None
+    #: Its share of a provider's slots against other waiting workspaces.
+    weight: int = 1
+    #: Its own cap on requests in flight per provider; None: only the provider's.
+    max_in_flight: int | None = None
 
     @property
     def available(self) -> int:
@@ -89,6 +93,8 @@ class Accounts:
             queued=int(row.get("queued", "0")),
             max_queued=int(row["max_queued"]) if row.get("max_queued") else None,
             rate_limit=row.get("rate_limit") or None,
+            weight=int(row.get("weight") or 1),
+            max_in_flight=int(row["max_in_flight"]) if row.get("max_in_flight") else None,
         )
 
     def list(self) -> list[Workspace]:
@@ -121,14 +127,21 @@ class Accounts:
         self._require(workspace_id)
         self.client.hset(keys.workspace(workspace_id), "credits", int(credits))
 
-    def set_limits(self, workspace_id: str, *, max_queued: int | None = None, rate_limit: str | None = None) -> None:
-        """The workspace's own backlog cap and request rate (Flask-Limiter notation)."""
+    def set_limits(self, workspace_id: str, *, max_queued: int | None = None, rate_limit: str | None = None,
+                   weight: int | None = None, max_in_flight: int | None = None) -> None:
+        """The workspace's own backlog cap, request rate (Flask-Limiter
+        notation), fair-share weight (new requests are scheduled by it) and
+        cap on requests in flight per provider (0: none)."""
         self._require(workspace_id)
         mapping: dict[str, str | int] = {}
         if max_queued is not None:
             mapping["max_queued"] = int(max_queued)
         if rate_limit is not None:
             mapping["rate_limit"] = rate_limit
+        if weight is not None:
+            mapping["weight"] = int(weight)
+        if max_in_flight is not None:
+            mapping["max_in_flight"] = int(max_in_flight)
         if mapping:
             self.client.hset(keys.workspace(workspace_id), mapping=mapping)
 

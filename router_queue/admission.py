@@ -1,9 +1,9 @@
 """Everything the front door decides before a request is queued.
 
-Parsing and validating the native body, the idempotency fingerprint, then one
-atomic admit in Redis (record + queue index + key reservation, and the Celery
-message itself when the broker is that Redis), else the publish after it.
-Nothing here reaches a worker unless the admit succeeded.
+Parsing and validating the native body, the priority, the idempotency
+fingerprint, then one atomic admit in Redis (record + place in the provider's
+schedule + key reservation, and a slot with its Celery message when one is
+free). Nothing here reaches a worker unless the admit succeeded.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from .errors import (IdempotencyKeyConflict, InsufficientCredits, InvalidInput, 
                      ServiceUnavailable, ValidationFailed)
 from .schemas import validation_detail
 from .services import Services
+from .store import PRIORITIES
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +76,16 @@ def idempotency_key(raw: str | None) -> str | None:
     return raw
 
 
+def priority(raw: str | None) -> str:
+    """``X-Comfy-Priority``: orders a workspace's own requests; ``normal`` when absent."""
+    if raw is None:
+        return "normal"
+    value = raw.strip().lower()
+    if value not in PRIORITIES:
+        raise InvalidInput(f"X-Comfy-Priority must be one of {', '.join(PRIORITIES)}, not {raw[:40]!r}")
+    return value
+
+
 def fingerprint(model_id: str, body: dict[str, Any]) -> str:
     """What an Idempotency-Key is bound to: the model and the canonical body."""
     # ASCII escapes keep a lone surrogate (legal in JSON text) encodable.
@@ -90,8 +101,8 @@ class Admitted:
     position: int | None
 
 
-def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, raw_body: bytes,
-          raw_idempotency_key: str | None, queued: bool = True,
+def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: bytes,
+          raw_idempotency_key: str | None, raw_priority: str | None = None, queued: bool = True,
           rate: Callable[[], Any] = lambda: None) -> Admitted:
     """Admit a request for the workers. ``queued`` is False for the synchronous
     route, which shares everything but queued delivery's gating. ``rate`` hands
@@ -101,10 +112,10 @@ def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, 
     if queued and not entry.queueable:
         raise NotEnabled(f"{entry.id} cannot be queued; use POST /v2/models/{entry.id}")
     key = idempotency_key(raw_idempotency_key)
+    rank = priority(raw_priority)
     body = parse_body(raw_body)
     validate_body(entry, body)
     request_id = services.ids.mint(workspace, entry.id)
-    message = dispatcher.message_for_admit(request_id, entry.provider)  # None: publish after the admit
     admission = services.store.admit(
         request_id=request_id,
         workspace=workspace,
@@ -116,7 +127,7 @@ def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, 
         price=entry.price_credits,
         require_enabled=queued,
         rate=rate(),
-        message=message,
+        priority=rank,
     )
     if admission.outcome == "INSUFFICIENT_CREDITS":
         raise InsufficientCredits(f"{entry.id} costs {entry.price_credits} credits and the workspace has "
@@ -136,11 +147,4 @@ def admit(services: Services, dispatcher, *, workspace: str, entry: ModelEntry, 
                                      "send this one under a new key")
     if admission.outcome == "REPLAY":
         return Admitted(admission.request_id, True, None)
-    if message is not None:  # pushed to the broker by the admit itself
-        return Admitted(request_id, False, admission.position)
-    try:
-        dispatcher.publish(request_id, entry.provider)
-    except Exception:
-        # Admitted and still due in rq:due: the sweeper publishes it.
-        log.exception("publish of request %s failed; the sweeper will publish it", request_id)
     return Admitted(request_id, False, admission.position)

@@ -3,7 +3,7 @@
     router-queue workspace create NAME [--enable-queue] [--credits N]
     router-queue workspace enable-queue WS_ID [--off]
     router-queue workspace set-credits WS_ID N
-    router-queue workspace set-limits WS_ID [--max-queued N] [--rate "20/second"]
+    router-queue workspace set-limits WS_ID [--max-queued N] [--rate "20/second"] [--weight N] [--max-in-flight N]
     router-queue workspace list
     router-queue workspace ledger WS_ID
     router-queue key mint WS_ID
@@ -69,14 +69,20 @@ def set_credits(workspace_id: str, credits: int) -> None:
 @click.argument("workspace_id")
 @click.option("--max-queued", type=click.IntRange(min=0), help="Requests it may have waiting at once.")
 @click.option("--rate", "rate_limit", help='Request rate over all routes, e.g. "20/second;1000/minute".')
-def set_limits(workspace_id: str, max_queued: int | None, rate_limit: str | None) -> None:
-    """Set a workspace's own backlog cap and request rate."""
+@click.option("--weight", type=click.IntRange(min=1, max=1000),
+              help="Its share of a provider's free slots against other waiting workspaces (default 1).")
+@click.option("--max-in-flight", type=click.IntRange(min=0),
+              help="Most of its requests in flight per provider; 0 for no cap of its own (the default).")
+def set_limits(workspace_id: str, max_queued: int | None, rate_limit: str | None, weight: int | None,
+               max_in_flight: int | None) -> None:
+    """Set a workspace's own backlog cap, request rate, fair-share weight and concurrency."""
     if rate_limit is not None:
         try:
             parse_many(rate_limit)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--rate") from None
-    _or_fail(lambda: _accounts().set_limits(workspace_id, max_queued=max_queued, rate_limit=rate_limit))
+    _or_fail(lambda: _accounts().set_limits(workspace_id, max_queued=max_queued, rate_limit=rate_limit,
+                                            weight=weight, max_in_flight=max_in_flight))
     click.echo(f"limits set for {workspace_id}")
 
 
@@ -85,7 +91,8 @@ def list_workspaces() -> None:
     """List workspaces: id, queue switch, balance, held, waiting, name."""
     for ws in _accounts().list():
         click.echo(f"{ws.id}\t{'queue-on' if ws.queue_enabled else 'queue-off'}\t{ws.credits}\t"
-                   f"held={ws.held}\tqueued={ws.queued}\t{ws.name}")
+                   f"held={ws.held}\tqueued={ws.queued}\tweight={ws.weight}\t"
+                   f"max_in_flight={ws.max_in_flight or '-'}\t{ws.name}")
 
 
 @workspace.command("ledger")

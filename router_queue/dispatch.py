@@ -1,99 +1,85 @@
-"""Publishing admitted requests to their provider's Celery queue.
+"""Publishing granted requests to their provider's Celery queue.
 
-The message carries only the request id: the worker reads everything else
-from the request's record, which is always written before the publish.
+A request waiting for a provider slot has no message at all: the schedule in
+Redis (``lua/lib.lua``) holds it. A message is published when the schedule
+grants a request a slot, and it carries only the request id: the worker
+reads everything else from the record.
 
 Two ways to publish, chosen by where the broker is:
 
 * The broker is the store's own Redis (``CELERY_BROKER_URL`` unset, the
-  default): the admission script pushes the Celery message onto the queue's
-  list in the same atomic step that writes the record, so nothing can fall
-  between the admit and the publish, and a submit costs one Redis round trip.
-  The message is the one Celery itself builds for the task: made once per
+  default): the script that grants the slot (admit, complete, cancel, claim,
+  the sweeper's grant) pushes the Celery message onto the queue's list in the
+  same atomic step, so a grant cannot be made without its message. The
+  message is the one Celery itself builds for the task: made once per
   provider by ``send_task`` through kombu's in-memory transport (the same
-  virtual-transport envelope the Redis transport pushes), then filled in per
-  request (task id, request id, delivery tag).
-* Any other broker (RabbitMQ, another Redis): ``send_task`` after the admit;
-  the admit leaves the request in ``rq:due`` first, so a crash between the two
-  is repaired by the sweeper, and the worker's atomic claim runs it once.
+  virtual-transport envelope the Redis transport pushes), its body kept as
+  UTF-8 text instead of base64 so that Lua can fill in the request id, task
+  id and delivery tag (kombu decodes a body by its ``body_encoding``).
+* Any other broker (RabbitMQ, another Redis): the script returns the ids it
+  granted and ``send_task`` publishes them after. A crash between the two
+  leaves the grant unclaimed in ``rq:running``; the reaper publishes it again
+  once its grant lease (``REPUBLISH_AFTER_SECONDS``) ends, and the worker's
+  atomic claim runs it once.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import uuid
-from dataclasses import dataclass
 
 from celery import Celery
 
 from workers.celery_app import DELIVER_TASK, queue_name
 
-from .store import RequestStore
+from .store import BrokerTemplate, RequestStore
 
-#: Stand-ins for the per-request values while Celery builds a template.
-_REQUEST = "rq-template-request-id"
-_TASK = "rq-template-task-id"
-_TAG = "rq-template-delivery-tag"
-
-
-@dataclass(frozen=True)
-class BrokerMessage:
-    """A Celery message ready for ``LPUSH``: the list kombu's Redis transport
-    consumes for the queue, and the message as kombu serialises it."""
-
-    list_key: str
-    payload: str
+#: Stand-ins for the per-grant values, as lib.lua's grant() replaces them
+#: (plain letters: they are Lua patterns too).
+REQUEST_STANDIN = "RQTPLREQ"
+TASK_STANDIN = "RQTPLTASK"
+TAG_STANDIN = "RQTPLTAG"
 
 
-class _Template:
-    """One provider's deliver message as Celery builds it, with stand-ins, and
-    the list it goes onto."""
+def broker_template(celery: Celery, queue: str, list_key: str) -> BrokerTemplate:
+    """One provider's deliver message as Celery builds it, with stand-ins."""
+    with celery.connection_for_write("memory://") as connection:
+        celery.send_task(DELIVER_TASK, args=[REQUEST_STANDIN], task_id=TASK_STANDIN, queue=queue,
+                         connection=connection)
+        message = connection.default_channel._get(queue)
+    message["properties"]["delivery_tag"] = TAG_STANDIN
+    message["properties"]["body_encoding"] = "utf-8"
+    message["body"] = base64.b64decode(message["body"]).decode()
+    return BrokerTemplate(list_key, json.dumps(message))
 
-    def __init__(self, celery: Celery, queue: str, list_key: str):
-        with celery.connection_for_write("memory://") as connection:
-            celery.send_task(DELIVER_TASK, args=[_REQUEST], task_id=_TASK, queue=queue, connection=connection)
-            message = connection.default_channel._get(queue)
-        message["properties"]["delivery_tag"] = _TAG
-        self.list_key = list_key
-        self.body = base64.b64decode(message["body"]).decode()
-        self.body_b64 = message["body"]
-        self.text = json.dumps(message)
 
-    def message(self, request_id: str) -> BrokerMessage:
-        body = base64.b64encode(self.body.replace(_REQUEST, request_id).encode()).decode()
-        payload = (self.text.replace(self.body_b64, body).replace(_REQUEST, request_id)
-                   .replace(_TASK, str(uuid.uuid4())).replace(_TAG, str(uuid.uuid4())))
-        return BrokerMessage(self.list_key, payload)
+def fill(template: BrokerTemplate, request_id: str, task_id: str) -> str:
+    """The message lib.lua's grant() pushes for ``request_id`` (for tests)."""
+    return (template.text.replace(REQUEST_STANDIN, request_id).replace(TASK_STANDIN, task_id)
+            .replace(TAG_STANDIN, task_id))
 
 
 class Dispatcher:
     def __init__(self, celery: Celery, store: RequestStore, *, providers: tuple[str, ...] = (),
                  broker_is_store: bool = False):
-        """``broker_is_store``: the broker is the store's Redis, so ``providers``'
-        messages are pushed by the admission script (see the module docstring)."""
+        """Attaches itself to ``store``: ``broker_is_store`` (the broker is the
+        store's Redis) hands the scripts ``providers``' message templates,
+        otherwise what they grant is published here."""
         self.celery = celery
         self.store = store
-        self._templates: dict[str, _Template] = {}
+        store.grants.publish = self.publish_granted
         if broker_is_store:
             # kombu's Redis transport keeps a queue's priority-0 messages in a
             # list named after the queue, behind its optional global key prefix
             prefix = (celery.conf.broker_transport_options or {}).get("global_keyprefix", "")
             for provider in providers:
                 queue = queue_name(provider)
-                self._templates[provider] = _Template(celery, queue, prefix + queue)
-
-    def message_for_admit(self, request_id: str, provider: str) -> BrokerMessage | None:
-        """The message the admission script should push with the record, or
-        None when this provider's requests are published after the admit."""
-        template = self._templates.get(provider)
-        return template.message(request_id) if template is not None else None
+                store.grants.templates[provider] = broker_template(celery, queue, prefix + queue)
 
     def publish(self, request_id: str, provider: str) -> None:
-        """Publish, then forget the request awaits publishing.
-
-        A crash between the two leaves it in ``rq:due``; the sweeper
-        publishes it again, and the worker's atomic claim runs it once.
-        """
+        """Publish one request's delivery (a takeover, a hand-back, an operator's requeue)."""
         self.celery.send_task(DELIVER_TASK, args=[request_id], queue=queue_name(provider))
-        self.store.mark_published(request_id)
+
+    def publish_granted(self, provider: str, request_ids: list[str]) -> None:
+        for request_id in request_ids:
+            self.publish(request_id, provider)

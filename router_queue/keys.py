@@ -9,10 +9,14 @@ rq:result:{id}                 string  retention                       complete.
 rq:queue:{provider}            zset    none (members leave on claim,   admit/claim/cancel
                                        cancel or completion)           .lua
 rq:seq:{provider}              string  none (INCR counter)             admit.lua
-rq:due                         zset    none (members leave once        admit.lua, dispatch,
-                                       published or claimed)           delivery (defer)
-rq:running:{provider}          zset    none (members leave on          claim/renew/complete
-                                       completion)                     .lua
+rq:running:{provider}          zset    none (members leave on          lib.lua (grant),
+                                       completion)                     claim/renew/complete
+rq:sched:{provider}            hash    none (scheduler state)          lib.lua (the schedule)
+rq:sched:{provider}:slots      zset    none (the fair order)           lib.lua
+rq:sched:{provider}:ws:{ws}    zset    none (a workspace's waiting)    lib.lua
+rq:sched:{provider}:wslots:{ws} zset   none (a workspace's slots)      lib.lua
+rq:sched:{provider}:granted    zset    none (granted, not started)     lib.lua, claim.lua
+rq:sched:{provider}:depths     zset    none (waiting per workspace)    lib.lua
 rq:stats:{provider}            hash    none                            complete.lua
 rq:idem:{workspace}:{keyhash}  string  IDEMPOTENCY_TTL_SECONDS         admit.lua
 rq:ws:{workspace}              hash    none                            cli (accounts.py)
@@ -29,27 +33,40 @@ rq:done:{id}                   pubsub  (a channel, not a key)          lua/lib.l
 =============================  ======  ==============================  ==================
 
 Workspace hash fields: ``name queue_enabled credits held queued max_queued
-rate_limit created_at`` (``credits`` is the balance; ``held`` the sum of
+rate_limit weight max_in_flight created_at`` (``credits`` is the balance; ``held`` the sum of
 open holds; ``queued`` how many of its requests wait IN_QUEUE).
 
 Request hash fields: ``id workspace model provider status body seq
 created_at started_at completed_at error_type detail content_type
 cancel_requested idem token holder successor handed_back lease_until takeovers
-attempts upstream_ref
+attempts upstream_ref priority granted_at
 hold charged`` (``hold``: credits held at admission, zeroed when settled;
 ``charged``: what was charged)
 (timestamps are Unix seconds as decimal strings; ``token`` is unique to the
 execution holding the lease, ``holder`` its "{Celery task id}:{retries}";
 ``successor`` the resume key of the retry a holder kept its lease for; ``upstream_ref`` is the provider's own handle on a
 submitted generation, JSON, so a new worker resumes instead of resubmitting).
-``rq:queue:{provider}`` scores are the ``rq:seq`` sequence, so ``ZRANK`` is the
-number of requests ahead: the queue position in O(log n).
-``rq:due`` scores are the time by which a waiting request must have been
-(re)published: admission + ``REPUBLISH_AFTER_SECONDS``, or the end of a
-deferral; the sweeper publishes members past due (their message was lost).
-``rq:running:{provider}`` scores are lease expiries; its size is the
-provider's count of generations in flight (the fleet-wide cap), and members
-past expiry are requests whose worker died: the reaper re-publishes them.
+``rq:queue:{provider}`` holds every IN_QUEUE request scored by the ``rq:seq``
+admission sequence: depth, oldest wait and queue timeouts read it.
+``rq:running:{provider}`` holds the requests that have a provider slot: the
+running ones, scored by lease expiry, and the granted ones not yet started,
+scored by when their grant must have been claimed (``REPUBLISH_AFTER_SECONDS``
+after it). Its size is the provider's count in flight (the fleet-wide cap);
+members past expiry are requests whose worker died or whose message was lost:
+the reaper publishes them again.
+``rq:sched:{provider}`` and the keys under it are the fair schedule of the
+requests waiting for a slot (the policy is written down in ``lua/lib.lua``).
+Its hash fields: ``vtime`` (the tag granted last), ``slotseq`` and ``grantseq``
+(counters), and per workspace ``f|{ws}`` (its last slot's tag), ``run|{ws}``
+(its requests holding a slot) and ``parked|{ws}`` (at its own max_in_flight).
+``:slots`` members are "{slot seq, 15 digits}|{ws}", scored by virtual-time
+tag; ``:wslots:{ws}`` the same members of one workspace; ``:ws:{ws}`` its
+waiting request ids scored by priority band * 2^45 + admission sequence;
+``:granted`` ids granted and not started, in grant order; ``:depths``
+workspaces scored by how many requests they have waiting.
+``lua/lib.lua`` builds the per-workspace keys from the ``rq:sched:{provider}``
+key it is given, and spells ``rq:ws:`` and ``rq:req:`` for the workspaces and
+requests the schedule names (the schedule picks them, so no caller can pass them).
 """
 
 from __future__ import annotations
@@ -73,8 +90,13 @@ def sequence(provider: str) -> str:
     return f"{PREFIX}:seq:{provider}"
 
 
-def due() -> str:
-    return f"{PREFIX}:due"
+def schedule(provider: str) -> str:
+    return f"{PREFIX}:sched:{provider}"
+
+
+def schedule_workspaces(provider: str) -> str:
+    """How many requests each workspace has waiting on ``provider``."""
+    return f"{schedule(provider)}:depths"
 
 
 def running(provider: str) -> str:

@@ -103,7 +103,7 @@ class RedisCollector(Collector):
         sweeper = {k.decode(): int(v) for k, v in replies[-2].items()}
 
         depth = GaugeMetricFamily("router_queue_depth", "Requests waiting IN_QUEUE.", labels=["provider"])
-        in_flight = GaugeMetricFamily("router_queue_in_flight", "Requests IN_PROGRESS (holding a provider slot).",
+        in_flight = GaugeMetricFamily("router_queue_in_flight", "Requests holding a provider slot: IN_PROGRESS, or granted one and not yet started.",
                                       labels=["provider"])
         cap = GaugeMetricFamily("router_queue_in_flight_limit", "The provider's cap on requests in flight.",
                                 labels=["provider"])

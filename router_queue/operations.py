@@ -47,7 +47,8 @@ def metrics() -> Response:
 
 
 def summary() -> dict:
-    """Per provider: waiting, in flight, cap, oldest wait, pace; for the page."""
+    """Per provider: waiting, in flight, cap, oldest wait, pace, and the
+    workspaces waiting (how many, the largest); for the page."""
     services = _front().services
     store, catalog = services.store, services.catalog
     now = time.time()
@@ -57,6 +58,7 @@ def summary() -> dict:
         head = store.queue_head(provider, 1)
         created = services.redis.hget(keys.request(head[0]), "created_at") if head else None
         pace = store.pace(provider)
+        waiting_workspaces, largest = store.waiting_workspaces(provider)
         metrics = {k.decode(): float(v) for k, v in services.redis.hgetall(keys.metrics(provider)).items()}
         waits = [(v, metrics.get(k.replace("_sum|", "_count|"), 0)) for k, v in metrics.items()
                  if k.startswith("wait_sum|")]
@@ -72,6 +74,8 @@ def summary() -> dict:
             "avg_wait_s": round(wait_total / wait_count, 2) if wait_count else 0.0,
             "completed": int(sum(v for k, v in metrics.items() if k.startswith("completed|"))),
             "draining": provider in draining,
+            "waiting_workspaces": waiting_workspaces,
+            "largest": [{"workspace": ws, "waiting": n} for ws, n in largest],
         })
     return {"providers": rows, "at": now}
 

@@ -22,10 +22,12 @@ def _front():
 @ops.command("depths")
 def depths() -> None:
     """Per provider: waiting, in flight, cap, oldest waiting age."""
-    click.echo("provider\twaiting\tin_flight\tcap\toldest_wait_s\tdraining")
+    click.echo("provider\twaiting\tin_flight\tcap\toldest_wait_s\tdraining\tworkspaces_waiting\tlargest")
     for row in summary()["providers"]:
+        largest = ",".join(f"{w['workspace']}:{w['waiting']}" for w in row["largest"]) or "-"
         click.echo(f"{row['provider']}\t{row['queued']}\t{row['in_flight']}\t{row['cap']}\t"
-                   f"{row['oldest_wait_s']}\t{'yes' if row['draining'] else 'no'}")
+                   f"{row['oldest_wait_s']}\t{'yes' if row['draining'] else 'no'}\t"
+                   f"{row['waiting_workspaces']}\t{largest}")
 
 
 def _record(request_id: str) -> dict[str, str]:
@@ -42,7 +44,7 @@ def inspect(request_id: str) -> None:
     record = _record(request_id)
     body = record.pop("body", "")
     record["body"] = f"<{len(body)} bytes>"
-    record["position"] = _front().services.redis.zrank(keys.queue(record["provider"]), request_id)
+    record["position"] = _front().services.store.status_view(request_id, record["provider"]).position
     record["ttl_s"] = _front().services.redis.ttl(keys.request(request_id))
     click.echo(json.dumps(record, indent=2, sort_keys=True))
 
@@ -63,8 +65,9 @@ def cancel(request_id: str) -> None:
 @ops.command("requeue")
 @click.argument("request_id")
 def requeue(request_id: str) -> None:
-    """Publish a request again: a waiting one whose message was lost, or a
-    running one whose worker is stuck (its lease is ended so another resumes it)."""
+    """Publish a request again: a granted one whose message was lost, or a
+    running one whose worker is stuck (its lease is ended so another resumes
+    it). A request still waiting for a slot has no message; its turn comes."""
     record = _record(request_id)
     front = _front()
     if record["status"] == COMPLETED:
@@ -88,10 +91,10 @@ def drain(provider: str, off: bool) -> None:
 
 @ops.command("purge-expired")
 def purge_expired() -> None:
-    """Drop index entries whose request record has expired (waiting, running, due)."""
+    """Drop index entries whose request record has expired (waiting, running)."""
     services = _front().services
     client, purged = services.redis, 0
-    indexes = [keys.due()] + [key(p) for p in services.catalog.providers() for key in (keys.queue, keys.running)]
+    indexes = [key(p) for p in services.catalog.providers() for key in (keys.queue, keys.running)]
     for index in indexes:
         members = [m.decode() for m in client.zrange(index, 0, -1)]
         pipe = client.pipeline(transaction=False)

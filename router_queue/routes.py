@@ -85,8 +85,9 @@ def submit(provider: str, model: str) -> Response:
     entry = model_entry(provider, model, front.services.catalog)
     admission.refuse_bring_your_own_key(request.headers)
     admitted = admission.admit(
-        front.services, front.dispatcher, workspace=workspace, entry=entry,
-        raw_body=_body(), raw_idempotency_key=request.headers.get("Idempotency-Key"), rate=carried_allowance,
+        front.services, workspace=workspace, entry=entry, raw_body=_body(),
+        raw_idempotency_key=request.headers.get("Idempotency-Key"),
+        raw_priority=request.headers.get("X-Comfy-Priority"), rate=carried_allowance,
     )
     g.call_id = admitted.request_id
     log.info("submit: %s", "replayed" if admitted.replayed else "admitted", extra={
@@ -165,8 +166,9 @@ def run(provider: str, model: str) -> Response:
     caller = front.keys.caller(request)
     entry = model_entry(provider, model, front.services.catalog)
     admitted = admission.admit(
-        front.services, front.dispatcher, workspace=caller.workspace, entry=entry, raw_body=_body(),
-        raw_idempotency_key=request.headers.get("Idempotency-Key"), queued=False, rate=carried_allowance,
+        front.services, workspace=caller.workspace, entry=entry, raw_body=_body(),
+        raw_idempotency_key=request.headers.get("Idempotency-Key"),
+        raw_priority=request.headers.get("X-Comfy-Priority"), queued=False, rate=carried_allowance,
     )
     g.call_id = admitted.request_id
     settings = front.services.settings

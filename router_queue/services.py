@@ -33,15 +33,17 @@ class Services:
             client = redis.Redis.from_url(
                 settings.redis_url, socket_connect_timeout=2, socket_timeout=5, health_check_interval=30
             )
+        catalog = Catalog.load(settings.catalog_path)
         return cls(
             settings=settings,
             redis=client,
             store=RequestStore(
                 client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
                 republish_after_s=settings.republish_after_s, max_queued=settings.max_queued,
+                max_in_flight=catalog.max_in_flight,
             ),
             accounts=Accounts(client),
             ids=RequestIds(client),
-            catalog=Catalog.load(settings.catalog_path),
+            catalog=catalog,
             metrics=MetricsRecorder(client),
         )

@@ -7,10 +7,11 @@ trip. The key layout is in ``keys.py``.
 
 from __future__ import annotations
 
+import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any
+from typing import Any, Callable
 
 import redis
 
@@ -24,7 +25,11 @@ _FIELDS = (
 )
 
 
+log = logging.getLogger(__name__)
+
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
+#: A request's priority within its workspace (``X-Comfy-Priority``).
+PRIORITIES = ("high", "normal", "low")
 #: status.lua's ARGV after the request id: the field count, then the fields.
 _STATUS_FIELD_ARGS = (len(_FIELDS), *_FIELDS)
 
@@ -124,6 +129,26 @@ class Admission:
 
 
 @dataclass(frozen=True)
+class BrokerTemplate:
+    """How the scripts publish a grant themselves: the broker's list for a
+    provider's queue and its Celery message with the stand-ins lib.lua fills."""
+
+    list_key: str
+    text: str
+
+
+@dataclass
+class GrantPublishing:
+    """Where the ids a script granted go when it did not push their message:
+    ``templates`` per provider for the scripts, else ``publish(provider, ids)``
+    (``dispatch.Dispatcher`` attaches itself). Without a publisher a grant
+    waits for the reaper, ``REPUBLISH_AFTER_SECONDS``."""
+
+    templates: dict[str, BrokerTemplate] = field(default_factory=dict)
+    publish: Callable[[str, list[str]], None] | None = None
+
+
+@dataclass(frozen=True)
 class Lease:
     """How a delivery claims a request: who holds it and under what limits."""
 
@@ -131,7 +156,6 @@ class Lease:
     #: while the first execution still runs is told apart from it.
     token: str
     lease_s: float
-    max_in_flight: int
     queue_timeout_s: float
     max_takeovers: int
     #: "{task id}:{retry number}": resumes a lease its holder kept for this retry.
@@ -140,14 +164,21 @@ class Lease:
 
 class RequestStore:
     def __init__(self, client: redis.Redis, *, retention_s: int, idempotency_ttl_s: int,
-                 republish_after_s: float = 30.0, max_queued: int = 1000):
+                 republish_after_s: float = 30.0, max_queued: int = 1000,
+                 max_in_flight: Callable[[str], int] = lambda provider: 100):
         self.client = client
         #: Requests a workspace may have waiting unless it sets its own cap.
         self.max_queued = max_queued
         self.retention_s = retention_s
         self.idempotency_ttl_s = idempotency_ttl_s
+        #: Seconds a granted request may wait for its delivery before the
+        #: reaper publishes it again (its message was lost).
         self.republish_after_s = republish_after_s
+        #: A provider's fleet-wide cap on requests in flight (the catalog's).
+        self.max_in_flight = max_in_flight
+        self.grants = GrantPublishing()
         self._admit = load_script(client, "admit")
+        self._grant = load_script(client, "grant")
         self._claim = load_script(client, "claim")
         self._renew = load_script(client, "renew")
         self._complete = load_script(client, "complete")
@@ -170,32 +201,34 @@ class RequestStore:
         price: int = 0,
         now: float | None = None,
         rate=None,
-        message=None,
+        priority: str = "normal",
     ) -> Admission:
-        """One atomic admission (``admit.lua``). ``rate`` (a ``ratelimit.Allowance``)
-        is counted first; a spent window raises the refusal it makes. ``message``
-        (a ``dispatch.BrokerMessage``) is pushed to the broker in the same step;
-        without one the request waits in ``rq:due`` for its publish."""
+        """One atomic admission (``admit.lua``): the record, its place in the
+        provider's schedule, and a slot with its Celery message when one is
+        free. ``rate`` (a ``ratelimit.Allowance``) is counted first; a spent
+        window raises the refusal it makes."""
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         idem_key = keys.idempotency(workspace, idempotency_key_hash or "-")
         now = now or time.time()
+        list_key, template, cap, grant_until = self._granting(provider, now)
         reply = self._admit(
             keys=[
                 keys.request(request_id), keys.queue(provider), keys.sequence(provider),
-                keys.due(), keys.workspace(workspace), idem_key, keys.ledger(workspace), keys.metrics(provider),
-                keys.draining(), message.list_key if message else keys.due(), *rate_keys,
+                keys.schedule(provider), keys.workspace(workspace), idem_key, keys.ledger(workspace),
+                keys.metrics(provider), keys.draining(), keys.running(provider), list_key, *rate_keys,
             ],
             args=[
                 request_id, workspace, model, provider, body, repr(now),
                 fingerprint if idempotency_key_hash else "", self.idempotency_ttl_s,
-                "1" if require_enabled else "0", repr(now + self.republish_after_s), int(price),
-                self.max_queued, message.payload if message else "", *rate_args,
+                "1" if require_enabled else "0", grant_until, int(price),
+                self.max_queued, template, cap, priority, *rate_args,
             ],
         )
         code = _text(reply[0])
         if code == "RATE_LIMITED":
             raise rate.refusal(reply[1:])
         if code == "ADMITTED":
+            self._publish_granted(provider, reply[3:])
             return Admission(code, _text(reply[1]), int(reply[2]))
         if code == "REPLAY":
             return Admission(code, _text(reply[1]))
@@ -203,9 +236,39 @@ class RequestStore:
             return Admission(code, available=int(float(_text(reply[1]))))
         return Admission(code)
 
-    def mark_published(self, request_id: str) -> None:
-        """Forget that ``request_id`` awaits a publish."""
-        self.client.zrem(keys.due(), request_id)
+    # -- the schedule's grants -------------------------------------------------
+    def _granting(self, provider: str, now: float) -> tuple[str, str, int, str]:
+        """What a script that may grant a slot needs: the broker list and
+        message template ("" when published from here), the provider's cap,
+        and until when a grant waits for its worker."""
+        template = self.grants.templates.get(provider)
+        return (template.list_key if template else keys.schedule(provider), template.text if template else "",
+                self.max_in_flight(provider), repr(now + self.republish_after_s))
+
+    def _publish_granted(self, provider: str, granted: list[Any]) -> None:
+        """Publish what a script granted. The grant is already written, so a
+        failed publish must not fail the caller's step: the reaper publishes
+        the grant again once its lease ends."""
+        if not granted or self.grants.publish is None:
+            return
+        try:
+            self.grants.publish(provider, [_text(i) for i in granted])
+        except Exception:
+            log.exception("publishing %d grant(s) for %s failed; the reaper publishes them again",
+                          len(granted), provider)
+
+    def _granting_args(self, provider: str, now: float) -> tuple[list[str], list[Any]]:
+        list_key, template, cap, grant_until = self._granting(provider, now)
+        return [keys.running(provider), list_key], [cap, grant_until, template]
+
+    def grant(self, provider: str, now: float | None = None) -> None:
+        """Give the provider's free slots to whom its schedule names (the
+        sweeper's self-heal: a raised cap, a lost step)."""
+        now = now or time.time()
+        list_key, template, cap, grant_until = self._granting(provider, now)
+        granted = self._grant(keys=[keys.schedule(provider), keys.running(provider), list_key],
+                              args=[cap, repr(now), grant_until, template])
+        self._publish_granted(provider, granted)
 
     def status_view(self, request_id: str, provider: str, rate=None) -> StatusView:
         """Record, queue position and provider pace, in one round trip (``status.lua``).
@@ -215,7 +278,7 @@ class RequestStore:
         """
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         reply = self._status(
-            keys=[keys.request(request_id), keys.queue(provider), keys.stats(provider), *rate_keys],
+            keys=[keys.request(request_id), keys.schedule(provider), keys.stats(provider), *rate_keys],
             args=[request_id, *_STATUS_FIELD_ARGS, *rate_args],
         )
         if reply[0] == b"RATE_LIMITED":
@@ -235,12 +298,17 @@ class RequestStore:
         return self.client.get(keys.result(request_id))
 
     def cancel(self, *, request_id: str, workspace: str, model: str, provider: str) -> str:
+        """"CANCELLED" (it was waiting), "REQUESTED" (its worker stops it),
+        "ALREADY_COMPLETED" or "MISSING" (not this caller's)."""
+        now = time.time()
+        (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
         reply = self._cancel(
-            keys=[keys.request(request_id), keys.queue(provider), keys.due(), keys.workspace(workspace),
-                  keys.ledger(workspace)],
-            args=[request_id, workspace, model, repr(time.time()), self.retention_s],
+            keys=[keys.request(request_id), keys.queue(provider), keys.schedule(provider), keys.workspace(workspace),
+                  keys.ledger(workspace), running, list_key],
+            args=[request_id, workspace, model, repr(now), self.retention_s, cap, grant_until, template],
         )
-        return _text(reply) or ""
+        self._publish_granted(provider, reply[1:])
+        return _text(reply[0])
 
     # -- workers -----------------------------------------------------------
     def load(self, request_id: str) -> tuple[RequestRecord | None, bytes | None]:
@@ -254,13 +322,16 @@ class RequestStore:
     def claim(self, record: RequestRecord, lease: Lease, now: float | None = None) -> str:
         """Take the request to run it; returns a claim.lua code ("CLAIMED", "RESUMED", ...)."""
         request_id, provider = record.id, record.provider
+        now = now or time.time()
+        (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
         reply = self._claim(
-            keys=[keys.request(request_id), keys.queue(provider), keys.due(), keys.running(provider),
-                  keys.workspace(record.workspace), keys.ledger(record.workspace)],
-            args=[request_id, repr(now or time.time()), lease.lease_s, lease.max_in_flight,
-                  lease.queue_timeout_s, self.retention_s, lease.token, lease.max_takeovers, lease.resume_key],
+            keys=[keys.request(request_id), keys.queue(provider), keys.schedule(provider), running,
+                  keys.workspace(record.workspace), keys.ledger(record.workspace), list_key],
+            args=[request_id, repr(now), lease.lease_s, cap, lease.queue_timeout_s, self.retention_s,
+                  lease.token, lease.max_takeovers, lease.resume_key, grant_until, template],
         )
-        return _text(reply) or ""
+        self._publish_granted(provider, reply[1:])
+        return _text(reply[0])
 
     def renew(self, request_id: str, provider: str, token: str, lease_s: float, *, successor: str = "",
               hand_back: bool = False) -> bool:
@@ -278,10 +349,6 @@ class RequestStore:
             self._renew(keys=[keys.request(request_id), keys.running(provider)],
                         args=[request_id, token, now, lease_s, "", ""], client=pipe)
         pipe.execute()
-
-    def defer(self, request_id: str, seconds: float) -> None:
-        """A waiting request's next delivery is due within ``seconds``; else the sweeper publishes it."""
-        self.client.zadd(keys.due(), {request_id: time.time() + seconds})
 
     def record_attempt(self, request_id: str) -> int:
         """Count one failed provider call worth retrying; returns the count so far."""
@@ -308,39 +375,33 @@ class RequestStore:
         COMPLETED keeps its first outcome. ``billable`` defaults to "a success"."""
         request_id, provider = record.id, record.provider
         billable = (not error_type) if billable is None else billable
+        now = time.time()
+        (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
         reply = self._complete(
             keys=[
                 keys.request(request_id), keys.result(request_id), keys.queue(provider),
-                keys.stats(provider), keys.due(), keys.running(provider),
-                keys.workspace(record.workspace), keys.ledger(record.workspace),
+                keys.stats(provider), keys.schedule(provider), running,
+                keys.workspace(record.workspace), keys.ledger(record.workspace), list_key,
             ],
             args=[
-                request_id, repr(time.time()), self.retention_s, error_type, detail,
-                content_type, output, "1" if billable else "0",
+                request_id, repr(now), self.retention_s, error_type, detail,
+                content_type, output, "1" if billable else "0", cap, grant_until, template,
             ],
         )
-        return _text(reply) or ""
+        self._publish_granted(provider, reply[1:])
+        return _text(reply[0])
 
     # -- sweeper and reaper ----------------------------------------------------
-    def overdue_waiting(self, now: float, limit: int = 500) -> list[tuple[str, str]]:
-        """(id, provider) of IN_QUEUE requests past their publish due time."""
-        ids = [_text(i) for i in self.client.zrangebyscore(keys.due(), "-inf", now, 0, limit)]
+    def expired_leases(self, provider: str, now: float, limit: int = 500) -> list[tuple[str, bool]]:
+        """(id, started) of requests holding a slot whose lease ran out: a
+        started one's worker died (or hung); a granted one's message was lost."""
+        ids = [_text(i) for i in self.client.zrangebyscore(keys.running(provider), "-inf", now, 0, limit)]
         if not ids:
             return []
         pipe = self.client.pipeline(transaction=False)
         for request_id in ids:
-            pipe.hmget(keys.request(request_id), ("status", "provider"))
-        found = []
-        for request_id, (status, provider) in zip(ids, pipe.execute()):
-            if _text(status) == IN_QUEUE:
-                found.append((request_id, _text(provider)))
-            else:
-                self.client.zrem(keys.due(), request_id)
-        return found
-
-    def expired_leases(self, provider: str, now: float, limit: int = 500) -> list[str]:
-        """Running requests whose lease ran out: their worker died (or hung)."""
-        return [_text(i) for i in self.client.zrangebyscore(keys.running(provider), "-inf", now, 0, limit)]
+            pipe.hget(keys.request(request_id), "status")
+        return [(request_id, _text(status) != IN_QUEUE) for request_id, status in zip(ids, pipe.execute())]
 
     def postpone_reap(self, request_id: str, provider: str, until: float) -> None:
         """Look at an expired lease again at ``until`` (its re-publish may be lost too)."""
@@ -353,12 +414,14 @@ class RequestStore:
     def expire_queued(self, request_id: str, provider: str, workspace: str, queue_timeout_s: float,
                       now: float) -> bool:
         """End a request that waited past its queue timeout; True when it did."""
+        (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
         reply = self._expire_queued(
-            keys=[keys.request(request_id), keys.queue(provider), keys.due(), keys.workspace(workspace),
-                  keys.ledger(workspace)],
-            args=[request_id, repr(now), queue_timeout_s, self.retention_s],
+            keys=[keys.request(request_id), keys.queue(provider), keys.schedule(provider), keys.workspace(workspace),
+                  keys.ledger(workspace), running, list_key],
+            args=[request_id, repr(now), queue_timeout_s, self.retention_s, workspace, cap, grant_until, template],
         )
-        return bool(reply)
+        self._publish_granted(provider, reply[1:])
+        return _text(reply[0]) == "TIMED_OUT"
 
     def set_draining(self, provider: str, draining: bool) -> None:
         """Stop (or resume) admitting requests for ``provider``; in-flight work goes on."""
@@ -369,6 +432,15 @@ class RequestStore:
 
     def queue_depth(self, provider: str) -> int:
         return int(self.client.zcard(keys.queue(provider)))
+
+    def waiting_workspaces(self, provider: str, largest: int = 5) -> tuple[int, list[tuple[str, int]]]:
+        """How many workspaces have requests waiting on ``provider``, and the
+        ``largest`` of them with their counts, most first."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zcard(keys.schedule_workspaces(provider))
+        pipe.zrevrange(keys.schedule_workspaces(provider), 0, largest - 1, withscores=True)
+        count, top = pipe.execute()
+        return int(count), [(_text(ws), int(n)) for ws, n in top]
 
     def in_flight(self, provider: str) -> int:
         return int(self.client.zcard(keys.running(provider)))

@@ -32,8 +32,10 @@ class WorkerContext:
     @classmethod
     def build(cls, app: Celery, services: Services | None = None) -> "WorkerContext":
         services = services or Services.build(app.router_settings)
-        return cls(services, provider_session(), Dispatcher(app, services.store),
-                   LeaseKeeper(services.store, services.settings.lease_s))
+        settings = services.settings
+        dispatcher = Dispatcher(app, services.store, providers=tuple(services.catalog.providers()),
+                                broker_is_store=settings.effective_broker_url == settings.redis_url)
+        return cls(services, provider_session(), dispatcher, LeaseKeeper(services.store, settings.lease_s))
 
 
 #: Connections kept per provider host: one per worker thread that may call it.

@@ -23,11 +23,6 @@ from .providers import ADAPTERS, HandBack, ProviderCall, ProviderFailure
 
 log = logging.getLogger(__name__)
 
-#: Seconds (range, jittered) a delivery waits before trying again for a slot
-#: when its provider is at its in-flight cap.
-NO_SLOT_WAIT_S = (0.5, 2.0)
-
-
 class Later(Exception):
     """Deliver this request again in ``countdown`` seconds (a Celery retry)."""
 
@@ -77,7 +72,6 @@ def _deliver(context: WorkerContext, request_id: str, execution: Execution) -> s
         store.complete(record, error_type=states.INTERNAL_ERROR, detail=f"model {record.model} left the catalog")
         return "internal_error"
     lease = Lease(token=execution.token, lease_s=services.settings.lease_s,
-                  max_in_flight=services.catalog.max_in_flight(record.provider),
                   queue_timeout_s=entry.policy.queue_timeout_s, max_takeovers=services.settings.max_takeovers,
                   resume_key=execution.resume_key)
     with logs.bound(workspace=record.workspace, model=record.model):
@@ -95,10 +89,6 @@ def _claim_and_run(context: WorkerContext, record: RequestRecord, body: bytes | 
     elif claim in ("QUEUE_TIMEOUT", "EXHAUSTED"):
         metrics.completed(record.provider, record.model,
                           states.QUEUE_TIMEOUT if claim == "QUEUE_TIMEOUT" else states.PROVIDER_ERROR)
-    if claim == "NO_SLOT":
-        wait = random.uniform(*NO_SLOT_WAIT_S)
-        store.defer(request_id, wait + services.settings.republish_after_s)
-        raise Later(wait, f"{record.provider} is at its cap of generations in flight")
     if claim not in ("CLAIMED", "RESUMED"):
         log.info("request %s: %s; this delivery does nothing", request_id, claim)
         return claim.lower()

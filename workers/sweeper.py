@@ -1,12 +1,13 @@
 """Housekeeping, run by Celery beat every ``SWEEP_INTERVAL_SECONDS``.
 
-* Lost publishes: a waiting request past its due time (a crash between
-  admission and publish, or a deferred delivery whose message died with its
-  worker) is published again.
+* Lost publishes: a request granted a slot whose delivery did not claim it
+  within its grant lease (a crash between the grant and the publish, or a
+  worker that died holding the message) is published again.
 * Dead workers: a running request whose lease ran out is published again; the
   new delivery takes it over and resumes the provider's generation.
 * Queue timeouts: the longest-waiting requests of each queue that waited past
   their model's queue timeout end ``queue_timeout``, never dispatched.
+* Free slots: each provider's free slots are granted (a raised cap heals here).
 
 Every action is safe to repeat: the claim lets one delivery run a request.
 """
@@ -37,17 +38,18 @@ class SweepReport:
 def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
     now = time.time() if now is None else now
     services, store = context.services, context.services.store
-    republished = 0
-    for request_id, provider in store.overdue_waiting(now):
-        context.dispatcher.publish(request_id, provider)
-        republished += 1
-    reaped = 0
+    republished = reaped = 0
     for provider in services.catalog.providers():
-        for request_id in store.expired_leases(provider, now):
+        for request_id, started in store.expired_leases(provider, now):
             store.postpone_reap(request_id, provider, now + services.settings.lease_s)
             context.dispatcher.publish(request_id, provider)
-            reaped += 1
+            if started:
+                reaped += 1
+            else:
+                republished += 1
     timed_out = sum(_time_out_queue_head(context, provider, now) for provider in services.catalog.providers())
+    for provider in services.catalog.providers():
+        store.grant(provider, now)
     services.metrics.swept(republished=republished, reaped=reaped, timed_out=timed_out)
     if republished or reaped or timed_out:
         log.warning("sweeper: %d re-published, %d taken from dead workers, %d queue timeouts",

@@ -1,31 +1,34 @@
 -- admit.lua: admit a new request in one atomic step: its record, its place in
--- its provider's queue, its idempotency reservation and the hold on its price.
+-- its provider's schedule, its idempotency reservation and the hold on its
+-- price; then grant() gives it (or whoever the schedule names) a free slot.
 -- Refusals (not enabled, backlog full, insufficient credits) write nothing,
 -- so the Idempotency-Key stays free for a later try.
 --
 -- KEYS[1] rq:req:{id}            KEYS[2] rq:queue:{provider}
--- KEYS[3] rq:seq:{provider}      KEYS[4] rq:due
+-- KEYS[3] rq:seq:{provider}      KEYS[4] rq:sched:{provider}
 -- KEYS[5] rq:ws:{workspace}      KEYS[6] rq:idem:{workspace}:{keyhash}
 -- KEYS[7] rq:ledger:{workspace}  KEYS[8] rq:metrics:{provider}  KEYS[9] rq:draining
+-- KEYS[10] rq:running:{provider} KEYS[11] the broker's list for the provider
+-- KEYS[12..] the caller's rate-window counters, with a (limit, window
+--          seconds) pair each in ARGV[16..] (ratelimit.py): counted first
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] provider
 -- ARGV[5] body (JSON text)       ARGV[6] now (unix seconds)
 -- ARGV[7] fingerprint of (model, canonical body); "" when no Idempotency-Key
 -- ARGV[8] idempotency TTL (s)    ARGV[9] "1" when the workspace must have
 --                                        queued delivery switched on
--- ARGV[10] time (s) by which the request must have been published, after
---          which the sweeper publishes it (a crash between admit and publish)
+-- ARGV[10] until when a grant waits for its worker before the reaper
+--          publishes it again (unix seconds)
 -- ARGV[11] price (credits) held until the request is charged or released
 -- ARGV[12] most requests the workspace may have waiting, unless the
 --          workspace sets its own max_queued
--- KEYS[10] the broker's list for the provider's Celery queue
--- ARGV[13] the Celery message to push onto it (dispatch.py), or "" when the
---          front door publishes after the admit; then the request waits in
---          rq:due (ARGV[10]) until its publish is confirmed
--- KEYS[11..] the caller's rate-window counters, with a (limit, window
---          seconds) pair each in ARGV[14..] (ratelimit.py): counted first
--- returns {"ADMITTED", id, position} | {"REPLAY", id} | {"IDEM_CONFLICT"}
---       | {"NOT_ENABLED"} | {"BACKLOG_FULL"} | {"INSUFFICIENT_CREDITS", available}
---       | {"DRAINING"} | {"RATE_LIMITED", window index, ms left}
+-- ARGV[13] the provider's Celery message template (lib.lua, grant), or ""
+--          when the front door publishes what was granted
+-- ARGV[14] the provider's cap on requests in flight
+-- ARGV[15] priority within the workspace: "high" | "normal" | "low"
+-- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}
+--       | {"IDEM_CONFLICT"} | {"NOT_ENABLED"} | {"BACKLOG_FULL"}
+--       | {"INSUFFICIENT_CREDITS", available} | {"DRAINING"}
+--       | {"RATE_LIMITED", window index, ms left}
 -- Admissions and refusals are counted in rq:metrics:{provider} on the way.
 
 local function refused(reason)
@@ -33,7 +36,7 @@ local function refused(reason)
   return {reason}
 end
 
-local spent = spend_rate(11, 14)
+local spent = spend_rate(12, 16)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
@@ -69,13 +72,9 @@ end
 local seq = redis.call("INCR", KEYS[3])
 redis.call("HSET", KEYS[1],
   "id", ARGV[1], "workspace", ARGV[2], "model", ARGV[3], "provider", ARGV[4],
-  "status", "IN_QUEUE", "body", ARGV[5], "seq", seq, "created_at", ARGV[6], "hold", price)
+  "status", "IN_QUEUE", "body", ARGV[5], "seq", seq, "created_at", ARGV[6], "hold", price,
+  "priority", ARGV[15])
 redis.call("ZADD", KEYS[2], seq, ARGV[1])
-if ARGV[13] ~= "" then
-  redis.call("LPUSH", KEYS[10], ARGV[13])
-else
-  redis.call("ZADD", KEYS[4], ARGV[10], ARGV[1])
-end
 redis.call("HINCRBY", KEYS[5], "queued", 1)
 if price > 0 then
   local held = redis.call("HINCRBY", KEYS[5], "held", price)
@@ -87,4 +86,11 @@ if ARGV[7] ~= "" then
   redis.call("SET", KEYS[6], ARGV[7] .. "|" .. ARGV[1], "EX", ARGV[8])
 end
 redis.call("HINCRBY", KEYS[8], "admitted|" .. ARGV[3], 1)
-return {"ADMITTED", ARGV[1], redis.call("ZRANK", KEYS[2], ARGV[1])}
+
+local S = sched_ctx(KEYS[4], KEYS[10], KEYS[11], ARGV[14], ARGV[6], ARGV[10], ARGV[13])
+enqueue(S, ARGV[2], ARGV[1], seq, ARGV[15])
+local granted = grant(S)
+local reply = with_granted("ADMITTED", granted)
+table.insert(reply, 2, ARGV[1])
+table.insert(reply, 3, position(S.base, ARGV[2], ARGV[1]))
+return reply

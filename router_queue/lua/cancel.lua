@@ -1,24 +1,29 @@
 -- cancel.lua: a caller asks to cancel. A queued request is cancelled at once
--- (COMPLETED with error_type "cancelled"); a running one is flagged for its
--- worker, which stops between steps; a finished one is left alone.
+-- (COMPLETED with error_type "cancelled"; a slot granted to it goes to the
+-- next in the schedule); a running one is flagged for its worker, which stops
+-- between steps; a finished one is left alone.
 -- Ownership is checked here too, so another workspace's id changes nothing.
 --
--- KEYS[1] rq:req:{id}   KEYS[2] rq:queue:{provider}   KEYS[3] rq:due
+-- KEYS[1] rq:req:{id}   KEYS[2] rq:queue:{provider}   KEYS[3] rq:sched:{provider}
 -- KEYS[4] rq:ws:{workspace}   KEYS[5] rq:ledger:{workspace}
+-- KEYS[6] rq:running:{provider}   KEYS[7] the broker's list for the provider
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] now  ARGV[5] retention (s)
--- returns "CANCELLED" | "REQUESTED" | "ALREADY_COMPLETED" | "MISSING"
+-- ARGV[6] the provider's cap  ARGV[7] grant lease end (s)  ARGV[8] message template or ""
+-- returns {"CANCELLED", granted ids to publish...} | {"REQUESTED"}
+--       | {"ALREADY_COMPLETED"} | {"MISSING"}
 
 local rec = redis.call("HMGET", KEYS[1], "status", "workspace", "model")
 if not rec[1] or rec[2] ~= ARGV[2] or rec[3] ~= ARGV[3] then
-  return "MISSING"
+  return {"MISSING"}
 end
 if rec[1] == "COMPLETED" then
-  return "ALREADY_COMPLETED"
+  return {"ALREADY_COMPLETED"}
 end
 if rec[1] == "IN_PROGRESS" then
   redis.call("HSET", KEYS[1], "cancel_requested", ARGV[4])
-  return "REQUESTED"
+  return {"REQUESTED"}
 end
-finish_unbilled({req = KEYS[1], queue = KEYS[2], due = KEYS[3], ws = KEYS[4], ledger = KEYS[5]},
+local S = sched_ctx(KEYS[3], KEYS[6], KEYS[7], ARGV[6], ARGV[4], ARGV[7], ARGV[8])
+finish_unbilled({req = KEYS[1], queue = KEYS[2], ws = KEYS[4], ledger = KEYS[5], ws_id = ARGV[2]}, S,
   ARGV[1], ARGV[4], ARGV[5], true, "cancelled", "cancelled by the caller while queued")
-return "CANCELLED"
+return with_granted("CANCELLED", grant(S))

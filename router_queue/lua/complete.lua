@@ -5,26 +5,35 @@
 -- so a duplicate or late worker can never overwrite the first outcome nor
 -- charge a second time.
 --
+-- The slot it held goes to the request the schedule names next (lib.lua, grant).
+--
 -- KEYS[1] rq:req:{id}   KEYS[2] rq:result:{id}   KEYS[3] rq:queue:{provider}
--- KEYS[4] rq:stats:{provider}   KEYS[5] rq:due   KEYS[6] rq:running:{provider}
+-- KEYS[4] rq:stats:{provider}   KEYS[5] rq:sched:{provider}   KEYS[6] rq:running:{provider}
 -- KEYS[7] rq:ws:{workspace}     KEYS[8] rq:ledger:{workspace}
+-- KEYS[9] the broker's list for the provider
 -- ARGV[1] id   ARGV[2] now (unix seconds)   ARGV[3] retention (s)
 -- ARGV[4] error_type ("" on success)        ARGV[5] detail
 -- ARGV[6] content type                      ARGV[7] output bytes
 -- ARGV[8] "1" when the provider bills this outcome
--- returns "COMPLETED" | "ALREADY_COMPLETED" | "MISSING"
+-- ARGV[9] the provider's cap  ARGV[10] grant lease end (s)  ARGV[11] message template or ""
+-- returns {"COMPLETED", granted ids to publish...} | {"ALREADY_COMPLETED"} | {"MISSING"}
 
-local status = redis.call("HGET", KEYS[1], "status")
+local rec = redis.call("HMGET", KEYS[1], "status", "workspace")
+local status = rec[1]
 if not status then
-  return "MISSING"
+  return {"MISSING"}
 end
 if status == "COMPLETED" then
-  return "ALREADY_COMPLETED"
+  return {"ALREADY_COMPLETED"}
 end
 
 local now = tonumber(ARGV[2])
+local S = sched_ctx(KEYS[5], KEYS[6], KEYS[9], ARGV[9], ARGV[2], ARGV[10], ARGV[11])
 if status == "IN_QUEUE" then
   left_queue(KEYS[7])
+  leave_schedule(S, rec[2], ARGV[1])
+else
+  release_slot(S, rec[2], ARGV[1])
 end
 redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[2])
 settle(KEYS[1], KEYS[7], KEYS[8], ARGV[1], ARGV[8] == "1" and "charge" or "release", ARGV[2])
@@ -37,8 +46,6 @@ end
 redis.call("EXPIRE", KEYS[1], ARGV[3])
 announce_completed(ARGV[1])
 redis.call("ZREM", KEYS[3], ARGV[1])
-redis.call("ZREM", KEYS[5], ARGV[1])
-redis.call("ZREM", KEYS[6], ARGV[1])
 
 -- Pace estimates for Retry-After: moving averages (weight 0.2) of run time
 -- and of the interval between completions, the latter capped at the run time
@@ -58,4 +65,4 @@ if started then
   redis.call("HSET", KEYS[4], "avg_run_s", tostring(avg_run), "avg_gap_s", tostring(avg_gap),
     "last_completed_at", ARGV[2])
 end
-return "COMPLETED"
+return with_granted("COMPLETED", grant(S))

@@ -40,26 +40,6 @@ local function announce_completed(request_id)
   redis.call("PUBLISH", "rq:done:" .. request_id, "COMPLETED")
 end
 
--- End a request that produced no output the provider billed (cancelled while
--- queued, timed out in the queue, given up after its workers kept dying):
--- COMPLETED with its bucket, out of every index, its hold released, kept for
--- the retention window, announced. k holds the keys: req, queue, due, ws,
--- ledger, and running when it may hold a provider slot.
-local function finish_unbilled(k, request_id, now, retention, was_queued, error_type, detail)
-  if was_queued then
-    left_queue(k.ws)
-  end
-  redis.call("HSET", k.req, "status", "COMPLETED", "completed_at", now, "error_type", error_type, "detail", detail)
-  settle(k.req, k.ws, k.ledger, request_id, "release", now)
-  redis.call("EXPIRE", k.req, retention)
-  redis.call("ZREM", k.queue, request_id)
-  redis.call("ZREM", k.due, request_id)
-  if k.running then
-    redis.call("ZREM", k.running, request_id)
-  end
-  announce_completed(request_id)
-end
-
 -- Count this call in the caller's fixed rate windows (ratelimit.py): the
 -- counters are KEYS[first_key] onwards, each one's (limit, window seconds) a
 -- pair in ARGV from first_arg. Every window counts the call until one is
@@ -84,4 +64,259 @@ local function spend_rate(first_key, first_arg)
     i = i + 1
   end
   return nil
+end
+
+-- ---------------------------------------------------------------------------
+-- The schedule behind a provider's cap (keys.py, "rq:sched:{provider}").
+--
+-- Waiting costs nothing: a request that cannot start has no Celery message.
+-- When a slot is free, grant() moves the request the schedule names next into
+-- rq:running:{provider} (the slot is its from then on) and pushes one Celery
+-- message for it; a worker's claim starts it. Every script that frees a slot
+-- or adds a waiting request ends with grant().
+--
+-- The order is start-time fair queuing over workspaces. Each waiting request
+-- holds a slot in the provider's order, a member of {base}:slots scored by a
+-- virtual-time tag: a workspace of weight w that queues a request gets the tag
+-- max(vtime, its last tag) + QUANTUM / w, where vtime is the tag of the slot
+-- granted last. Slots are granted lowest tag first (ties: the older slot).
+-- So workspaces take turns in proportion to their weights, a workspace alone
+-- gets every slot, and a workspace that was idle starts at the current round
+-- with no credit saved up. A workspace's slots go to its own requests in
+-- priority order, FIFO within a priority ({base}:ws:{ws}).
+--
+-- A workspace at its own max_in_flight is parked: its slots leave
+-- {base}:slots (kept, with their tags, in {base}:wslots:{ws}) until one of its
+-- requests ends; they come back with their old tags, so it takes its next
+-- slot at once (max-min fair: it only ever had less than its share).
+--
+-- S, the scheduler's context: base ("rq:sched:{provider}"), running
+-- (rq:running:{provider}), cap, now, grant_until (lease of a grant not yet
+-- claimed: the reaper publishes it again after that), list (the broker's
+-- list for the provider) and template (its Celery message with RQTPLREQ,
+-- RQTPLTASK and RQTPLTAG standing for the request id, task id and delivery
+-- tag), or template "" when the caller publishes the granted ids itself.
+-- ---------------------------------------------------------------------------
+
+--: Virtual time one request of a weight-1 workspace takes; divisible by 1..16.
+local QUANTUM = 720720
+--: Priority bands within a workspace, scored band * BAND_SPAN + admission seq.
+local BANDS = {high = 0, normal = 1, low = 2}
+local BAND_SPAN = 35184372088832  -- 2^45
+
+local function num(x)
+  return string.format("%.17g", x)
+end
+
+local function workspace_of_slot(member)
+  return string.sub(member, 17)  -- "%015d|{ws}"
+end
+
+local function sched_ctx(base, running, list, cap, now, grant_until, template)
+  return {base = base, running = running, list = list, cap = tonumber(cap), now = now,
+          grant_until = grant_until, template = template}
+end
+
+-- The workspace's weight (>= 1) and its own cap on requests in flight per
+-- provider (0: none).
+local function ws_limits(ws)
+  local v = redis.call("HMGET", "rq:ws:" .. ws, "weight", "max_in_flight")
+  return math.max(tonumber(v[1] or "1") or 1, 1), tonumber(v[2] or "0") or 0
+end
+
+local function in_chunks(items, step, fn)
+  for i = 1, #items, step do
+    fn(unpack(items, i, math.min(i + step - 1, #items)))
+  end
+end
+
+local function park(S, ws)
+  local members = redis.call("ZRANGE", S.base .. ":wslots:" .. ws, 0, -1)
+  in_chunks(members, 1000, function(...) redis.call("ZREM", S.base .. ":slots", ...) end)
+  redis.call("HSET", S.base, "parked|" .. ws, "1")
+end
+
+local function unpark(S, ws)
+  redis.call("HDEL", S.base, "parked|" .. ws)
+  local flat = redis.call("ZRANGE", S.base .. ":wslots:" .. ws, 0, -1, "WITHSCORES")
+  local pairs_ = {}
+  for i = 1, #flat, 2 do
+    pairs_[#pairs_ + 1] = flat[i + 1]
+    pairs_[#pairs_ + 1] = flat[i]
+  end
+  in_chunks(pairs_, 1000, function(...) redis.call("ZADD", S.base .. ":slots", ...) end)
+end
+
+-- A new waiting request takes the next slot of its workspace.
+local function enqueue(S, ws, request_id, seq, priority)
+  local base = S.base
+  local weight = ws_limits(ws)
+  local vtime = tonumber(redis.call("HGET", base, "vtime") or "0")
+  local last = tonumber(redis.call("HGET", base, "f|" .. ws) or "0")
+  local tag = math.max(vtime, last) + math.floor(QUANTUM / weight)
+  local member = string.format("%015d|", redis.call("HINCRBY", base, "slotseq", 1)) .. ws
+  redis.call("HSET", base, "f|" .. ws, num(tag))
+  if redis.call("HEXISTS", base, "parked|" .. ws) == 0 then
+    redis.call("ZADD", base .. ":slots", num(tag), member)
+  end
+  redis.call("ZADD", base .. ":wslots:" .. ws, num(tag), member)
+  redis.call("ZADD", base .. ":ws:" .. ws, num((BANDS[priority] or 1) * BAND_SPAN + seq), request_id)
+  redis.call("ZINCRBY", base .. ":depths", 1, ws)
+end
+
+local function forget_workspace_if_idle(S, ws)
+  if tonumber(redis.call("ZINCRBY", S.base .. ":depths", -1, ws)) <= 0 then
+    redis.call("ZREM", S.base .. ":depths", ws)
+    redis.call("HDEL", S.base, "f|" .. ws, "parked|" .. ws)
+  end
+end
+
+-- A waiting (not granted) request leaves the schedule: cancelled or timed out.
+-- Its workspace gives back its last slot, so the requests behind it move up.
+local function dequeue_waiting(S, ws, request_id)
+  if redis.call("ZREM", S.base .. ":ws:" .. ws, request_id) == 0 then
+    return false
+  end
+  local wslots = S.base .. ":wslots:" .. ws
+  local last = redis.call("ZPOPMAX", wslots)
+  if #last > 0 then
+    redis.call("ZREM", S.base .. ":slots", last[1])
+    local now_last = redis.call("ZRANGE", wslots, -1, -1, "WITHSCORES")
+    if #now_last > 0 then
+      redis.call("HSET", S.base, "f|" .. ws, now_last[2])
+    end
+  end
+  forget_workspace_if_idle(S, ws)
+  return true
+end
+
+-- A request leaves rq:running (it ended, or a grant ended unclaimed): its
+-- workspace has one fewer in flight and may be unparked. True when it held a slot.
+local function release_slot(S, ws, request_id)
+  if redis.call("ZREM", S.running, request_id) == 0 then
+    return false
+  end
+  redis.call("ZREM", S.base .. ":granted", request_id)
+  local left = redis.call("HINCRBY", S.base, "run|" .. ws, -1)
+  if left <= 0 then
+    redis.call("HDEL", S.base, "run|" .. ws)
+  end
+  if redis.call("HEXISTS", S.base, "parked|" .. ws) == 1 then
+    local _, limit = ws_limits(ws)
+    if limit <= 0 or left < limit then
+      unpark(S, ws)
+    end
+  end
+  return true
+end
+
+-- A request ends while IN_QUEUE: out of the schedule, or out of its granted slot.
+local function leave_schedule(S, ws, request_id)
+  if not release_slot(S, ws, request_id) then
+    dequeue_waiting(S, ws, request_id)
+  end
+end
+
+-- Give every free slot to the request the schedule names next; returns the
+-- ids granted that the caller must publish (none when S.template pushed them).
+local function grant(S)
+  local base, slots = S.base, S.base .. ":slots"
+  local granted = {}
+  while redis.call("ZCARD", S.running) < S.cap do
+    local head = redis.call("ZRANGE", slots, 0, 0, "WITHSCORES")
+    if #head == 0 then
+      break
+    end
+    local member, tag = head[1], tonumber(head[2])
+    local ws = workspace_of_slot(member)
+    local _, limit = ws_limits(ws)
+    if limit > 0 and tonumber(redis.call("HGET", base, "run|" .. ws) or "0") >= limit then
+      park(S, ws)
+    else
+      redis.call("ZREM", slots, member)
+      redis.call("ZREM", base .. ":wslots:" .. ws, member)
+      if tag > tonumber(redis.call("HGET", base, "vtime") or "0") then
+        redis.call("HSET", base, "vtime", num(tag))
+      end
+      local popped = redis.call("ZPOPMIN", base .. ":ws:" .. ws)
+      forget_workspace_if_idle(S, ws)
+      local request_id = popped[1]
+      if request_id and redis.call("HGET", "rq:req:" .. request_id, "status") == "IN_QUEUE" then
+        local n = redis.call("HINCRBY", base, "grantseq", 1)
+        redis.call("HSET", "rq:req:" .. request_id, "granted_at", S.now)
+        redis.call("ZADD", S.running, S.grant_until, request_id)
+        redis.call("ZADD", base .. ":granted", n, request_id)
+        redis.call("HINCRBY", base, "run|" .. ws, 1)
+        if S.template ~= "" then
+          local task = request_id .. "." .. n
+          local message = string.gsub(string.gsub(string.gsub(S.template, "RQTPLREQ", request_id),
+            "RQTPLTASK", task), "RQTPLTAG", task)
+          redis.call("LPUSH", S.list, message)
+        else
+          granted[#granted + 1] = request_id
+        end
+      end
+    end
+  end
+  return granted
+end
+
+-- queue_position: how many requests start before this one if nothing else
+-- arrives. Granted requests start in grant order (their messages are FIFO on
+-- the broker), every waiting one after all of them, in slot order:
+--   granted, not started:  its rank among the granted
+--   waiting:               granted + the slots ahead of the one its rank in
+--                          its workspace gives it (rank i takes the i-th slot)
+--   waiting, parked:       granted + its rank in its workspace + the other
+--                          slots tagged before its own (it goes on when one
+--                          of its workspace's requests ends)
+-- Each step is a ZRANK, ZRANGE by index or ZCOUNT: O(log n) at any depth.
+local function position(base, ws, request_id)
+  local granted_rank = redis.call("ZRANK", base .. ":granted", request_id)
+  if granted_rank then
+    return granted_rank
+  end
+  local i = redis.call("ZRANK", base .. ":ws:" .. ws, request_id)
+  if not i then
+    return false
+  end
+  local granted = redis.call("ZCARD", base .. ":granted")
+  local slot = redis.call("ZRANGE", base .. ":wslots:" .. ws, i, i, "WITHSCORES")
+  if #slot == 0 then
+    return granted + i
+  end
+  local ahead = redis.call("ZRANK", base .. ":slots", slot[1])
+  if ahead then
+    return granted + ahead
+  end
+  return granted + i + redis.call("ZCOUNT", base .. ":slots", "-inf", "(" .. slot[2])
+end
+
+-- End a request that produced no output the provider billed (cancelled while
+-- queued, timed out in the queue, given up after its workers kept dying):
+-- COMPLETED with its bucket, out of the queue, the schedule and its slot, its
+-- hold released, kept for the retention window, announced. k holds the keys
+-- req, queue, ws, ledger and the workspace id ws_id; S the provider's
+-- scheduler context (the caller runs grant(S) after, for the freed slot).
+local function finish_unbilled(k, S, request_id, now, retention, was_queued, error_type, detail)
+  if was_queued then
+    left_queue(k.ws)
+    leave_schedule(S, k.ws_id, request_id)
+  else
+    release_slot(S, k.ws_id, request_id)
+  end
+  redis.call("HSET", k.req, "status", "COMPLETED", "completed_at", now, "error_type", error_type, "detail", detail)
+  settle(k.req, k.ws, k.ledger, request_id, "release", now)
+  redis.call("EXPIRE", k.req, retention)
+  redis.call("ZREM", k.queue, request_id)
+  announce_completed(request_id)
+end
+
+-- {code, ids...}: a script's answer with the granted ids its caller publishes.
+local function with_granted(code, granted)
+  local reply = {code}
+  for _, request_id in ipairs(granted) do
+    reply[#reply + 1] = request_id
+  end
+  return reply
 end

@@ -1,21 +1,28 @@
 -- status.lua: what a status or result read shows, in one round trip, with the
 -- call counted in the caller's rate windows first (ratelimit.py).
--- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:stats:{provider}
+-- KEYS[1] rq:req:{id}  KEYS[2] rq:sched:{provider}  KEYS[3] rq:stats:{provider}
 -- KEYS[4..] the caller's rate-window counters
 -- ARGV[1] id  ARGV[2] how many record fields follow  ARGV[3..] the fields,
--- then a (limit, window seconds) pair per rate-window counter
+-- the second of them "workspace", then a (limit, window seconds) pair per
+-- rate-window counter
 -- returns {"RATE_LIMITED", window index, ms left}
 --       | {"OK", field values, ttl, position or false, {avg_run_s, avg_gap_s}}
+-- The position (lib.lua, position) is read only while the request waits.
 
 local nfields = tonumber(ARGV[2])
 local spent = spend_rate(4, 3 + nfields)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
+local values = redis.call("HMGET", KEYS[1], unpack(ARGV, 3, 2 + nfields))
+local rank = false
+if values[5] == "IN_QUEUE" then
+  rank = position(KEYS[2], values[2], ARGV[1])
+end
 return {
   "OK",
-  redis.call("HMGET", KEYS[1], unpack(ARGV, 3, 2 + nfields)),
+  values,
   redis.call("TTL", KEYS[1]),
-  redis.call("ZRANK", KEYS[2], ARGV[1]),
+  rank,
   redis.call("HMGET", KEYS[3], "avg_run_s", "avg_gap_s"),
 }

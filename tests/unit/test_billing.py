@@ -14,7 +14,7 @@ PRICE = 60
 
 
 def lease(token="t"):
-    return Lease(token=token, lease_s=30, max_in_flight=10_000, queue_timeout_s=3600, max_takeovers=3)
+    return Lease(token=token, lease_s=30, queue_timeout_s=3600, max_takeovers=3)
 
 
 def admit(services, workspace, price=PRICE):

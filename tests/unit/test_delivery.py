@@ -65,10 +65,14 @@ class RecordingDispatcher:
     def __init__(self, store):
         self.store = store
         self.published = []
+        store.grants.publish = self.publish_granted
 
     def publish(self, request_id, provider):
         self.published.append((request_id, provider))
-        self.store.mark_published(request_id)
+
+    def publish_granted(self, provider, request_ids):
+        for request_id in request_ids:
+            self.publish(request_id, provider)
 
 
 def context_of(services) -> WorkerContext:
@@ -223,7 +227,7 @@ def test_the_sweeper_republishes_what_was_never_published(worker_services, works
 def test_a_redelivered_message_does_not_run_beside_its_live_original(worker_services, workspace):
     request_id, provider = admitted(worker_services, workspace, "bfl/flux-2-pro", {"prompt": "[stub:latency=5]"})
     store = worker_services.store
-    original = Lease("task-1-run-a", 30, 100, 3600, 3, resume_key="task-1:0")
+    original = Lease("task-1-run-a", 30, 3600, 3, resume_key="task-1:0")
     assert store.claim(record_of(worker_services, request_id, provider), original) == "CLAIMED"
     # The broker hands the same message (same task id, same retry count) out again.
     assert deliver(context_of(worker_services), request_id, execution("task-1", 0)) == "leased"
@@ -235,6 +239,6 @@ def test_a_handed_back_request_is_resumed_without_counting_a_takeover(worker_ser
     for n in range(worker_services.settings.max_takeovers + 2):  # more restarts than takeovers allowed
         token = f"worker-{n}"
         assert store.claim(record_of(worker_services, request_id, provider),
-                           Lease(token, 30, 100, 3600, worker_services.settings.max_takeovers)) in ("CLAIMED", "RESUMED")
+                           Lease(token, 30, 3600, worker_services.settings.max_takeovers)) in ("CLAIMED", "RESUMED")
         assert store.renew(request_id, provider, token, 0, hand_back=True)
     assert deliver_until_done(context_of(worker_services), request_id) == "completed"

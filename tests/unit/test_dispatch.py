@@ -1,17 +1,20 @@
-"""Publishing with the admit: the message the admission script pushes is the
-one Celery would have published, on the list a worker consumes."""
+"""Publishing with the grant: the message the scripts push when they grant a
+slot is one Celery's worker reads as its own, on the list a worker consumes,
+and a request waiting for a slot has no message at all."""
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import json
 
 import pytest
+from kombu import Connection
 
-from router_queue import keys
+from router_queue.accounts import Accounts
 from router_queue.app import create_app
+from router_queue.store import RequestStore
 from router_queue.dispatch import Dispatcher
+from tests.unit.support import record_of
 from workers.celery_app import DELIVER_TASK, make_celery
 
 from tests.unit.conftest import UNIT_REDIS_URL, _real_redis
@@ -24,11 +27,15 @@ def inline_dispatcher(settings, services) -> Dispatcher:
 
 
 def task_args(payload: str) -> list:
-    message = json.loads(payload)
-    return json.loads(base64.b64decode(message["body"]))[0]
+    return json.loads(json.loads(payload)["body"])[0]
 
 
-def test_an_admitted_request_is_on_its_providers_broker_list_and_not_left_for_the_sweeper(settings, services):
+def pushed(services, queue="provider.bfl") -> list[str]:
+    """Messages on the broker list, oldest first (kombu LPUSHes and BRPOPs)."""
+    return [raw.decode() for raw in reversed(services.redis.lrange(queue, 0, -1))]
+
+
+def test_an_admitted_request_with_a_free_slot_is_on_its_providers_broker_list(settings, services):
     http = create_app(settings, services=services, dispatcher=inline_dispatcher(settings, services)).test_client()
     key = services.accounts.mint_key(services.accounts.create_workspace("w", queue_enabled=True, credits=10**6))
 
@@ -36,11 +43,25 @@ def test_an_admitted_request_is_on_its_providers_broker_list_and_not_left_for_th
                for n in range(3)]
 
     ids = [a.json["request_id"] for a in answers]
-    pushed = [json.loads(raw) for raw in reversed(services.redis.lrange("provider.bfl", 0, -1))]
-    assert [task_args(json.dumps(m)) for m in pushed] == [[i] for i in ids]
-    assert [m["headers"]["task"] for m in pushed] == [DELIVER_TASK] * 3
-    assert len({m["headers"]["id"] for m in pushed}) == len({m["properties"]["delivery_tag"] for m in pushed}) == 3
-    assert services.redis.zcard(keys.due()) == 0  # published atomically: nothing for the sweeper
+    messages = [json.loads(m) for m in pushed(services)]
+    assert [task_args(json.dumps(m)) for m in messages] == [[i] for i in ids]
+    assert [m["headers"]["task"] for m in messages] == [DELIVER_TASK] * 3
+    assert len({m["headers"]["id"] for m in messages}) == len({m["properties"]["delivery_tag"] for m in messages}) == 3
+    assert services.store.in_flight("bfl") == 3  # each holds its slot from the grant on
+
+
+def test_a_request_waiting_for_a_slot_has_no_message_until_one_frees(settings, services, workspace):
+    inline_dispatcher(settings, services)
+    services.store.max_in_flight = lambda provider: 1
+    first, second = (services.ids.mint(workspace, "bfl/flux-2-pro") for _ in range(2))
+    for request_id in (first, second):
+        services.store.admit(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
+                             body="{}")
+    assert [task_args(m) for m in pushed(services)] == [[first]]
+
+    services.store.complete(record_of(services, first, "bfl"), output=b"{}", content_type="application/json")
+
+    assert [task_args(m) for m in pushed(services)] == [[first], [second]]
 
 
 def test_a_refused_submit_pushes_nothing(settings, services):
@@ -52,25 +73,32 @@ def test_a_refused_submit_pushes_nothing(settings, services):
     assert services.redis.llen("provider.bfl") == 0
 
 
-def test_the_message_is_the_one_celery_publishes_itself(settings):
-    """Against kombu's own Redis transport: same envelope, headers and body
-    for the same task id, on the same list (only the delivery tag differs)."""
+def test_kombu_reads_the_pushed_message_as_the_one_celery_publishes_itself(settings):
+    """Through kombu's own Redis transport: the message a grant pushes decodes
+    to the same task, arguments and headers as Celery's own for that task id."""
     real = _real_redis()
     if real is None:
         pytest.skip(f"no Redis answers at {UNIT_REDIS_URL}")
     real.flushdb()
     try:
-        celery = make_celery(dataclasses.replace(settings, redis_url=UNIT_REDIS_URL))
-        ours = Dispatcher(celery, store=None, providers=("bfl",), broker_is_store=True).message_for_admit(
-            "0193aaaa-bbbb-8ccc-9ddd-eeeeffff0000", "bfl")
-        mine = json.loads(ours.payload)
-
-        celery.send_task(DELIVER_TASK, args=["0193aaaa-bbbb-8ccc-9ddd-eeeeffff0000"], queue="provider.bfl",
-                         task_id=mine["headers"]["id"])
-        (theirs_raw,) = real.lrange(ours.list_key, 0, -1)
-        theirs = json.loads(theirs_raw)
-
-        assert mine["properties"].pop("delivery_tag") != theirs["properties"].pop("delivery_tag")
-        assert mine == theirs
+        settings = dataclasses.replace(settings, redis_url=UNIT_REDIS_URL)
+        celery = make_celery(settings)
+        store = RequestStore(real, retention_s=60, idempotency_ttl_s=60)
+        Dispatcher(celery, store, providers=("bfl",), broker_is_store=True)
+        workspace = Accounts(real).create_workspace("w", queue_enabled=True)
+        request_id = "0193aaaa-bbbb-8ccc-9ddd-eeeeffff0000"
+        assert store.admit(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
+                           body="{}").outcome == "ADMITTED"
+        with Connection(UNIT_REDIS_URL) as connection:
+            queue = connection.SimpleQueue("provider.bfl")
+            ours = queue.get(timeout=2)
+            celery.send_task(DELIVER_TASK, args=[request_id], queue="provider.bfl", task_id=ours.headers["id"])
+            theirs = queue.get(timeout=2)
+            assert ours.decode() == theirs.decode()
+            assert ours.headers == theirs.headers
+            assert ours.content_type == theirs.content_type == "application/json"
+            ours.ack()
+            theirs.ack()
+            queue.close()
     finally:
         real.flushdb()

@@ -35,7 +35,7 @@ def test_metrics_match_known_traffic(http, auth, services, workspace):
     assert submit(http, {"X-API-Key": services.accounts.mint_key(poor)}, "x").status_code == 402
     store, metrics = services.store, services.metrics
     for request_id, outcome in ((ids[0], "success"), (ids[1], "provider_error")):
-        store.claim(record_of(services, request_id, "bfl"), Lease("t", 30, 100, 3600, 3))
+        store.claim(record_of(services, request_id, "bfl"), Lease("t", 30, 3600, 3))
         metrics.claimed("bfl", "bfl/flux-2-pro", 0.3)
         if outcome == "success":
             store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
@@ -49,7 +49,7 @@ def test_metrics_match_known_traffic(http, auth, services, workspace):
     bfl = (("provider", "bfl"),)
     model = (("model", "bfl/flux-2-pro"), ("provider", "bfl"))
     assert samples[("router_queue_depth", bfl)] == 1
-    assert samples[("router_queue_in_flight", bfl)] == 0
+    assert samples[("router_queue_in_flight", bfl)] == 1  # ids[3] holds the slot it was granted
     assert samples[("router_queue_admissions_total", model)] == 4
     assert samples[("router_queue_refusals_total", tuple(sorted(model + (("reason", "insufficient_credits"),))))] == 1
     completions = {labels: value for (name, labels), value in samples.items() if name == "router_queue_completions_total"}

@@ -11,7 +11,7 @@ from tests.unit.support import record_of
 from router_queue import keys
 from router_queue.store import Lease
 
-LEASE = Lease(token="t", lease_s=30, max_in_flight=100, queue_timeout_s=3600, max_takeovers=3)
+LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)
 
 FLUX = "/v2/models/bfl/flux-2-pro"
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")

@@ -13,8 +13,8 @@ from router_queue.store import Lease
 MODEL = "bfl/flux-2-pro"
 
 
-def lease(token="t1", *, lease_s=30.0, cap=100, queue_timeout_s=3600.0, max_takeovers=3, resume_key=""):
-    return Lease(token=token, lease_s=lease_s, max_in_flight=cap, queue_timeout_s=queue_timeout_s,
+def lease(token="t1", *, lease_s=30.0, queue_timeout_s=3600.0, max_takeovers=3, resume_key=""):
+    return Lease(token=token, lease_s=lease_s, queue_timeout_s=queue_timeout_s,
                  max_takeovers=max_takeovers, resume_key=resume_key)
 
 
@@ -27,7 +27,7 @@ def admit(services, workspace, *, key_hash="", fingerprint="", body='{"prompt": 
     return request_id, outcome
 
 
-def test_admit_writes_record_queue_place_and_publish_due_mark(services, workspace):
+def test_admit_writes_the_record_and_grants_a_free_slot_under_a_grant_lease(services, workspace):
     request_id, outcome = admit(services, workspace, now=1000.0)
     assert (outcome.outcome, outcome.request_id, outcome.position) == ("ADMITTED", request_id, 0)
     view = services.store.status_view(request_id, "bfl")
@@ -35,9 +35,10 @@ def test_admit_writes_record_queue_place_and_publish_due_mark(services, workspac
     assert view.record.workspace == workspace
     assert view.record.created_at == 1000.0
     assert view.position == 0
-    due = 1000.0 + services.store.republish_after_s
-    assert services.store.overdue_waiting(due - 1) == []
-    assert services.store.overdue_waiting(due + 1) == [(request_id, "bfl")]
+    assert services.store.in_flight("bfl") == 1  # the slot is the grant's until its delivery claims it
+    grant_lease_end = 1000.0 + services.store.republish_after_s
+    assert services.store.expired_leases("bfl", grant_lease_end - 1) == []
+    assert services.store.expired_leases("bfl", grant_lease_end + 1) == [(request_id, False)]
     record, body = services.store.load(request_id)
     assert body == b'{"prompt": "x"}'
 
@@ -96,7 +97,6 @@ def test_claim_lets_exactly_one_delivery_through(services, workspace):
     view = services.store.status_view(request_id, "bfl")
     assert view.record.status == IN_PROGRESS and view.record.started_at is not None
     assert view.position is None
-    assert services.store.overdue_waiting(float("inf")) == []
     assert services.store.in_flight("bfl") == 1
 
 
@@ -160,27 +160,19 @@ def test_completion_feeds_the_pace_averages(services, workspace):
     assert pace.avg_gap_s is not None
 
 
-def test_overdue_waiting_skips_requests_that_moved_on(services, workspace):
-    after = services.store.republish_after_s
-    waiting, _ = admit(services, workspace, now=100.0)
-    cancelled, _ = admit(services, workspace, now=100.0)
-    services.store.cancel(request_id=cancelled, workspace=workspace, model=MODEL, provider="bfl")
-    late, _ = admit(services, workspace, now=500.0)
-    assert services.store.overdue_waiting(200.0 + after) == [(waiting, "bfl")]
-    services.store.mark_published(waiting)
-    assert services.store.overdue_waiting(200.0 + after) == []
-    assert services.store.overdue_waiting(600.0 + after) == [(late, "bfl")]
-
-
-def test_a_provider_at_its_cap_leaves_requests_waiting(services, workspace):
+def test_a_provider_at_its_cap_leaves_requests_waiting_without_a_slot(services, workspace):
+    services.store.max_in_flight = lambda provider: 1
     first, second = admit(services, workspace)[0], admit(services, workspace)[0]
-    assert services.store.claim(record_of(services, first, "bfl"), lease("a", cap=1)) == "CLAIMED"
-    assert services.store.claim(record_of(services, second, "bfl"), lease("b", cap=1)) == "NO_SLOT"
+    assert services.store.status_view(second, "bfl").position == 1  # behind the granted first
+    assert services.store.claim(record_of(services, first, "bfl"), lease("a")) == "CLAIMED"
+    # a stray message for the waiting one (an operator's requeue) starts nothing
+    assert services.store.claim(record_of(services, second, "bfl"), lease("b")) == "WAITING"
     assert services.store.status_view(second, "bfl").record.status == IN_QUEUE
     assert services.store.status_view(second, "bfl").position == 0
+    assert services.store.in_flight("bfl") == 1
     services.store.complete(record_of(services, first, "bfl"), output=b"{}", content_type="application/json")
-    assert services.store.in_flight("bfl") == 0
-    assert services.store.claim(record_of(services, second, "bfl"), lease("b", cap=1)) == "CLAIMED"
+    assert services.store.in_flight("bfl") == 1  # the freed slot went to the second at once
+    assert services.store.claim(record_of(services, second, "bfl"), lease("b")) == "CLAIMED"
 
 
 def test_a_request_past_its_queue_timeout_is_never_run(services, workspace):
@@ -208,7 +200,7 @@ def test_only_the_retry_a_holder_named_resumes_and_an_expired_lease_is_taken_ove
     assert services.store.claim(record, lease("a3", lease_s=0.2, resume_key="task:1")) == "RESUMED"
     assert services.store.claim(record, lease("a4", lease_s=0.2, resume_key="task:1")) == "LEASED"  # used once
     assert services.store.claim(record_of(services, request_id, "bfl"), lease("b")) == "LEASED"
-    assert services.store.expired_leases("bfl", time.time() + 1) == [request_id]
+    assert services.store.expired_leases("bfl", time.time() + 1) == [(request_id, True)]
     time.sleep(0.3)
     assert services.store.claim(record_of(services, request_id, "bfl"), lease("b")) == "RESUMED"
     assert not services.store.renew(request_id, "bfl", "a3", 30)  # the old holder lost it

@@ -25,19 +25,20 @@ class FinishingDispatcher:
         self.services, self.delay_s = services, delay_s
         self.outcome = outcome or {"output": NATIVE, "content_type": "application/json"}
         self.published: list[str] = []
+        services.store.grants.publish = self.publish_granted
 
-    def message_for_admit(self, request_id, provider):
-        return None  # published after the admit, through publish()
+    def publish_granted(self, provider, request_ids):
+        for request_id in request_ids:
+            self.publish(request_id, provider)
 
     def publish(self, request_id, provider):
         self.published.append(request_id)
-        self.services.store.mark_published(request_id)
 
         def finish():
             time.sleep(self.delay_s)
             store = self.services.store
             store.claim(record_of(self.services, request_id, provider),
-                        Lease("w", 30, 100, 3600, 3))
+                        Lease("w", 30, 3600, 3))
             store.complete(record_of(self.services, request_id, provider), **self.outcome)
 
         if self.delay_s is not None:
