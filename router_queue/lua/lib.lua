@@ -85,10 +85,10 @@ end
 -- with no credit saved up. A workspace's slots go to its own requests in
 -- priority order, FIFO within a priority ({base}:ws:{ws}).
 --
--- A workspace at its own max_in_flight is parked: its slots leave
--- {base}:slots (kept, with their tags, in {base}:wslots:{ws}) until one of its
--- requests ends; they come back with their old tags, so it takes its next
--- slot at once (max-min fair: it only ever had less than its share).
+-- A workspace at its own max_in_flight is parked: its slots move, with their
+-- tags, from {base}:slots to {base}:parked until one of its requests ends;
+-- they come back with their old tags, so it takes its next slot at once
+-- (max-min fair: it only ever had less than its share).
 --
 -- S, the scheduler's context: base ("rq:sched:{provider}"), running
 -- (rq:running:{provider}), cap, now, grant_until (lease of a grant not yet
@@ -130,21 +130,27 @@ local function in_chunks(items, step, fn)
   end
 end
 
+-- Move a workspace's slots between the order and {base}:parked (same tags).
+local function move_slots(S, ws, from, to)
+  local flat = redis.call("ZRANGE", S.base .. ":wslots:" .. ws, 0, -1, "WITHSCORES")
+  local members, pairs_ = {}, {}
+  for i = 1, #flat, 2 do
+    members[#members + 1] = flat[i]
+    pairs_[#pairs_ + 1] = flat[i + 1]
+    pairs_[#pairs_ + 1] = flat[i]
+  end
+  in_chunks(members, 1000, function(...) redis.call("ZREM", from, ...) end)
+  in_chunks(pairs_, 1000, function(...) redis.call("ZADD", to, ...) end)
+end
+
 local function park(S, ws)
-  local members = redis.call("ZRANGE", S.base .. ":wslots:" .. ws, 0, -1)
-  in_chunks(members, 1000, function(...) redis.call("ZREM", S.base .. ":slots", ...) end)
+  move_slots(S, ws, S.base .. ":slots", S.base .. ":parked")
   redis.call("HSET", S.base, "parked|" .. ws, "1")
 end
 
 local function unpark(S, ws)
   redis.call("HDEL", S.base, "parked|" .. ws)
-  local flat = redis.call("ZRANGE", S.base .. ":wslots:" .. ws, 0, -1, "WITHSCORES")
-  local pairs_ = {}
-  for i = 1, #flat, 2 do
-    pairs_[#pairs_ + 1] = flat[i + 1]
-    pairs_[#pairs_ + 1] = flat[i]
-  end
-  in_chunks(pairs_, 1000, function(...) redis.call("ZADD", S.base .. ":slots", ...) end)
+  move_slots(S, ws, S.base .. ":parked", S.base .. ":slots")
 end
 
 -- A new waiting request takes the next slot of its workspace.
@@ -156,9 +162,8 @@ local function enqueue(S, ws, request_id, seq, priority)
   local tag = math.max(vtime, last) + math.floor(QUANTUM / weight)
   local member = string.format("%015d|", redis.call("HINCRBY", base, "slotseq", 1)) .. ws
   redis.call("HSET", base, "f|" .. ws, num(tag))
-  if redis.call("HEXISTS", base, "parked|" .. ws) == 0 then
-    redis.call("ZADD", base .. ":slots", num(tag), member)
-  end
+  local order = redis.call("HEXISTS", base, "parked|" .. ws) == 1 and ":parked" or ":slots"
+  redis.call("ZADD", base .. order, num(tag), member)
   redis.call("ZADD", base .. ":wslots:" .. ws, num(tag), member)
   redis.call("ZADD", base .. ":ws:" .. ws, num((BANDS[priority] or 1) * BAND_SPAN + seq), request_id)
   redis.call("ZINCRBY", base .. ":depths", 1, ws)
@@ -181,6 +186,7 @@ local function dequeue_waiting(S, ws, request_id)
   local last = redis.call("ZPOPMAX", wslots)
   if #last > 0 then
     redis.call("ZREM", S.base .. ":slots", last[1])
+    redis.call("ZREM", S.base .. ":parked", last[1])
     local now_last = redis.call("ZRANGE", wslots, -1, -1, "WITHSCORES")
     if #now_last > 0 then
       redis.call("HSET", S.base, "f|" .. ws, now_last[2])
@@ -267,10 +273,12 @@ end
 --   granted, not started:  its rank among the granted
 --   waiting:               granted + the slots ahead of the one its rank in
 --                          its workspace gives it (rank i takes the i-th slot)
---   waiting, parked:       granted + its rank in its workspace + the other
---                          slots tagged before its own (it goes on when one
---                          of its workspace's requests ends)
--- Each step is a ZRANK, ZRANGE by index or ZCOUNT: O(log n) at any depth.
+--   waiting, parked:       granted + every slot in the order + its slot's rank
+--                          among the parked ones. When its workspace goes on
+--                          depends on how long its own running requests take,
+--                          so this counts them as outlasting the rest of the
+--                          queue: an upper bound, and positions stay distinct.
+-- Each step is a ZRANK, ZRANGE by index or ZCARD: O(log n) at any depth.
 local function position(base, ws, request_id)
   local granted_rank = redis.call("ZRANK", base .. ":granted", request_id)
   if granted_rank then
@@ -281,7 +289,7 @@ local function position(base, ws, request_id)
     return false
   end
   local granted = redis.call("ZCARD", base .. ":granted")
-  local slot = redis.call("ZRANGE", base .. ":wslots:" .. ws, i, i, "WITHSCORES")
+  local slot = redis.call("ZRANGE", base .. ":wslots:" .. ws, i, i)
   if #slot == 0 then
     return granted + i
   end
@@ -289,7 +297,7 @@ local function position(base, ws, request_id)
   if ahead then
     return granted + ahead
   end
-  return granted + i + redis.call("ZCOUNT", base .. ":slots", "-inf", "(" .. slot[2])
+  return granted + redis.call("ZCARD", base .. ":slots") + (redis.call("ZRANK", base .. ":parked", slot[1]) or i)
 end
 
 -- End a request that produced no output the provider billed (cancelled while

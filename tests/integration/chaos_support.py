@@ -139,10 +139,19 @@ def cap_catalog(raw: dict[str, Any]) -> None:
     raw["providers"]["bfl"]["max_in_flight"] = 2
 
 
+def fair_queue_catalog(raw: dict[str, Any]) -> None:
+    """One Vertex AI generation at a time, two OpenAI ones (test_fair_queue): requests
+    wait behind the provider's cap in its fair schedule. The shipped call policies
+    otherwise (chaos_catalog's 1 s read timeout would cut the stub's long latencies)."""
+    raw["providers"]["vertexai"]["max_in_flight"] = 1
+    raw["providers"]["openai"]["max_in_flight"] = 2
+
+
 CATALOGS: dict[str, Callable[[dict[str, Any]], None]] = {
     "chaos": chaos_catalog,
     "queue_timeout": queue_timeout_catalog,
     "cap2": cap_catalog,
+    "cap1": fair_queue_catalog,
 }
 
 

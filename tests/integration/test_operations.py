@@ -84,8 +84,9 @@ def test_metrics_match_known_traffic(stack: RunningStack, caller: Caller) -> Non
         queued = caller.submit_ok(FLUX, {"prompt": unique_prompt("metrics cancelled while queued")})
         during = scrape(stack.base_url)
         assert during.get("router_queue_depth", provider=BFL) == before.get("router_queue_depth", provider=BFL) + 1
+        # the queued one is granted a slot (the cap is far) and waits for a worker thread
         assert during.get("router_queue_in_flight", provider=BFL) == (
-            before.get("router_queue_in_flight", provider=BFL) + WORKER_CONCURRENCY)
+            before.get("router_queue_in_flight", provider=BFL) + WORKER_CONCURRENCY + 1)
         assert during.get("router_queue_oldest_wait_seconds", provider=BFL) >= 0
         assert caller.cancel(FLUX, queued).status_code == 202
     assert caller.status_body(FLUX, queued)["error_type"] == "cancelled"
@@ -293,7 +294,8 @@ def test_operations_page_in_headless_chromium(stack: RunningStack, caller: Calle
 
         served = parse_ops_page(requests.get(url, timeout=10).text)
         assert served.cell(BFL, "queued") == str(waiting)
-        assert served.cell(BFL, "in_flight") == str(len(saturating))
+        # granted a slot (the cap is far), waiting for a worker thread
+        assert served.cell(BFL, "in_flight") == str(len(saturating) + waiting)
         assert served.updated == "rendered by the server"
 
         dumped = run_chromium(binary, tmp_path / "profile-dom", "--virtual-time-budget=5000", "--dump-dom", url)
@@ -339,7 +341,8 @@ def test_operator_cli_end_to_end(stack: RunningStack, caller: Caller) -> None:
 
         table = depths_table(ops_ok(env, "depths"))
         assert set(table) == set(services.catalog.providers())
-        assert table[BFL]["waiting"] == "2" and table[BFL]["in_flight"] == str(len(saturating))
+        assert table[BFL]["waiting"] == "2" and table[BFL]["in_flight"] == str(len(saturating) + 2)
+        assert table[BFL]["workspaces_waiting"] == "0"  # both hold granted slots: none waits for one
         assert table[BFL]["cap"] == str(services.catalog.max_in_flight(BFL)) and table[BFL]["draining"] == "no"
         assert float(table[BFL]["oldest_wait_s"]) >= 0
         assert table["vertexai"]["waiting"] == "0"
@@ -387,7 +390,9 @@ def test_operator_cli_end_to_end(stack: RunningStack, caller: Caller) -> None:
     assert "error_type" not in caller.wait_status(FLUX, after)
     assert run_ops(env, "drain", "nope").returncode != 0
 
-    # requeue: a waiting request whose message was lost.
+    # requeue: a granted request whose message was lost. This process's store
+    # has no dispatcher: the admit grants the slot and publishes nothing.
+    assert services.store.grants.publish is None and not services.store.grants.templates
     request_id = services.ids.mint(caller.workspace, FLUX)
     admission = services.store.admit(
         request_id=request_id, workspace=caller.workspace, model=FLUX, provider=BFL,
@@ -395,8 +400,8 @@ def test_operator_cli_end_to_end(stack: RunningStack, caller: Caller) -> None:
         price=services.catalog.by_id(FLUX).price_credits,
     )
     assert admission.outcome == "ADMITTED", admission
-    # Its message is lost and the sweeper's due time is far off: nothing would run it.
-    services.redis.zadd(keys.due(), {request_id: time.time() + 3600}, xx=True)
+    # The reaper's look at its grant lease is far off: nothing would run it.
+    services.redis.zadd(keys.running(BFL), {request_id: time.time() + 3600}, xx=True)
     time.sleep(1.5)
     assert caller.status_body(FLUX, request_id)["status"] == "IN_QUEUE"
     assert ops_ok(env, "requeue", request_id).strip() == f"published {request_id} to bfl"

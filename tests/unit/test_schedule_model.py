@@ -249,6 +249,8 @@ def _drive(backend: str, cap: int, weights: list[int], limits: list[int], steps)
         if not any(model.limits.values()):
             predicted = model.predicted_starts()
             assert {i: views[i].position for i in waiting} == {i: predicted.index(i) for i in waiting}
+        else:  # a workspace at its own cap waits for its own: positions are a distinct, ordered bound
+            assert sorted(views[i].position for i in waiting) == list(range(len(waiting)))
 
     # every hold settled exactly once: a charge for each success, a release otherwise
     for ws in workspaces:
