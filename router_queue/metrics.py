@@ -96,6 +96,7 @@ class RedisCollector(Collector):
             pipe.zcard(keys.running(provider))
             pipe.zrange(keys.queue(provider), 0, 0)
             pipe.hgetall(keys.metrics(provider))
+            pipe.zcard(keys.schedule_workspaces(provider))
         pipe.hgetall(keys.sweeper_metrics())
         pipe.smembers(keys.draining())
         replies = pipe.execute()
@@ -107,6 +108,8 @@ class RedisCollector(Collector):
                                       labels=["provider"])
         cap = GaugeMetricFamily("router_queue_in_flight_limit", "The provider's cap on requests in flight.",
                                 labels=["provider"])
+        workspaces = GaugeMetricFamily("router_queue_waiting_workspaces",
+                                       "Workspaces with requests waiting for a provider slot.", labels=["provider"])
         oldest = GaugeMetricFamily("router_queue_oldest_wait_seconds", "Age of the longest-waiting request.",
                                    labels=["provider"])
         drain = GaugeMetricFamily("router_queue_draining", "1 while the provider admits nothing new.",
@@ -124,8 +127,9 @@ class RedisCollector(Collector):
         now = time.time()
         oldest_ids = []
         for index, provider in enumerate(providers):
-            queued, running, head, fields = replies[index * 4: index * 4 + 4]
+            queued, running, head, fields, waiting_workspaces = replies[index * 5: index * 5 + 5]
             depth.add_metric([provider], queued)
+            workspaces.add_metric([provider], waiting_workspaces)
             in_flight.add_metric([provider], running)
             cap.add_metric([provider], self.catalog.max_in_flight(provider))
             drain.add_metric([provider], 1 if provider in draining else 0)
@@ -138,7 +142,7 @@ class RedisCollector(Collector):
         sweeps = CounterMetricFamily("router_queue_sweeper_actions", "What the sweeper did.", labels=["action"])
         for action in ("republished", "reaped", "timed_out"):
             sweeps.add_metric([action], sweeper.get(action, 0))
-        yield from (depth, in_flight, cap, oldest, drain, admitted, refused, completed, retries, sweeps)
+        yield from (depth, in_flight, cap, workspaces, oldest, drain, admitted, refused, completed, retries, sweeps)
         yield from histograms.values()
 
     def _created_at(self, request_ids: list[str]) -> dict[str, float]:

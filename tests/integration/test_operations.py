@@ -308,7 +308,8 @@ def test_operations_page_in_headless_chromium(stack: RunningStack, caller: Calle
         assert page.cell(BFL, "cap") == str(stack.services.catalog.max_in_flight(BFL))
         assert page.rows[BFL][0] == ("", BFL)
         assert page.cell(BFL, "queued") == str(waiting)
-        assert page.cell(BFL, "in_flight") == str(len(saturating))
+        assert page.cell(BFL, "in_flight") == str(len(saturating) + waiting)
+        assert page.cell(BFL, "waiting_workspaces") == "0"  # all hold granted slots
         assert float(page.cell(BFL, "oldest_wait_s")) >= 0
         for provider in ("vertexai", "openai"):
             assert page.cell(provider, "queued") == "0" and page.cell(provider, "in_flight") == "0"

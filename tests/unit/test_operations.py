@@ -101,3 +101,19 @@ def test_log_lines_are_json_with_the_bound_context(capsys):
     assert line["message"] == "claimed"
     assert (line["request_id"], line["workspace"], line["model"], line["outcome"]) == (
         "r-1", "ws_1", "bfl/flux-2-pro", "claimed")
+
+
+def test_the_operations_page_shows_the_workspaces_waiting_for_a_slot(http, auth, services, workspace):
+    services.store.max_in_flight = lambda provider: 1
+    other = services.accounts.create_workspace("other", queue_enabled=True, credits=1000)
+    other_auth = {"X-API-Key": services.accounts.mint_key(other)}
+    for n in range(4):  # the first takes the one slot; three wait
+        submit(http, auth, f"mine {n}")
+    submit(http, other_auth, "theirs")
+    row = {r["provider"]: r for r in http.get("/ops/summary.json").json["providers"]}["bfl"]
+    assert (row["queued"], row["in_flight"], row["waiting_workspaces"]) == (5, 1, 2)
+    assert row["largest"] == [{"workspace": workspace, "waiting": 3}, {"workspace": other, "waiting": 1}]
+    page = http.get("/ops").get_data(as_text=True)
+    assert '<td class="waiting_workspaces">2</td>' in page
+    assert scrape(http)[("router_queue_waiting_workspaces", (("provider", "bfl"),))] == 2
+    assert f"{workspace} (3), {other} (1)" in page
