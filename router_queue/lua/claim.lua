@@ -1,7 +1,9 @@
 -- claim.lua: a delivery takes a request to run it, exactly one at a time.
 --
 --   IN_QUEUE, not granted a slot       -> left waiting: a stale message; the
---                                         schedule grants it in its turn
+--                                         schedule grants it in its turn (one
+--                                         admitted before the schedule existed
+--                                         is put in it now)
 --   IN_QUEUE, granted, past its queue  -> COMPLETED queue_timeout, never run;
 --   timeout                               its slot goes to the next
 --   IN_QUEUE, granted                  -> IN_PROGRESS under a lease held by token
@@ -29,7 +31,7 @@
 
 local now = tonumber(ARGV[2])
 local rec = redis.call("HMGET", KEYS[1], "status", "created_at", "successor", "lease_until", "takeovers",
-  "handed_back", "workspace")
+  "handed_back", "workspace", "seq", "priority")
 local status = rec[1]
 if not status then
   return {"MISSING"}
@@ -57,6 +59,10 @@ end
 
 if status == "IN_QUEUE" then
   if not redis.call("ZSCORE", KEYS[4], ARGV[1]) then
+    if not redis.call("ZSCORE", S.base .. ":ws:" .. rec[7], ARGV[1]) then
+      enqueue(S, rec[7], ARGV[1], tonumber(rec[8] or "0"), rec[9] or "normal")
+      return with_granted("WAITING", grant(S))
+    end
     return {"WAITING"}
   end
   if now - tonumber(rec[2]) > tonumber(ARGV[5]) then

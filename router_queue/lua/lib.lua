@@ -169,10 +169,16 @@ local function enqueue(S, ws, request_id, seq, priority)
   redis.call("ZINCRBY", base .. ":depths", 1, ws)
 end
 
+-- A workspace with nothing left waiting keeps no tag; once no workspace
+-- waits, no tag exists and virtual time starts again from 0 (tags are exact
+-- integers in a double: this keeps them far from 2^53).
 local function forget_workspace_if_idle(S, ws)
   if tonumber(redis.call("ZINCRBY", S.base .. ":depths", -1, ws)) <= 0 then
     redis.call("ZREM", S.base .. ":depths", ws)
     redis.call("HDEL", S.base, "f|" .. ws, "parked|" .. ws)
+    if redis.call("ZCARD", S.base .. ":depths") == 0 then
+      redis.call("HDEL", S.base, "vtime")
+    end
   end
 end
 

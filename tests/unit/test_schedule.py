@@ -220,3 +220,24 @@ def test_the_priority_is_recorded_on_the_request(services, raw):
     fleet = Fleet(services, cap=1)
     request_id = fleet.submit(fleet.workspace("a"), "x", priority=raw)
     assert services.redis.hget(keys.request(request_id), "priority").decode() == raw
+
+
+def test_a_request_admitted_before_the_schedule_existed_joins_it_when_its_message_arrives(services):
+    """An upgrade with requests waiting: their records and queue places exist,
+    their schedule entries do not; the message each of them has adopts it."""
+    fleet = Fleet(services, cap=1)
+    ws = fleet.workspace("a")
+    running = fleet.submit(ws, "running")
+    fleet.start_granted()
+    old = services.ids.mint(ws, MODEL)
+    services.redis.hset(keys.request(old), mapping={
+        "id": old, "workspace": ws, "model": MODEL, "provider": PROVIDER, "status": IN_QUEUE, "body": "{}",
+        "seq": 999, "created_at": "1000.0", "hold": 0})
+    services.redis.zadd(keys.queue(PROVIDER), {old: 999})
+    assert fleet.position(old) is None
+
+    assert services.store.claim(record_of(services, old, PROVIDER), Lease("t", 30, 10**12, 3)) == "WAITING"
+
+    assert fleet.position(old) == 0
+    fleet.finish(running)
+    assert fleet.granted() == [old]
