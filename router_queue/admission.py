@@ -80,10 +80,9 @@ def priority(raw: str | None) -> str:
     """``X-Comfy-Priority``: orders a workspace's own requests; ``normal`` when absent."""
     if raw is None:
         return "normal"
-    value = raw.strip().lower()
-    if value not in PRIORITIES:
+    if raw not in PRIORITIES:
         raise InvalidInput(f"X-Comfy-Priority must be one of {', '.join(PRIORITIES)}, not {raw[:40]!r}")
-    return value
+    return raw
 
 
 def fingerprint(model_id: str, body: dict[str, Any]) -> str:

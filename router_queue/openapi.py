@@ -16,6 +16,7 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 from marshmallow import Schema, fields
 
 from .catalog import Catalog, ModelEntry
+from .store import PRIORITIES
 
 OPENAPI_VERSION = "3.0.3"
 API_VERSION = "2"
@@ -38,7 +39,12 @@ class GoneSchema(Schema):
 class HandleSchema(Schema):
     request_id = fields.String(required=True)
     status = fields.String(required=True, metadata={"enum": ["IN_QUEUE", "IN_PROGRESS", "COMPLETED"]})
-    queue_position = fields.Integer(metadata={"minimum": 0})
+    queue_position = fields.Integer(metadata={
+        "minimum": 0,
+        "description": "How many requests start before this one if nothing else arrives: the provider's "
+                       "schedule shares its slots between workspaces by weight, so it can grow when another "
+                       "workspace starts submitting, or when a higher-priority request of the same workspace "
+                       "arrives. 0 at the front and while running."})
     status_url = fields.String(required=True)
     response_url = fields.String(required=True)
     cancel_url = fields.String(required=True)
@@ -143,9 +149,12 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
     body = {"required": True, "content": {"application/json": {"schema": input_name}}}
     idem = {"name": "Idempotency-Key", "in": "header", "required": False,
             "schema": {"type": "string", "minLength": 1, "maxLength": 255}}
+    priority = {"name": "X-Comfy-Priority", "in": "header", "required": False,
+                "description": "Orders this workspace's own requests; never those of other workspaces",
+                "schema": {"type": "string", "enum": list(PRIORITIES), "default": "normal"}}
     root = f"/v2/models/{entry.id}"
     spec.path(path=root, operations={"post": {
-        "summary": f"Run {entry.id} synchronously", "tags": [entry.id], "parameters": [idem], "requestBody": body,
+        "summary": f"Run {entry.id} synchronously", "tags": [entry.id], "parameters": [idem, priority], "requestBody": body,
         "responses": {"200": _output(entry, spec, output_name),
                       **_errors(400, 401, 402, 404, 409, 413, 422, 429, 502, 503, 504)},
     }})
@@ -154,7 +163,7 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
     handle = {"description": "admitted", "content": {"application/json": {"schema": HandleSchema}},
               "headers": {"X-Comfy-Request-Id": "X-Comfy-Request-Id", "Idempotent-Replayed": "Idempotent-Replayed"}}
     spec.path(path=f"{root}/requests", operations={"post": {
-        "summary": f"Queue a {entry.id} request", "tags": [entry.id], "parameters": [idem], "requestBody": body,
+        "summary": f"Queue a {entry.id} request", "tags": [entry.id], "parameters": [idem, priority], "requestBody": body,
         "responses": {"201": handle, **_errors(400, 401, 402, 403, 404, 409, 413, 422, 429, 503)},
     }})
     rid = {"name": "request_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}

@@ -118,6 +118,28 @@ def test_a_malformed_idempotency_key_is_refused(http, auth):
     assert_error(submit(http, auth, headers={"Idempotency-Key": "k" * 300}), 400, "invalid_input")
 
 
+@pytest.mark.parametrize("route", ["queued", "synchronous"])
+@pytest.mark.parametrize("priority", ["urgent", "HIGH", "", "high "])
+def test_an_unknown_priority_is_invalid_input_and_admits_nothing(http, auth, services, priority, route):
+    path = f"{FLUX}/requests" if route == "queued" else FLUX
+    response = http.post(path, data=json.dumps({"prompt": "p"}),
+                         headers={**auth, "Content-Type": "application/json", "X-Comfy-Priority": priority})
+    assert_error(response, 400, "invalid_input")
+    assert "X-Comfy-Priority" in response.json["detail"]
+    assert services.store.queue_depth("bfl") == 0
+
+
+def test_a_high_priority_request_passes_its_own_workspaces_waiting_ones(http, auth, services):
+    services.store.max_in_flight = lambda provider: 1
+    normal = [submit(http, auth, {"prompt": f"p{i}"}).json for i in range(3)]
+    high = submit(http, auth, {"prompt": "urgent"}, headers={"X-Comfy-Priority": "high"}).json
+    assert [n["queue_position"] for n in normal] == [0, 1, 2]
+    assert high["queue_position"] == 1  # behind the one granted the slot, ahead of the other two
+    assert [http.get(f"{FLUX}/requests/{n['request_id']}/status", headers=auth).json["queue_position"]
+            for n in normal] == [0, 2, 3]
+    assert services.redis.hget(keys.request(high["request_id"]), "priority") == b"high"
+
+
 def test_status_reports_queue_position_times_and_retry_after(http, auth, services):
     ids = [submit(http, auth, {"prompt": f"p{i}"}).json["request_id"] for i in range(3)]
     response = http.get(f"{FLUX}/requests/{ids[2]}/status", headers=auth)
