@@ -111,8 +111,10 @@ class Settings:
     bfl_api_key: Secret = field(default_factory=lambda: Secret(""))
     vertexai_access_token: Secret = field(default_factory=lambda: Secret(""))
     openai_api_key: Secret = field(default_factory=lambda: Secret(""))
-    #: Seconds an admitted request may wait unpublished before the sweeper
-    #: publishes it again (covers a crash between admission and publish).
+    #: Seconds a request granted a provider slot may wait for its delivery to
+    #: claim it before the sweeper publishes it again (its message was lost:
+    #: a crash between the grant and the publish, or a worker that died
+    #: holding the message).
     republish_after_s: float = 30.0
     #: Seconds between two sweeper runs (Celery beat): lost publishes, expired
     #: leases, queue timeouts.
