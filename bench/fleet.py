@@ -13,6 +13,11 @@ with everything else). Three figures:
   publish -> run -> RPUSH -> BLPOP), the two interleaved.
 * ``sync_held_status_p50`` / ``_p99`` (bench/sync_held.py): status-read latency
   while 200 synchronous calls are held open, against the same reads without them.
+* ``grant_to_start_latency`` and ``waiting_cpu_<n>`` (bench/capped.py): behind
+  vertexai's cap, which the fleet's catalog copy lowers to 1 (no other fleet
+  figure uses vertexai): ms from one generation's end to the next one's start,
+  against the bare Celery round trip; the workers' and beat's CPU while ``n``
+  requests wait, against the same fleet idle.
 """
 
 from __future__ import annotations
@@ -30,12 +35,12 @@ from pathlib import Path
 
 from router_queue.devstack import Stack
 
-from . import sync_held
+from . import capped, schedule, sync_held
 from .procs import ROOT, Children, cpu_seconds, free_port, log
 
 MODEL_ID = "bfl/flux-2-pro"
 #: Phases measured on the whole stack (``--only``).
-PHASES = ("inflight", "dispatch", "sync_held")
+PHASES = ("inflight", "dispatch", "sync_held", "grant_to_start", "waiting_cpu")
 IN_PROGRESS, COMPLETED = "IN_PROGRESS", "COMPLETED"
 
 
@@ -76,6 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--samples", type=int, default=50,
                        help="dispatch samples (and as many pings), interleaved (default 50)")
     sync_held.add_arguments(group)
+    capped.add_arguments(group)
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -84,6 +90,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("inflight, submitters, inflight-rounds, fleet-workers, worker-threads, web-workers "
                      "and samples must be at least 1")
     sync_held.check_arguments(parser, args)
+    capped.check_arguments(parser, args)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -119,6 +126,8 @@ class Fleet:
             "OPENAI_API_KEY": "stub",
             "DEFAULT_RATE_LIMIT": "100000/second",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+            # vertexai capped at 1 for the capped figures (bench/capped.py); no other figure uses it
+            "CATALOG_PATH": str(schedule.capped_catalog(children.log_dir, {capped.PROVIDER: capped.CAP})),
         })
         self.env = env
         self.settings = Settings.from_env(env)
@@ -189,6 +198,13 @@ class Fleet:
         code, answer = self.http_json("POST", self.submit_url, self.post_headers, body)
         if code != 201 or "request_id" not in answer:
             raise MeasurementError(f"a submit answered {code}: {answer}")
+        return answer["request_id"]
+
+    def submit_to(self, model_id: str, body: str) -> str:
+        """Submit ``body`` to ``model_id``'s queued route; the request id."""
+        code, answer = self.http_json("POST", f"{self.base}/v2/models/{model_id}/requests", self.post_headers, body)
+        if code != 201 or "request_id" not in answer:
+            raise MeasurementError(f"a submit to {model_id} answered {code}: {answer}")
         return answer["request_id"]
 
     def status(self, request_id: str) -> str:
@@ -372,24 +388,39 @@ def measure_inflight(fleet: Fleet, emit) -> None:
 # -- dispatch ---------------------------------------------------------------------
 
 
-def measure_dispatch(fleet: Fleet, emit) -> None:
-    """Admitted -> claimed of sequential submits vs publish -> run -> answer of a ping, interleaved."""
-    from workers.celery_app import MAINTENANCE_QUEUE, PING_TASK, make_celery
+class Pinger:
+    """The bare Celery round trip: ``send_task(workers.tasks.ping, [reply_key])`` on the
+    maintenance queue, then ``BLPOP reply_key``, timed around both; the baseline of the
+    dispatch and grant-to-start figures."""
 
-    args = fleet.args
-    app = make_celery(fleet.settings)
-    client = fleet.client
+    def __init__(self, fleet: Fleet):
+        from workers.celery_app import make_celery
 
-    def ping() -> float:
+        self.app = make_celery(fleet.settings)
+        self.client = fleet.client
+
+    def __call__(self) -> float:
+        """One round trip, in seconds."""
+        from workers.celery_app import MAINTENANCE_QUEUE, PING_TASK
+
         reply_key = f"bench:ping:{uuid.uuid4().hex}"
         began = time.perf_counter()
-        app.send_task(PING_TASK, args=[reply_key], queue=MAINTENANCE_QUEUE)
-        answer = client.blpop([reply_key], timeout=10)
+        self.app.send_task(PING_TASK, args=[reply_key], queue=MAINTENANCE_QUEUE)
+        answer = self.client.blpop([reply_key], timeout=10)
         elapsed = time.perf_counter() - began
         if answer is None:
-            raise MeasurementError("dispatch: a ping got no answer within 10 s (no worker consumes "
+            raise MeasurementError("a ping got no answer within 10 s (no worker consumes "
                                    f"{MAINTENANCE_QUEUE}?)")
         return elapsed
+
+    def close(self) -> None:
+        self.app.close()
+
+
+def measure_dispatch(fleet: Fleet, emit) -> None:
+    """Admitted -> claimed of sequential submits vs publish -> run -> answer of a ping, interleaved."""
+    args = fleet.args
+    ping = Pinger(fleet)
 
     def dispatch() -> tuple[float, float]:
         """(admitted -> claimed, HTTP submit) in seconds; waits for COMPLETED so the fleet is idle again."""
@@ -417,7 +448,7 @@ def measure_dispatch(fleet: Fleet, emit) -> None:
             claims.append(claim_s)
             submits.append(submit_s)
     finally:
-        app.close()
+        ping.close()
     log(f"dispatch: ping round trip {_spread(pings, 'ms', 1000)}")
     log(f"dispatch: admitted -> claimed {_spread(claims, 'ms', 1000)}")
     log(f"dispatch: HTTP submit (answered 201) {_spread(submits, 'ms', 1000)}")
@@ -433,13 +464,17 @@ def measure(args: argparse.Namespace, children: Children, redis_url: str, *, htt
     fleet = Fleet(args, children, redis_url, http_json)
     fleet.start(wait_http)
     failures = []
-    # sync_held last: its held generations occupy the workers' threads while they run
-    for name, fn in (("dispatch", measure_dispatch), ("inflight", measure_inflight), ("sync_held", sync_held.measure)):
+    # sync_held near the end: its held generations occupy the workers' threads while they run;
+    # waiting_cpu last: it leaves vertexai's one slot held by a long generation
+    for name, fn in (("dispatch", measure_dispatch), ("grant_to_start", capped.measure_grant_to_start),
+                     ("inflight", measure_inflight), ("sync_held", sync_held.measure),
+                     ("waiting_cpu", capped.measure_waiting_cpu)):
         if name not in args.only:
             continue
         try:
             fn(fleet, emit)
-        except (MeasurementError, sync_held.MeasurementError, error_type) as exc:
+        except (MeasurementError, sync_held.MeasurementError, capped.MeasurementError, schedule.MeasurementError,
+                error_type) as exc:
             log(f"ERROR: {exc}")
             failures.append(name)
     dead = fleet.stack.exited()

@@ -12,7 +12,6 @@ everything else on stderr; stops every process it started.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import shutil
@@ -28,15 +27,19 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from . import fleet
+from . import fleet, schedule
 from .load import Driver, LoadResult, Shot
 from .procs import ROOT, Children, cpu_seconds, ensure_tool, log, start_gunicorn, start_redis
 
 MODEL_ID = "bfl/flux-2-pro"
 SUBMIT_BODY = '{"prompt": "bench"}'
-#: Phases on the front door alone (no Celery worker), then phases on the whole stack.
+#: Phases on the front door alone (no Celery worker), on the store alone (Redis, no
+#: server), then phases on the whole stack.
 FRONT_PHASES = ("status_read", "floor", "submit", "depth")
-PHASES = FRONT_PHASES + fleet.PHASES
+STORE_PHASES = ("dispatch_cost",)
+PHASES = FRONT_PHASES + STORE_PHASES + fleet.PHASES
+#: Phases that use the two side databases (``--side-dbs``).
+SIDE_DB_PHASES = {"depth", "dispatch_cost"}
 
 
 # -- arguments and small helpers ----------------------------------------------
@@ -55,10 +58,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="interleaved baseline/subject rounds; medians are reported (default 3)")
     parser.add_argument("--near", type=int, default=10, help="requests ahead for the cost baseline (default 10)")
     parser.add_argument("--depth", type=int, default=100_000, help="requests ahead for the deep read (default 100000)")
+    parser.add_argument("--depth-rounds", type=int, default=5,
+                        help="interleaved rounds of the depth figure (default 5: its A/A spread on this "
+                             "machine is wider than the target)")
+    parser.add_argument("--depth-workspaces", type=int, default=1000,
+                        help="workspaces the requests ahead are spread over (default 1000; "
+                             "the near side uses min(this, --near))")
     parser.add_argument("--redis-db", type=int, default=14,
                         help="database used (and flushed) on a shared server given by REDIS_URL (default 14)")
-    parser.add_argument("--only", default=",".join(PHASES),
+    parser.add_argument("--side-dbs", default="12,13",
+                        help="two more databases (flushed before and after) holding the two sides of the depth "
+                             "and dispatch_cost figures (default 12,13)")
+    parser.add_argument("--only", "--phases", dest="only", default=",".join(PHASES),
                         help=f"comma-separated phases: {', '.join(PHASES)} (default all)")
+    group = parser.add_argument_group("dispatch cost (dispatch_cost)")
+    group.add_argument("--cost-workspaces", type=int, default=1000,
+                       help="workspaces the waiting requests are spread over (default 1000)")
+    group.add_argument("--cost-queue", type=int, default=10_000,
+                       help="requests waiting behind the cap of 1, on each side, throughout (default 10000)")
+    group.add_argument("--cost-cycles", type=int, default=2000,
+                       help="complete -> grant -> claim cycles per run (default 2000)")
+    group.add_argument("--cost-rounds", type=int, default=5,
+                       help="interleaved (1 workspace, many) rounds; the median-ratio round is reported (default 5)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp dir with server logs")
     fleet.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -67,6 +88,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     fleet.check_arguments(parser, args)
+    try:
+        args.side_dbs = tuple(int(d) for d in args.side_dbs.split(","))
+    except ValueError:
+        parser.error("--side-dbs takes two database numbers, e.g. 12,13")
+    if len(args.side_dbs) != 2 or len(set(args.side_dbs)) != 2 or args.redis_db in args.side_dbs \
+            or 0 in args.side_dbs:
+        parser.error("--side-dbs takes two distinct database numbers, neither 0 nor --redis-db")
+    if min(args.depth_rounds, args.depth_workspaces, args.near, args.depth, args.cost_workspaces, args.cost_queue,
+           args.cost_cycles, args.cost_rounds) < 1:
+        parser.error("depth-workspaces, near, depth and the cost-* options must be at least 1")
     if min(args.workers, args.threads, args.connections, args.duration, args.rounds) < 1:
         parser.error("workers, threads, connections, duration and rounds must be at least 1")
     if args.connections < args.threads:
@@ -124,6 +155,8 @@ def label(count: int) -> str:
 
 
 def fmt(value: float) -> str:
+    if 0 < value < 0.1:
+        return f"{value:.3g}"  # e.g. a few thousandths of a core: three significant digits
     return f"{value:.1f}" if value >= 100 else f"{value:.3f}" if value < 10 else f"{value:.2f}"
 
 
@@ -221,52 +254,6 @@ def emit(name: str, value: float, unit: str, baseline: float) -> None:
     print(f"BENCH {name} value={fmt(value)} {unit} baseline={fmt(baseline)} ratio={ratio:.3f}", flush=True)
 
 
-# -- seeding ----------------------------------------------------------------------
-
-
-def seed_queue(services, workspace: str, entry, count: int, batch: int = 2000) -> None:
-    """``count`` queued requests in ``entry``'s provider queue, admitted in pipelines.
-
-    Each request goes through ``RequestStore.admit`` itself (so the KEYS and ARGV
-    are whatever the store builds today), on a copy of the store whose admit.lua
-    handle queues the call on a pipeline instead of running it; one round trip
-    per ``batch`` requests instead of one per request.
-    """
-    store = services.store
-    script = getattr(store, "_admit", None)
-    if script is None:  # the store no longer exposes its admit.lua handle: one round trip each
-        log("warning: RequestStore has no _admit script handle; seeding one request at a time")
-        for _ in range(count):
-            admit_target(services, workspace, entry)
-        return
-    pipe = None
-
-    def queue_admit(keys, args, client=None):
-        script(keys=keys, args=args, client=pipe)
-        return [b"ADMITTED", str(args[0]).encode(), 0]
-
-    batching = copy.copy(store)
-    batching._admit = queue_admit
-    for start in range(0, count, batch):
-        pipe = services.redis.pipeline(transaction=False)
-        for _ in range(min(batch, count - start)):
-            batching.admit(request_id=services.ids.mint(workspace, entry.id), workspace=workspace,
-                           model=entry.id, provider=entry.provider, body=SUBMIT_BODY)
-        replies = pipe.execute()
-        bad = [r for r in replies if not (isinstance(r, list) and r and r[0] in (b"ADMITTED", "ADMITTED"))]
-        if bad:
-            raise MeasurementError(f"seeding the queue failed: admit.lua answered {bad[0]!r}")
-
-
-def admit_target(services, workspace: str, entry) -> tuple[str, int]:
-    request_id = services.ids.mint(workspace, entry.id)
-    admission = services.store.admit(request_id=request_id, workspace=workspace, model=entry.id,
-                                     provider=entry.provider, body=SUBMIT_BODY)
-    if admission.outcome != "ADMITTED":
-        raise MeasurementError(f"admitting the target request failed: {admission.outcome}")
-    return request_id, int(admission.position)
-
-
 # -- the run ------------------------------------------------------------------------
 
 
@@ -298,6 +285,22 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
 
     client = redis.Redis.from_url(redis_url)
     client.ping()
+    side_urls = tuple(with_db(redis_url, db) for db in args.side_dbs)
+    if shared and args.only & SIDE_DB_PHASES:
+        log(f"databases {args.side_dbs[0]} and {args.side_dbs[1]} there hold the two sides of "
+            f"{', '.join(sorted(args.only & SIDE_DB_PHASES))} (flushed before and after)")
+        side_clients = [redis.Redis.from_url(url) for url in side_urls]
+        for side in side_clients:
+            side.flushdb()
+
+        def flush_sides() -> None:
+            for db, side in zip(args.side_dbs, side_clients):
+                try:
+                    side.flushdb()
+                except redis.RedisError as exc:
+                    log(f"could not flush database {db} at the end: {exc}")
+
+        children.after_stop.append(flush_sides)
     if shared:
         client.flushdb()
 
@@ -312,7 +315,13 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
         children.after_stop.append(flush_at_end)
     failures: list[str] = []
     if front_door:
-        failures += _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settings)
+        failures += _measure(args, children, tmp, wrk, redis_url, side_urls, client, keys, Services, Settings)
+    if "dispatch_cost" in args.only:
+        try:
+            schedule.measure_dispatch_cost(args, side_urls, tmp, emit)
+        except (MeasurementError, schedule.MeasurementError) as exc:
+            log(f"ERROR: {exc}")
+            failures.append("dispatch_cost")
     if args.only & set(fleet.PHASES):
         if front_door:
             # what the front-door phases left (thousands of published deliveries, the parked
@@ -326,7 +335,7 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
     return 0
 
 
-def _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settings) -> list[str]:
+def _measure(args, children, tmp, wrk, redis_url, side_urls, client, keys, Services, Settings) -> list[str]:
     """The front-door phases; the names of those that failed. Stops its servers at the end."""
     services = Services.build(Settings.from_env({"REDIS_URL": redis_url}))
     entry = services.catalog.by_id(MODEL_ID)
@@ -361,7 +370,7 @@ def _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settin
             return
         try:
             fn()
-        except MeasurementError as exc:
+        except (MeasurementError, schedule.MeasurementError) as exc:
             log(f"ERROR: {exc}")
             failures.append(name)
 
@@ -411,43 +420,52 @@ def _measure(args, children, tmp, wrk, redis_url, client, keys, Services, Settin
         emit("submit_throughput", v.rate, "req/s", b.rate)
 
     def depth() -> None:
-        # Two queues are built once, parked under bench keys, and swapped in under the
-        # provider's queue key (RENAME, O(1)) for each run, so near and deep runs interleave.
-        queue_key = keys.queue(entry.provider)
-        parked = {"near": "bench:park:near", "deep": "bench:park:deep"}
-        # submits still in flight when the last wrk run stopped land a moment later: let them
-        # drain, then start from an empty queue
-        deadline = time.monotonic() + 10
-        while True:
-            client.delete(queue_key, *parked.values())
-            time.sleep(0.5)
-            if client.zcard(queue_key) == 0 or time.monotonic() > deadline:
-                break
+        # The waiting requests live in the schedule (rq:sched:{provider} and the keys under
+        # it), several keys: each side gets its own Redis database and its own front door
+        # (same gunicorn settings, same code), served a catalog copy capping the provider
+        # at 1 with one claimed request holding that slot, so nothing is ever granted.
+        # The two front doors' runs interleave as every pair does; nothing moves between runs.
+        catalog_path = schedule.capped_catalog(tmp, {entry.provider: 1})
         sides = {}
-        for which, ahead in (("near", args.near), ("deep", args.depth)):
+        script_us = {}
+        for which, ahead, url in (("near", args.near, side_urls[0]), ("deep", args.depth, side_urls[1])):
             started = time.monotonic()
-            seed_queue(services, workspace, entry, ahead)
-            request_id, position = admit_target(services, workspace, entry)
-            if position != ahead:
-                raise MeasurementError(f"depth: the target sits at position {position}, expected {ahead}")
-            log(f"depth: seeded {ahead} queued requests ahead of {request_id} in "
+            side = schedule.services_for(url, catalog_path)
+            side.redis.flushdb()
+            workspace_id, request_id, position = schedule.seed_behind(side, entry, ahead, args.depth_workspaces,
+                                                                      SUBMIT_BODY)
+            spread = max(1, min(args.depth_workspaces, ahead))
+            if which == "deep" and args.depth >= 100_000 and position <= 99_000:
+                raise MeasurementError(f"depth: the deep target sits at position {position}, not above 99,000")
+            side_key = side.accounts.mint_key(workspace_id)
+            log(f"depth: {which}: seeded {ahead} queued requests over {spread} workspace(s) ahead of "
+                f"{request_id} (position {position}: admit.lua, lib.lua's formula and the count agree) in "
                 f"{time.monotonic() - started:.1f} s")
-            client.rename(queue_key, parked[which])
+            wall_us, script_us[which] = schedule.time_status_reads(side, request_id, entry.provider)
+            log(f"depth: {which}: status.lua alone (RequestStore.status_view, no HTTP): {wall_us:.0f} us per "
+                f"read round trip, {script_us[which]:.1f} us of it in the script (INFO commandstats)")
+            side_env = dict(env, REDIS_URL=url, CATALOG_PATH=str(catalog_path))
+            side_front, side_proc = start_gunicorn(children, f"frontdoor-{which}", "router_queue.wsgi:app",
+                                                   side_env, args.workers)
+            wait_http(f"{side_front}/healthz", side_proc)
+            side_auth = {"X-API-Key": side_key}
+            url_of_status = f"{side_front}/v2/models/{MODEL_ID}/requests/{request_id}/status"
 
-            def enter(which=which, request_id=request_id, ahead=ahead) -> None:
-                client.rename(parked[which], queue_key)
-                code, body = http_json("GET", status_url(request_id), auth)
+            def enter(url_of_status=url_of_status, side_auth=side_auth, ahead=ahead) -> None:
+                code, body = http_json("GET", url_of_status, side_auth)
                 if code != 200 or body.get("queue_position") != ahead:
-                    client.rename(queue_key, parked[which])
                     raise MeasurementError(f"depth: a status read answered {code} with queue_position="
                                            f"{body.get('queue_position')}, expected {ahead}")
 
-            def leave(which=which) -> None:
-                client.rename(queue_key, parked[which])
-
-            sides[which] = Target(f"behind {ahead}", Shot("GET", status_url(request_id), 200, auth),
-                                  front_proc.pid, enter, leave)
-        pair = measure_pair(driver, args, "depth", sides["near"], sides["deep"])
+            sides[which] = Target(f"behind {ahead}", Shot("GET", url_of_status, 200, side_auth),
+                                  side_proc.pid, enter)
+        try:
+            pair = measure_pair(driver, argparse.Namespace(**{**vars(args), "rounds": args.depth_rounds}), "depth",
+                                sides["near"], sides["deep"])
+        finally:
+            children.stop({"frontdoor-near", "frontdoor-deep"})
+        log(f"depth: the script's own cost behind {args.depth} / behind {args.near}: "
+            f"{script_us['deep'] / script_us['near']:.3f} (INFO commandstats, above)")
         near, deep = pair.median_round()
         near_ms = 1000.0 / near.rate
         deep_ms = 1000.0 / deep.rate
