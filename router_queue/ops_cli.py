@@ -10,7 +10,7 @@ from flask.cli import AppGroup
 
 from . import keys
 from .operations import summary
-from .states import COMPLETED, IN_PROGRESS
+from .states import COMPLETED, IN_PROGRESS, IN_QUEUE
 
 ops = AppGroup("ops", help="Inspect and steer the queues.")
 
@@ -72,6 +72,10 @@ def requeue(request_id: str) -> None:
     front = _front()
     if record["status"] == COMPLETED:
         raise click.ClickException("the request is COMPLETED; there is nothing to requeue")
+    if record["status"] == IN_QUEUE and "granted_at" not in record:
+        click.echo(f"{request_id} waits for a {record['provider']} slot: it has no message to lose; "
+                   "the schedule grants it in its turn")
+        return
     if record["status"] == IN_PROGRESS and record.get("token"):
         front.services.store.renew(request_id, record["provider"], record["token"], 0, hand_back=True)
     front.dispatcher.publish(request_id, record["provider"])

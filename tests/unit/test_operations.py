@@ -8,6 +8,7 @@ import logging
 from prometheus_client.parser import text_string_to_metric_families
 
 from router_queue import logs
+from router_queue.ops_cli import ops
 from router_queue.store import Lease
 from tests.unit.support import record_of
 
@@ -117,3 +118,19 @@ def test_the_operations_page_shows_the_workspaces_waiting_for_a_slot(http, auth,
     assert '<td class="waiting_workspaces">2</td>' in page
     assert scrape(http)[("router_queue_waiting_workspaces", (("provider", "bfl"),))] == 2
     assert f"{workspace} (3), {other} (1)" in page
+
+
+def test_requeue_publishes_a_granted_request_and_leaves_a_waiting_one_to_the_schedule(app, http, auth, services,
+                                                                                       dispatcher):
+    services.store.max_in_flight = lambda provider: 1
+    granted, waiting = (submit(http, auth, f"p{n}").json["request_id"] for n in range(2))
+    dispatcher.published.clear()
+    runner = app.test_cli_runner()
+
+    shown = runner.invoke(ops, ["requeue", waiting])
+    assert shown.exit_code == 0 and "waits for a bfl slot" in shown.output
+    assert dispatcher.published == []
+
+    shown = runner.invoke(ops, ["requeue", granted])
+    assert shown.exit_code == 0 and shown.output.strip() == f"published {granted} to bfl"
+    assert dispatcher.published == [(granted, "bfl")]
