@@ -3,9 +3,12 @@
 Starts a Redis (unless ``REDIS_URL`` is set), the real front door and a Flask
 hello world under identical gunicorn settings, seeds a workspace and a key,
 and measures with wrk, baseline and subject interleaved over a few rounds
-(medians reported). Then, for the delivery figures (inflight, dispatch), the
-whole stack on a flushed database: stub provider, Celery workers, beat and
-gunicorn (bench/fleet.py). Prints one ``BENCH`` line per figure on stdout and
+(medians reported); the depth figure on two more front doors, each on its own
+database holding one side's schedule. Then the schedule's dispatch cost driven
+through the store alone (bench/schedule.py). Then, for the delivery figures
+(dispatch, grant_to_start, inflight, sync_held, waiting_cpu), the whole stack on
+a flushed database: stub provider, Celery workers, beat and gunicorn
+(bench/fleet.py, bench/capped.py). Prints one ``BENCH`` line per figure on stdout and
 everything else on stderr; stops every process it started.
 """
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -21,8 +20,6 @@ from .errors import (IdempotencyKeyConflict, InsufficientCredits, InvalidInput, 
 from .schemas import validation_detail
 from .services import Services
 from .store import PRIORITIES
-
-log = logging.getLogger(__name__)
 
 #: Longest Idempotency-Key accepted, in characters.
 MAX_IDEMPOTENCY_KEY_LENGTH = 255

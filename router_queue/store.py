@@ -18,14 +18,13 @@ import redis
 from . import keys
 from .states import IN_QUEUE
 
+log = logging.getLogger(__name__)
+
 _FIELDS = (
     "id", "workspace", "model", "provider", "status", "created_at", "started_at",
     "completed_at", "error_type", "detail", "content_type", "cancel_requested",
     "attempts", "upstream_ref",
 )
-
-
-log = logging.getLogger(__name__)
 
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
 #: A request's priority within its workspace (``X-Comfy-Priority``).
