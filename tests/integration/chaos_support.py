@@ -11,6 +11,8 @@ stub provider is shared by all of them.
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import re
@@ -422,14 +424,34 @@ class StackPool:
 
 
 class LogTailsOnFailure:
-    """A plugin: a failing chaos test's report carries the tails of the stack's logs."""
+    """A plugin: a failing test of ``module``'s report carries the tails of the stack's logs."""
+
+    def __init__(self, module: str):
+        self.module = module
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
         outcome = yield
         report = outcome.get_result()
-        if report.failed and _RUNNING and item.module.__name__.endswith("test_chaos"):
-            report.sections.append(("chaos stack logs (tails)", _RUNNING[0].log_tails()))
+        if report.failed and _RUNNING and item.module.__name__.endswith(self.module):
+            report.sections.append((f"{self.module} stack logs (tails)", _RUNNING[0].log_tails()))
+
+
+@contextlib.contextmanager
+def stack_pool(redis_url: str, tmp: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[StackPool]:
+    """The module's stacks, one running at a time, with their log tails on its failures."""
+    module = request.module.__name__.rpartition(".")[2]
+    plugin = LogTailsOnFailure(module)
+    request.config.pluginmanager.register(plugin, f"{module}-log-tails")
+    made = StackPool(chaos_redis_url(redis_url), tmp)
+    try:
+        made.start()
+        yield made
+    finally:
+        try:
+            made.close()
+        finally:
+            request.config.pluginmanager.unregister(plugin)
 
 
 # -- what a test asserts ---------------------------------------------------------------

@@ -26,8 +26,8 @@ from workers.celery_app import DELIVER_TASK, make_celery, queue_name
 
 from ._support import FLUX, GEMINI, TTS, Caller, stub_digest, unique_prompt, wait_for
 from .chaos_support import (BROKERS, LEASE_S, REPUBLISH_AFTER_S, STATUS_ORDER, SWEEP_INTERVAL_S, ChaosStack,
-                            LogTailsOnFailure, StackPool, assert_not_running, assert_settled_once, chaos_redis_url,
-                            record, submits, wait_all_completed)
+                            StackPool, assert_not_running, assert_settled_once, record, stack_pool, submits,
+                            wait_all_completed)
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
@@ -40,17 +40,8 @@ TAKEOVER_S = LEASE_S + SWEEP_INTERVAL_S
 def pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory,
          request: pytest.FixtureRequest) -> Iterator[StackPool]:
     """The chaos stacks, one running at a time, and the stub they share."""
-    plugin = LogTailsOnFailure()
-    request.config.pluginmanager.register(plugin, "chaos-log-tails")
-    made = StackPool(chaos_redis_url(redis_url), tmp_path_factory)
-    try:
-        made.start()
+    with stack_pool(redis_url, tmp_path_factory, request) as made:
         yield made
-    finally:
-        try:
-            made.close()
-        finally:
-            request.config.pluginmanager.unregister(plugin)
 
 
 @pytest.fixture(scope="module", params=BROKERS)

@@ -32,7 +32,7 @@ from comfy_sdk import Comfy
 from router_queue import keys
 
 from ._support import GEMINI, TTS, Caller, forget_pace, unique_prompt
-from .chaos_support import _RUNNING, ChaosStack, StackPool, assert_not_running, chaos_redis_url
+from .chaos_support import ChaosStack, StackPool, assert_not_running, stack_pool
 
 pytestmark = pytest.mark.integration
 
@@ -52,31 +52,12 @@ BANDS = {"high": 0, "normal": 1, "low": 2}
 # -- the stack ---------------------------------------------------------------------------------
 
 
-class _LogTailsOnFailure:
-    """A failing test's report carries the tails of the stack's logs."""
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-        outcome = yield
-        report = outcome.get_result()
-        if report.failed and _RUNNING and item.module.__name__.endswith("test_fair_queue"):
-            report.sections.append(("fair-queue stack logs (tails)", _RUNNING[0].log_tails()))
-
-
 @pytest.fixture(scope="module")
 def pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory,
          request: pytest.FixtureRequest) -> Iterator[StackPool]:
-    plugin = _LogTailsOnFailure()
-    request.config.pluginmanager.register(plugin, "fair-queue-log-tails")
-    made = StackPool(chaos_redis_url(redis_url), tmp_path_factory)
-    try:
-        made.start()
+    """The capped stack (one per broker, one at a time) and its stub."""
+    with stack_pool(redis_url, tmp_path_factory, request) as made:
         yield made
-    finally:
-        try:
-            made.close()
-        finally:
-            request.config.pluginmanager.unregister(plugin)
 
 
 def _stack(pool: StackPool, broker: str = "redis") -> ChaosStack:
