@@ -13,8 +13,8 @@ rq:running:{provider}          zset    none (members leave on          lib.lua (
                                        completion)                     claim/renew/complete
 rq:sched:{provider}            hash    none (scheduler state)          lib.lua (the schedule)
 rq:sched:{provider}:slots      zset    none (the fair order)           lib.lua
-rq:sched:{provider}:parked     zset    none (slots of workspaces at    lib.lua
-                                       their own max_in_flight)
+rq:sched:{provider}:heads      zset    none (each workspace's first    lib.lua
+                                       slot, unless it is parked)
 rq:sched:{provider}:ws:{ws}    zset    none (a workspace's waiting)    lib.lua
 rq:sched:{provider}:wslots:{ws} zset   none (a workspace's slots)      lib.lua
 rq:sched:{provider}:granted    zset    none (granted, not started)     lib.lua, claim.lua
@@ -64,8 +64,8 @@ Its hash fields: ``vtime`` (the tag granted last), ``slotseq`` and ``grantseq``
 ``:slots`` members are "{slot seq, 15 digits}|{ws}", scored by virtual-time
 tag; ``:wslots:{ws}`` the same members of one workspace; ``:ws:{ws}`` its
 waiting request ids scored by priority band * 2^45 + admission sequence;
-``:parked`` the slots of workspaces at their own max_in_flight (same members
-and tags); ``:granted`` ids granted and not started, in grant order; ``:depths``
+``:heads`` each workspace's first slot (same member and tag), unless the
+workspace is at its own max_in_flight; ``:granted`` ids granted and not started, in grant order; ``:depths``
 workspaces scored by how many requests they have waiting.
 ``lua/lib.lua`` builds the per-workspace keys from the ``rq:sched:{provider}``
 key it is given, and spells ``rq:ws:`` and ``rq:req:`` for the workspaces and

@@ -85,10 +85,12 @@ end
 -- with no credit saved up. A workspace's slots go to its own requests in
 -- priority order, FIFO within a priority ({base}:ws:{ws}).
 --
--- A workspace at its own max_in_flight is parked: its slots move, with their
--- tags, from {base}:slots to {base}:parked until one of its requests ends;
--- they come back with their old tags, so it takes its next slot at once
--- (max-min fair: it only ever had less than its share).
+-- grant() picks from {base}:heads, each workspace's first slot (its lowest
+-- tag), so the next slot is one ZRANGE whatever the depth. A workspace at its
+-- own max_in_flight is parked: its head leaves {base}:heads until one of its
+-- requests ends, when it comes back with its old tag, so it takes its next
+-- slot at once (max-min fair: it only ever had less than its share). Parking
+-- and unparking are O(log n): the slots themselves stay where they are.
 --
 -- S, the scheduler's context: base ("rq:sched:{provider}"), running
 -- (rq:running:{provider}), cap, now, grant_until (lease of a grant not yet
@@ -124,33 +126,29 @@ local function ws_limits(ws)
   return math.max(tonumber(v[1] or "1") or 1, 1), tonumber(v[2] or "0") or 0
 end
 
-local function in_chunks(items, step, fn)
-  for i = 1, #items, step do
-    fn(unpack(items, i, math.min(i + step - 1, #items)))
+-- The workspace's first slot, as a {member, tag} pair, or nil when it has none.
+local function first_slot(S, ws)
+  local head = redis.call("ZRANGE", S.base .. ":wslots:" .. ws, 0, 0, "WITHSCORES")
+  if #head == 0 then
+    return nil
   end
-end
-
--- Move a workspace's slots between the order and {base}:parked (same tags).
-local function move_slots(S, ws, from, to)
-  local flat = redis.call("ZRANGE", S.base .. ":wslots:" .. ws, 0, -1, "WITHSCORES")
-  local members, pairs_ = {}, {}
-  for i = 1, #flat, 2 do
-    members[#members + 1] = flat[i]
-    pairs_[#pairs_ + 1] = flat[i + 1]
-    pairs_[#pairs_ + 1] = flat[i]
-  end
-  in_chunks(members, 1000, function(...) redis.call("ZREM", from, ...) end)
-  in_chunks(pairs_, 1000, function(...) redis.call("ZADD", to, ...) end)
+  return head
 end
 
 local function park(S, ws)
-  move_slots(S, ws, S.base .. ":slots", S.base .. ":parked")
+  local head = first_slot(S, ws)
+  if head then
+    redis.call("ZREM", S.base .. ":heads", head[1])
+  end
   redis.call("HSET", S.base, "parked|" .. ws, "1")
 end
 
 local function unpark(S, ws)
   redis.call("HDEL", S.base, "parked|" .. ws)
-  move_slots(S, ws, S.base .. ":parked", S.base .. ":slots")
+  local head = first_slot(S, ws)
+  if head then
+    redis.call("ZADD", S.base .. ":heads", head[2], head[1])
+  end
 end
 
 -- A new waiting request takes the next slot of its workspace.
@@ -162,9 +160,11 @@ local function enqueue(S, ws, request_id, seq, priority)
   local tag = math.max(vtime, last) + math.floor(QUANTUM / weight)
   local member = string.format("%015d|", redis.call("HINCRBY", base, "slotseq", 1)) .. ws
   redis.call("HSET", base, "f|" .. ws, num(tag))
-  local order = redis.call("HEXISTS", base, "parked|" .. ws) == 1 and ":parked" or ":slots"
-  redis.call("ZADD", base .. order, num(tag), member)
+  redis.call("ZADD", base .. ":slots", num(tag), member)
   redis.call("ZADD", base .. ":wslots:" .. ws, num(tag), member)
+  if redis.call("ZCARD", base .. ":wslots:" .. ws) == 1 and redis.call("HEXISTS", base, "parked|" .. ws) == 0 then
+    redis.call("ZADD", base .. ":heads", num(tag), member)
+  end
   redis.call("ZADD", base .. ":ws:" .. ws, num((BANDS[priority] or 1) * BAND_SPAN + seq), request_id)
   redis.call("ZINCRBY", base .. ":depths", 1, ws)
 end
@@ -192,7 +192,7 @@ local function dequeue_waiting(S, ws, request_id)
   local last = redis.call("ZPOPMAX", wslots)
   if #last > 0 then
     redis.call("ZREM", S.base .. ":slots", last[1])
-    redis.call("ZREM", S.base .. ":parked", last[1])
+    redis.call("ZREM", S.base .. ":heads", last[1])  -- it was the head only when it was the only slot
     local now_last = redis.call("ZRANGE", wslots, -1, -1, "WITHSCORES")
     if #now_last > 0 then
       redis.call("HSET", S.base, "f|" .. ws, now_last[2])
@@ -232,10 +232,10 @@ end
 -- Give every free slot to the request the schedule names next; returns the
 -- ids granted that the caller must publish (none when S.template pushed them).
 local function grant(S)
-  local base, slots = S.base, S.base .. ":slots"
+  local base, heads = S.base, S.base .. ":heads"
   local granted = {}
   while redis.call("ZCARD", S.running) < S.cap do
-    local head = redis.call("ZRANGE", slots, 0, 0, "WITHSCORES")
+    local head = redis.call("ZRANGE", heads, 0, 0, "WITHSCORES")
     if #head == 0 then
       break
     end
@@ -245,8 +245,13 @@ local function grant(S)
     if limit > 0 and tonumber(redis.call("HGET", base, "run|" .. ws) or "0") >= limit then
       park(S, ws)
     else
-      redis.call("ZREM", slots, member)
+      redis.call("ZREM", heads, member)
+      redis.call("ZREM", base .. ":slots", member)
       redis.call("ZREM", base .. ":wslots:" .. ws, member)
+      local next_head = first_slot(S, ws)
+      if next_head then
+        redis.call("ZADD", heads, next_head[2], next_head[1])
+      end
       if tag > tonumber(redis.call("HGET", base, "vtime") or "0") then
         redis.call("HSET", base, "vtime", num(tag))
       end
@@ -279,11 +284,9 @@ end
 --   granted, not started:  its rank among the granted
 --   waiting:               granted + the slots ahead of the one its rank in
 --                          its workspace gives it (rank i takes the i-th slot)
---   waiting, parked:       granted + every slot in the order + its slot's rank
---                          among the parked ones. When its workspace goes on
---                          depends on how long its own running requests take,
---                          so this counts them as outlasting the rest of the
---                          queue: an upper bound, and positions stay distinct.
+-- Exact while no workspace is held at its own max_in_flight. When one is, its
+-- slots still count in tag order, as if its running request ended now: its
+-- own positions are a lower bound, and those behind its slots an upper one.
 -- Each step is a ZRANK, ZRANGE by index or ZCARD: O(log n) at any depth.
 local function position(base, ws, request_id)
   local granted_rank = redis.call("ZRANK", base .. ":granted", request_id)
@@ -296,14 +299,7 @@ local function position(base, ws, request_id)
   end
   local granted = redis.call("ZCARD", base .. ":granted")
   local slot = redis.call("ZRANGE", base .. ":wslots:" .. ws, i, i)
-  if #slot == 0 then
-    return granted + i
-  end
-  local ahead = redis.call("ZRANK", base .. ":slots", slot[1])
-  if ahead then
-    return granted + ahead
-  end
-  return granted + redis.call("ZCARD", base .. ":slots") + (redis.call("ZRANK", base .. ":parked", slot[1]) or i)
+  return granted + (slot[1] and redis.call("ZRANK", base .. ":slots", slot[1]) or i)
 end
 
 -- End a request that produced no output the provider billed (cancelled while

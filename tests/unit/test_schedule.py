@@ -121,8 +121,8 @@ def test_a_workspace_at_its_own_cap_is_passed_and_resumes_when_one_ends(services
     fleet.start_granted()
     assert [fleet.names[i] for i in fleet.started] == ["a0", "b0"]
     assert fleet.status(a1) == IN_QUEUE
-    # a waits for its own a0: counted behind every other waiting request (a bound, distinct)
-    assert [fleet.position(i) for i in (b_ids[1], b_ids[2], a1)] == [0, 1, 2]
+    # a waits for its own a0; its slot keeps its place in the order, as if a0 ended now
+    assert [fleet.position(i) for i in (a1, b_ids[1], b_ids[2])] == [0, 1, 2]
     fleet.finish(b_ids[0])
     fleet.start_granted()
     assert fleet.names[fleet.started[-1]] == "b1"  # a1 is passed: a is at its own cap
