@@ -430,45 +430,52 @@ def _measure(args, children, tmp, wrk, redis_url, side_urls, client, keys, Servi
         # The two front doors' runs interleave as every pair does; nothing moves between runs.
         catalog_path = schedule.capped_catalog(tmp, {entry.provider: 1})
         sides = {}
-        script_us = {}
-        for which, ahead, url in (("near", args.near, side_urls[0]), ("deep", args.depth, side_urls[1])):
-            started = time.monotonic()
-            side = schedule.services_for(url, catalog_path)
-            side.redis.flushdb()
-            workspace_id, request_id, position = schedule.seed_behind(side, entry, ahead, args.depth_workspaces,
-                                                                      SUBMIT_BODY)
-            spread = max(1, min(args.depth_workspaces, ahead))
-            if which == "deep" and args.depth >= 100_000 and position <= 99_000:
-                raise MeasurementError(f"depth: the deep target sits at position {position}, not above 99,000")
-            side_key = side.accounts.mint_key(workspace_id)
-            log(f"depth: {which}: seeded {ahead} queued requests over {spread} workspace(s) ahead of "
-                f"{request_id} (position {position}: admit.lua, lib.lua's formula and the count agree) in "
-                f"{time.monotonic() - started:.1f} s")
-            wall_us, script_us[which] = schedule.time_status_reads(side, request_id, entry.provider)
-            log(f"depth: {which}: status.lua alone (RequestStore.status_view, no HTTP): {wall_us:.0f} us per "
-                f"read round trip, {script_us[which]:.1f} us of it in the script (INFO commandstats)")
-            side_env = dict(env, REDIS_URL=url, CATALOG_PATH=str(catalog_path))
-            side_front, side_proc = start_gunicorn(children, f"frontdoor-{which}", "router_queue.wsgi:app",
-                                                   side_env, args.workers)
-            wait_http(f"{side_front}/healthz", side_proc)
-            side_auth = {"X-API-Key": side_key}
-            url_of_status = f"{side_front}/v2/models/{MODEL_ID}/requests/{request_id}/status"
-
-            def enter(url_of_status=url_of_status, side_auth=side_auth, ahead=ahead) -> None:
-                code, body = http_json("GET", url_of_status, side_auth)
-                if code != 200 or body.get("queue_position") != ahead:
-                    raise MeasurementError(f"depth: a status read answered {code} with queue_position="
-                                           f"{body.get('queue_position')}, expected {ahead}")
-
-            sides[which] = Target(f"behind {ahead}", Shot("GET", url_of_status, 200, side_auth),
-                                  side_proc.pid, enter)
+        alone = {}
         try:
-            pair = measure_pair(driver, argparse.Namespace(**{**vars(args), "rounds": args.depth_rounds}), "depth",
-                                sides["near"], sides["deep"])
+            for which, ahead, url in (("near", args.near, side_urls[0]), ("deep", args.depth, side_urls[1])):
+                started = time.monotonic()
+                side = schedule.services_for(url, catalog_path)
+                side.redis.flushdb()
+                workspace_id, request_id, position = schedule.seed_behind(side, entry, ahead, args.depth_workspaces,
+                                                                          SUBMIT_BODY)
+                spread = max(1, min(args.depth_workspaces, ahead))
+                if which == "deep" and args.depth >= 100_000 and position <= 99_000:
+                    raise MeasurementError(f"depth: the deep target sits at position {position}, not above 99,000")
+                side_key = side.accounts.mint_key(workspace_id)
+                log(f"depth: {which}: seeded {ahead} queued requests over {spread} workspace(s) ahead of "
+                    f"{request_id} (position {position}: admit.lua, lib.lua's formula and the count agree) in "
+                    f"{time.monotonic() - started:.1f} s")
+                alone[which] = (side, request_id)
+                side_env = dict(env, REDIS_URL=url, CATALOG_PATH=str(catalog_path))
+                side_front, side_proc = start_gunicorn(children, f"frontdoor-{which}", "router_queue.wsgi:app",
+                                                       side_env, args.workers)
+                wait_http(f"{side_front}/healthz", side_proc)
+                side_auth = {"X-API-Key": side_key}
+                url_of_status = f"{side_front}/v2/models/{MODEL_ID}/requests/{request_id}/status"
+
+                def enter(url_of_status=url_of_status, side_auth=side_auth, ahead=ahead) -> None:
+                    code, body = http_json("GET", url_of_status, side_auth)
+                    if code != 200 or body.get("queue_position") != ahead:
+                        raise MeasurementError(f"depth: a status read answered {code} with queue_position="
+                                               f"{body.get('queue_position')}, expected {ahead}")
+
+                sides[which] = Target(f"behind {ahead}", Shot("GET", url_of_status, 200, side_auth),
+                                      side_proc.pid, enter)
+            pair = measure_pair(driver, argparse.Namespace(**{**vars(args), "rounds": args.depth_rounds}),
+                                "depth", sides["near"], sides["deep"])
         finally:
             children.stop({"frontdoor-near", "frontdoor-deep"})
-        log(f"depth: the script's own cost behind {args.depth} / behind {args.near}: "
-            f"{script_us['deep'] / script_us['near']:.3f} (INFO commandstats, above)")
+        # status.lua alone, no HTTP: the schedule's own share of a read (stderr only)
+        script_us: dict[str, list[float]] = {"near": [], "deep": []}
+        for _ in range(3):
+            for which, (side, request_id) in alone.items():
+                wall_us, used_us = schedule.time_status_reads(side, request_id, entry.provider)
+                script_us[which].append(used_us)
+                log(f"depth: status.lua alone behind {args.near if which == 'near' else args.depth} "
+                    f"(RequestStore.status_view, no HTTP): {wall_us:.0f} us per round trip, {used_us:.1f} us "
+                    "in the script (INFO commandstats)")
+        log(f"depth: the script's own cost behind {args.depth} / behind {args.near}, per round: "
+            + " ".join(f"{d / n:.3f}" for n, d in zip(script_us["near"], script_us["deep"])))
         near, deep = pair.median_round()
         near_ms = 1000.0 / near.rate
         deep_ms = 1000.0 / deep.rate

@@ -1,0 +1,251 @@
+"""Figures behind a provider's cap on generations in flight, on the whole stack.
+
+The fleet (bench/fleet.py) runs with a catalog copy whose ``vertexai`` cap
+(``providers.vertexai.max_in_flight``) is 1; no other fleet figure uses
+vertexai. A Vertex AI generation is one HTTP call, so a long one
+(``[stub:latency=600]``) holds the slot while costing a worker thread blocked
+on one socket and no CPU.
+
+* ``grant_to_start_latency``: ms from one generation's end to the next one's
+  start behind the cap of 1. A blocker generation (``[stub:latency=2]``) holds
+  the slot while ``--grant-chain`` (40) ``[stub:latency=0]`` generations are
+  submitted at once (8 concurrent HTTP submitters), so the chain then runs with
+  nothing else going on; from the records, for consecutive requests in start
+  order, ``next.started_at - prev.completed_at`` (complete.lua grants the next
+  request and pushes its Celery message; a worker receives it and claim.lua
+  starts it); the median. Baseline: the bare Celery round trip of the dispatch
+  figure (``fleet.Pinger``), the median of 20 pings before and 20 after.
+* ``waiting_cpu_<n>``: the CPU of the Celery workers and beat (each process
+  and its children, utime+stime from /proc) over ``--waiting-window`` (20 s)
+  while ``--waiting`` (10,000) requests wait behind the held slot, in cores
+  (CPU seconds / window). Baseline: the same fleet, the slot held the same way,
+  nothing waiting, over a window of the same length before the requests are
+  admitted and another after they are cancelled (the mean of the two). The
+  requests are admitted and cancelled through ``RequestStore.admit`` and
+  ``.cancel`` pipelined from the bench, outside the windows. stderr: every
+  fleet process's CPU and Redis's (INFO cpu) and its commands over each window.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from . import schedule
+from .procs import log, precise_cpu_seconds
+
+PROVIDER = "vertexai"
+MODEL_ID = "vertexai/gemini-3.1-flash-image"
+#: The cap the fleet's catalog copy gives PROVIDER.
+CAP = 1
+#: Stub seconds of the generation holding the slot in waiting_cpu (it outlasts the phase).
+HOLD_S = 600
+#: Stub seconds of the generation holding the slot while the chain is submitted.
+BLOCK_S = 2
+#: Seconds let pass before each CPU window (the last step's work winds down).
+SETTLE_S = 3.0
+#: Pings on each side of the chain, and concurrent submitters of the chain.
+PINGS, SUBMITTERS = 20, 8
+
+
+class MeasurementError(RuntimeError):
+    """A figure could not be measured (re-raised by bench.fleet's caller like its own)."""
+
+
+def add_arguments(group) -> None:
+    group.add_argument("--grant-chain", type=int, default=40,
+                       help="short generations run one after another behind vertexai's cap of 1 for "
+                            "grant_to_start (default 40)")
+    group.add_argument("--waiting", type=int, default=10_000,
+                       help="requests waiting behind vertexai's cap of 1 for waiting_cpu (default 10000)")
+    group.add_argument("--waiting-window", type=float, default=20.0,
+                       help="seconds of each CPU window of waiting_cpu (default 20)")
+
+
+def check_arguments(parser, args) -> None:
+    if args.grant_chain < 2 or args.waiting < 1 or args.waiting_window <= 0:
+        parser.error("grant-chain must be at least 2, waiting at least 1, waiting-window above 0")
+
+
+def body(text: str) -> str:
+    return json.dumps({"contents": [{"role": "user", "parts": [{"text": text}]}]})
+
+
+def prompt(label: str, latency: float) -> str:
+    return f"bench {label} {uuid.uuid4().hex} [stub:latency={latency:g}]"
+
+
+def _label(count: int) -> str:
+    return f"{count // 1000}k" if count >= 1000 and count % 1000 == 0 else str(count)
+
+
+def _ms(values: list[float]) -> str:
+    ordered = sorted(1000 * v for v in values)
+    pick = lambda q: ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]  # noqa: E731
+    return (f"p50 {pick(0.5):.3f} p90 {pick(0.9):.3f} max {ordered[-1]:.3f} ms (min {ordered[0]:.3f}, "
+            f"n {len(ordered)})")
+
+
+def _counts(fleet) -> dict[str, int]:
+    return schedule.schedule_counts(fleet.services, PROVIDER)
+
+
+def _require_idle(fleet, what: str) -> None:
+    counts = _counts(fleet)
+    if counts["queued"] or counts["running"] or counts["granted"]:
+        raise MeasurementError(f"{what}: {PROVIDER} is not idle ({counts}); the phase needs it to itself")
+    cap = fleet.services.catalog.max_in_flight(PROVIDER)
+    if cap != CAP:
+        raise MeasurementError(f"{what}: {PROVIDER}'s cap is {cap} in the fleet's catalog, not {CAP}")
+
+
+def _hold_slot(fleet, latency: float, what: str) -> str:
+    """Submit a ``latency`` s generation and wait until a worker runs it (it holds the slot)."""
+    request_id = fleet.submit_to(MODEL_ID, body(prompt(what, latency)))
+    fleet.wait_records([request_id], ("IN_PROGRESS",), timeout_s=30, interval_s=0.02)
+    return request_id
+
+
+# -- grant_to_start --------------------------------------------------------------------
+
+
+def measure_grant_to_start(fleet, emit) -> None:
+    from .fleet import Pinger
+
+    count = fleet.args.grant_chain
+    _require_idle(fleet, "grant_to_start")
+    ping = Pinger(fleet)
+    try:
+        for _ in range(5):
+            ping()
+        pings = []
+        for _ in range(PINGS):
+            time.sleep(0.05)
+            pings.append(ping())
+
+        blocker = _hold_slot(fleet, BLOCK_S, "block")
+        bodies = [body(prompt(f"chain{i}", 0)) for i in range(count)]
+        began = time.monotonic()
+        with ThreadPoolExecutor(max_workers=SUBMITTERS, thread_name_prefix="chain") as pool:
+            ids = list(pool.map(lambda b: fleet.submit_to(MODEL_ID, b), bodies))
+        submitted_s = time.monotonic() - began
+        if fleet.records([blocker])[blocker]["status"] != "IN_PROGRESS":
+            raise MeasurementError(f"grant_to_start: the {BLOCK_S} s blocker ended before the {count} submits "
+                                   f"did ({submitted_s:.2f} s): the chain would overlap its own submits")
+        counts = _counts(fleet)
+        log(f"grant_to_start: {count} submits took {submitted_s:.2f} s, all waiting behind the blocker "
+            f"({counts['queued']} queued, {counts['running']} running)")
+        rows = fleet.wait_records([blocker, *ids], ("COMPLETED",), timeout_s=BLOCK_S + 30 + 2 * count,
+                                  interval_s=0.2)
+        for _ in range(PINGS):
+            time.sleep(0.05)
+            pings.append(ping())
+    finally:
+        ping.close()
+
+    failed = {i: r["error_type"] for i, r in rows.items() if r["error_type"] or not r["started_at"]}
+    if failed:
+        raise MeasurementError(f"grant_to_start: some generations failed: {dict(list(failed.items())[:3])}")
+    order = sorted(rows.values(), key=lambda r: float(r["started_at"]))
+    gaps = [float(b["started_at"]) - float(a["completed_at"]) for a, b in zip(order, order[1:])]
+    if min(gaps) < -0.001:
+        raise MeasurementError(f"grant_to_start: a generation started {-1000 * min(gaps):.1f} ms before the "
+                               f"previous one ended: the cap of {CAP} did not hold")
+    runs = [float(r["completed_at"]) - float(r["started_at"]) for r in order[1:]]
+    span = float(order[-1]["completed_at"]) - float(order[1]["started_at"])
+    log(f"grant_to_start: end -> next start {_ms(gaps)}")
+    log(f"grant_to_start: claimed -> completed (a [stub:latency=0] generation) {_ms(runs)}; the chain of "
+        f"{count} took {span:.3f} s ({1000 * span / count:.1f} ms per generation)")
+    log(f"grant_to_start: ping round trip {_ms(pings)}")
+    emit("grant_to_start_latency", 1000 * statistics.median(gaps), "ms", 1000 * statistics.median(pings))
+
+
+# -- waiting_cpu -----------------------------------------------------------------------
+
+
+def _counted(fleet) -> list[str]:
+    """The processes the figure sums: every Celery worker and beat."""
+    return [name for name in fleet.stack.procs if name.startswith("worker") or name == "beat"]
+
+
+def _snapshot(fleet) -> dict[str, Any]:
+    info = fleet.client.info("cpu")
+    precise = {name: precise_cpu_seconds(fleet.stack.procs[name].pid) for name in _counted(fleet)}
+    return {"cpu": fleet.cpu(), "precise": precise, "at": time.monotonic(),
+            "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+            "commands": fleet.redis_commands()}
+
+
+def _window(fleet, seconds: float, what: str) -> float:
+    """Sleep ``seconds``; the cores the workers and beat used meanwhile (logged with the rest).
+
+    The figure sums each process's threads' schedstat run time (ns); /proc/<pid>/stat's
+    utime+stime, in 10 ms ticks, is logged beside it (a few ticks a window when idle,
+    too coarse for a ratio). Without schedstat, the ticks are the figure."""
+    before = _snapshot(fleet)
+    time.sleep(seconds)
+    fleet.alive()
+    after = _snapshot(fleet)
+    wall = after["at"] - before["at"]
+    used = {name: after["cpu"][name] - before["cpu"].get(name, 0.0) for name in after["cpu"]}
+    counted = _counted(fleet)
+    ticks = sum(used.get(name, 0.0) for name in counted)
+    if all(before["precise"][n] is not None and after["precise"][n] is not None for n in counted):
+        precise = {n: after["precise"][n] - before["precise"][n] for n in counted}
+        fleet_cpu, source = sum(precise.values()), "schedstat"
+    else:
+        precise, fleet_cpu, source = {}, ticks, "/proc stat ticks (schedstat unreadable)"
+    redis_cpu = after["redis"] - before["redis"]
+    log(f"waiting_cpu: {what}: over {wall:.1f} s, workers + beat {fleet_cpu:.3f} CPU s = "
+        f"{fleet_cpu / wall:.4f} cores from {source} ("
+        + ", ".join(f"{n} {precise.get(n, used.get(n, 0.0)):.3f}" for n in counted)
+        + f"; /proc stat utime+stime {ticks:.2f} s); Redis {redis_cpu:.3f} CPU s ({redis_cpu / wall:.4f} cores, "
+        f"INFO cpu), {after['commands'] - before['commands']} commands (the bench's INFO calls included); "
+        "others (stat): " + ", ".join(f"{n} {used[n]:.2f}" for n in sorted(used) if n not in counted and n != "redis"))
+    return fleet_cpu / wall
+
+
+def measure_waiting_cpu(fleet, emit) -> None:
+    args = fleet.args
+    count, window = args.waiting, args.waiting_window
+    _require_idle(fleet, "waiting_cpu")
+    holder = _hold_slot(fleet, HOLD_S, "hold")
+    entry = fleet.services.catalog.by_id(MODEL_ID)
+    log(f"waiting_cpu: {holder} holds {PROVIDER}'s one slot ([stub:latency={HOLD_S}]); "
+        f"windows of {window:g} s after {SETTLE_S:g} s settling each")
+
+    def check(queued: int, when: str) -> None:
+        counts = _counts(fleet)
+        status = fleet.records([holder])[holder]["status"]
+        if counts["queued"] != queued or counts["running"] != 1 or counts["granted"] or status != "IN_PROGRESS":
+            raise MeasurementError(f"waiting_cpu: {when}: {counts}, the holder {status}; expected {queued} "
+                                   "queued behind the one running holder")
+
+    check(0, "before the idle window")
+    time.sleep(SETTLE_S)
+    idle_before = _window(fleet, window, "idle, slot held, nothing waiting")
+
+    started = time.monotonic()
+    ids = schedule.seed_spread(fleet.services, [fleet.workspace], entry, count, body(prompt("waiting", 0)))
+    check(count, "after admitting")
+    log(f"waiting_cpu: admitted {count} requests (RequestStore.admit, pipelined) in "
+        f"{time.monotonic() - started:.1f} s; all waiting, none granted")
+    time.sleep(SETTLE_S)
+    waiting = _window(fleet, window, f"{count} waiting")
+    check(count, "after the waiting window")
+
+    started = time.monotonic()
+    cancelled = schedule.cancel_all(fleet.services, ids, fleet.workspace, entry)
+    check(0, "after cancelling")
+    log(f"waiting_cpu: cancelled the {cancelled} (RequestStore.cancel, pipelined) in "
+        f"{time.monotonic() - started:.1f} s")
+    time.sleep(SETTLE_S)
+    idle_after = _window(fleet, window, "idle again, slot held, nothing waiting")
+    baseline = (idle_before + idle_after) / 2
+    log(f"waiting_cpu: idle {idle_before:.4f} and {idle_after:.4f} cores (baseline: their mean), "
+        f"{count} waiting {waiting:.4f} cores; the holder runs on ({HOLD_S} s) until the fleet stops")
+    emit(f"waiting_cpu_{_label(count)}", waiting, "cores", baseline)
