@@ -13,9 +13,10 @@ Histograms are stored per bucket, not cumulated, and cumulated at scrape time.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import defaultdict
-from typing import Iterable
+from typing import Callable, Iterable
 
 import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -23,6 +24,14 @@ from prometheus_client.registry import Collector
 
 from . import keys
 from .catalog import Catalog
+from .redis_clients import bounded
+
+log = logging.getLogger(__name__)
+
+#: Seconds a metrics write may wait on Redis. Metrics are best effort: a
+#: stalled Redis costs a request this much at most, and a failed write is
+#: dropped (logged), never raised into the request it describes.
+WRITE_TIMEOUT_S = 0.25
 
 #: Histogram bucket bounds, seconds: from a fast poll to a long generation.
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -41,10 +50,26 @@ def _bucket(value: float) -> str:
 
 
 class MetricsRecorder:
-    """Writes the counters and histograms the workers and the sweeper own."""
+    """Writes the counters and histograms the workers and the sweeper own.
+
+    Best effort: every write goes through :meth:`_write`, on a pool of its own
+    with short socket waits, and a failure is logged and dropped. A provider's
+    answer is never lost because its metrics could not be written.
+    """
 
     def __init__(self, client: redis.Redis):
-        self.client = client
+        self.client = bounded(client, WRITE_TIMEOUT_S)
+        #: Writes dropped by this process (Redis unreachable or stalled).
+        self.dropped = 0
+
+    def _write(self, what: str, fill: Callable[[redis.client.Pipeline], None]) -> None:
+        pipe = self.client.pipeline(transaction=False)
+        fill(pipe)
+        try:
+            pipe.execute()
+        except Exception as exc:  # noqa: BLE001 - no metrics failure may reach the request
+            self.dropped += 1
+            log.warning("metrics write %s dropped (%d so far): %s", what, self.dropped, exc)
 
     def _observe(self, pipe, provider: str, name: str, model: str, seconds: float) -> None:
         key = keys.metrics(provider)
@@ -53,32 +78,28 @@ class MetricsRecorder:
         pipe.hincrby(key, f"{name}_count|{model}", 1)
 
     def claimed(self, provider: str, model: str, waited_s: float) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        self._observe(pipe, provider, "wait", model, waited_s)
-        pipe.execute()
+        self._write("claimed", lambda pipe: self._observe(pipe, provider, "wait", model, waited_s))
 
     def completed(self, provider: str, model: str, outcome: str, ran_s: float | None = None) -> None:
         """One request completed; ``outcome`` is "success" or its error_type."""
-        pipe = self.client.pipeline(transaction=False)
-        pipe.hincrby(keys.metrics(provider), f"completed|{model}|{outcome}", 1)
-        if ran_s is not None:
-            self._observe(pipe, provider, "run", model, ran_s)
-        pipe.execute()
+        def fill(pipe) -> None:
+            pipe.hincrby(keys.metrics(provider), f"completed|{model}|{outcome}", 1)
+            if ran_s is not None:
+                self._observe(pipe, provider, "run", model, ran_s)
+        self._write("completed", fill)
 
     def provider_call(self, provider: str, model: str, seconds: float) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        self._observe(pipe, provider, "call", model, seconds)
-        pipe.execute()
+        self._write("provider_call", lambda pipe: self._observe(pipe, provider, "call", model, seconds))
 
     def retried(self, provider: str, model: str) -> None:
-        self.client.hincrby(keys.metrics(provider), f"retries|{model}", 1)
+        self._write("retried", lambda pipe: pipe.hincrby(keys.metrics(provider), f"retries|{model}", 1))
 
     def swept(self, *, republished: int, reaped: int, timed_out: int) -> None:
-        pipe = self.client.pipeline(transaction=False)
-        for action, count in (("republished", republished), ("reaped", reaped), ("timed_out", timed_out)):
-            if count:
-                pipe.hincrby(keys.sweeper_metrics(), action, count)
-        pipe.execute()
+        def fill(pipe) -> None:
+            for action, count in (("republished", republished), ("reaped", reaped), ("timed_out", timed_out)):
+                if count:
+                    pipe.hincrby(keys.sweeper_metrics(), action, count)
+        self._write("swept", fill)
 
 
 class RedisCollector(Collector):

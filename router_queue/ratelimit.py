@@ -30,6 +30,7 @@ from limits import RateLimitItem, parse_many
 
 from .auth import KeyResolver, presented_key
 from .errors import RateLimited, Unauthorized
+from .redis_clients import bounded
 from .store import load_script
 
 log = logging.getLogger(__name__)
@@ -80,17 +81,10 @@ def _allowance(bucket: str, spec: str) -> Allowance:
 SPEND_TIMEOUT_S = 0.5
 
 
-def _bounded(client: redis.Redis) -> redis.Redis:
-    """The same server through a pool of its own whose socket waits are short."""
-    pool = client.connection_pool
-    kwargs = {**pool.connection_kwargs, "socket_timeout": SPEND_TIMEOUT_S, "socket_connect_timeout": SPEND_TIMEOUT_S}
-    return redis.Redis(connection_pool=type(pool)(connection_class=pool.connection_class, **kwargs))
-
-
 class RateLimits:
     def __init__(self, client: redis.Redis, default_limit: str, keys: KeyResolver):
         _items(default_limit)  # a malformed default fails at start, not on the first call
-        self._spend = load_script(_bounded(client), "rate")
+        self._spend = load_script(bounded(client, SPEND_TIMEOUT_S), "rate")
         self.default_limit = default_limit
         self.keys = keys
 

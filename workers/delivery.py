@@ -12,7 +12,9 @@ import logging
 import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
+
+import redis
 
 from router_queue import logs, states
 from router_queue.catalog import CallPolicy, ModelEntry
@@ -22,6 +24,15 @@ from .context import WorkerContext
 from .providers import ADAPTERS, HandBack, ProviderCall, ProviderFailure
 
 log = logging.getLogger(__name__)
+
+#: The store's faults a worker rides out: Redis restarting (refused, or still
+#: loading its AOF), stalled (timeouts) or failing over.
+STORE_FAULTS = (redis.ConnectionError, redis.TimeoutError)
+#: Seconds between two tries of a write through a store fault: first, most.
+STORE_RETRY_S = (0.2, 2.0)
+
+T = TypeVar("T")
+
 
 class Later(Exception):
     """Deliver this request again in ``countdown`` seconds (a Celery retry)."""
@@ -99,11 +110,32 @@ def _claim_and_run(context: WorkerContext, record: RequestRecord, body: bytes | 
         context.leases.release(request_id)
 
 
+def through_store_faults(what: str, write: Callable[[], T], within_s: float) -> T:
+    """``write``, tried again through store faults for up to ``within_s``
+    seconds (then the fault is raised). For the writes a worker must not
+    lose: the outcome of a generation the provider already answered, and the
+    provider's handle on one it accepted."""
+    deadline = time.monotonic() + within_s
+    delay = STORE_RETRY_S[0]
+    while True:
+        try:
+            return write()
+        except STORE_FAULTS as fault:
+            if time.monotonic() + delay > deadline:
+                raise
+            log.warning("%s: Redis unavailable (%s); trying again in %.1f s", what, fault, delay)
+            time.sleep(delay)
+            delay = min(delay * 2, STORE_RETRY_S[1])
+
+
 def _interruption(context: WorkerContext, request_id: str) -> str | None:
     if context.shutting_down.is_set():
         return "shutdown"
-    if context.services.store.cancel_requested(request_id):
-        return "cancel"
+    try:
+        if context.services.store.cancel_requested(request_id):
+            return "cancel"
+    except STORE_FAULTS:  # unknown for now: the generation goes on, the next poll asks again
+        log.warning("request %s: could not read its cancel flag; asking again at the next step", request_id)
     return None
 
 
@@ -113,6 +145,23 @@ def _upstream_ref(record: RequestRecord) -> dict[str, Any] | None:
 
 def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: ModelEntry, execution: Execution) -> str:
     services, store, request_id = context.services, context.services.store, record.id
+    lease_s = services.settings.lease_s
+
+    def complete(**outcome) -> str:
+        # The provider answered: its outcome is written through a Redis
+        # restart or stall for as long as the lease would have lasted. If
+        # another worker took over meanwhile, the first outcome written wins.
+        return through_store_faults(f"request {request_id}: completion",
+                                    lambda: store.complete(record, **outcome), lease_s)
+
+    def remember(ref: dict[str, Any]) -> None:
+        # The provider's handle on the generation it accepted, saved the moment
+        # its answer arrives: a worker that dies after this resumes the
+        # generation instead of paying for another. What is left is the time
+        # the accept takes to cross the network plus this write.
+        through_store_faults(f"request {request_id}: upstream handle",
+                             lambda: store.remember_upstream(request_id, json.dumps(ref)), lease_s)
+
     call = ProviderCall(
         entry=entry,
         body=body,
@@ -121,7 +170,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         session=context.session,
         interruption=lambda: _interruption(context, request_id),
         upstream_ref=_upstream_ref(record),
-        remember=lambda ref: store.remember_upstream(request_id, json.dumps(ref)),
+        remember=remember,
         started_at=record.started_at or time.time(),
         timed=lambda seconds: services.metrics.provider_call(entry.provider, entry.id, seconds),
     )
@@ -145,18 +194,23 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
                 log.info("request %s attempt %d failed (%s); retrying in %.1f s",
                          request_id, attempts, failure.detail, countdown)
                 raise Later(countdown, failure.detail) from failure
-        _completed(context, record, store.complete(record, error_type=failure.error_type, detail=failure.detail,
-                                                   billable=failure.billable), failure.error_type, call.started_at)
+        _completed(context, record, complete(error_type=failure.error_type, detail=failure.detail,
+                                             billable=failure.billable), failure.error_type, call.started_at)
         log.info("request %s completed with %s after %.2f s", request_id, failure.error_type,
                  time.monotonic() - started, extra={"outcome": failure.error_type, "status": "COMPLETED"})
         return failure.error_type
+    except STORE_FAULTS:
+        # Redis, not the request, failed before any outcome: the lease runs
+        # out and another delivery resumes the generation from its handle.
+        log.exception("request %s: Redis failed mid-run; leaving it to its lease", request_id)
+        raise
     except Exception:
         log.exception("request %s failed inside the worker", request_id)
-        _completed(context, record, store.complete(record, error_type=states.INTERNAL_ERROR,
-                                                   detail="the worker failed while running the request"),
+        _completed(context, record, complete(error_type=states.INTERNAL_ERROR,
+                                             detail="the worker failed while running the request"),
                    states.INTERNAL_ERROR, call.started_at)
         return "internal_error"
-    _completed(context, record, store.complete(record, output=output.content, content_type=output.content_type),
+    _completed(context, record, complete(output=output.content, content_type=output.content_type),
                "success", call.started_at)
     log.info("request %s completed in %.2f s", request_id, time.monotonic() - started,
              extra={"outcome": "success", "status": "COMPLETED"})

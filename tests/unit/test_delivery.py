@@ -13,6 +13,7 @@ import threading
 import time
 
 import pytest
+import redis
 import requests
 from werkzeug.serving import make_server
 
@@ -242,3 +243,48 @@ def test_a_handed_back_request_is_resumed_without_counting_a_takeover(worker_ser
                            Lease(token, 30, 3600, worker_services.settings.max_takeovers)) in ("CLAIMED", "RESUMED")
         assert store.renew(request_id, provider, token, 0, hand_back=True)
     assert deliver_until_done(context_of(worker_services), request_id) == "completed"
+
+
+# -- the state store failing under a running generation --------------------------------------
+
+
+def _unreachable_redis():
+    from router_queue.devstack import free_port
+    return redis.Redis(port=free_port(), socket_timeout=0.1, socket_connect_timeout=0.1)
+
+
+def test_metrics_that_cannot_be_written_never_cost_the_output(worker_services, workspace):
+    worker_services.metrics.client = _unreachable_redis()
+    body = {"contents": [{"role": "user", "parts": [{"text": "metrics down"}]}]}
+    outcome, record, request_id = run(worker_services, workspace, "vertexai/gemini-3.1-flash-image", body)
+    assert (outcome, record.status, record.error_type) == ("completed", COMPLETED, None)
+    assert json.loads(worker_services.store.result(request_id))["candidates"]
+    assert worker_services.metrics.dropped >= 2  # the provider call and the completion, at least
+
+
+def test_the_outcome_is_written_through_a_redis_restart(worker_services, workspace, monkeypatch):
+    store, calls = worker_services.store, []
+    real_complete = store.complete
+
+    def restarting(*args, **kwargs):
+        calls.append(kwargs.get("error_type", ""))
+        if len(calls) <= 2:
+            raise redis.ConnectionError("Connection refused")
+        return real_complete(*args, **kwargs)
+
+    monkeypatch.setattr(store, "complete", restarting)
+    monkeypatch.setattr("workers.delivery.STORE_RETRY_S", (0.01, 0.02))
+    body = {"input": "said once", "voice": "alloy"}
+    outcome, record, request_id = run(worker_services, workspace, "openai/gpt-4o-mini-tts", body)
+    assert (outcome, record.status, record.error_type) == ("completed", COMPLETED, None)
+    assert calls == ["", "", ""]  # the same success, three times: never turned into an error
+    assert store.result(request_id)
+
+
+def test_a_cancel_flag_that_cannot_be_read_does_not_stop_the_generation(worker_services, workspace, monkeypatch):
+    def stalled(request_id):
+        raise redis.TimeoutError("Timeout reading from socket")
+
+    monkeypatch.setattr(worker_services.store, "cancel_requested", stalled)
+    outcome, record, _ = run(worker_services, workspace, "bfl/flux-2-pro", {"prompt": "stall [stub:latency=0.3]"})
+    assert (outcome, record.status, record.error_type) == ("completed", COMPLETED, None)
