@@ -35,6 +35,11 @@ class _ContextFilter(logging.Filter):
         return True
 
 
+#: gunicorn's loggers keep handlers of their own (formatted with
+#: ``%(process)d``, which records no longer carry); they are given ours.
+GUNICORN_LOGGERS = ("gunicorn.error", "gunicorn.access")
+
+
 def configure(level: str = "INFO") -> None:
     """Route every logger (ours, Celery's, gunicorn's) through one JSON handler.
 
@@ -53,3 +58,7 @@ def configure(level: str = "INFO") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    for name in GUNICORN_LOGGERS:
+        logger = logging.getLogger(name)
+        logger.handlers[:] = [handler]
+        logger.propagate = False

@@ -7,10 +7,12 @@ import logging
 from typing import TYPE_CHECKING
 
 from flask import Blueprint, Response, current_app, g, request
+from gunicorn.http.errors import NoMoreData, ParseException
 
 from . import admission, pacing
 from .catalog import Catalog, ModelEntry
-from .errors import CompletedWithError, DeadlineExceeded, Gone, ModelNotFound, PayloadTooLarge, RequestNotFound
+from .errors import (CompletedWithError, DeadlineExceeded, Gone, InvalidInput, ModelNotFound, PayloadTooLarge,
+                     RequestNotFound)
 from .ids import well_formed
 from .ratelimit import carried_allowance
 from .states import COMPLETED, RESULT_STATUS
@@ -23,6 +25,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 queue = Blueprint("queue", __name__)
+
+#: What gunicorn's body reader raises on broken framing, as the app reads the body.
+BODY_FRAMING_ERRORS: tuple[type[BaseException], ...] = (ParseException, NoMoreData)
 
 #: Answered for every id we cannot show this caller, whatever the reason, so
 #: another workspace's ids are indistinguishable from ids that never existed.
@@ -105,13 +110,17 @@ def submit(provider: str, model: str) -> Response:
 
 
 def _body() -> bytes:
-    """The request body; ``413`` when it is over the limit.
+    """The request body; ``413`` when it is over the limit, ``400`` when its
+    framing is broken (a malformed chunk, a body shorter than announced).
 
     A body with a Content-Length over the limit is refused by werkzeug before
     this; a chunked one (no Content-Length) is only cut at the limit, so a
     body that fills the limit is taken to be over it.
     """
-    raw = request.get_data(cache=False)
+    try:
+        raw = request.get_data(cache=False)
+    except BODY_FRAMING_ERRORS as exc:
+        raise InvalidInput(f"the request body could not be read: {exc.__class__.__name__} {exc}".strip()) from None
     limit = current_app.config["MAX_CONTENT_LENGTH"]
     if request.content_length is None and len(raw) >= limit:
         raise PayloadTooLarge(f"the body is larger than {limit} bytes")

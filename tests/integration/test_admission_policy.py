@@ -708,6 +708,26 @@ def test_what_gunicorn_refuses_before_the_app_is_still_a_contract_error(rig: Rig
     _nothing_admitted(rig.services, caller.workspace)
 
 
+def test_a_malformed_chunked_body_is_invalid_input_and_admits_nothing(rig: Rig) -> None:
+    caller = rig.caller()
+    host, port = urlsplit(caller.base_url).hostname, urlsplit(caller.base_url).port
+    request = (f"POST /v2/models/{FLUX}/requests HTTP/1.1\r\nHost: x\r\nX-API-Key: {caller.api_key}\r\n"
+               "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+               "zz\r\n{\"prompt\": \"x\"}\r\n0\r\n\r\n").encode()
+    with socket.create_connection((host, port), timeout=10) as raw:
+        raw.sendall(request)
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {name.lower(): value for name, _, value in (line.partition(": ") for line in lines[1:])}
+    assert lines[0].startswith("HTTP/1.1 400 "), answer[:300]
+    assert headers["x-comfy-error-type"] == "invalid_input" and headers["x-comfy-request-id"]
+    assert "InvalidChunkSize" in json.loads(body)["detail"]
+    _nothing_admitted(rig.services, caller.workspace)
+
+
 # -- 6. security -----------------------------------------------------------------------------------
 
 

@@ -134,3 +134,23 @@ def test_requeue_publishes_a_granted_request_and_leaves_a_waiting_one_to_the_sch
     shown = runner.invoke(ops, ["requeue", granted])
     assert shown.exit_code == 0 and shown.output.strip() == f"published {granted} to bfl"
     assert dispatcher.published == [(granted, "bfl")]
+
+
+def test_gunicorns_own_log_lines_are_json_too(capsys):
+    """gunicorn's loggers had handlers of their own whose format needs a
+    process id, which our records no longer carry: a warning failed to format."""
+    gunicorn_error = logging.getLogger("gunicorn.error")
+    gunicorn_error.addHandler(logging.StreamHandler())  # as gunicorn's glogging sets it up
+    gunicorn_error.handlers[-1].setFormatter(logging.Formatter("%(asctime)s [%(process)d] %(message)s"))
+    logs.configure("INFO")
+    try:
+        gunicorn_error.warning("Invalid request from ip=%s: %s", "127.0.0.1", "Invalid chunk size")
+        err = capsys.readouterr().err
+        line = json.loads(err.strip().splitlines()[-1])
+    finally:
+        logging.getLogger().handlers.clear()
+        gunicorn_error.handlers.clear()
+        gunicorn_error.propagate = True
+    assert (line["logger"], line["level"]) == ("gunicorn.error", "WARNING")
+    assert line["message"] == "Invalid request from ip=127.0.0.1: Invalid chunk size"
+    assert "Logging error" not in err and len(err.strip().splitlines()) == 1, err
