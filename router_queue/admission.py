@@ -125,6 +125,9 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         rate=rate(),
         priority=rank,
     )
+    if admission.outcome == "EXPIRED":
+        raise ServiceUnavailable("the request store answered too late; nothing was admitted or charged; "
+                                 "retry shortly", retry_after=1)
     if admission.outcome == "INSUFFICIENT_CREDITS":
         raise InsufficientCredits(f"{entry.id} costs {entry.price_credits} credits and the workspace has "
                                   f"{admission.available} available; nothing was queued or charged")

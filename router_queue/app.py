@@ -44,7 +44,8 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
                dispatcher: Dispatcher | None = None) -> Flask:
     """Build the front door. Tests pass ``services`` (fakeredis) and a ``dispatcher``."""
     settings = settings or Settings.from_env()
-    services = services or Services.build(settings)
+    services = services or Services.build(settings, wait_s=settings.front_door_redis_wait_s,
+                                          write_deadline_s=settings.front_door_redis_wait_s)
     if dispatcher is None:
         dispatcher = Dispatcher(make_celery(settings), services.store, providers=tuple(services.catalog.providers()),
                                 broker_is_store=settings.effective_broker_url == settings.redis_url)

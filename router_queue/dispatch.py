@@ -67,6 +67,7 @@ class Dispatcher:
         otherwise what they grant is published here."""
         self.celery = celery
         self.store = store
+        self.broker_is_store = broker_is_store
         store.grants.publish = self.publish_granted
         if broker_is_store:
             # kombu's Redis transport keeps a queue's priority-0 messages in a

@@ -57,6 +57,8 @@ def cancel(request_id: str) -> None:
     services = _front().services
     outcome = services.store.cancel(request_id=request_id, workspace=record["workspace"],
                                     model=record["model"], provider=record["provider"])
+    if outcome == "EXPIRED":
+        raise click.ClickException("Redis answered too late; nothing was cancelled; try again")
     if outcome == "CANCELLED":
         services.metrics.completed(record["provider"], record["model"], "cancelled")
     click.echo(outcome.lower())

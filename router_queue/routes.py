@@ -12,7 +12,7 @@ from gunicorn.http.errors import NoMoreData, ParseException
 from . import admission, pacing
 from .catalog import Catalog, ModelEntry
 from .errors import (CompletedWithError, DeadlineExceeded, Gone, InvalidInput, ModelNotFound, PayloadTooLarge,
-                     RequestNotFound)
+                     RequestNotFound, ServiceUnavailable)
 from .ids import well_formed
 from .ratelimit import carried_allowance
 from .states import COMPLETED, RESULT_STATUS
@@ -203,6 +203,9 @@ def cancel(provider: str, model: str, request_id: str) -> Response:
     outcome = front.services.store.cancel(
         request_id=request_id, workspace=workspace, model=entry.id, provider=entry.provider
     )
+    if outcome == "EXPIRED":
+        raise ServiceUnavailable("the request store answered too late; nothing was cancelled; retry shortly",
+                                 retry_after=1)
     if outcome == "MISSING":
         if front.services.ids.is_ours(request_id, workspace, entry.id):
             raise Gone(f"request {request_id} finished more than its retention window ago")

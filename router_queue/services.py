@@ -15,6 +15,9 @@ from .metrics import MetricsRecorder
 from .settings import Settings
 from .store import RequestStore
 
+#: Seconds a worker, the sweeper or the CLI waits on Redis before an error.
+WORKER_REDIS_WAIT_S = 5.0
+
 
 @dataclass
 class Services:
@@ -27,11 +30,16 @@ class Services:
     metrics: MetricsRecorder
 
     @classmethod
-    def build(cls, settings: Settings, client: redis.Redis | None = None) -> "Services":
-        """``client`` lets tests pass a fakeredis client; else one is made from the URL."""
+    def build(cls, settings: Settings, client: redis.Redis | None = None, *,
+              wait_s: float = WORKER_REDIS_WAIT_S, write_deadline_s: float | None = None) -> "Services":
+        """``client`` lets tests pass a fakeredis client; else one is made from
+        the URL, waiting ``wait_s`` seconds on Redis at most. ``write_deadline_s``:
+        admissions and cancels that do not reach Redis within it change nothing
+        (the front door's, inside its wait)."""
         if client is None:
             client = redis.Redis.from_url(
-                settings.redis_url, socket_connect_timeout=2, socket_timeout=5, health_check_interval=30
+                settings.redis_url, socket_connect_timeout=min(2.0, wait_s), socket_timeout=wait_s,
+                health_check_interval=30,
             )
         catalog = Catalog.load(settings.catalog_path)
         return cls(
@@ -40,7 +48,7 @@ class Services:
             store=RequestStore(
                 client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
                 republish_after_s=settings.republish_after_s, max_queued=settings.max_queued,
-                max_in_flight=catalog.max_in_flight,
+                max_in_flight=catalog.max_in_flight, write_deadline_s=write_deadline_s,
             ),
             accounts=Accounts(client),
             ids=RequestIds(client),

@@ -84,6 +84,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "SYNC_DEADLINE_SECONDS": ("sync_deadline_s", _float),
     "DEFAULT_RATE_LIMIT": ("default_rate_limit", _str),
     "LOG_LEVEL": ("log_level", _str),
+    "FRONT_DOOR_REDIS_WAIT_SECONDS": ("front_door_redis_wait_s", _float),
 }
 
 
@@ -141,6 +142,12 @@ class Settings:
     #: answer leaves ``sync_margin_s`` before this mark.
     sync_deadline_s: float = 600.0
     log_level: str = "INFO"
+    #: Seconds the front door waits on Redis (connect or answer) before it
+    #: answers ``503 service_unavailable``: a stalled or restarting Redis costs a
+    #: caller this long, not the workers' 5 s. Admissions and cancels carry a
+    #: deadline inside it, checked against Redis's own clock, so one the caller
+    #: was told failed never takes effect when Redis wakes.
+    front_door_redis_wait_s: float = 0.8
 
     @property
     def sync_hold_s(self) -> float:

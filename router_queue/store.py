@@ -27,6 +27,9 @@ _FIELDS = (
 )
 
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
+#: Seconds by which Redis's clock may lag the front door's without a late
+#: write slipping past its deadline (see ``RequestStore._deadline``).
+CLOCK_ALLOWANCE_S = 0.2
 #: A request's priority within its workspace (``X-Comfy-Priority``).
 PRIORITIES = ("high", "normal", "low")
 #: status.lua's ARGV after the request id: the field count, then the fields.
@@ -164,7 +167,8 @@ class Lease:
 class RequestStore:
     def __init__(self, client: redis.Redis, *, retention_s: int, idempotency_ttl_s: int,
                  republish_after_s: float = 30.0, max_queued: int = 1000,
-                 max_in_flight: Callable[[str], int] = lambda provider: 100):
+                 max_in_flight: Callable[[str], int] = lambda provider: 100,
+                 write_deadline_s: float | None = None):
         self.client = client
         #: Requests a workspace may have waiting unless it sets its own cap.
         self.max_queued = max_queued
@@ -175,6 +179,9 @@ class RequestStore:
         self.republish_after_s = republish_after_s
         #: A provider's fleet-wide cap on requests in flight (the catalog's).
         self.max_in_flight = max_in_flight
+        #: Seconds within which an admission or cancel must reach Redis or
+        #: change nothing (None: no deadline). See :meth:`_deadline`.
+        self.write_deadline_s = write_deadline_s
         self.grants = GrantPublishing()
         self._admit = load_script(client, "admit")
         self._grant = load_script(client, "grant")
@@ -220,7 +227,7 @@ class RequestStore:
                 request_id, workspace, model, provider, body, repr(now),
                 fingerprint if idempotency_key_hash else "", self.idempotency_ttl_s,
                 "1" if require_enabled else "0", grant_until, int(price),
-                self.max_queued, template, cap, priority, *rate_args,
+                self.max_queued, template, cap, priority, self._deadline(now), *rate_args,
             ],
         )
         code = _text(reply[0])
@@ -234,6 +241,16 @@ class RequestStore:
         if code == "INSUFFICIENT_CREDITS":
             return Admission(code, available=int(float(_text(reply[1]))))
         return Admission(code)
+
+    def _deadline(self, now: float) -> str:
+        """Until when (Unix seconds, as Redis's ``TIME`` tells it) the script
+        may still write: past it, the caller has given up waiting and answered
+        503, so the script refuses ("EXPIRED") instead of taking effect late.
+        It ends ``CLOCK_ALLOWANCE_S`` before the caller's wait does, so a Redis
+        clock that lags ours by up to that much is still safe."""
+        if self.write_deadline_s is None:
+            return ""
+        return repr(now + max(0.05, self.write_deadline_s - CLOCK_ALLOWANCE_S))
 
     # -- the schedule's grants -------------------------------------------------
     def _granting(self, provider: str, now: float) -> tuple[str, str, int, str]:
@@ -298,13 +315,15 @@ class RequestStore:
 
     def cancel(self, *, request_id: str, workspace: str, model: str, provider: str) -> str:
         """"CANCELLED" (it was waiting), "REQUESTED" (its worker stops it),
-        "ALREADY_COMPLETED" or "MISSING" (not this caller's)."""
+        "ALREADY_COMPLETED", "MISSING" (not this caller's) or "EXPIRED" (it
+        reached Redis past its deadline and changed nothing)."""
         now = time.time()
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
         reply = self._cancel(
             keys=[keys.request(request_id), keys.queue(provider), keys.schedule(provider), keys.workspace(workspace),
                   keys.ledger(workspace), running, list_key],
-            args=[request_id, workspace, model, repr(now), self.retention_s, cap, grant_until, template],
+            args=[request_id, workspace, model, repr(now), self.retention_s, cap, grant_until, template,
+                  self._deadline(now)],
         )
         self._publish_granted(provider, reply[1:])
         return _text(reply[0])

@@ -10,7 +10,7 @@
 -- KEYS[7] rq:ledger:{workspace}  KEYS[8] rq:metrics:{provider}  KEYS[9] rq:draining
 -- KEYS[10] rq:running:{provider} KEYS[11] the broker's list for the provider
 -- KEYS[12..] the caller's rate-window counters, with a (limit, window
---          seconds) pair each in ARGV[16..] (ratelimit.py): counted first
+--          seconds) pair each in ARGV[17..] (ratelimit.py): counted first
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] provider
 -- ARGV[5] body (JSON text)       ARGV[6] now (unix seconds)
 -- ARGV[7] fingerprint of (model, canonical body); "" when no Idempotency-Key
@@ -25,10 +25,12 @@
 --          when the front door publishes what was granted
 -- ARGV[14] the provider's cap on requests in flight
 -- ARGV[15] priority within the workspace: "high" | "normal" | "low"
+-- ARGV[16] deadline (Unix seconds, Redis's clock) past which nothing is
+--          written: the front door has answered 503 by then; "" for none
 -- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}
 --       | {"IDEM_CONFLICT"} | {"NOT_ENABLED"} | {"BACKLOG_FULL"}
 --       | {"INSUFFICIENT_CREDITS", available} | {"DRAINING"}
---       | {"RATE_LIMITED", window index, ms left}
+--       | {"RATE_LIMITED", window index, ms left} | {"EXPIRED"}
 -- Admissions and refusals are counted in rq:metrics:{provider} on the way.
 
 local function refused(reason)
@@ -36,7 +38,11 @@ local function refused(reason)
   return {reason}
 end
 
-local spent = spend_rate(12, 16)
+if past_deadline(ARGV[16]) then
+  return {"EXPIRED"}
+end
+
+local spent = spend_rate(12, 17)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end

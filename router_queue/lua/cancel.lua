@@ -9,8 +9,13 @@
 -- KEYS[6] rq:running:{provider}   KEYS[7] the broker's list for the provider
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] now  ARGV[5] retention (s)
 -- ARGV[6] the provider's cap  ARGV[7] grant lease end (s)  ARGV[8] message template or ""
+-- ARGV[9] deadline (Unix seconds, Redis's clock) past which nothing changes; "" for none
 -- returns {"CANCELLED", granted ids to publish...} | {"REQUESTED"}
---       | {"ALREADY_COMPLETED"} | {"MISSING"}
+--       | {"ALREADY_COMPLETED"} | {"MISSING"} | {"EXPIRED"}
+
+if past_deadline(ARGV[9]) then
+  return {"EXPIRED"}
+end
 
 local rec = redis.call("HMGET", KEYS[1], "status", "workspace", "model")
 if not rec[1] or rec[2] ~= ARGV[2] or rec[3] ~= ARGV[3] then

@@ -40,6 +40,17 @@ local function announce_completed(request_id)
   redis.call("PUBLISH", "rq:done:" .. request_id, "COMPLETED")
 end
 
+-- True when a write arrives past the deadline its caller gave it (ARGV, Unix
+-- seconds; "" for none), by Redis's own clock: the caller has stopped
+-- waiting and told its client the write failed, so it must not happen now.
+local function past_deadline(deadline)
+  if deadline == nil or deadline == "" then
+    return false
+  end
+  local t = redis.call("TIME")
+  return tonumber(t[1]) + tonumber(t[2]) / 1000000 > tonumber(deadline)
+end
+
 -- Count this call in the caller's fixed rate windows (ratelimit.py): the
 -- counters are KEYS[first_key] onwards, each one's (limit, window seconds) a
 -- pair in ARGV from first_arg. Every window counts the call until one is

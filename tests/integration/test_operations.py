@@ -199,6 +199,56 @@ def test_a_hung_redis_never_hangs_the_front_door(private: tuple[PrivateRedis, Pr
     assert answers == {"submit without a key": 401, "operations summary": 503}, answers
 
 
+#: Longest a front-door answer may take while Redis is stalled: its 0.8 s wait
+#: (FRONT_DOOR_REDIS_WAIT_SECONDS) plus the HTTP round trip, with slack for a
+#: loaded machine.
+STALLED_ANSWER_S = 1.5
+
+
+@pytest.mark.slow
+def test_writes_answered_503_during_a_stall_never_take_effect_later(private: tuple[PrivateRedis, PrivateStack]) -> None:
+    """The admit reaches the stalled Redis (the key is cached by then) and waits
+    in its socket; the front door answers 503 within its wait; when Redis wakes,
+    the script finds itself past its deadline by Redis's clock and writes nothing."""
+    server, running = private
+    caller = running.caller("stall")
+    accounts = running.services.accounts
+    for n in range(3):  # the key is now cached by the web worker this session talks to
+        caller.submit_ok(FLUX, {"prompt": unique_prompt(f"before the stall {n}")})
+    long = caller.submit_ok(FLUX, {"prompt": unique_prompt("runs through the stall", "[stub:latency=4]")})
+    before = accounts.get(caller.workspace)
+    ledger_before = accounts.ledger(caller.workspace)
+    server.pause()
+    try:
+        answers = []
+        for n in range(4):
+            started = time.monotonic()
+            response = caller.submit(FLUX, {"prompt": unique_prompt(f"during the stall {n}")})
+            answers.append((response, time.monotonic() - started))
+        started = time.monotonic()
+        cancel = caller.session.put(caller.url(FLUX, long, "/cancel"), headers=caller.headers(), timeout=10)
+        cancel_s = time.monotonic() - started
+        started = time.monotonic()
+        ready = requests.get(f"{running.base_url}/readyz", timeout=CLIENT_TIMEOUT_S)
+        ready_s = time.monotonic() - started
+        healthz = requests.get(f"{running.base_url}/healthz", timeout=CLIENT_TIMEOUT_S)
+    finally:
+        server.resume()
+    time.sleep(1.0)  # what waited in Redis's socket buffers has run by now
+    for response, elapsed in answers + [(cancel, cancel_s), (ready, ready_s)]:
+        _assert_503(response)
+        assert int(response.headers["Retry-After"]) >= 1
+        assert elapsed < STALLED_ANSWER_S, (elapsed, response.request.url)
+    assert healthz.status_code == 200
+    after = accounts.get(caller.workspace)
+    assert after.held <= before.held, "a 503'd submit was admitted later"
+    assert [e for e in accounts.ledger(caller.workspace) if e.type == "hold"] == [
+        e for e in ledger_before if e.type == "hold"], "a 503'd submit holds credits"
+    assert not running.services.redis.hexists(keys.request(long), "cancel_requested"), "a 503'd cancel took effect"
+    assert "error_type" not in caller.wait_status(FLUX, long, timeout_s=30)
+    assert caller.submit(FLUX, {"prompt": unique_prompt("after the stall")}).status_code == 201
+
+
 def _outage_under_load(running: PrivateStack, server: PrivateRedis) -> None:
     web = running.stack.procs["web"]
     web_workers = children(web.pid)

@@ -258,3 +258,15 @@ def test_redis_down_is_503_service_unavailable(http, auth, services, request):
     response = submit(http, {"X-API-Key": "rq_uncached"})
     assert_error(response, 503, "service_unavailable")
     assert int(response.headers["Retry-After"]) >= 1
+
+
+def test_a_write_that_reaches_redis_too_late_answers_503_and_takes_no_effect(http, auth, services, monkeypatch):
+    queued = submit(http, auth, {"prompt": "before"}).json["request_id"]
+    monkeypatch.setattr(services.store, "_deadline", lambda now: repr(now - 1))  # as if Redis stalled past it
+    late = submit(http, auth, {"prompt": "during a stall"})
+    assert_error(late, 503, "service_unavailable")
+    assert int(late.headers["Retry-After"]) >= 1
+    assert_error(http.put(f"{FLUX}/requests/{queued}/cancel", headers=auth), 503, "service_unavailable")
+    monkeypatch.undo()
+    assert services.store.queue_depth("bfl") == 1
+    assert http.get(f"{FLUX}/requests/{queued}/status", headers=auth).json["status"] == "IN_QUEUE"

@@ -224,3 +224,27 @@ def test_renew_many_extends_every_held_lease(services, workspace):
         services.store.claim(record_of(services, request_id, "bfl"), lease(f"t{n}", lease_s=1))
     services.store.renew_many([(i, "bfl", f"t{n}") for n, i in enumerate(ids)], 60)
     assert services.store.expired_leases("bfl", time.time() + 30) == []
+
+
+def test_an_admission_reaching_redis_past_its_deadline_writes_nothing(services, workspace):
+    """The front door has answered 503 by then: the admit must not happen later."""
+    services.store.write_deadline_s = 0.8
+    request_id, outcome = admit(services, workspace, key_hash="k", fingerprint="f", now=time.time() - 5)
+    assert outcome.outcome == "EXPIRED"
+    assert services.store.status_view(request_id, "bfl").record is None
+    assert services.store.queue_depth("bfl") == 0 and services.store.in_flight("bfl") == 0
+    assert services.accounts.get(workspace).queued == services.accounts.get(workspace).held == 0
+    assert services.accounts.ledger(workspace) == []
+    assert not services.redis.exists(keys.idempotency(workspace, "k"))
+    # in time, the same admission goes through
+    _, on_time = admit(services, workspace, key_hash="k", fingerprint="f")
+    assert on_time.outcome == "ADMITTED"
+
+
+def test_a_cancel_reaching_redis_past_its_deadline_changes_nothing(services, workspace, monkeypatch):
+    request_id, _ = admit(services, workspace)
+    monkeypatch.setattr(services.store, "_deadline", lambda now: repr(now - 1))  # Redis stalled past it
+    assert services.store.cancel(request_id=request_id, workspace=workspace, model=MODEL,
+                                 provider="bfl") == "EXPIRED"
+    monkeypatch.undo()
+    assert services.store.status_view(request_id, "bfl").record.status == IN_QUEUE
