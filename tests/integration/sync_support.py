@@ -9,6 +9,8 @@ beat serve its requests unchanged; nothing else of the session is touched.
 
 from __future__ import annotations
 
+import json
+
 import time
 import warnings
 from dataclasses import dataclass
@@ -65,12 +67,22 @@ class DeadlineDoor:
         return path.read_text(errors="replace") if path.exists() else ""
 
     def access_lines(self, method: str, path: str, status: int) -> int:
-        """Lines of gunicorn's access log for ``method path`` answered ``status``."""
+        """Lines of gunicorn's access log for ``method path`` answered ``status``
+        (each a JSON line whose message is gunicorn's access format)."""
         needle = f'"{method} {path} HTTP/1.1" {status} '
-        return sum(1 for line in self.log().splitlines() if needle in line)
+        return sum(1 for line in self.log().splitlines() if needle in _message(line))
 
     def stop(self) -> None:
         self.stack.stop()
+
+
+def _message(line: str) -> str:
+    """A log line's message: the ``message`` of a JSON line, else the line."""
+    try:
+        parsed = json.loads(line)
+    except ValueError:
+        return line
+    return parsed.get("message", "") if isinstance(parsed, dict) else line
 
 
 def ledger_of(services: Any, workspace: str) -> dict[str, list[str]]:
