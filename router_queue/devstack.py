@@ -92,8 +92,10 @@ class Stack:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     quiet: bool = True
     _logs: list = field(default_factory=list)
+    _argv: dict[str, list[str]] = field(default_factory=dict)
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
+        self._argv[name] = argv
         out = open(self.log_dir / f"{name}.log", "ab") if self.quiet else None
         if out is not None:
             self._logs.append(out)  # closed in stop(), once the child is gone
@@ -146,6 +148,10 @@ class Stack:
             log_file.close()
         self._logs.clear()
 
+    def restart(self, name: str) -> subprocess.Popen:
+        """Start ``name`` again as it was first started (its log goes on)."""
+        return self._spawn(name, self._argv[name])
+
     def exited(self) -> str | None:
         """The name of a child that exited, if any did."""
         for name, proc in self.procs.items():
@@ -171,6 +177,36 @@ curl "$BASE/requests/$REQUEST_ID" -H "X-API-Key: $COMFY_API_KEY"
 
 Ctrl-C stops everything.
 """
+
+
+#: Children ``router-queue dev`` starts again when they exit (a worker or beat
+#: that died with its broker connection); the web and the stub exiting is fatal.
+RESTARTED = ("worker", "beat")
+#: Seconds before a child is started again, doubling while it keeps exiting
+#: within a minute of its start, up to the last.
+RESTART_BACKOFF_S = (1.0, 30.0)
+
+
+def _supervise(stack: Stack) -> None:
+    """Keep the stack running: restart what may be restarted, fail on the rest."""
+    started: dict[str, float] = {}
+    delay: dict[str, float] = {}
+    while True:
+        name = stack.exited()
+        if name is None:
+            time.sleep(0.5)
+            continue
+        code = stack.procs[name].returncode
+        if name not in RESTARTED:
+            raise click.ClickException(f"{name} exited ({code}); see {stack.log_dir}/{name}.log")
+        quick = time.monotonic() - started.get(name, 0.0) < 60
+        delay[name] = min(delay.get(name, RESTART_BACKOFF_S[0] / 2) * 2, RESTART_BACKOFF_S[1]) if quick \
+            else RESTART_BACKOFF_S[0]
+        click.echo(f"{name} exited ({code}); starting it again in {delay[name]:.0f} s "
+                   f"(see {stack.log_dir}/{name}.log)", err=True)
+        time.sleep(delay[name])
+        stack.restart(name)
+        started[name] = time.monotonic()
 
 
 @click.command("dev")
@@ -208,9 +244,7 @@ def dev(port: int, stub_port: int) -> None:
         stack.start_web(port)
         click.echo(WALKTHROUGH.format(base=f"http://127.0.0.1:{port}", stub=f"http://127.0.0.1:{stub_port}",
                                       redis=env["REDIS_URL"], logs=stack.log_dir, key=api_key))
-        while (name := stack.exited()) is None:
-            time.sleep(0.5)
-        raise click.ClickException(f"{name} exited; see {stack.log_dir}/{name}.log")
+        _supervise(stack)
     except KeyboardInterrupt:
         click.echo("stopping")
     finally:

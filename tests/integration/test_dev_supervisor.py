@@ -1,0 +1,82 @@
+"""``router-queue dev`` heals its fleet: a worker or beat that exits (a crash,
+a broker connection lost the hard way) is started again, and work resumes
+with no person involved."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from router_queue.devstack import ROOT, free_port
+
+from ._support import FLUX, unique_prompt, wait_for
+from .ops_support import children
+
+pytestmark = pytest.mark.slow
+
+#: Seconds ``router-queue dev`` may take to print its walkthrough.
+UP_S = 60.0
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def _child(dev: subprocess.Popen, needle: str) -> int | None:
+    found = [pid for pid in children(dev.pid) if needle in _cmdline(pid)]
+    return found[0] if found else None
+
+
+def test_dev_starts_a_killed_worker_again_and_work_resumes() -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "CELERY_BROKER_URL")}
+    port, stub_port = free_port(), free_port()
+    dev = subprocess.Popen(
+        [sys.executable, "-c", "from router_queue.cli import main; main()", "dev", "--port", str(port),
+         "--stub-port", str(stub_port)],
+        cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        key, deadline = None, time.monotonic() + UP_S
+        while key is None and time.monotonic() < deadline:
+            line = dev.stdout.readline()
+            assert line or dev.poll() is None, f"router-queue dev exited: {dev.stderr.read()[-2000:]}"
+            if match := re.match(r"export COMFY_API_KEY=(\S+)", line):
+                key = match.group(1)
+        assert key, "router-queue dev printed no key"
+        base = f"http://127.0.0.1:{port}"
+        first = wait_for(lambda: _child(dev, " worker "), timeout_s=10, what="the dev worker")
+
+        os.kill(first, signal.SIGKILL)
+        killed_at = time.monotonic()
+        second = wait_for(lambda: (pid := _child(dev, " worker ")) not in (None, first) and pid,
+                          timeout_s=15, what="a new dev worker")
+        assert dev.poll() is None
+
+        submitted = requests.post(f"{base}/v2/models/{FLUX}/requests", headers={"X-API-Key": key},
+                                  json={"prompt": unique_prompt("after the worker was killed")}, timeout=10)
+        assert submitted.status_code == 201, submitted.text
+        status_url = submitted.json()["status_url"]
+        body = wait_for(lambda: (b := requests.get(status_url, headers={"X-API-Key": key}, timeout=10).json())
+                        ["status"] == "COMPLETED" and b, timeout_s=30, what="the request completed")
+        assert "error_type" not in body
+        resumed_s = time.monotonic() - killed_at
+        assert resumed_s < 30, resumed_s
+        assert second != first
+    finally:
+        dev.send_signal(signal.SIGTERM)
+        try:
+            dev.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            dev.kill()
+            dev.communicate()
