@@ -685,6 +685,19 @@ def test_over_long_ids_and_keys_reach_the_app_and_get_contract_errors(rig: Rig, 
     _nothing_admitted(rig.services, caller.workspace)
 
 
+def _raw_exchange(base_url: str, request: bytes) -> tuple[str, dict[str, str], bytes]:
+    """Send bytes no HTTP client would and read the answer until the server
+    closes: its status line, its headers (lower-cased names) and its body."""
+    with socket.create_connection((urlsplit(base_url).hostname, urlsplit(base_url).port), timeout=10) as raw:
+        raw.sendall(request)
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    head, _, body = answer.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    return lines[0], {name.lower(): value for name, _, value in (line.partition(": ") for line in lines[1:])}, body
+
+
 def test_what_gunicorn_refuses_before_the_app_is_still_a_contract_error(rig: Rig) -> None:
     """Past the server's line limits, and for a header that is not HTTP, the
     worker class answers instead of the app, in the same shape."""
@@ -693,16 +706,9 @@ def test_what_gunicorn_refuses_before_the_app_is_still_a_contract_error(rig: Rig
     assert_error(caller.submit(FLUX, _flux("huge key"), headers={"Idempotency-Key": "k" * 20_000}), 431,
                  "invalid_input")
 
-    host, port = urlsplit(caller.base_url).hostname, urlsplit(caller.base_url).port
-    with socket.create_connection((host, port), timeout=10) as raw:
-        raw.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nNo-Colon-Here\r\n\r\n")
-        answer = b""
-        while chunk := raw.recv(65536):
-            answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {name.lower(): value for name, _, value in (line.partition(": ") for line in lines[1:])}
-    assert lines[0].startswith("HTTP/1.1 400 "), answer[:300]
+    status_line, headers, body = _raw_exchange(caller.base_url,
+                                               b"GET /healthz HTTP/1.1\r\nHost: x\r\nNo-Colon-Here\r\n\r\n")
+    assert status_line.startswith("HTTP/1.1 400 "), (status_line, body[:300])
     assert headers["content-type"] == "application/json" and headers["x-comfy-error-type"] == "invalid_input"
     assert headers["x-comfy-request-id"] and json.loads(body)["error_type"] == "invalid_input"
     _nothing_admitted(rig.services, caller.workspace)
@@ -710,19 +716,11 @@ def test_what_gunicorn_refuses_before_the_app_is_still_a_contract_error(rig: Rig
 
 def test_a_malformed_chunked_body_is_invalid_input_and_admits_nothing(rig: Rig) -> None:
     caller = rig.caller()
-    host, port = urlsplit(caller.base_url).hostname, urlsplit(caller.base_url).port
     request = (f"POST /v2/models/{FLUX}/requests HTTP/1.1\r\nHost: x\r\nX-API-Key: {caller.api_key}\r\n"
                "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
                "zz\r\n{\"prompt\": \"x\"}\r\n0\r\n\r\n").encode()
-    with socket.create_connection((host, port), timeout=10) as raw:
-        raw.sendall(request)
-        answer = b""
-        while chunk := raw.recv(65536):
-            answer += chunk
-    head, _, body = answer.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {name.lower(): value for name, _, value in (line.partition(": ") for line in lines[1:])}
-    assert lines[0].startswith("HTTP/1.1 400 "), answer[:300]
+    status_line, headers, body = _raw_exchange(caller.base_url, request)
+    assert status_line.startswith("HTTP/1.1 400 "), (status_line, body[:300])
     assert headers["x-comfy-error-type"] == "invalid_input" and headers["x-comfy-request-id"]
     assert "InvalidChunkSize" in json.loads(body)["detail"]
     _nothing_admitted(rig.services, caller.workspace)
