@@ -53,12 +53,6 @@ def broker_template(celery: Celery, queue: str, list_key: str) -> BrokerTemplate
     return BrokerTemplate(list_key, json.dumps(message))
 
 
-def fill(template: BrokerTemplate, request_id: str, task_id: str) -> str:
-    """The message lib.lua's grant() pushes for ``request_id`` (for tests)."""
-    return (template.text.replace(REQUEST_STANDIN, request_id).replace(TASK_STANDIN, task_id)
-            .replace(TAG_STANDIN, task_id))
-
-
 class Dispatcher:
     def __init__(self, celery: Celery, store: RequestStore, *, providers: tuple[str, ...] = (),
                  broker_is_store: bool = False):
