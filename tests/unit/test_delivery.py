@@ -20,6 +20,7 @@ from werkzeug.serving import make_server
 from router_queue.admission import fingerprint
 from router_queue.settings import Secret
 from router_queue.store import Lease
+from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import record_of
 from router_queue.states import COMPLETED
 from stub_provider import create_app as create_stub
@@ -60,20 +61,6 @@ def admitted(services, workspace, model, body):
                                    body=json.dumps(body), fingerprint=fingerprint(model, body))
     assert outcome.outcome == "ADMITTED"
     return request_id, provider
-
-
-class RecordingDispatcher:
-    def __init__(self, store):
-        self.store = store
-        self.published = []
-        store.grants.publish = self.publish_granted
-
-    def publish(self, request_id, provider):
-        self.published.append((request_id, provider))
-
-    def publish_granted(self, provider, request_ids):
-        for request_id in request_ids:
-            self.publish(request_id, provider)
 
 
 def context_of(services) -> WorkerContext:
