@@ -65,7 +65,9 @@ def redis_answers(url: str) -> bool:
     """Whether a Redis at ``url`` answers PING within half a second."""
     import redis
 
-    client = redis.Redis.from_url(url, socket_connect_timeout=0.5, socket_timeout=0.5)
+    from .redis_clients import connect
+
+    client = connect(url, wait_s=0.5)
     try:
         return bool(client.ping())
     except redis.RedisError:

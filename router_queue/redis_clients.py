@@ -1,8 +1,100 @@
-"""Redis clients for side work that must not wait as long as the store does."""
+"""How every process reaches Redis: one URL, plain or through Sentinel, and
+clients for side work that must not wait as long as the store does.
+
+``REDIS_URL`` and ``CELERY_BROKER_URL`` take either form:
+
+* ``redis://[:PASSWORD@]HOST:PORT/DB``: one server;
+* ``sentinel://[:PASSWORD@]HOST:PORT;sentinel://HOST:PORT;.../DB?master_name=NAME``:
+  the primary that the sentinels at those addresses name ``NAME``, found anew
+  after every failover. This is kombu's Sentinel syntax (sentinels separated
+  by ``;``) with the master name carried in the URL, so one string serves the
+  store (redis-py's ``Sentinel``) and the Celery broker (kombu's ``sentinel``
+  transport) alike. ``PASSWORD`` is the primary's; sentinels without a password
+  are assumed.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from urllib.parse import parse_qs, unquote, urlsplit
+
 import redis
+from redis.sentinel import Sentinel, SentinelConnectionPool
+
+SENTINEL_SCHEME = "sentinel"
+#: Seconds a process waits on one sentinel when asking where the primary is.
+SENTINEL_WAIT_S = 0.5
+
+
+class RedisUrlError(ValueError):
+    """A Redis URL we cannot use; the message says what is wrong."""
+
+
+@dataclass(frozen=True)
+class SentinelAddress:
+    """A primary found through Sentinel: the parsed ``sentinel://`` URL."""
+
+    sentinels: tuple[tuple[str, int], ...]
+    master_name: str
+    db: int = 0
+    password: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> "SentinelAddress | None":
+        """The address ``url`` names, or None when it is not a sentinel URL."""
+        if not url.startswith(f"{SENTINEL_SCHEME}://"):
+            return None
+        sentinels, master_name, db, password = [], None, 0, None
+        for part in url.split(";"):
+            parsed = urlsplit(part.strip())
+            if parsed.scheme != SENTINEL_SCHEME or not parsed.hostname:
+                raise RedisUrlError(f"each part of a sentinel URL must be sentinel://HOST:PORT, got {part!r}")
+            sentinels.append((parsed.hostname, parsed.port or 26379))
+            password = unquote(parsed.password) if parsed.password else password
+            if parsed.path.strip("/"):
+                try:
+                    db = int(parsed.path.strip("/"))
+                except ValueError:
+                    raise RedisUrlError(f"the database in a sentinel URL must be a number, got {parsed.path!r}") from None
+            master_name = parse_qs(parsed.query).get("master_name", [master_name])[0]
+        if not master_name:
+            raise RedisUrlError(f"a sentinel URL must name the primary: add ?master_name=NAME to {url!r}")
+        return cls(tuple(sentinels), master_name, db, password)
+
+    def kombu_url(self) -> str:
+        """The URL kombu's ``sentinel`` transport reads (the master name goes
+        in its transport options): every sentinel, each with the database."""
+        auth = f":{self.password}@" if self.password else ""
+        return ";".join(f"{SENTINEL_SCHEME}://{auth if i == 0 else ''}{host}:{port}/{self.db}"
+                        for i, (host, port) in enumerate(self.sentinels))
+
+
+def connect(url: str, *, wait_s: float, connect_s: float | None = None,
+            health_check_interval: int = 30) -> redis.Redis:
+    """A client for ``url`` whose socket waits are ``wait_s`` (connecting:
+    ``connect_s``, default the same). Through Sentinel, the client asks the
+    sentinels for the primary on every new connection, so after a failover
+    the next command reaches the promoted replica."""
+    connect_s = wait_s if connect_s is None else connect_s
+    address = SentinelAddress.parse(url)
+    if address is None:
+        return redis.Redis.from_url(url, socket_connect_timeout=connect_s, socket_timeout=wait_s,
+                                    health_check_interval=health_check_interval)
+    sentinel = Sentinel(
+        list(address.sentinels),
+        sentinel_kwargs={"socket_timeout": SENTINEL_WAIT_S, "socket_connect_timeout": SENTINEL_WAIT_S},
+        socket_timeout=wait_s, socket_connect_timeout=connect_s, health_check_interval=health_check_interval,
+        db=address.db, password=address.password,
+    )
+    return sentinel.master_for(address.master_name)
+
+
+def celery_broker(url: str) -> tuple[str, dict]:
+    """(URL, extra transport options) for Celery's broker at ``url``."""
+    address = SentinelAddress.parse(url)
+    if address is None:
+        return url, {}
+    return address.kombu_url(), {"master_name": address.master_name}
 
 
 def bounded(client: redis.Redis, timeout_s: float) -> redis.Redis:
@@ -10,4 +102,8 @@ def bounded(client: redis.Redis, timeout_s: float) -> redis.Redis:
     ``timeout_s``: a stalled Redis costs such a caller that long at most."""
     pool = client.connection_pool
     kwargs = {**pool.connection_kwargs, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
+    if isinstance(pool, SentinelConnectionPool):
+        kwargs.pop("connection_pool", None)  # the pool's own proxy, made anew below
+        return redis.Redis(connection_pool=SentinelConnectionPool(
+            pool.service_name, pool.sentinel_manager, connection_class=pool.connection_class, **kwargs))
     return redis.Redis(connection_pool=type(pool)(connection_class=pool.connection_class, **kwargs))

@@ -12,8 +12,9 @@ from .accounts import Accounts
 from .catalog import Catalog
 from .ids import RequestIds
 from .metrics import MetricsRecorder
+from .redis_clients import connect
 from .settings import Settings
-from .store import RequestStore
+from .store import Replication, RequestStore
 
 #: Seconds a worker, the sweeper or the CLI waits on Redis before an error.
 WORKER_REDIS_WAIT_S = 5.0
@@ -37,10 +38,7 @@ class Services:
         admissions and cancels that do not reach Redis within it change nothing
         (the front door's, inside its wait)."""
         if client is None:
-            client = redis.Redis.from_url(
-                settings.redis_url, socket_connect_timeout=min(2.0, wait_s), socket_timeout=wait_s,
-                health_check_interval=30,
-            )
+            client = connect(settings.redis_url, wait_s=wait_s, connect_s=min(2.0, wait_s))
         catalog = Catalog.load(settings.catalog_path)
         return cls(
             settings=settings,
@@ -49,6 +47,7 @@ class Services:
                 client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
                 republish_after_s=settings.republish_after_s, max_queued=settings.max_queued,
                 max_in_flight=catalog.max_in_flight, write_deadline_s=write_deadline_s,
+                replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
             ),
             accounts=Accounts(client),
             ids=RequestIds(client),

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .redis_clients import RedisUrlError, SentinelAddress
+
 DEFAULT_CATALOG = Path(__file__).with_name("catalog.json")
 
 
@@ -50,6 +52,16 @@ def _url(name: str, raw: str) -> str:
     return raw
 
 
+def _redis_url(name: str, raw: str) -> str:
+    """A ``redis://`` URL or a ``sentinel://`` one that names its primary."""
+    raw = _url(name, raw)
+    try:
+        SentinelAddress.parse(raw)
+    except RedisUrlError as exc:
+        raise SettingsError(f"{name}: {exc}") from None
+    return raw
+
+
 class Secret(str):
     """A string that masks itself in ``repr`` so settings can be logged."""
 
@@ -64,8 +76,8 @@ def _secret(name: str, raw: str) -> Secret:
 #: environment variable -> (field name, parser). The README's configuration
 #: table lists the same variables; keep them in step.
 _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
-    "REDIS_URL": ("redis_url", _url),
-    "CELERY_BROKER_URL": ("broker_url", _url),
+    "REDIS_URL": ("redis_url", _redis_url),
+    "CELERY_BROKER_URL": ("broker_url", _redis_url),
     "PUBLIC_BASE_URL": ("public_base_url", _url),
     "RESULT_RETENTION_SECONDS": ("result_retention_s", _int),
     "IDEMPOTENCY_TTL_SECONDS": ("idempotency_ttl_s", _int),
@@ -85,6 +97,8 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "DEFAULT_RATE_LIMIT": ("default_rate_limit", _str),
     "LOG_LEVEL": ("log_level", _str),
     "FRONT_DOOR_REDIS_WAIT_SECONDS": ("front_door_redis_wait_s", _float),
+    "REDIS_WAIT_REPLICAS": ("wait_replicas", _int),
+    "REDIS_WAIT_TIMEOUT_MS": ("wait_timeout_ms", _int),
 }
 
 
@@ -148,6 +162,15 @@ class Settings:
     #: deadline inside it, checked against Redis's own clock, so one the caller
     #: was told failed never takes effect when Redis wakes.
     front_door_redis_wait_s: float = 0.8
+    #: Replicas that must hold an admission, a cancel or a completion before
+    #: it is answered (Redis ``WAIT``). 0: answer as soon as the primary has
+    #: it, so a failover can lose what its replica had not yet received.
+    #: See the README's "Redis high availability".
+    wait_replicas: int = 0
+    #: Milliseconds such a write waits for its replicas; past it, it is
+    #: answered anyway, logged and counted (the write is on the primary).
+    #: Keep it well inside ``front_door_redis_wait_s``.
+    wait_timeout_ms: int = 100
 
     @property
     def sync_hold_s(self) -> float:

@@ -164,12 +164,30 @@ class Lease:
     resume_key: str = ""
 
 
+@dataclass(frozen=True)
+class Replication:
+    """How many replicas a write the caller is told about waits for (Redis
+    ``WAIT``), and for how long at most. Redis replicates asynchronously: a
+    primary that dies before its replica received a write takes the write
+    with it when the sentinels promote the replica. Waiting closes that window
+    for the writes that matter (an admission answered 201, a cancel, a
+    completion with its settlement) at the price of one replication round
+    trip each; past ``timeout_ms`` the write is answered anyway (it is on the
+    primary and cannot be taken back), logged and counted."""
+
+    replicas: int = 0
+    timeout_ms: int = 100
+
+
 class RequestStore:
     def __init__(self, client: redis.Redis, *, retention_s: int, idempotency_ttl_s: int,
                  republish_after_s: float = 30.0, max_queued: int = 1000,
                  max_in_flight: Callable[[str], int] = lambda provider: 100,
-                 write_deadline_s: float | None = None):
+                 write_deadline_s: float | None = None, replication: Replication = Replication()):
         self.client = client
+        self.replication = replication
+        #: Writes answered before ``replication.replicas`` replicas had them.
+        self.unreplicated = 0
         #: Requests a workspace may have waiting unless it sets its own cap.
         self.max_queued = max_queued
         self.retention_s = retention_s
@@ -217,7 +235,8 @@ class RequestStore:
         idem_key = keys.idempotency(workspace, idempotency_key_hash or "-")
         now = now or time.time()
         list_key, template, cap, grant_until = self._granting(provider, now)
-        reply = self._admit(
+        reply = self._acknowledged(
+            self._admit,
             keys=[
                 keys.request(request_id), keys.queue(provider), keys.sequence(provider),
                 keys.schedule(provider), keys.workspace(workspace), idem_key, keys.ledger(workspace),
@@ -241,6 +260,22 @@ class RequestStore:
         if code == "INSUFFICIENT_CREDITS":
             return Admission(code, available=int(float(_text(reply[1]))))
         return Admission(code)
+
+    def _acknowledged(self, script, *, keys: list, args: list) -> Any:
+        """Run a write whose outcome a caller is told, then, with replication
+        on, ``WAIT`` for the replicas on the same connection (``WAIT`` counts
+        the writes of its own connection, so both go in one pipeline)."""
+        if not self.replication.replicas:
+            return script(keys=keys, args=args)
+        pipe = self.client.pipeline(transaction=False)
+        script(keys=keys, args=args, client=pipe)
+        pipe.wait(self.replication.replicas, self.replication.timeout_ms)
+        reply, replicas = pipe.execute()
+        if replicas < self.replication.replicas:
+            self.unreplicated += 1
+            log.warning("write answered with %d of %d replicas after %d ms (%d so far): a failover now could lose it",
+                        replicas, self.replication.replicas, self.replication.timeout_ms, self.unreplicated)
+        return reply
 
     def _deadline(self, now: float) -> str:
         """Until when (Unix seconds, as Redis's ``TIME`` tells it) the script
@@ -319,7 +354,8 @@ class RequestStore:
         reached Redis past its deadline and changed nothing)."""
         now = time.time()
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
-        reply = self._cancel(
+        reply = self._acknowledged(
+            self._cancel,
             keys=[keys.request(request_id), keys.queue(provider), keys.schedule(provider), keys.workspace(workspace),
                   keys.ledger(workspace), running, list_key],
             args=[request_id, workspace, model, repr(now), self.retention_s, cap, grant_until, template,
@@ -395,7 +431,8 @@ class RequestStore:
         billable = (not error_type) if billable is None else billable
         now = time.time()
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
-        reply = self._complete(
+        reply = self._acknowledged(
+            self._complete,
             keys=[
                 keys.request(request_id), keys.result(request_id), keys.queue(provider),
                 keys.stats(provider), keys.schedule(provider), running,

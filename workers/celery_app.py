@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from celery import Celery
 
+from router_queue.redis_clients import celery_broker
 from router_queue.settings import Settings
 
 #: Registered name of the delivery task; the front door publishes by name so
@@ -41,8 +42,9 @@ def queue_name(provider: str) -> str:
 
 
 def make_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celery:
-    app = Celery("router_queue", broker=settings.effective_broker_url, include=list(include))
-    transport_options = {"visibility_timeout": settings.visibility_timeout_s}
+    broker_url, broker_options = celery_broker(settings.effective_broker_url)
+    app = Celery("router_queue", broker=broker_url, include=list(include))
+    transport_options = {"visibility_timeout": settings.visibility_timeout_s, **broker_options}
     app.conf.update(
         task_acks_late=True,
         task_reject_on_worker_lost=True,

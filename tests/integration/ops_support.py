@@ -75,6 +75,8 @@ class PrivateRedis:
     directory: Path
     port: int = field(default_factory=free_port)
     proc: subprocess.Popen | None = None
+    #: More redis-server arguments (a replica's ``--replicaof``).
+    extra: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -88,7 +90,7 @@ class PrivateRedis:
         try:
             self.proc = subprocess.Popen(
                 [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-                 "--appendfsync", "always", "--dir", str(self.directory)],
+                 "--appendfsync", "always", "--dir", str(self.directory), *self.extra],
                 stdout=log, stderr=subprocess.STDOUT)
         finally:
             log.close()
@@ -125,6 +127,96 @@ class PrivateRedis:
                 self.proc.wait()
 
 
+class SentinelGroup:
+    """A primary, its replica and three sentinels (quorum 2) on ports of their
+    own, as an ops team runs Redis for high availability; :attr:`url` is the
+    ``sentinel://`` URL the stack is given."""
+
+    MASTER = "rq"
+    #: How long the sentinels wait before they call a silent primary down.
+    DOWN_AFTER_MS = 1000
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+        self.primary = PrivateRedis(self._dir("primary"))
+        self.replica = PrivateRedis(self._dir("replica"), extra=("--replicaof", "127.0.0.1", str(self.primary.port)))
+        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinels: list[subprocess.Popen] = []
+
+    def _dir(self, name: str) -> Path:
+        path = self.directory / name
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+
+    @property
+    def url(self) -> str:
+        return ";".join(f"sentinel://127.0.0.1:{port}" for port in self.sentinel_ports) + (
+            f"/0?master_name={self.MASTER}")
+
+    def start(self) -> None:
+        self.primary.start()
+        self.replica.start()
+        wait_for(lambda: self._role(self.replica.port).get("master_link_status") == "up", timeout_s=10,
+                 what="the replica in sync with the primary")
+        for port in self.sentinel_ports:
+            directory = self._dir(f"sentinel-{port}")
+            conf = directory / "sentinel.conf"  # a sentinel rewrites its file: one each
+            conf.write_text("\n".join([
+                f"port {port}", "bind 127.0.0.1", f"dir {directory}",
+                f"sentinel monitor {self.MASTER} 127.0.0.1 {self.primary.port} 2",
+                f"sentinel down-after-milliseconds {self.MASTER} {self.DOWN_AFTER_MS}",
+                f"sentinel failover-timeout {self.MASTER} 10000",
+                f"sentinel parallel-syncs {self.MASTER} 1", ""]))
+            with open(directory / "sentinel.log", "ab") as log:
+                self.sentinels.append(subprocess.Popen([shutil.which("redis-server"), str(conf), "--sentinel"],
+                                                       stdout=log, stderr=subprocess.STDOUT))
+            wait_for_port(port, proc=self.sentinels[-1])
+        wait_for(lambda: all(self.master_port(p) == self.primary.port for p in self.sentinel_ports), timeout_s=10,
+                 what="every sentinel naming the primary")
+        # a sentinel learns of the replica and its peers from the primary's hello channel
+        wait_for(lambda: all(self._peers(p) == 2 for p in self.sentinel_ports), timeout_s=15,
+                 what="the sentinels knowing each other")
+
+    def _role(self, port: int) -> dict:
+        import redis
+
+        with redis.Redis(port=port, socket_timeout=1) as client:
+            return client.info("replication")
+
+    def _sentinel(self, port: int):
+        import redis
+
+        return redis.Redis(port=port, socket_timeout=1, decode_responses=True)
+
+    def _peers(self, sentinel_port: int) -> int:
+        """The other sentinels this one knows (redis-py's parse of SENTINEL MASTER breaks)."""
+        with self._sentinel(sentinel_port) as client:
+            fields = client.execute_command("SENTINEL", "MASTER", self.MASTER)
+        return int(dict(zip(fields[::2], fields[1::2]))["num-other-sentinels"])
+
+    def master_port(self, sentinel_port: int) -> int | None:
+        with self._sentinel(sentinel_port) as client:
+            address = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.MASTER)
+        return int(address[1]) if address else None
+
+    def kill_primary(self) -> None:
+        """SIGKILL the primary: the sentinels promote the replica."""
+        self.primary.kill()
+
+    def promoted(self) -> bool:
+        """Whether a sentinel names the replica the primary (a sentinel switches
+        only once the replica has taken the role, and never switches back)."""
+        return any(self.master_port(p) == self.replica.port for p in self.sentinel_ports)
+
+    def stop(self) -> None:
+        for proc in self.sentinels:
+            if proc.poll() is None:
+                proc.terminate()
+                proc.wait(10)
+        self.replica.stop()
+        self.primary.stop()
+
+
 # -- a private stack -----------------------------------------------------------------------
 
 
@@ -152,13 +244,15 @@ class PrivateStack:
 
 
 @contextmanager
-def private_stack(redis_url: str, log_dir: Path) -> Iterator[PrivateStack]:
+def private_stack(redis_url: str, log_dir: Path, **settings: str) -> Iterator[PrivateStack]:
     """The chaos tests' timings (lease 3 s, sweep every 1 s, republish after 2 s),
-    the shipped catalog, broker = ``redis_url``; stopped on exit."""
+    the shipped catalog, broker = ``redis_url``, ``settings`` as more environment
+    variables; stopped on exit."""
     stub_port, web_port = free_port(), free_port()
     log_dir.mkdir(parents=True, exist_ok=True)
     env = stack_env(redis_url, "redis", stub_port, Path(DEFAULT_CATALOG))
     env.pop("CELERY_BROKER_URL", None)  # the broker is REDIS_URL itself
+    env.update(settings)
     settings = Settings.from_env(env)
     services = Services.build(settings)
     stack = Stack(env, log_dir=log_dir)

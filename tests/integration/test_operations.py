@@ -13,8 +13,9 @@ import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import pytest
 import requests
@@ -29,6 +30,7 @@ from .ops_support import (
     Load,
     PrivateRedis,
     PrivateStack,
+    SentinelGroup,
     children,
     chromium,
     depths_table,
@@ -170,13 +172,37 @@ def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivateR
 @pytest.mark.slow
 def test_redis_outage_under_load(private: tuple[PrivateRedis, PrivateStack]) -> None:
     server, running = private
-    _outage_under_load(running, server, "kill")
+    _outage_under_load(running, Fault("kill", server.kill, heal=server.start))
 
 
 @pytest.mark.slow
 def test_redis_stall_under_load(private: tuple[PrivateRedis, PrivateStack]) -> None:
     server, running = private
-    _outage_under_load(running, server, "stall")
+    _outage_under_load(running, Fault("stall", server.pause, heal=server.resume))
+
+
+@pytest.fixture(scope="module", params=["0", "1"], ids=["async", "wait-1-replica"])
+def sentinel_group(request: pytest.FixtureRequest,
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SentinelGroup, PrivateStack]]:
+    """A primary, a replica and three sentinels of our own, and a stack given the
+    ``sentinel://`` URL for its store and broker; with REDIS_WAIT_REPLICAS 0 and 1."""
+    group = SentinelGroup(tmp_path_factory.mktemp("sentinel-redis"))
+    try:
+        group.start()
+        with private_stack(group.url, tmp_path_factory.mktemp("sentinel-logs"),
+                           REDIS_WAIT_REPLICAS=request.param) as running:
+            yield group, running
+    finally:
+        group.stop()
+
+
+@pytest.mark.slow
+def test_sentinel_failover_under_load(sentinel_group: tuple[SentinelGroup, PrivateStack]) -> None:
+    """The primary SIGKILLed; the sentinels promote the replica; the front door,
+    the workers and the broker find it through the same URL, with no restart."""
+    group, running = sentinel_group
+    _outage_under_load(running, Fault("failover", group.kill_primary, healed=group.promoted))
+    assert running.services.redis.info("server")["tcp_port"] == group.replica.port
 
 
 @pytest.mark.slow
@@ -255,14 +281,26 @@ def test_writes_answered_503_during_a_stall_never_take_effect_later(private: tup
     assert caller.submit(FLUX, {"prompt": unique_prompt("after the stall")}).status_code == 201
 
 
-def _outage_under_load(running: PrivateStack, server: PrivateRedis, fault: str) -> None:
-    """Redis SIGKILLed then started again on its append-only file ("kill"), or
-    SIGSTOPped then resumed ("stall"), under submits and polls. Counts: lost,
-    charged twice, charged after a 503, run twice upstream, answers over 1 s."""
+@dataclass
+class Fault:
+    """A state-store fault: ``begin`` it; it lasts ``OUTAGE_S`` and ``heal`` ends
+    it, or it ends by itself once ``healed()`` (a failover: the sentinels
+    promoted the replica)."""
+
+    name: str
+    begin: Callable[[], None]
+    heal: Callable[[], None] | None = None
+    healed: Callable[[], bool] | None = None
+
+
+def _outage_under_load(running: PrivateStack, fault: Fault) -> None:
+    """A state-store fault under submits and polls. Counts: lost, charged twice,
+    charged after a 503, run twice upstream, answers over 1 s, seconds from
+    Redis answering again to work resuming."""
     web = running.stack.procs["web"]
     web_workers = children(web.pid)
     assert len(web_workers) == 2, web_workers
-    callers = [running.caller(f"load-{n}") for n in range(3)]
+    callers = [running.caller(f"load-{fault.name}-{n}") for n in range(3)]
     ready = requests.get(f"{running.base_url}/readyz", timeout=CLIENT_TIMEOUT_S)
     assert ready.status_code == 200, ready.text
 
@@ -270,17 +308,29 @@ def _outage_under_load(running: PrivateStack, server: PrivateRedis, fault: str) 
         with Load(running.base_url, callers) as load:
             time.sleep(2.0)
             down_at = time.monotonic()
-            server.kill() if fault == "kill" else server.pause()
+            fault.begin()
             readyz_down, metrics_down = [], []
-            while time.monotonic() - down_at < OUTAGE_S:
+            #: until when Redis is known not to answer: an answer that ended before it was given while down
+            back_at = down_at
+            while time.monotonic() - down_at < (20.0 if fault.healed else OUTAGE_S):
                 started = time.monotonic()
-                readyz_down.append((requests.get(f"{running.base_url}/readyz", timeout=CLIENT_TIMEOUT_S),
-                                    time.monotonic() - started))
-                metrics_down.append(requests.get(f"{running.base_url}/metrics", timeout=CLIENT_TIMEOUT_S))
-                time.sleep(0.5)
+                readyz = requests.get(f"{running.base_url}/readyz", timeout=CLIENT_TIMEOUT_S)
+                elapsed = time.monotonic() - started
+                metrics = requests.get(f"{running.base_url}/metrics", timeout=CLIENT_TIMEOUT_S)
+                checked_at = time.monotonic()
+                if fault.healed and fault.healed():
+                    break  # the samples just taken may have reached the promoted replica
+                readyz_down.append((readyz, elapsed))
+                metrics_down.append(metrics)
+                back_at = checked_at
+                time.sleep(0.2 if fault.healed else 0.5)
+            else:
+                if fault.healed:
+                    raise AssertionError(f"{fault.name}: not healed within 20 s")
             healthz = requests.get(f"{running.base_url}/healthz", timeout=CLIENT_TIMEOUT_S)
-            back_at = time.monotonic()  # from here Redis may answer: start() returns once it does
-            server.start() if fault == "kill" else server.resume()
+            if fault.heal:
+                back_at = time.monotonic()  # from here Redis may answer: start() returns once it does
+                fault.heal()
             up_at = time.monotonic()
             wait_for(lambda: requests.get(f"{running.base_url}/readyz", timeout=CLIENT_TIMEOUT_S).status_code == 200,
                      timeout_s=15, interval_s=0.2, what="/readyz 200 after Redis is back")
@@ -343,6 +393,7 @@ def _outage_under_load(running: PrivateStack, server: PrivateRedis, fault: str) 
     assert outcomes == ["success"], outcomes
     twice = {k: n for k, n in running.stub.calls()["submits"].items() if k.startswith("bfl_submit:") and n > 1}
     assert not twice, f"generations submitted upstream twice: {twice}"
+    # Work resumed: a request admitted after Redis was back ran to COMPLETED (above).
     answered = {request_id for _, request_id in admitted}
     for caller in callers:
         entries = running.services.accounts.ledger(caller.workspace, count=100_000)
@@ -350,8 +401,11 @@ def _outage_under_load(running: PrivateStack, server: PrivateRedis, fault: str) 
         charged = [e.request_id for e in entries if e.type == "charge"]
         assert set(held) <= answered, f"charged after a 503: {set(held) - answered}"
         assert len(charged) == len(set(charged)), "a request charged twice"
-    print(f"outage ({fault}): {len(answers)} answers, {len(unavailable)} x 503, {len(admitted)} admitted, "
-          f"outcomes {outcomes}, slowest answer {slowest:.2f} s, /readyz back {recovered_s:.1f} s after Redis")
+    resumed = [a.at + a.elapsed_s - up_at for a in answers if a.kind == "submit" and a.status == 201 and a.at > up_at]
+    print(f"outage ({fault.name}): {len(answers)} answers, {len(unavailable)} x 503, {len(admitted)} admitted, "
+          f"outcomes {outcomes}, slowest answer {slowest:.2f} s, /readyz back {recovered_s:.1f} s after Redis, "
+          f"first admission {min(resumed):.1f} s after, run twice upstream {len(twice)}, "
+          f"unreplicated writes (test process) {running.services.store.unreplicated}")
     for caller in callers:
         caller.session.close()
 
