@@ -38,7 +38,7 @@ MODEL_ID = "bfl/flux-2-pro"
 SUBMIT_BODY = '{"prompt": "bench"}'
 #: Phases on the front door alone (no Celery worker), on the store alone (Redis, no
 #: server), then phases on the whole stack.
-FRONT_PHASES = ("status_read", "floor", "submit", "depth")
+FRONT_PHASES = ("status_read", "floor", "submit", "replicated", "depth")
 STORE_PHASES = ("dispatch_cost",)
 PHASES = FRONT_PHASES + STORE_PHASES + fleet.PHASES
 #: Phases that use the two side databases (``--side-dbs``).
@@ -422,6 +422,34 @@ def _measure(args, children, tmp, wrk, redis_url, side_urls, client, keys, Servi
         b, v = pair.median_round()
         emit("submit_throughput", v.rate, "req/s", b.rate)
 
+    def replicated() -> None:
+        # What REDIS_WAIT_REPLICAS=1 costs a submit: a second front door that WAITs for a
+        # replica (started here, replicating the bench's private Redis) after each admission.
+        if os.environ.get("REDIS_URL"):
+            log("replicated: skipped: the bench attaches a replica only to its own private Redis")
+            return
+        primary = urlsplit(redis_url)
+        _, replica_proc = start_redis(children, shutil.which("redis-server"), "redis-replica",
+                                      ("--replicaof", primary.hostname, str(primary.port)))
+        try:
+            deadline = time.monotonic() + 30
+            while client.info("replication").get("connected_slaves") != 1:
+                if time.monotonic() > deadline:
+                    raise MeasurementError("replicated: the replica did not connect within 30 s")
+                time.sleep(0.1)
+            waiting, waiting_proc = start_gunicorn(children, "frontdoor-wait", "router_queue.wsgi:app",
+                                                   dict(env, REDIS_WAIT_REPLICAS="1"), args.workers)
+            wait_http(f"{waiting}/healthz", waiting_proc)
+            pair = measure_pair(
+                driver, args, "replicated",
+                Target("submit", Shot("POST", submit_url, 201, post_headers, SUBMIT_BODY), front_proc.pid),
+                Target("submit, WAIT 1 replica", Shot("POST", f"{waiting}/v2/models/{MODEL_ID}/requests", 201,
+                                                      post_headers, SUBMIT_BODY), waiting_proc.pid))
+        finally:
+            children.stop({"frontdoor-wait", "redis-replica"})
+        b, v = pair.median_round()
+        emit("submit_throughput_wait_1_replica", v.rate, "req/s", b.rate)
+
     def depth() -> None:
         # The waiting requests live in the schedule (rq:sched:{provider} and the keys under
         # it), several keys: each side gets its own Redis database and its own front door
@@ -484,6 +512,7 @@ def _measure(args, children, tmp, wrk, redis_url, side_urls, client, keys, Servi
     phase("status_read", status_read)
     phase("floor", floor)
     phase("submit", submit)
+    phase("replicated", replicated)
     phase("depth", depth)
     for name, proc in (("front door", front_proc), ("hello world", hello_proc)):
         if proc.poll() is not None:

@@ -134,12 +134,14 @@ def precise_cpu_seconds(pid: int) -> float | None:
         return None
 
 
-def start_redis(children: Children, binary: str) -> tuple[str, subprocess.Popen]:
-    """A private, non-persistent redis-server on a free port; returns (URL, process)."""
+def start_redis(children: Children, binary: str, name: str = "redis",
+                extra: tuple[str, ...] = ()) -> tuple[str, subprocess.Popen]:
+    """A private, non-persistent redis-server on a free port (``extra``: more
+    arguments, a replica's ``--replicaof``); returns (URL, process)."""
     port = free_port()
-    proc = children.spawn("redis", [
+    proc = children.spawn(name, [
         binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-        "--dir", str(children.log_dir), "--daemonize", "no",
+        "--dir", str(children.log_dir), "--daemonize", "no", *extra,
     ], dict(os.environ))
     wait_for_port(port, timeout_s=30.0, proc=proc)
     return f"redis://127.0.0.1:{port}/0", proc
