@@ -34,11 +34,13 @@ REQUEST_LIMITS = ("--limit-request-line", "8190", "--limit-request-field_size", 
 #: input in the contract's shape), as in the Procfile.
 WEB_WORKER_CLASS = "router_queue.gunicorn_worker.GeventWorker"
 #: How the Procfile serves the front door, as (option, value) pairs: its worker
-#: class, greenlets per worker, a keep-alive longer than clients' own idle
+#: class, greenlets per worker (10,000: an idle one costs a few KB, and idle or
+#: slow connections, which the worker cuts after WEB_HEADER_TIMEOUT, must not
+#: use them all up before it does), a keep-alive longer than clients' own idle
 #: expiry (httpx: 5 s, so a client never reuses a connection the server is
 #: closing at that instant) and the request limits. ``router-queue dev`` and
 #: the bench serve the same way.
-WEB_SERVING = ("--worker-class", WEB_WORKER_CLASS, "--worker-connections", "1000", "--keep-alive", "75",
+WEB_SERVING = ("--worker-class", WEB_WORKER_CLASS, "--worker-connections", "10000", "--keep-alive", "75",
                *REQUEST_LIMITS)
 
 

@@ -11,17 +11,42 @@ under the status gunicorn chose. Refusals that are not about the client's
 input (the app's own bad response header, proxy and TLS trouble, unsupported
 features) stay gunicorn's.
 
+It also bounds how long a connection may take to send a request head.
+gunicorn's gevent worker serves each connection in a greenlet from a pool of
+``--worker-connections`` and gives every head read, the first one included,
+the whole ``--keep-alive`` (75 s) to arrive: connections that say nothing, or
+trickle a header a byte at a time, filled the pool and locked every caller
+out, ``/healthz`` included. Here a connection must send its first request
+head within ``WEB_HEADER_TIMEOUT`` seconds (10 by default) of being
+accepted; between requests a kept-alive connection may stay idle for the
+keep-alive, but once the next request's first byte arrives its head, too,
+must be complete within ``WEB_HEADER_TIMEOUT``. A connection past either bound
+is closed without an answer (logged at debug: under a flood of them an error
+line per connection would be the next problem). Idle greenlets are cheap, so
+the Procfile also gives each worker 10,000 of them. With ``--keep-alive 0``
+gunicorn reads each connection's one request without asking for a bound at
+all, so the Procfile keeps it above 0.
+
 Run it with ``gunicorn --worker-class router_queue.gunicorn_worker.GeventWorker``
 (the Procfile does). gunicorn imports it in the master, before gevent patches
-anything, so it imports only the standard library, gunicorn and ``errors``.
+anything, so it imports only the standard library, gunicorn, gevent (which
+gunicorn's gevent worker imports anyway; importing it patches nothing) and
+``errors``.
 """
 
 from __future__ import annotations
 
 import json
+import math
+import os
+import resource
 import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
 from http import HTTPStatus
+from typing import Any
 
+from gevent import get_hub, getcurrent
 from gunicorn import util
 from gunicorn.http import errors as http_errors
 from gunicorn.workers import ggevent
@@ -39,6 +64,17 @@ _STATUS = ((http_errors.LimitRequestLine, HTTPStatus.REQUEST_URI_TOO_LONG),
            (http_errors.LimitRequestHeaders, HTTPStatus.REQUEST_HEADER_FIELDS_TOO_LARGE))
 #: Longest part of gunicorn's own message kept in ``detail`` (it may quote the input).
 _DETAIL_CHARS = 200
+#: The setting: seconds a connection has to send a whole request head.
+HEADER_TIMEOUT_ENV = "WEB_HEADER_TIMEOUT"
+#: Its default: far above what any client on a working network needs (a head
+#: is one or two packets), far below the 75 s keep-alive an idle connection
+#: was given before.
+DEFAULT_HEADER_TIMEOUT_S = 10.0
+#: libev's (and libuv's) event mask for "readable".
+_READ = 1
+#: Open files a worker needs besides its connections: the listener, Redis and
+#: broker pools, log files, the heartbeat file.
+_SPARE_FILES = 256
 
 
 def refusal(exc: Exception) -> bytes | None:
@@ -54,7 +90,152 @@ def refusal(exc: Exception) -> bytes | None:
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 
+def header_timeout_s(environ: Mapping[str, str] = os.environ) -> float:
+    """``WEB_HEADER_TIMEOUT`` in seconds (unset or empty: the default); ValueError
+    unless it is a number above 0, so a typo stops gunicorn at start."""
+    raw = environ.get(HEADER_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_HEADER_TIMEOUT_S
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = math.nan
+    if not 0 < seconds < math.inf:
+        raise ValueError(f"{HEADER_TIMEOUT_ENV}={raw!r}: want the seconds a client has to send a request head (> 0)")
+    return seconds
+
+
+def raise_open_file_limit(wanted: int) -> tuple[int, int]:
+    """Raise this process's soft open-file limit to ``wanted`` if it is lower
+    (never past the hard limit, which an unprivileged process cannot raise);
+    the (soft, hard) limits after.
+
+    Each connection is an open file. Many environments start processes with a
+    soft limit of 1024 and a far higher hard limit (systemd's default for
+    services, and containers whose runtime passes that on), and Python, unlike
+    Go, does not raise it: 10,000 connections per worker would meet "Too many
+    open files" at about a thousand.
+    """
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        soft = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    return soft, hard
+
+
+class _HeadTimedOut(BaseException):
+    """Thrown into a connection's greenlet past its deadline. A BaseException, as
+    gevent's own Timeout is, so no ``except Exception`` on the way swallows it."""
+
+
+class HeadDeadline:
+    """The bound on reading one request head: ``head_s`` from entering or, given
+    ``idle_s`` (a kept-alive connection between requests), up to ``idle_s`` of
+    waiting for the first byte and then ``head_s`` from that byte on.
+
+    The first byte is seen by a watcher on the socket's descriptor, beside the
+    one gevent's socket keeps while the parser waits. Bytes already buffered
+    (a pipelined request) are parsed without waiting, so they never wait on
+    it. Past the deadline the read is interrupted and the timeout swallowed:
+    gunicorn's keep-alive loop then has no request and closes the connection,
+    as it does when its own keep-alive timeout passes.
+    """
+
+    def __init__(self, client: Any, head_s: float, idle_s: float | None = None, log: Any = None,
+                 peer: str = ""):
+        self.client, self.head_s, self.idle_s = client, head_s, idle_s
+        self.log, self.peer = log, peer
+        #: "idle" or "head" while armed; which one ran out, after.
+        self.phase = ""
+        self._timed_out: _HeadTimedOut | None = None
+        self._timer: Any = None
+        self._first_byte: Any = None
+        self._greenlet: Any = None
+
+    def __enter__(self) -> "HeadDeadline":
+        self._greenlet = getcurrent()
+        if self.idle_s is None:
+            self._arm("head", self.head_s)
+        else:
+            self._arm("idle", self.idle_s)
+            self._first_byte = get_hub().loop.io(self.client.fileno(), _READ)
+            self._first_byte.start(self._started)
+        return self
+
+    def _arm(self, phase: str, seconds: float) -> None:
+        if self._timer is not None:
+            self._timer.close()
+        self.phase = phase
+        self._timer = get_hub().loop.timer(seconds)
+        self._timer.start(self._expired, update=True)
+
+    def _started(self) -> None:
+        """The next request's first byte is here: its head has ``head_s`` from now."""
+        self._first_byte.close()
+        self._first_byte = None
+        self._arm("head", self.head_s)
+
+    def _expired(self) -> None:
+        self._timed_out = _HeadTimedOut(self.phase)
+        self._greenlet.throw(self._timed_out)
+
+    def __exit__(self, kind: Any, exc: BaseException | None, tb: Any) -> bool:
+        for watcher in (self._timer, self._first_byte):
+            if watcher is not None:
+                watcher.close()
+        self._timer = self._first_byte = None
+        if exc is None or exc is not self._timed_out:
+            return False
+        # An idle kept-alive connection ending is routine (gunicorn says nothing either).
+        if self.phase == "head" and self.log is not None:
+            self.log.debug("Closing connection from ip=%s: no whole request head within %g s", self.peer,
+                           self.head_s)
+        return True
+
+
+@dataclass(eq=False)
+class _Connection:
+    client: Any
+    peer: str
+    heads: int = 0
+
+
 class GeventWorker(ggevent.GeventWorker):
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.header_timeout_s = header_timeout_s()
+        #: The connection each greenlet serves: timeout_ctx() has no arguments.
+        self._connections: dict[Any, _Connection] = {}
+
+    def init_process(self):
+        wanted = self.worker_connections + _SPARE_FILES
+        soft, _ = raise_open_file_limit(wanted)
+        if soft != resource.RLIM_INFINITY and soft < wanted:
+            self.log.warning("The open-file limit (%s) is below --worker-connections (%s) plus %s: past it new "
+                             "connections fail to be accepted. Raise the hard limit (ulimit -Hn, LimitNOFILE, "
+                             "compose ulimits).", soft, self.worker_connections, _SPARE_FILES)
+        super().init_process()
+
+    def handle(self, listener, client, addr):
+        greenlet = getcurrent()
+        peer = str(addr[0]) if isinstance(addr, tuple) and addr else str(addr or "")
+        self._connections[greenlet] = _Connection(client, peer)
+        try:
+            super().handle(listener, client, addr)
+        finally:
+            self._connections.pop(greenlet, None)
+
+    def timeout_ctx(self):
+        """gunicorn's keep-alive loop asks for this around each request head it
+        reads: the first on a connection gets ``header_timeout_s`` from the
+        accept; later ones may idle for the keep-alive first."""
+        connection = self._connections.get(getcurrent())
+        if connection is None:  # not a connection handle() is serving: gunicorn's own bound
+            return super().timeout_ctx()
+        idle_s = self.cfg.keepalive if connection.heads else None
+        connection.heads += 1
+        return HeadDeadline(connection.client, self.header_timeout_s, idle_s, self.log, connection.peer)
+
     def handle_error(self, req, client, addr, exc):
         answer = refusal(exc)
         if answer is None:

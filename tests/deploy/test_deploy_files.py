@@ -46,6 +46,7 @@ import redis
 import yaml
 
 from router_queue.devstack import WEB_SERVING, WEB_WORKER_CLASS, free_port, redis_answers
+from router_queue.gunicorn_worker import header_timeout_s
 from router_queue.settings import _ENV, Settings
 from workers.celery_app import MAINTENANCE_QUEUE, queue_name
 
@@ -371,6 +372,15 @@ def test_every_setting_has_a_value_and_parses() -> None:
     assert settings.provider_origin_override == ""
     for name in ("WEB_CONCURRENCY", "WEB_CONNECTIONS", "WORKER_CONCURRENCY"):
         assert int(cm[name]) > 0
+
+
+def test_web_connection_settings_are_the_procfiles() -> None:
+    """The ConfigMap serves with the Procfile's defaults; the request-head
+    timeout parses and is shorter than the keep-alive it stands in for."""
+    cm = _configmap()
+    web = _shell_words(_procfile()["web"])
+    assert cm["WEB_CONNECTIONS"] == _option(web, "--worker-connections")
+    assert 0 < header_timeout_s(cm) < float(_option(web, "--keep-alive"))
 
 
 def test_pods_run_as_the_image_user_without_privileges() -> None:
