@@ -152,7 +152,12 @@ def test_metrics_match_known_traffic(stack: RunningStack, caller: Caller) -> Non
 
 # -- 2. a Redis outage under load --------------------------------------------------------------
 
+#: How long Redis stays killed; a stall lasts the issue's 10 s.
 OUTAGE_S = 4.0
+STALL_S = 10.0
+#: Leases outlast the stall, as production's 30 s do: a worker holding an answer
+#: retries its completion for as long as its lease lasts.
+OUTAGE_LEASE_S = "15"
 
 
 @pytest.fixture(scope="module")
@@ -163,7 +168,7 @@ def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivateR
     server = PrivateRedis(redis_dir)
     server.start()
     try:
-        with private_stack(server.url, tmp_path_factory.mktemp("outage-logs")) as running:
+        with private_stack(server.url, tmp_path_factory.mktemp("outage-logs"), LEASE_SECONDS=OUTAGE_LEASE_S) as running:
             yield server, running
     finally:
         server.stop()
@@ -178,7 +183,7 @@ def test_redis_outage_under_load(private: tuple[PrivateRedis, PrivateStack]) -> 
 @pytest.mark.slow
 def test_redis_stall_under_load(private: tuple[PrivateRedis, PrivateStack]) -> None:
     server, running = private
-    _outage_under_load(running, Fault("stall", server.pause, heal=server.resume))
+    _outage_under_load(running, Fault("stall", server.pause, heal=server.resume, lasts_s=STALL_S))
 
 
 @pytest.fixture(scope="module", params=["0", "1"], ids=["async", "wait-1-replica"])
@@ -189,7 +194,7 @@ def sentinel_group(request: pytest.FixtureRequest,
     group = SentinelGroup(tmp_path_factory.mktemp("sentinel-redis"))
     try:
         group.start()
-        with private_stack(group.url, tmp_path_factory.mktemp("sentinel-logs"),
+        with private_stack(group.url, tmp_path_factory.mktemp("sentinel-logs"), LEASE_SECONDS=OUTAGE_LEASE_S,
                            REDIS_WAIT_REPLICAS=request.param) as running:
             yield group, running
     finally:
@@ -283,7 +288,7 @@ def test_writes_answered_503_during_a_stall_never_take_effect_later(private: tup
 
 @dataclass
 class Fault:
-    """A state-store fault: ``begin`` it; it lasts ``OUTAGE_S`` and ``heal`` ends
+    """A state-store fault: ``begin`` it; it lasts ``lasts_s`` and ``heal`` ends
     it, or it ends by itself once ``healed()`` (a failover: the sentinels
     promoted the replica)."""
 
@@ -291,6 +296,7 @@ class Fault:
     begin: Callable[[], None]
     heal: Callable[[], None] | None = None
     healed: Callable[[], bool] | None = None
+    lasts_s: float = OUTAGE_S
 
 
 def _outage_under_load(running: PrivateStack, fault: Fault) -> None:
@@ -312,7 +318,7 @@ def _outage_under_load(running: PrivateStack, fault: Fault) -> None:
             readyz_down, metrics_down = [], []
             #: until when Redis is known not to answer: an answer that ended before it was given while down
             back_at = down_at
-            while time.monotonic() - down_at < (20.0 if fault.healed else OUTAGE_S):
+            while time.monotonic() - down_at < (20.0 if fault.healed else fault.lasts_s):
                 started = time.monotonic()
                 readyz = requests.get(f"{running.base_url}/readyz", timeout=CLIENT_TIMEOUT_S)
                 elapsed = time.monotonic() - started
