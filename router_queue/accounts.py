@@ -97,6 +97,11 @@ class Accounts:
             max_in_flight=int(row["max_in_flight"]) if row.get("max_in_flight") else None,
         )
 
+    def any_exist(self) -> bool:
+        """Whether any workspace was ever created here: a Redis where none was
+        holds no router-queue data (the CLI pointed at the wrong server)."""
+        return bool(self.client.exists(keys.workspaces()))
+
     def list(self) -> list[Workspace]:
         ids = sorted(m.decode() for m in self.client.smembers(keys.workspaces()))
         return [ws for ws in (self.get(i) for i in ids) if ws is not None]

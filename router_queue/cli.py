@@ -21,16 +21,32 @@ from flask.cli import FlaskGroup
 
 from .app import create_app
 from .devstack import dev
-from .ops_cli import ops
+from .ops_cli import ops, require_router_queue_data
 
 
 def _accounts():
     return current_app.extensions["router_queue"].services.accounts
 
 
-@click.group(cls=FlaskGroup, create_app=lambda: create_app(), add_default_commands=False)
+class RouterQueueGroup(FlaskGroup):
+    """Flask's CLI group (an app context for every command) with our options
+    only: Flask's ``--app``, ``--env-file`` and ``--debug`` pick another app or
+    mode, which this command never serves, and its ``--version`` names Flask's."""
+
+    def __init__(self, **kwargs):
+        super().__init__(create_app=lambda: create_app(), add_default_commands=False, add_version_option=False,
+                         **kwargs)
+        self.params = [p for p in self.params if p.name not in ("env_file", "app", "debug")]
+
+
+@click.group(cls=RouterQueueGroup)
+@click.version_option(package_name="router-queue", prog_name="router-queue")
 def main() -> None:
-    """router-queue: queued delivery of AI model runs."""
+    """router-queue: queued delivery of AI model runs.
+
+    `router-queue dev` runs the whole stack on this machine; the other commands
+    act on the Redis that REDIS_URL names.
+    """
 
 
 @main.group()
@@ -89,6 +105,7 @@ def set_limits(workspace_id: str, max_queued: int | None, rate_limit: str | None
 @workspace.command("list")
 def list_workspaces() -> None:
     """List workspaces: id, queue switch, balance, held, waiting, name."""
+    require_router_queue_data()
     for ws in _accounts().list():
         click.echo(f"{ws.id}\t{'queue-on' if ws.queue_enabled else 'queue-off'}\t{ws.credits}\t"
                    f"held={ws.held}\tqueued={ws.queued}\tweight={ws.weight}\t"
@@ -100,6 +117,9 @@ def list_workspaces() -> None:
 @click.option("--count", type=click.IntRange(min=1), default=1000, show_default=True)
 def ledger(workspace_id: str, count: int) -> None:
     """The workspace's holds, charges and releases, oldest first."""
+    require_router_queue_data()
+    if _accounts().get(workspace_id) is None:
+        raise click.ClickException(f"no workspace {workspace_id!r}")
     for entry in _accounts().ledger(workspace_id, count):
         click.echo(f"{entry.id}\t{entry.type}\t{entry.amount}\t{entry.request_id}\t"
                    f"balance={entry.balance}\theld={entry.held}")

@@ -29,6 +29,8 @@ rq:apikey:{sha256(key)}        string  none (value: workspace id)      cli (acco
 rq:config:id-secret            string  none                            ids.py (SET NX)
 rq:metrics:{provider}          hash    none (counters)                 admit.lua, metrics.py
 rq:metrics:sweeper             hash    none (counters)                 metrics.py
+rq:completions:{provider}:{t}  string  COMPLETIONS_TTL_S (completions  metrics.py
+                                       in the 10 s starting at t*10)
 rq:draining                    set     none (providers not admitting)  cli (ops drain)
 rq:done:{id}                   pubsub  (a channel, not a key)          lua/lib.lua
                                                                        (announce_completed)
@@ -141,6 +143,11 @@ def done_channel(request_id: str) -> str:
 
 def metrics(provider: str) -> str:
     return f"{PREFIX}:metrics:{provider}"
+
+
+def completions(provider: str, window: int) -> str:
+    """Completions of ``provider`` in the ``window``-th 10 s of the Unix epoch."""
+    return f"{PREFIX}:completions:{provider}:{window}"
 
 
 def sweeper_metrics() -> str:

@@ -33,6 +33,11 @@ log = logging.getLogger(__name__)
 #: dropped (logged), never raised into the request it describes.
 WRITE_TIMEOUT_S = 0.25
 
+#: Completions are also counted per provider in windows of this many seconds,
+#: kept this long: "per minute" on the ops page is what ended in the last minute.
+COMPLETIONS_WINDOW_S = 10
+COMPLETIONS_TTL_S = 120
+
 #: Histogram bucket bounds, seconds: from a fast poll to a long generation.
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 HISTOGRAMS = {
@@ -82,11 +87,22 @@ class MetricsRecorder:
 
     def completed(self, provider: str, model: str, outcome: str, ran_s: float | None = None) -> None:
         """One request completed; ``outcome`` is "success" or its error_type."""
+        window = keys.completions(provider, int(time.time() // COMPLETIONS_WINDOW_S))
+
         def fill(pipe) -> None:
             pipe.hincrby(keys.metrics(provider), f"completed|{model}|{outcome}", 1)
+            pipe.incr(window)
+            pipe.expire(window, COMPLETIONS_TTL_S)
             if ran_s is not None:
                 self._observe(pipe, provider, "run", model, ran_s)
         self._write("completed", fill)
+
+    def completed_last_minute(self, provider: str, now: float | None = None) -> int:
+        """Completions of ``provider`` in the last minute (the current window
+        and the five before it: 50 to 60 s)."""
+        current = int((now or time.time()) // COMPLETIONS_WINDOW_S)
+        windows = [keys.completions(provider, w) for w in range(current - 60 // COMPLETIONS_WINDOW_S + 1, current + 1)]
+        return sum(int(n) for n in self.client.mget(windows) if n is not None)
 
     def provider_call(self, provider: str, model: str, seconds: float) -> None:
         self._write("provider_call", lambda pipe: self._observe(pipe, provider, "call", model, seconds))

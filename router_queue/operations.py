@@ -72,7 +72,7 @@ def summary() -> dict:
             "in_flight": store.in_flight(provider),
             "cap": catalog.max_in_flight(provider),
             "oldest_wait_s": round(now - float(created), 1) if created else 0.0,
-            "per_minute": round(60 / pace.avg_gap_s, 1) if pace.avg_gap_s else 0.0,
+            "per_minute": services.metrics.completed_last_minute(provider, now),
             "avg_run_s": round(pace.avg_run_s, 2) if pace.avg_run_s else 0.0,
             "avg_wait_s": round(wait_total / wait_count, 2) if wait_count else 0.0,
             "completed": int(sum(v for k, v in metrics.items() if k.startswith("completed|"))),

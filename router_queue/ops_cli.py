@@ -3,20 +3,38 @@
 from __future__ import annotations
 
 import json
+import re
 
 import click
 from flask import current_app
-from flask.cli import AppGroup
+from flask.cli import AppGroup, with_appcontext
 
 from . import keys
 from .operations import summary
 from .states import COMPLETED, IN_PROGRESS, IN_QUEUE
 
-ops = AppGroup("ops", help="Inspect and steer the queues.")
-
 
 def _front():
     return current_app.extensions["router_queue"]
+
+
+def require_router_queue_data() -> None:
+    """Refuse to report on a Redis that holds no router-queue data: zeros and
+    "no request" from the wrong server read like a healthy empty queue."""
+    services = _front().services
+    if not services.accounts.any_exist():
+        where = re.sub(r"://[^@/;]*@", "://***@", services.settings.redis_url)
+        raise click.ClickException(
+            f"the Redis at {where} holds no "
+            "router-queue data (no workspace was ever created there). Set REDIS_URL to the Redis the service "
+            "uses; `router-queue dev` prints its own.")
+
+
+@click.group("ops", cls=AppGroup)
+@with_appcontext
+def ops() -> None:
+    """Inspect and steer the queues."""
+    require_router_queue_data()
 
 
 @ops.command("depths")

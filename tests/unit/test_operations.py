@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -154,3 +155,19 @@ def test_gunicorns_own_log_lines_are_json_too(capsys):
     assert (line["logger"], line["level"]) == ("gunicorn.error", "WARNING")
     assert line["message"] == "Invalid request from ip=127.0.0.1: Invalid chunk size"
     assert "Logging error" not in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_per_minute_counts_what_completed_in_the_last_minute(http, services):
+    """It read 639.8 after one completion: it was 60 / the pace estimate's gap,
+    which is capped at the run time. Now it is a count."""
+    def per_minute() -> int:
+        return {r["provider"]: r for r in http.get("/ops/summary.json").json["providers"]}["bfl"]["per_minute"]
+
+    assert per_minute() == 0
+    services.metrics.completed("bfl", "bfl/flux-2-pro", "success", ran_s=0.09)
+    assert per_minute() == 1
+    services.metrics.completed("bfl", "bfl/flux-2-pro", "provider_error", ran_s=0.5)
+    assert per_minute() == 2
+    now = time.time()
+    assert services.metrics.completed_last_minute("bfl", now + 61) == 0
+    assert services.metrics.completed_last_minute("vertexai", now) == 0

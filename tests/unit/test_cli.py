@@ -1,0 +1,52 @@
+"""The ``router-queue`` command as an operator meets it: its own help and
+version, and a clear refusal when pointed at a Redis with no router-queue data."""
+
+from __future__ import annotations
+
+from importlib.metadata import version
+
+import pytest
+
+from router_queue.cli import main
+
+
+@pytest.fixture
+def runner(app):
+    return app.test_cli_runner()
+
+
+def test_help_shows_our_options_and_commands_not_flasks(runner):
+    shown = runner.invoke(main, ["--help"])
+    assert shown.exit_code == 0
+    assert {"dev", "ops", "workspace", "key"} <= set(shown.output.split())
+    for flasks in ("--app", "--env-file", "--debug", "Flask"):
+        assert flasks not in shown.output
+
+
+def test_version_is_ours(runner):
+    shown = runner.invoke(main, ["--version"])
+    assert shown.exit_code == 0
+    assert shown.output.strip() == f"router-queue, version {version('router-queue')}"
+    assert "Flask" not in shown.output and "Werkzeug" not in shown.output
+
+
+@pytest.mark.parametrize("command", [["ops", "depths"], ["ops", "inspect", "some-id"], ["workspace", "list"],
+                                     ["workspace", "ledger", "ws_x"]])
+def test_a_redis_with_no_router_queue_data_is_named_instead_of_reported_as_empty(app, services, command):
+    assert not services.accounts.any_exist()
+    shown = app.test_cli_runner().invoke(main, command)
+    assert shown.exit_code == 1
+    assert "holds no router-queue data" in shown.output and "REDIS_URL" in shown.output
+    assert "redis://unused" in shown.output  # the URL it read (the unit settings')
+
+
+def test_with_data_the_same_commands_report(app, services, workspace):
+    runner = app.test_cli_runner()
+    depths = runner.invoke(main, ["ops", "depths"])
+    assert depths.exit_code == 0 and depths.output.startswith("provider\twaiting")
+    listed = runner.invoke(main, ["workspace", "list"])
+    assert listed.exit_code == 0 and workspace in listed.output
+    unknown = runner.invoke(main, ["workspace", "ledger", "ws_nope"])
+    assert unknown.exit_code == 1 and "no workspace 'ws_nope'" in unknown.output
+    created = runner.invoke(main, ["workspace", "create", "another"])  # creating needs no data first
+    assert created.exit_code == 0 and created.output.startswith("ws_")
