@@ -10,6 +10,10 @@ Nothing here needs Docker, a cluster or the network:
 * deploy/docker-compose.yml validates against the Compose Specification schema
   check-jsonschema ships (``vendor.compose-spec``), plus structural facts;
 * the Dockerfile passes a small lint (and hadolint when installed);
+* nginx (deploy/nginx/nginx.conf) fronts gunicorn in compose and in the web
+  pods with one configuration, whose limits agree with the app's (body size,
+  header timeout, keep-alive, the synchronous route's deadline); kustomize
+  renders it, when kubectl or kustomize is installed;
 * the facts the manifests promise hold against the code: every setting has a
   value, timeouts nest (sync deadline < gunicorn < pod grace), worker grace
   periods cover a provider call, autoscaler bounds reach the provider caps;
@@ -57,6 +61,9 @@ COMPOSE_FILE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 ENTRYPOINT = DEPLOY / "docker-entrypoint.sh"
 KEDA_SCHEMA = DEPLOY / "schemas" / "keda-scaledobject.schema.json"
+NGINX_CONF = DEPLOY / "nginx" / "nginx.conf"
+#: kustomize's copy of NGINX_CONF (it reads no file outside the kustomization's directory).
+K8S_NGINX_CONF = K8S / "base" / "nginx.conf"
 PROCFILE = ROOT / "Procfile"
 CATALOG = json.loads((ROOT / "router_queue" / "catalog.json").read_text())
 PROVIDERS = sorted(CATALOG["providers"])
@@ -68,6 +75,8 @@ K8S_VERSION = "1.30"
 NOT_IN_A_KUSTOMIZATION = {"secret.template.yaml"}
 #: The pods' image user (deploy/Dockerfile's USER).
 IMAGE_UID = 10001
+#: Containers beside our image's in a Deployment's pods.
+SIDECARS = {"web": {"proxy"}}
 
 
 # -- loading ------------------------------------------------------------------
@@ -125,9 +134,18 @@ def _deployments() -> dict[str, dict]:
 
 
 def _container(deployment: dict) -> dict:
+    """The pod's container running our image; any other is a known sidecar."""
     containers = deployment["spec"]["template"]["spec"]["containers"]
-    assert len(containers) == 1, "one container per pod"
-    return containers[0]
+    sidecars = SIDECARS.get(deployment["metadata"]["name"], set())
+    assert {c["name"] for c in containers if c["name"] in sidecars} == sidecars
+    ours = [c for c in containers if c["name"] not in sidecars]
+    assert len(ours) == 1, "one container of ours per pod"
+    return ours[0]
+
+
+def _sidecar(deployment: dict, name: str) -> dict:
+    (container,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == name]
+    return container
 
 
 def _env(container: dict) -> dict[str, dict]:
@@ -264,6 +282,10 @@ def test_kustomizations_list_existing_files_and_cover_every_manifest() -> None:
 
     for doc in kustomizations:
         listed |= expand(doc.path.parent)
+        for generator in doc.body.get("configMapGenerator", []):
+            for entry in generator.get("files", []):
+                path = doc.path.parent / entry.split("=")[-1]
+                assert path.is_file(), f"{doc.path}: configMapGenerator {generator['name']}: no {entry}"
     manifests = {d.path.resolve() for d in DOCS if not _is_kustomization(d)}
     unlisted = {p.name for p in manifests - listed}
     assert unlisted == NOT_IN_A_KUSTOMIZATION
@@ -342,8 +364,8 @@ def test_web_service_selects_web_pods() -> None:
     (service,) = [d.body for d in _of_kind("Service") if d.name == "web"]
     labels = _deployments()["web"]["spec"]["template"]["metadata"]["labels"]
     assert service["spec"]["selector"].items() <= labels.items()
-    port_names = {p["name"] for p in _container(_deployments()["web"])["ports"]}
-    assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names
+    port_names = {p["name"] for p in _sidecar(_deployments()["web"], "proxy")["ports"]}
+    assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names, "callers come through nginx"
     (ingress,) = [d.body for d in _of_kind("Ingress")]
     paths = [p["path"] for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]]
     assert paths == ["/v2"], "only the public API is routed; /metrics and /ops stay inside"
@@ -388,10 +410,12 @@ def test_pods_run_as_the_image_user_without_privileges() -> None:
         pod = deployment["spec"]["template"]["spec"]
         assert pod["securityContext"]["runAsNonRoot"] is True, name
         assert pod["securityContext"]["runAsUser"] == IMAGE_UID, name
+        for each in pod["containers"]:
+            where = f"{name}/{each['name']}"
+            assert each["securityContext"]["allowPrivilegeEscalation"] is False, where
+            assert each["securityContext"]["readOnlyRootFilesystem"] is True, where
+            assert any(m["mountPath"] == "/tmp" for m in each["volumeMounts"]), f"{where}: /tmp must be writable"
         container = _container(deployment)
-        assert container["securityContext"]["allowPrivilegeEscalation"] is False, name
-        assert container["securityContext"]["readOnlyRootFilesystem"] is True, name
-        assert any(m["mountPath"] == "/tmp" for m in container["volumeMounts"]), f"{name}: /tmp must be writable"
         refs = [e.get("configMapRef", {}).get("name") or e.get("secretRef", {}).get("name")
                 for e in container["envFrom"]]
         assert refs[0] == "router-queue", f"{name}: the ConfigMap first, the optional Secret after it wins"
@@ -517,8 +541,9 @@ def test_compose_services_run_modules_that_exist() -> None:
     services = _compose()["services"]
     expected = {"redis", "stub", "web", "beat", "flower"} | {f"worker-{p}" for p in PROVIDERS}
     assert expected <= set(services)
+    assert services["proxy"]["image"].split(":")[0] == "nginx"
     for name, service in services.items():
-        if service.get("image", "").startswith("redis"):
+        if service.get("image", "").startswith(("redis", "nginx")):
             continue
         assert service["build"]["dockerfile"] == "deploy/Dockerfile"
         assert (COMPOSE_FILE.parent / service["build"]["context"] / service["build"]["dockerfile"]).resolve() \
@@ -577,6 +602,161 @@ def test_compose_web_is_healthchecked_and_providers_point_at_the_stub() -> None:
         if "REDIS_URL" in env:
             assert env["REDIS_URL"].startswith("redis://redis:6379/"), name
             assert service["depends_on"]["redis"]["condition"] == "service_healthy", name
+
+
+# -- nginx in front of gunicorn -----------------------------------------------------
+
+
+def _nginx(directive: str, text: str | None = None) -> list[str]:
+    """The values of each ``directive ...;`` in ``text`` (NGINX_CONF's by default)."""
+    text = NGINX_CONF.read_text() if text is None else text
+    return [m.group(1).strip() for m in re.finditer(rf"^[ \t]*{re.escape(directive)}[ \t]+([^;#\n]*);", text, flags=re.M)]
+
+
+def _nginx_one(directive: str, text: str | None = None) -> str:
+    (value,) = _nginx(directive, text)
+    return value
+
+
+def _nginx_block(opening: str) -> str:
+    """The text of the block after ``opening`` (``upstream front_door``), to its brace."""
+    text = NGINX_CONF.read_text()
+    start = text.index(opening + " {") + len(opening) + 2
+    depth, at = 1, start
+    while depth:
+        depth += {"{": 1, "}": -1}.get(text[at], 0)
+        at += 1
+    return text[start:at - 1]
+
+
+def _nginx_size(value: str) -> int:
+    """'1m', '32k', '8190' -> bytes."""
+    number, unit = re.fullmatch(r"(\d+)([kKmMgG]?)", value).groups()
+    return int(number) * {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3}[unit.lower()]
+
+
+def _app_routes() -> dict[str, str]:
+    """endpoint -> a path of that route (each <variable> filled in)."""
+    from flask import Flask
+
+    from router_queue.catalog_routes import discovery
+    from router_queue.operations import operations
+    from router_queue.routes import queue
+
+    app = Flask("routes")
+    for blueprint in (queue, discovery, operations):
+        app.register_blueprint(blueprint)
+    return {rule.endpoint: re.sub(r"<[^>]+>", "x", rule.rule) for rule in app.url_map.iter_rules()}
+
+
+def test_kubernetes_serves_the_same_nginx_conf() -> None:
+    assert K8S_NGINX_CONF.read_bytes() == NGINX_CONF.read_bytes(), \
+        f"run: cp {NGINX_CONF.relative_to(ROOT)} {K8S_NGINX_CONF.relative_to(ROOT)}"
+    (base,) = [d for d in DOCS if _is_kustomization(d) and d.path.parent == K8S / "base"]
+    generators = {g["name"]: g for g in base.body["configMapGenerator"]}
+    assert generators["web-proxy"]["files"] == [K8S_NGINX_CONF.name]
+    web = _deployments()["web"]
+    volumes = {v["name"]: v for v in web["spec"]["template"]["spec"]["volumes"]}
+    proxy = _sidecar(web, "proxy")
+    (mount,) = [m for m in proxy["volumeMounts"] if m["mountPath"] == "/etc/nginx/nginx.conf"]
+    assert volumes[mount["name"]]["configMap"]["name"] == "web-proxy" and mount["subPath"] == "nginx.conf"
+    assert proxy["command"] == ["nginx", "-g", "daemon off;"]
+    assert "nginx -s quit" in " ".join(proxy["lifecycle"]["preStop"]["exec"]["command"]), "a graceful stop"
+
+
+def test_nginx_stands_between_callers_and_gunicorn() -> None:
+    """Compose: the proxy service is published and reaches gunicorn by its
+    service name, which is not published. Kubernetes: the Service targets
+    nginx, whose upstream name is the pod's own gunicorn (hostAliases); the
+    probes go to gunicorn itself."""
+    host, port = _nginx_one("server", _nginx_block("upstream front_door")).split()[0].rsplit(":", 1)
+    listen_port = int(_nginx_one("listen").split()[0])
+    services = _compose()["services"]
+    web_service, proxy = services[host], services["proxy"]
+    assert _service_argv(web_service)[0] == "gunicorn"
+    assert web_service["environment"]["PORT"] == port
+    assert "ports" not in web_service, "callers reach gunicorn through the proxy only"
+    assert proxy["ports"] == [f"8000:{listen_port}"]
+    (conf_volume,) = [v for v in proxy["volumes"] if v.endswith(":/etc/nginx/nginx.conf:ro")]
+    assert (COMPOSE_FILE.parent / conf_volume.split(":")[0]).resolve() == NGINX_CONF
+    assert proxy["depends_on"][host]["condition"] == "service_healthy"
+    assert proxy["stop_signal"] == "SIGQUIT", "nginx's graceful stop"
+    assert _seconds(proxy["stop_grace_period"]) >= _seconds(web_service["stop_grace_period"])
+    for service in (web_service, proxy):
+        assert service["ulimits"]["nofile"]["hard"] >= 2 * int(_configmap()["WEB_CONNECTIONS"])
+
+    web = _deployments()["web"]
+    assert {"ip": "127.0.0.1", "hostnames": [host]} in web["spec"]["template"]["spec"]["hostAliases"]
+    annotations = web["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["kubectl.kubernetes.io/default-container"] == _container(web)["name"], "kubectl exec deploy/web"
+    app_port = _container(web)["ports"][0]
+    assert app_port["containerPort"] == int(port) == int(_configmap()["PORT"])
+    assert _sidecar(web, "proxy")["ports"][0]["containerPort"] == listen_port
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        assert _container(web)[probe]["httpGet"]["port"] == app_port["name"], probe
+
+
+def test_nginx_limits_agree_with_the_app() -> None:
+    cm = _configmap()
+    settings = Settings.from_env(cm)
+    web = _shell_words(_procfile()["web"])
+    keep_alive = float(_option(web, "--keep-alive"))
+
+    body_limit = _nginx_size(_nginx_one("client_max_body_size"))
+    assert body_limit == settings.max_body_bytes == Settings().max_body_bytes
+    assert f"the body is larger than {body_limit} bytes" in NGINX_CONF.read_text(), "the 413's detail"
+    (ingress,) = [d.body for d in _of_kind("Ingress")]
+    assert _nginx_size(ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"]) == body_limit
+
+    assert _seconds(_nginx_one("client_header_timeout")) == header_timeout_s(cm)
+    upstream = _nginx_block("upstream front_door")
+    assert _seconds(_nginx_one("keepalive_timeout", NGINX_CONF.read_text().replace(upstream, ""))) == keep_alive
+    # nginx drops an idle upstream connection before gunicorn would close it.
+    assert _seconds(_nginx_one("keepalive_timeout", upstream)) < keep_alive
+    # A request line or header field gunicorn refuses still reaches it, so the
+    # refusal is gunicorn's, in the contract's shape.
+    buffer = _nginx_size(_nginx_one("large_client_header_buffers").split()[1])
+    assert buffer > int(_option(web, "--limit-request-line"))
+    assert buffer > int(_option(web, "--limit-request-field_size"))
+    assert int(_nginx_one("worker_rlimit_nofile")) >= 2 * int(_nginx_one("worker_connections"))
+
+    # The synchronous route, and only it, gets the long read timeout, unbuffered.
+    (pattern,) = re.findall(r"^\s*location ~ (\S+) \{", NGINX_CONF.read_text(), flags=re.M)
+    routes = _app_routes()
+    assert {endpoint for endpoint, path in routes.items() if re.search(pattern, path)} == {"queue.run"}
+    sync = _nginx_block(f"location ~ {pattern}")
+    read_timeout = _seconds(_nginx_one("proxy_read_timeout", sync))
+    assert settings.sync_deadline_s < read_timeout < float(_option(web, "--timeout"))
+    assert _nginx_one("proxy_buffering", sync) == "off"
+    elsewhere = NGINX_CONF.read_text().replace(sync, "")
+    assert _seconds(_nginx_one("proxy_read_timeout", elsewhere)) < settings.sync_deadline_s
+    # nginx's graceful stop fits in the pod's grace period, after its preStop sleep.
+    grace = _deployments()["web"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
+    assert 5 + _seconds(_nginx_one("worker_shutdown_timeout")) < grace
+    assert _seconds(_nginx_one("worker_shutdown_timeout")) > settings.sync_deadline_s
+
+
+def _kustomize_command() -> list[str] | None:
+    if shutil.which("kustomize"):
+        return ["kustomize", "build"]
+    if shutil.which("kubectl"):
+        return ["kubectl", "kustomize"]
+    return None
+
+
+@pytest.mark.parametrize("directory", [K8S, K8S / "keda"], ids=["hpa", "keda"])
+def test_kustomize_renders_nginx_conf_into_the_web_pods(directory: Path) -> None:
+    command = _kustomize_command()
+    if command is None:
+        pytest.skip("neither kustomize nor kubectl is installed")
+    result = subprocess.run([*command, str(directory)], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    (config,) = [d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("web-proxy-")]
+    assert config["data"]["nginx.conf"] == NGINX_CONF.read_text()
+    (web,) = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "web"]
+    volumes = web["spec"]["template"]["spec"]["volumes"]
+    assert {v["configMap"]["name"] for v in volumes if "configMap" in v} == {config["metadata"]["name"]}
 
 
 # -- Dockerfile and entrypoint ---------------------------------------------------
