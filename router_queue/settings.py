@@ -3,6 +3,11 @@
 Every variable is named once here with its type, default and unit. Code below
 the edge (the app factory, the Celery factory, the store) takes a ``Settings``
 and never reads ``os.environ`` itself, so tests build one by hand.
+
+Provider credentials are the exception to "named once here": the catalog
+names the variable each provider's credential is in (``providers.<name>.
+credentials``), so adding a provider or a second account with one is
+configuration. Their values are still read here, once, with the rest.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .catalog import Catalog
 from .redis_clients import RedisUrlError, SentinelAddress
 
 DEFAULT_CATALOG = Path(__file__).with_name("catalog.json")
@@ -84,9 +90,6 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_BODY_BYTES": ("max_body_bytes", _int),
     "CATALOG_PATH": ("catalog_path", _str),
     "PROVIDER_ORIGIN_OVERRIDE": ("provider_origin_override", _url),
-    "BFL_API_KEY": ("bfl_api_key", _secret),
-    "VERTEXAI_ACCESS_TOKEN": ("vertexai_access_token", _secret),
-    "OPENAI_API_KEY": ("openai_api_key", _secret),
     "REPUBLISH_AFTER_SECONDS": ("republish_after_s", _float),
     "SWEEP_INTERVAL_SECONDS": ("sweep_interval_s", _float),
     "VISIBILITY_TIMEOUT_SECONDS": ("visibility_timeout_s", _int),
@@ -123,9 +126,11 @@ class Settings:
     #: Replaces the scheme and host of every upstream URL (the stub provider
     #: in tests and the demo). Empty in production.
     provider_origin_override: str = ""
-    bfl_api_key: Secret = field(default_factory=lambda: Secret(""))
-    vertexai_access_token: Secret = field(default_factory=lambda: Secret(""))
-    openai_api_key: Secret = field(default_factory=lambda: Secret(""))
+    #: The value of each environment variable the catalog's providers name for
+    #: their credentials (``BFL_API_KEY``, ...), masked in ``repr``; a variable
+    #: that is unset or empty is absent. Workers hand them to the adapters
+    #: (workers/credentials.py).
+    provider_credentials: Mapping[str, Secret] = field(default_factory=dict, hash=False)
     #: Seconds a request granted a provider slot may wait for its delivery to
     #: claim it before the sweeper publishes it again (its message was lost:
     #: a crash between the grant and the publish, or a worker that died
@@ -182,14 +187,6 @@ class Settings:
     def effective_broker_url(self) -> str:
         return self.broker_url or self.redis_url
 
-    def provider_key(self, provider: str) -> str:
-        """The upstream credential for ``provider``; empty when none is set."""
-        return {
-            "bfl": self.bfl_api_key,
-            "vertexai": self.vertexai_access_token,
-            "openai": self.openai_api_key,
-        }.get(provider, "")
-
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
         """Build settings from ``environ`` (default ``os.environ``)."""
@@ -200,4 +197,16 @@ class Settings:
             if raw is not None and raw != "":
                 values[attr] = parse(name, raw)
         values.update(overrides)
+        if "provider_credentials" not in values:
+            values["provider_credentials"] = _credentials(environ, values.get("catalog_path") or DEFAULT_CATALOG)
         return cls(**values)
+
+
+def _credentials(environ: Mapping[str, str], catalog_path: str | Path) -> dict[str, Secret]:
+    """The credential variables the catalog at ``catalog_path`` names, as set."""
+    try:
+        names = Catalog.credential_variables(catalog_path)
+    except (OSError, ValueError) as exc:
+        raise SettingsError(f"CATALOG_PATH: cannot read the providers' credentials from {catalog_path}: {exc}") \
+            from None
+    return {name: _secret(name, environ[name]) for name in names if (environ.get(name) or "").strip()}

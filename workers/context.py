@@ -16,6 +16,7 @@ from celery import Celery
 from router_queue.dispatch import Dispatcher
 from router_queue.services import Services
 
+from .credentials import Credentials
 from .leases import LeaseKeeper
 
 
@@ -25,6 +26,9 @@ class WorkerContext:
     session: requests.Session
     dispatcher: Dispatcher
     leases: LeaseKeeper
+    #: Each provider's credential, as the catalog and settings name it; built
+    #: from ``services`` when not given.
+    credentials: Credentials | None = None
     #: Set when the worker begins a warm shutdown: running generations that
     #: can be resumed elsewhere are handed back instead of waited for.
     shutting_down: threading.Event = field(default_factory=threading.Event)
@@ -36,6 +40,10 @@ class WorkerContext:
         dispatcher = Dispatcher(app, services.store, providers=tuple(services.catalog.providers()),
                                 broker_is_store=settings.effective_broker_url == settings.redis_url)
         return cls(services, provider_session(), dispatcher, LeaseKeeper(services.store, settings.lease_s))
+
+    def __post_init__(self) -> None:
+        if self.credentials is None:
+            self.credentials = Credentials(self.services.catalog, self.services.settings.provider_credentials)
 
 
 #: Connections kept per provider host: one per worker thread that may call it.

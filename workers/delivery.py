@@ -166,7 +166,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         entry=entry,
         body=body,
         url=entry.upstream(services.settings.provider_origin_override),
-        api_key=services.settings.provider_key(entry.provider),
+        credential=context.credentials.for_provider(entry.provider),
         session=context.session,
         interruption=lambda: _interruption(context, request_id),
         upstream_ref=_upstream_ref(record),

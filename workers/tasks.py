@@ -4,14 +4,18 @@ function. Delivery semantics are spelled out on each task.
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 
 from celery import shared_task
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutting_down
 
-from .celery_app import DELIVER_TASK, PING_TASK, SWEEP_TASK
+from router_queue.catalog import Catalog
+
+from .celery_app import DELIVER_TASK, PING_TASK, SWEEP_TASK, queue_name
 from .context import begin_shutdown, context_for
+from .credentials import Credentials
 from .delivery import Execution, Later
 from .delivery import deliver as deliver_request
 from .sweeper import sweep as sweep_once
@@ -45,6 +49,24 @@ def deliver(self, request_id: str) -> str:
 def sweep(self) -> dict[str, int]:
     report = sweep_once(context_for(self.app))
     return {"republished": report.republished, "reaped": report.reaped, "timed_out": report.timed_out}
+
+
+log = logging.getLogger(__name__)
+
+
+@worker_ready.connect
+def _name_missing_credentials(sender=None, **_: object) -> None:
+    """Say at start, not at the first request, which provider this worker
+    consumes for has no credential, and which variable to set. The worker
+    still starts: another one may hold the credential, and each request that
+    finds none here ends in a retryable provider_error."""
+    app = sender.app
+    settings = app.router_settings
+    catalog = Catalog.load(settings.catalog_path)
+    consumed = set(app.amqp.queues.consume_from or {})
+    providers = [p for p in catalog.providers() if queue_name(p) in consumed]
+    for problem in Credentials(catalog, settings.provider_credentials).problems(providers):
+        log.error("no credential: %s", problem)
 
 
 @worker_shutting_down.connect

@@ -18,7 +18,9 @@ import requests
 from werkzeug.serving import make_server
 
 from router_queue.admission import fingerprint
-from router_queue.settings import Secret
+from router_queue.app import create_app
+from router_queue.services import Services
+from router_queue.settings import DEFAULT_CATALOG, Secret, Settings
 from router_queue.store import Lease
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import record_of
@@ -48,8 +50,8 @@ def fresh_stub(stub_origin):
 @pytest.fixture
 def worker_services(services, stub_origin):
     services.settings = dataclasses.replace(
-        services.settings, provider_origin_override=stub_origin, bfl_api_key=Secret("k"),
-        vertexai_access_token=Secret("k"), openai_api_key=Secret("k"),
+        services.settings, provider_origin_override=stub_origin,
+        provider_credentials={name: Secret("k") for name in ("BFL_API_KEY", "VERTEXAI_ACCESS_TOKEN", "OPENAI_API_KEY")},
     )
     return services
 
@@ -63,9 +65,21 @@ def admitted(services, workspace, model, body):
     return request_id, provider
 
 
-def context_of(services) -> WorkerContext:
-    return WorkerContext(services, requests.Session(), RecordingDispatcher(services.store),
+def context_of(services, session=None) -> WorkerContext:
+    return WorkerContext(services, session or requests.Session(), RecordingDispatcher(services.store),
                          LeaseKeeper(services.store, services.settings.lease_s))
+
+
+class KeyRecordingSession(requests.Session):
+    """Remembers the ``x-key`` each provider call carried, by path."""
+
+    def __init__(self):
+        super().__init__()
+        self.keys: list[tuple[str, str]] = []
+
+    def request(self, method, url, *args, headers=None, **kwargs):
+        self.keys.append((url.split("?")[0].rsplit("/", 1)[-1], (headers or {}).get("x-key", "")))
+        return super().request(method, url, *args, headers=headers, **kwargs)
 
 
 def execution(task_id="task-1", retries=0) -> Execution:
@@ -275,3 +289,46 @@ def test_a_cancel_flag_that_cannot_be_read_does_not_stop_the_generation(worker_s
     monkeypatch.setattr(worker_services.store, "cancel_requested", stalled)
     outcome, record, _ = run(worker_services, workspace, "bfl/flux-2-pro", {"prompt": "stall [stub:latency=0.3]"})
     assert (outcome, record.status, record.error_type) == ("completed", COMPLETED, None)
+
+
+def test_a_second_account_is_a_catalog_entry_and_a_variable(client, stub_origin, tmp_path):
+    """A second BFL account: a provider entry naming its own key's variable, and
+    models under it that use the bfl adapter. No code names either."""
+    catalog = json.loads(DEFAULT_CATALOG.read_text())
+    catalog["providers"]["bfl-eu"] = {"max_in_flight": 7, "credentials": {"kind": "api_key", "env": "BFL_EU_API_KEY"}}
+    catalog["models"]["bfl-eu/flux-2-pro"] = catalog["models"]["bfl/flux-2-pro"]
+    path = tmp_path / "catalog.json"
+    path.write_text(json.dumps(catalog))
+    settings = Settings.from_env({"CATALOG_PATH": str(path), "BFL_API_KEY": "us-key", "BFL_EU_API_KEY": "eu-key"},
+                                 provider_origin_override=stub_origin, default_rate_limit="1000/second")
+    services = Services.build(settings, client)
+    assert services.catalog.max_in_flight("bfl-eu") == 7 and "bfl-eu" in services.catalog.providers()
+    dispatcher = RecordingDispatcher(services.store)
+    http = create_app(settings, services=services, dispatcher=dispatcher).test_client()
+    workspace = services.accounts.create_workspace("eu", queue_enabled=True, credits=1000)
+    auth = {"X-API-Key": services.accounts.mint_key(workspace), "Content-Type": "application/json"}
+    ids = {}
+    for model in ("bfl/flux-2-pro", "bfl-eu/flux-2-pro"):
+        answer = http.post(f"/v2/models/{model}/requests", data=json.dumps({"prompt": f"teapot {model}"}), headers=auth)
+        assert answer.status_code == 201, answer.get_data(as_text=True)
+        ids[model] = answer.json["request_id"]
+    assert sorted(provider for _, provider in dispatcher.published) == ["bfl", "bfl-eu"]
+    for model, key in (("bfl/flux-2-pro", "us-key"), ("bfl-eu/flux-2-pro", "eu-key")):
+        session = KeyRecordingSession()
+        assert deliver_until_done(context_of(services, session), ids[model]) == "completed"
+        assert session.keys and {sent for _, sent in session.keys} == {key}, model
+
+
+def test_a_missing_key_is_a_provider_error_that_names_no_variable(services, workspace, stub_origin, caplog):
+    services.settings = dataclasses.replace(services.settings, provider_origin_override=stub_origin,
+                                            provider_credentials={})
+    session = KeyRecordingSession()
+    request_id, provider = admitted(services, workspace, "bfl/flux-2-pro", {"prompt": "teapot"})
+    with caplog.at_level("ERROR", logger="workers.credentials"):
+        outcome = deliver_until_done(context_of(services, session), request_id)
+    record = services.store.status_view(request_id, provider).record
+    assert (outcome, record.status, record.error_type) == ("provider_error", COMPLETED, "provider_error")
+    assert record.attempts == services.catalog.by_id("bfl/flux-2-pro").policy.max_attempts
+    assert "credential" in record.detail and "BFL_API_KEY" not in record.detail
+    assert "BFL_API_KEY is not set" in caplog.text
+    assert session.keys == [], "nothing was sent to the provider without a key"

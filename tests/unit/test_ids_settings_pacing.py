@@ -40,7 +40,7 @@ def test_settings_come_from_the_environment_with_typed_defaults():
     assert settings.result_retention_s == 60
     assert settings.max_body_bytes == 1_048_576
     assert "secret-value" not in repr(settings)
-    assert settings.provider_key("bfl") == "secret-value"
+    assert settings.provider_credentials == {"BFL_API_KEY": "secret-value"}
 
 
 @pytest.mark.parametrize("env,name", [({"RESULT_RETENTION_SECONDS": "a day"}, "RESULT_RETENTION_SECONDS"),

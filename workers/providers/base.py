@@ -27,7 +27,8 @@ class ProviderCall:
     #: The caller's native JSON body, exactly as admitted.
     body: bytes
     url: str
-    api_key: str
+    #: The provider's credential, asked for at each use (workers/credentials.py).
+    credential: Callable[[], str]
     session: requests.Session
     #: What should stop the run between two steps: "cancel" (the caller
     #: asked), "shutdown" (this worker is stopping), or None.
@@ -41,6 +42,13 @@ class ProviderCall:
     started_at: float = 0.0
     #: Told how long each HTTP exchange with the provider took (metrics).
     timed: Callable[[float], None] = lambda seconds: None
+
+    @property
+    def api_key(self) -> str:
+        """The credential to send now: an API key, or an access token that is
+        refreshed before it expires. A ``ProviderFailure`` when there is none,
+        raised inside the adapter so the call policy handles it."""
+        return self.credential()
 
     @property
     def timeout(self) -> tuple[float, float]:
