@@ -1,7 +1,7 @@
 """Integration fixtures: one real stack per session.
 
-Redis (the one at ``TEST_REDIS_URL`` if it answers, else a private
-``redis-server``), then ``router_queue.devstack.Stack`` started piece by piece:
+Redis (database 15 of the session's private ``redis-server``, or of the server
+``TEST_REDIS_URL`` names), then ``router_queue.devstack.Stack`` started piece by piece:
 the stub provider, one Celery worker (threads, concurrency 8, every provider
 queue), Celery beat running the sweeper every second, and gunicorn. Every test
 in this directory is marked ``integration``; a failing one gets the tails of
@@ -11,25 +11,23 @@ the stack's logs attached to its report.
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
-from urllib.parse import urlsplit
 
 import pytest
 import redis
 
-from router_queue.devstack import ROOT, Stack, free_port, redis_answers, wait_for_port
+from router_queue.devstack import ROOT, Stack, free_port
 from router_queue.services import Services
 from router_queue.settings import Settings
 
+from tests.redis_servers import STACK_DB, with_db
+
 from ._support import FLUX, Caller, Stub, forget_pace, unique_prompt
 
-TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/15")
 #: Seconds the whole stack may take to come up (worker ready, first request done).
 STARTUP_TIMEOUT_S = 30.0
 #: Lines of each log attached to a failing test's report.
@@ -58,38 +56,13 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 
 
 @pytest.fixture(scope="session")
-def redis_url() -> Iterator[str]:
-    """A Redis database the session owns: flushed at start, never db 0."""
-    db = urlsplit(TEST_REDIS_URL).path.strip("/") or "0"
-    if db != "0" and redis_answers(TEST_REDIS_URL):
-        client = redis.Redis.from_url(TEST_REDIS_URL)
-        client.flushdb()
-        client.close()
-        yield TEST_REDIS_URL
-        return
-    binary = shutil.which("redis-server")
-    if binary is None:
-        pytest.fail(f"no Redis answers at {TEST_REDIS_URL} (or it names db 0, which we never flush) "
-                    "and there is no redis-server binary on PATH to start a private one")
-    port = free_port()
-    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    url = f"redis://127.0.0.1:{port}/0"
-    try:
-        wait_for_port(port, proc=proc)
-        deadline = time.monotonic() + 10
-        while not redis_answers(url):
-            if time.monotonic() > deadline:
-                pytest.fail(f"private redis-server on port {port} did not answer PING")
-            time.sleep(0.05)
-        yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+def redis_url(redis_server: str) -> str:
+    """Database 15 of the session's Redis server (``tests/conftest.py``), flushed at start."""
+    url = with_db(redis_server, STACK_DB)
+    client = redis.Redis.from_url(url)
+    client.flushdb()
+    client.close()
+    return url
 
 
 # -- the stack -----------------------------------------------------------------

@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 from typing import Any, Iterator
@@ -26,11 +25,11 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from router_queue.devstack import ROOT, Stack, free_port, redis_answers, wait_for_port
+from router_queue.devstack import ROOT, Stack, free_port
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Settings
 
-from ._support import FLUX, Caller, Stub, unique_prompt, wait_for
+from ._support import FLUX, Caller, Stub, unique_prompt
 from .chaos_support import _spawned, stack_env
 
 #: Seconds the load's HTTP client waits for any one answer.
@@ -62,159 +61,6 @@ def scrape(base_url: str) -> Scrape:
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return Scrape(samples, response.text)
-
-
-# -- a private redis-server ----------------------------------------------------------------
-
-
-@dataclass
-class PrivateRedis:
-    """``redis-server`` on a port of its own, append-only file on (fsync always),
-    so killing it and starting it again on the same port keeps every write."""
-
-    directory: Path
-    port: int = field(default_factory=free_port)
-    proc: subprocess.Popen | None = None
-    #: More redis-server arguments (a replica's ``--replicaof``).
-    extra: tuple[str, ...] = ()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def start(self) -> None:
-        binary = shutil.which("redis-server")
-        if binary is None:
-            pytest.fail("no redis-server binary on PATH")
-        log = open(self.directory / "redis.log", "ab")
-        try:
-            self.proc = subprocess.Popen(
-                [binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes",
-                 "--appendfsync", "always", "--dir", str(self.directory), *self.extra],
-                stdout=log, stderr=subprocess.STDOUT)
-        finally:
-            log.close()
-        wait_for_port(self.port, proc=self.proc)
-        wait_for(self.answers, timeout_s=10, what=f"redis-server on {self.port} answering PING")
-
-    def answers(self) -> bool:
-        return redis_answers(self.url)
-
-    def kill(self) -> None:
-        """SIGKILL: a crash. Connections are reset and new ones refused until ``start``."""
-        assert self.proc is not None and self.proc.poll() is None
-        os.kill(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(10)
-
-    def pause(self) -> None:
-        """SIGSTOP: a hung server. Connections are accepted (by the kernel) and never answered."""
-        assert self.proc is not None and self.proc.poll() is None
-        os.kill(self.proc.pid, signal.SIGSTOP)
-
-    def resume(self) -> None:
-        assert self.proc is not None
-        os.kill(self.proc.pid, signal.SIGCONT)
-
-    def stop(self) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            os.kill(self.proc.pid, signal.SIGCONT)  # a stopped process would not act on SIGTERM
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
-class SentinelGroup:
-    """A primary, its replica and three sentinels (quorum 2) on ports of their
-    own, as an ops team runs Redis for high availability; :attr:`url` is the
-    ``sentinel://`` URL the stack is given."""
-
-    MASTER = "rq"
-    #: How long the sentinels wait before they call a silent primary down.
-    DOWN_AFTER_MS = 1000
-
-    def __init__(self, directory: Path):
-        self.directory = directory
-        self.primary = PrivateRedis(self._dir("primary"))
-        self.replica = PrivateRedis(self._dir("replica"), extra=("--replicaof", "127.0.0.1", str(self.primary.port)))
-        self.sentinel_ports = [free_port() for _ in range(3)]
-        self.sentinels: list[subprocess.Popen] = []
-
-    def _dir(self, name: str) -> Path:
-        path = self.directory / name
-        path.mkdir(parents=True, exist_ok=True)
-        return path
-
-    @property
-    def url(self) -> str:
-        return ";".join(f"sentinel://127.0.0.1:{port}" for port in self.sentinel_ports) + (
-            f"/0?master_name={self.MASTER}")
-
-    def start(self) -> None:
-        self.primary.start()
-        self.replica.start()
-        wait_for(lambda: self._role(self.replica.port).get("master_link_status") == "up", timeout_s=10,
-                 what="the replica in sync with the primary")
-        for port in self.sentinel_ports:
-            directory = self._dir(f"sentinel-{port}")
-            conf = directory / "sentinel.conf"  # a sentinel rewrites its file: one each
-            conf.write_text("\n".join([
-                f"port {port}", "bind 127.0.0.1", f"dir {directory}",
-                f"sentinel monitor {self.MASTER} 127.0.0.1 {self.primary.port} 2",
-                f"sentinel down-after-milliseconds {self.MASTER} {self.DOWN_AFTER_MS}",
-                f"sentinel failover-timeout {self.MASTER} 10000",
-                f"sentinel parallel-syncs {self.MASTER} 1", ""]))
-            with open(directory / "sentinel.log", "ab") as log:
-                self.sentinels.append(subprocess.Popen([shutil.which("redis-server"), str(conf), "--sentinel"],
-                                                       stdout=log, stderr=subprocess.STDOUT))
-            wait_for_port(port, proc=self.sentinels[-1])
-        wait_for(lambda: all(self.master_port(p) == self.primary.port for p in self.sentinel_ports), timeout_s=10,
-                 what="every sentinel naming the primary")
-        # a sentinel learns of the replica and its peers from the primary's hello channel
-        wait_for(lambda: all(self._peers(p) == 2 for p in self.sentinel_ports), timeout_s=15,
-                 what="the sentinels knowing each other")
-
-    def _role(self, port: int) -> dict:
-        import redis
-
-        with redis.Redis(port=port, socket_timeout=1) as client:
-            return client.info("replication")
-
-    def _sentinel(self, port: int):
-        import redis
-
-        return redis.Redis(port=port, socket_timeout=1, decode_responses=True)
-
-    def _peers(self, sentinel_port: int) -> int:
-        """The other sentinels this one knows (redis-py's parse of SENTINEL MASTER breaks)."""
-        with self._sentinel(sentinel_port) as client:
-            fields = client.execute_command("SENTINEL", "MASTER", self.MASTER)
-        return int(dict(zip(fields[::2], fields[1::2]))["num-other-sentinels"])
-
-    def master_port(self, sentinel_port: int) -> int | None:
-        with self._sentinel(sentinel_port) as client:
-            address = client.execute_command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self.MASTER)
-        return int(address[1]) if address else None
-
-    def kill_primary(self) -> None:
-        """SIGKILL the primary: the sentinels promote the replica."""
-        self.primary.kill()
-
-    def promoted(self) -> bool:
-        """Whether a sentinel names the replica the primary (a sentinel switches
-        only once the replica has taken the role, and never switches back)."""
-        return any(self.master_port(p) == self.replica.port for p in self.sentinel_ports)
-
-    def stop(self) -> None:
-        for proc in self.sentinels:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(10)
-        self.replica.stop()
-        self.primary.stop()
 
 
 # -- a private stack -----------------------------------------------------------------------

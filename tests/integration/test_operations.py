@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from router_queue import keys
+from tests.redis_servers import PrivateRedis, SentinelGroup
 
 from ._support import (FLUX, GEMINI, WORKER_CONCURRENCY, Caller, broker_drained, saturated_worker, unique_prompt,
                        wait_for)
@@ -28,9 +29,7 @@ from .conftest import RunningStack
 from .ops_support import (
     CLIENT_TIMEOUT_S,
     Load,
-    PrivateRedis,
     PrivateStack,
-    SentinelGroup,
     children,
     chromium,
     depths_table,

@@ -1,12 +1,13 @@
-"""Unit-test fixtures: the store on fakeredis, and on a real Redis when one answers.
+"""Unit-test fixtures: the store on fakeredis, and on a real Redis.
 
-The real case uses its own database (``UNIT_REDIS_URL``, default db 13),
-flushed around each test, so the same Lua contracts run fast and run true.
+The real case uses database 13 of the session's private ``redis-server``
+(``tests/conftest.py``), flushed around each test, so the same Lua contracts
+run fast and run true.
 """
 
 from __future__ import annotations
 
-import os
+from typing import Iterator
 
 import fakeredis
 import pytest
@@ -15,17 +16,23 @@ import redis
 from router_queue.app import create_app
 from router_queue.services import Services
 from router_queue.settings import Settings
+from tests.redis_servers import UNIT_DB, with_db
 
-UNIT_REDIS_URL = os.environ.get("UNIT_REDIS_URL", "redis://127.0.0.1:6379/13")
+
+@pytest.fixture
+def real_redis_url(redis_server: str) -> str:
+    """Database 13 of the session's Redis server, the unit tests' own."""
+    return with_db(redis_server, UNIT_DB)
 
 
-def _real_redis() -> redis.Redis | None:
-    client = redis.Redis.from_url(UNIT_REDIS_URL, socket_connect_timeout=0.5)
-    try:
-        client.ping()
-    except redis.RedisError:
-        return None
-    return client
+@pytest.fixture
+def real_redis(real_redis_url: str) -> Iterator[redis.Redis]:
+    """A client of that database, flushed before and after the test."""
+    client = redis.Redis.from_url(real_redis_url, socket_connect_timeout=0.5)
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
 
 
 @pytest.fixture(params=["fakeredis", "redis"])
@@ -33,12 +40,7 @@ def client(request):
     if request.param == "fakeredis":
         yield fakeredis.FakeRedis(server=fakeredis.FakeServer())
         return
-    real = _real_redis()
-    if real is None:
-        pytest.skip(f"no Redis answers at {UNIT_REDIS_URL}")
-    real.flushdb()
-    yield real
-    real.flushdb()
+    yield request.getfixturevalue("real_redis")
 
 
 @pytest.fixture

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 
-import pytest
 from kombu import Connection
 
 from router_queue.accounts import Accounts
@@ -17,7 +16,6 @@ from router_queue.dispatch import Dispatcher
 from tests.unit.support import record_of
 from workers.celery_app import DELIVER_TASK, make_celery
 
-from tests.unit.conftest import UNIT_REDIS_URL, _real_redis
 
 FLUX = "/v2/models/bfl/flux-2-pro"
 
@@ -73,32 +71,25 @@ def test_a_refused_submit_pushes_nothing(settings, services):
     assert services.redis.llen("provider.bfl") == 0
 
 
-def test_kombu_reads_the_pushed_message_as_the_one_celery_publishes_itself(settings):
+def test_kombu_reads_the_pushed_message_as_the_one_celery_publishes_itself(settings, real_redis, real_redis_url):
     """Through kombu's own Redis transport: the message a grant pushes decodes
     to the same task, arguments and headers as Celery's own for that task id."""
-    real = _real_redis()
-    if real is None:
-        pytest.skip(f"no Redis answers at {UNIT_REDIS_URL}")
-    real.flushdb()
-    try:
-        settings = dataclasses.replace(settings, redis_url=UNIT_REDIS_URL)
-        celery = make_celery(settings)
-        store = RequestStore(real, retention_s=60, idempotency_ttl_s=60)
-        Dispatcher(celery, store, providers=("bfl",), broker_is_store=True)
-        workspace = Accounts(real).create_workspace("w", queue_enabled=True)
-        request_id = "0193aaaa-bbbb-8ccc-9ddd-eeeeffff0000"
-        assert store.admit(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
-                           body="{}").outcome == "ADMITTED"
-        with Connection(UNIT_REDIS_URL) as connection:
-            queue = connection.SimpleQueue("provider.bfl")
-            ours = queue.get(timeout=2)
-            celery.send_task(DELIVER_TASK, args=[request_id], queue="provider.bfl", task_id=ours.headers["id"])
-            theirs = queue.get(timeout=2)
-            assert ours.decode() == theirs.decode()
-            assert ours.headers == theirs.headers
-            assert ours.content_type == theirs.content_type == "application/json"
-            ours.ack()
-            theirs.ack()
-            queue.close()
-    finally:
-        real.flushdb()
+    settings = dataclasses.replace(settings, redis_url=real_redis_url)
+    celery = make_celery(settings)
+    store = RequestStore(real_redis, retention_s=60, idempotency_ttl_s=60)
+    Dispatcher(celery, store, providers=("bfl",), broker_is_store=True)
+    workspace = Accounts(real_redis).create_workspace("w", queue_enabled=True)
+    request_id = "0193aaaa-bbbb-8ccc-9ddd-eeeeffff0000"
+    assert store.admit(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
+                       body="{}").outcome == "ADMITTED"
+    with Connection(real_redis_url) as connection:
+        queue = connection.SimpleQueue("provider.bfl")
+        ours = queue.get(timeout=2)
+        celery.send_task(DELIVER_TASK, args=[request_id], queue="provider.bfl", task_id=ours.headers["id"])
+        theirs = queue.get(timeout=2)
+        assert ours.decode() == theirs.decode()
+        assert ours.headers == theirs.headers
+        assert ours.content_type == theirs.content_type == "application/json"
+        ours.ack()
+        theirs.ack()
+        queue.close()

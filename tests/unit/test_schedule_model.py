@@ -14,9 +14,11 @@ from __future__ import annotations
 import copy
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Callable
 
 import fakeredis
 import pytest
+import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +27,6 @@ from router_queue.services import Services
 from router_queue.settings import Settings
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from router_queue.store import Lease
-from tests.unit.conftest import _real_redis
 from tests.unit.support import record_of
 
 MODEL = "vertexai/gemini-3.1-flash-image"
@@ -140,19 +141,23 @@ ops = st.lists(
 )
 
 
-def _services(backend: str) -> Services:
+@pytest.fixture(params=["fakeredis", "redis"])
+def empty_client(request) -> Callable[[], redis.Redis]:
+    """Makes an empty client for each hypothesis example (a function-scoped
+    fixture lives through all of a test's examples)."""
+    if request.param == "fakeredis":
+        return lambda: fakeredis.FakeRedis(server=fakeredis.FakeServer())
+    real = request.getfixturevalue("real_redis")
+
+    def emptied() -> redis.Redis:
+        real.flushdb()
+        return real
+    return emptied
+
+
+def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps) -> None:
     settings = Settings(redis_url="redis://unused", default_rate_limit="1000/second", max_takeovers=1)
-    if backend == "fakeredis":
-        return Services.build(settings, fakeredis.FakeRedis(server=fakeredis.FakeServer()))
-    real = _real_redis()
-    if real is None:
-        pytest.skip("no Redis answers for the unit tests")
-    real.flushdb()
-    return Services.build(settings, real)
-
-
-def _drive(backend: str, cap: int, weights: list[int], limits: list[int], steps) -> None:
-    services = _services(backend)
+    services = Services.build(settings, empty_client())
     store = services.store
     store.max_in_flight = lambda provider: cap
     workspaces = []
@@ -267,19 +272,18 @@ def _drive(backend: str, cap: int, weights: list[int], limits: list[int], steps)
                 assert types == ["hold", "charge"]
 
 
-@pytest.mark.parametrize("backend", ["fakeredis", "redis"])
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cap=st.integers(1, 3), weights=st.lists(st.integers(1, 4), min_size=1, max_size=4), steps=ops)
-def test_the_schedule_follows_the_reference_policy(backend, cap, weights, steps):
-    _drive(backend, cap, weights, [0] * len(weights), steps)
+def test_the_schedule_follows_the_reference_policy(empty_client, cap, weights, steps):
+    _drive(empty_client, cap, weights, [0] * len(weights), steps)
 
 
-@pytest.mark.parametrize("backend", ["fakeredis", "redis"])
 @settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(cap=st.integers(1, 4), weights=st.lists(st.integers(1, 3), min_size=2, max_size=4),
        limits=st.lists(st.integers(0, 2), min_size=4, max_size=4), steps=ops)
-def test_workspaces_at_their_own_cap_are_passed_as_the_reference_policy_says(backend, cap, weights, limits, steps):
-    _drive(backend, cap, weights, limits[:len(weights)], steps)
+def test_workspaces_at_their_own_cap_are_passed_as_the_reference_policy_says(empty_client, cap, weights, limits,
+                                                                            steps):
+    _drive(empty_client, cap, weights, limits[:len(weights)], steps)
 
 
 def test_the_reference_model_predicts_a_plain_round_robin():
