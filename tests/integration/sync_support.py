@@ -1,10 +1,12 @@
 """Helpers for the synchronous-route and discovery tests (test_sync_and_discovery.py).
 
-A second front door (``DeadlineDoor``): gunicorn started as ``devstack.Stack``
+A second front door (``SecondDoor``): gunicorn started as ``devstack.Stack``
 starts it, on the session stack's environment (same Redis, stub provider,
-Celery worker and beat) plus a short ``SYNC_DEADLINE_SECONDS``, on a port of
-its own. Only the front door reads that setting, so the session's worker and
-beat serve its requests unchanged; nothing else of the session is touched.
+Celery worker and beat) plus settings of its own (a short
+``SYNC_DEADLINE_SECONDS`` here, a short ``WEB_HEADER_TIMEOUT`` in
+test_slow_clients.py), on a port of its own. Only the front door reads those
+settings, so the session's worker and beat serve its requests unchanged;
+nothing else of the session is touched.
 """
 
 from __future__ import annotations
@@ -26,16 +28,16 @@ SYNC_READ_TIMEOUT_S = 60.0
 
 
 @dataclass
-class DeadlineDoor:
-    """gunicorn (gevent workers) with its own ``SYNC_DEADLINE_SECONDS``, sharing the session stack."""
+class SecondDoor:
+    """gunicorn (gevent workers) with front-door settings of its own, sharing the session stack."""
 
     stack: Stack
     base_url: str
 
     @classmethod
-    def start(cls, env: dict[str, str], log_dir: Path, *, deadline_s: float, workers: int = 1) -> "DeadlineDoor":
+    def start(cls, env: dict[str, str], log_dir: Path, *, settings: dict[str, str], workers: int = 1) -> "SecondDoor":
         port = free_port()
-        stack = Stack({**env, "SYNC_DEADLINE_SECONDS": f"{deadline_s:g}"}, log_dir=log_dir)
+        stack = Stack({**env, **settings}, log_dir=log_dir)
         # Stack._spawn hands the child a log file and drops its own handle; the
         # ResourceWarning that raises (filterwarnings = error) is not ours to fix.
         with warnings.catch_warnings():
@@ -59,7 +61,7 @@ class DeadlineDoor:
             except requests.RequestException as exc:
                 last = exc
             time.sleep(0.1)
-        raise AssertionError(f"the deadline front door did not serve within {timeout_s} s ({last!r})\n\n"
+        raise AssertionError(f"the second front door did not serve within {timeout_s} s ({last!r})\n\n"
                              f"{self.log()[-4000:]}")
 
     def log(self) -> str:

@@ -30,7 +30,7 @@ from comfy_sdk.router_exceptions import ModelNotFound
 from ._support import FLUX, GEMINI, TTS, Caller, Stub, unique_prompt, wait_for
 from .sync_support import (
     SYNC_READ_TIMEOUT_S,
-    DeadlineDoor,
+    SecondDoor,
     documented_media_types,
     ledger_of,
     request_body_schema,
@@ -81,9 +81,10 @@ def client(comfy_env: Caller) -> Iterator[Comfy]:
 
 
 @pytest.fixture(scope="module")
-def deadline_door(stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DeadlineDoor]:
+def deadline_door(stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecondDoor]:
     """A second gunicorn with SYNC_DEADLINE_SECONDS=3 on the session stack's Redis, worker and stub."""
-    door = DeadlineDoor.start(stack.env, tmp_path_factory.mktemp("deadline-door"), deadline_s=DEADLINE_S)
+    door = SecondDoor.start(stack.env, tmp_path_factory.mktemp("deadline-door"),
+                           settings={"SYNC_DEADLINE_SECONDS": f"{DEADLINE_S:g}"})
     try:
         yield door
     finally:
@@ -226,7 +227,7 @@ def test_sync_route_refusals(caller: Caller, stack) -> None:
 # -- the deadline: 504, the same key re-attaches, one submit, one charge -------------------------
 
 
-def test_deadline_504_then_the_same_key_reattaches(deadline_door: DeadlineDoor, caller: Caller, stub: Stub,
+def test_deadline_504_then_the_same_key_reattaches(deadline_door: SecondDoor, caller: Caller, stub: Stub,
                                                    services) -> None:
     body = _body_for(FLUX, unique_prompt("sync deadline", "[stub:latency=6]"))
     key = f"deadline-{uuid.uuid4().hex}"
@@ -272,7 +273,7 @@ def test_deadline_504_then_the_same_key_reattaches(deadline_door: DeadlineDoor, 
     assert ledger_of(services, caller.workspace) == {request_id: ["hold", "charge"]}
 
 
-def test_sdk_run_collects_a_long_generation_through_the_deadline(deadline_door: DeadlineDoor, caller: Caller,
+def test_sdk_run_collects_a_long_generation_through_the_deadline(deadline_door: SecondDoor, caller: Caller,
                                                                 stub: Stub, services,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COMFY_ROUTER_BASE_URL", deadline_door.base_url)
