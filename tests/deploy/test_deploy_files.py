@@ -612,7 +612,8 @@ def test_compose_web_is_healthchecked_and_providers_point_at_the_stub() -> None:
 def _nginx(directive: str, text: str | None = None) -> list[str]:
     """The values of each ``directive ...;`` in ``text`` (NGINX_CONF's by default)."""
     text = NGINX_CONF.read_text() if text is None else text
-    return [m.group(1).strip() for m in re.finditer(rf"^[ \t]*{re.escape(directive)}[ \t]+([^;#\n]*);", text, flags=re.M)]
+    pattern = rf"^[ \t]*{re.escape(directive)}[ \t]+([^;#\n]*);"
+    return [m.group(1).strip() for m in re.finditer(pattern, text, flags=re.M)]
 
 
 def _nginx_one(directive: str, text: str | None = None) -> str:
