@@ -50,6 +50,17 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def port_free(port: int) -> bool:
+    """Whether this machine's loopback port is free to listen on: a readiness
+    check by connecting would be answered by whatever holds it already."""
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def wait_for_port(port: int, timeout_s: float = 20.0, proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -174,10 +185,15 @@ router-queue is up.
 export COMFY_API_KEY={key}
 export COMFY_ROUTER_BASE_URL={base}
 BASE="$COMFY_ROUTER_BASE_URL/v2/models/bfl/flux-2-pro"
-curl "$BASE/requests" -H "X-API-Key: $COMFY_API_KEY" -H "Idempotency-Key: $(uuidgen)" \\
+curl "$BASE/requests" -H "X-API-Key: $COMFY_API_KEY" \\
+  -H "Idempotency-Key: $(python3 -c 'import uuid; print(uuid.uuid4())')" \\
   -H "Content-Type: application/json" -d '{{"prompt": "a red teapot on a windowsill, morning light"}}'
 curl -i "$BASE/requests/$REQUEST_ID/status" -H "X-API-Key: $COMFY_API_KEY"
 curl "$BASE/requests/$REQUEST_ID" -H "X-API-Key: $COMFY_API_KEY"
+
+The operator commands reach this stack's Redis with:
+export REDIS_URL={redis}
+router-queue ops depths
 
 Ctrl-C stops everything.
 """
@@ -220,6 +236,11 @@ def dev(port: int, stub_port: int) -> None:
     """Run the front door, a worker, beat and the stub providers, and seed a demo key."""
     from .services import Services
     from .settings import Settings
+
+    for option, wanted in (("--port", port), ("--stub-port", stub_port)):
+        if not port_free(wanted):
+            raise click.ClickException(f"port {wanted} on 127.0.0.1 is already in use; pass {option} N "
+                                       "with a free one")
 
     env = dict(os.environ)
     if "REDIS_URL" not in env:

@@ -47,14 +47,22 @@ def test_dev_starts_a_killed_worker_again_and_work_resumes() -> None:
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        key, deadline = None, time.monotonic() + UP_S
-        while key is None and time.monotonic() < deadline:
+        key, redis_url, deadline = None, None, time.monotonic() + UP_S
+        while (key is None or redis_url is None) and time.monotonic() < deadline:
             line = dev.stdout.readline()
             assert line or dev.poll() is None, f"router-queue dev exited: {dev.stderr.read()[-2000:]}"
             if match := re.match(r"export COMFY_API_KEY=(\S+)", line):
                 key = match.group(1)
+            if match := re.match(r"export REDIS_URL=(\S+)", line):
+                redis_url = match.group(1)
         assert key, "router-queue dev printed no key"
         base = f"http://127.0.0.1:{port}"
+        # The operator CLI, in another shell, reaches the embedded Redis it printed.
+        depths = subprocess.run([sys.executable, "-c", "from router_queue.cli import main; main()", "ops", "depths"],
+                                cwd=ROOT, env={**env, "REDIS_URL": redis_url}, capture_output=True, text=True,
+                                timeout=30)
+        assert depths.returncode == 0, depths.stderr
+        assert {line.split("\t")[0] for line in depths.stdout.splitlines()[1:]} == {"bfl", "vertexai", "openai"}
         first = wait_for(lambda: _child(dev, " worker "), timeout_s=10, what="the dev worker")
 
         os.kill(first, signal.SIGKILL)
