@@ -17,6 +17,7 @@ from . import pacing
 from .catalog import ModelEntry
 from .errors import (IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, QueueBacklogFull,
                      ServiceUnavailable, ValidationFailed)
+from .outcomes import Admit
 from .schemas import validation_detail
 from .services import Services
 from .store import PRIORITIES
@@ -125,25 +126,25 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         rate=rate(),
         priority=rank,
     )
-    if admission.outcome == "EXPIRED":
+    if admission.outcome is Admit.EXPIRED:
         raise ServiceUnavailable("the request store answered too late; nothing was admitted or charged; "
                                  "retry shortly", retry_after=1)
-    if admission.outcome == "INSUFFICIENT_CREDITS":
+    if admission.outcome is Admit.INSUFFICIENT_CREDITS:
         raise InsufficientCredits(f"{entry.id} costs {entry.price_credits} credits and the workspace has "
                                   f"{admission.available} available; nothing was queued or charged")
-    if admission.outcome == "BACKLOG_FULL":
+    if admission.outcome is Admit.BACKLOG_FULL:
         hint = pacing.backlog_retry_after(services.store.pace(entry.provider))
         raise QueueBacklogFull("this workspace already has as many requests waiting as it may; "
                                "retry when some have started", retry_after=hint)
-    if admission.outcome == "DRAINING":
+    if admission.outcome is Admit.DRAINING:
         raise ServiceUnavailable(f"{entry.provider} is draining for maintenance and admits nothing new; "
                                  "retry shortly", retry_after=30)
-    if admission.outcome == "NOT_ENABLED":
+    if admission.outcome is Admit.NOT_ENABLED:
         raise NotEnabled("queued delivery is not switched on for this workspace; "
                          f"POST /v2/models/{entry.id} serves the same body synchronously")
-    if admission.outcome == "IDEM_CONFLICT":
+    if admission.outcome is Admit.IDEM_CONFLICT:
         raise IdempotencyKeyConflict("this Idempotency-Key is held by a different request; "
                                      "send this one under a new key")
-    if admission.outcome == "REPLAY":
+    if admission.outcome is Admit.REPLAY:
         return Admitted(admission.request_id, True, None)
     return Admitted(request_id, False, admission.position)

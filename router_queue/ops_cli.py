@@ -11,6 +11,7 @@ from flask.cli import AppGroup, with_appcontext
 
 from . import keys
 from .operations import summary
+from .outcomes import Cancel
 from .states import COMPLETED, IN_PROGRESS, IN_QUEUE
 
 
@@ -75,9 +76,9 @@ def cancel(request_id: str) -> None:
     services = _front().services
     outcome = services.store.cancel(request_id=request_id, workspace=record["workspace"],
                                     model=record["model"], provider=record["provider"])
-    if outcome == "EXPIRED":
+    if outcome is Cancel.EXPIRED:
         raise click.ClickException("Redis answered too late; nothing was cancelled; try again")
-    if outcome == "CANCELLED":
+    if outcome is Cancel.CANCELLED:
         services.metrics.completed(record["provider"], record["model"], "cancelled")
     click.echo(outcome.lower())
 

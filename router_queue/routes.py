@@ -14,6 +14,7 @@ from .catalog import Catalog, ModelEntry
 from .errors import (CompletedWithError, DeadlineExceeded, Gone, InvalidInput, ModelNotFound, PayloadTooLarge,
                      RequestNotFound, ServiceUnavailable)
 from .ids import well_formed
+from .outcomes import Cancel
 from .ratelimit import carried_allowance
 from .states import COMPLETED, RESULT_STATUS
 from .store import RequestRecord, StatusView
@@ -203,18 +204,18 @@ def cancel(provider: str, model: str, request_id: str) -> Response:
     outcome = front.services.store.cancel(
         request_id=request_id, workspace=workspace, model=entry.id, provider=entry.provider
     )
-    if outcome == "EXPIRED":
+    if outcome is Cancel.EXPIRED:
         raise ServiceUnavailable("the request store answered too late; nothing was cancelled; retry shortly",
                                  retry_after=1)
-    if outcome == "MISSING":
+    if outcome is Cancel.MISSING:
         if front.services.ids.is_ours(request_id, workspace, entry.id):
             raise Gone(f"request {request_id} finished more than its retention window ago")
         raise RequestNotFound(NOT_FOUND)
     log.info("cancel: %s", outcome.lower(), extra={"request_id": request_id, "workspace": workspace,
                                                    "model": entry.id, "outcome": outcome.lower()})
-    if outcome == "CANCELLED":
+    if outcome is Cancel.CANCELLED:
         front.services.metrics.completed(entry.provider, entry.id, "cancelled")
-    if outcome == "ALREADY_COMPLETED":
+    if outcome is Cancel.ALREADY_COMPLETED:
         return json_response(
             {"request_id": request_id, "status": "ALREADY_COMPLETED",
              "detail": "the request had already finished; there was nothing to cancel"},

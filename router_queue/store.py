@@ -16,6 +16,7 @@ from typing import Any, Callable
 import redis
 
 from . import keys
+from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
 from .states import IN_QUEUE
 
 log = logging.getLogger(__name__)
@@ -27,6 +28,8 @@ _FIELDS = (
 )
 
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
+#: status.lua's refusal as it arrives (bytes): the hot path compares without decoding.
+_RATE_LIMITED = Status.RATE_LIMITED.encode()
 #: Seconds by which Redis's clock may lag the front door's without a late
 #: write slipping past its deadline (see ``RequestStore._deadline``).
 CLOCK_ALLOWANCE_S = 0.2
@@ -121,9 +124,9 @@ class StatusView:
 
 @dataclass(frozen=True)
 class Admission:
-    """The outcome of ``admit``: ``outcome`` is one of the admit.lua codes."""
+    """The outcome of ``admit``."""
 
-    outcome: str
+    outcome: Admit
     request_id: str | None = None
     position: int | None = None
     #: Credits the workspace had free, when it could not fund the request.
@@ -249,15 +252,15 @@ class RequestStore:
                 self.max_queued, template, cap, priority, self._deadline(now), *rate_args,
             ],
         )
-        code = _text(reply[0])
-        if code == "RATE_LIMITED":
+        code = Admit(_text(reply[0]))
+        if code is Admit.RATE_LIMITED:
             raise rate.refusal(reply[1:])
-        if code == "ADMITTED":
+        if code is Admit.ADMITTED:
             self._publish_granted(provider, reply[3:])
             return Admission(code, _text(reply[1]), int(reply[2]))
-        if code == "REPLAY":
+        if code is Admit.REPLAY:
             return Admission(code, _text(reply[1]))
-        if code == "INSUFFICIENT_CREDITS":
+        if code is Admit.INSUFFICIENT_CREDITS:
             return Admission(code, available=int(float(_text(reply[1]))))
         return Admission(code)
 
@@ -332,7 +335,7 @@ class RequestStore:
             keys=[keys.request(request_id), keys.schedule(provider), keys.stats(provider), *rate_keys],
             args=[request_id, *_STATUS_FIELD_ARGS, *rate_args],
         )
-        if reply[0] == b"RATE_LIMITED":
+        if reply[0] == _RATE_LIMITED:
             raise rate.refusal(reply[1:])
         _, values, ttl, rank, pace = reply
         return StatusView(
@@ -348,10 +351,8 @@ class RequestStore:
     def result(self, request_id: str) -> bytes | None:
         return self.client.get(keys.result(request_id))
 
-    def cancel(self, *, request_id: str, workspace: str, model: str, provider: str) -> str:
-        """"CANCELLED" (it was waiting), "REQUESTED" (its worker stops it),
-        "ALREADY_COMPLETED", "MISSING" (not this caller's) or "EXPIRED" (it
-        reached Redis past its deadline and changed nothing)."""
+    def cancel(self, *, request_id: str, workspace: str, model: str, provider: str) -> Cancel:
+        """What cancel.lua did (see :class:`~router_queue.outcomes.Cancel`)."""
         now = time.time()
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
         reply = self._acknowledged(
@@ -362,7 +363,7 @@ class RequestStore:
                   self._deadline(now)],
         )
         self._publish_granted(provider, reply[1:])
-        return _text(reply[0])
+        return Cancel(_text(reply[0]))
 
     # -- workers -----------------------------------------------------------
     def load(self, request_id: str) -> tuple[RequestRecord | None, bytes | None]:
@@ -373,8 +374,8 @@ class RequestStore:
         values, body = pipe.execute()
         return RequestRecord.from_values(values), body
 
-    def claim(self, record: RequestRecord, lease: Lease, now: float | None = None) -> str:
-        """Take the request to run it; returns a claim.lua code ("CLAIMED", "RESUMED", ...)."""
+    def claim(self, record: RequestRecord, lease: Lease, now: float | None = None) -> Claim:
+        """Take the request to run it (see :class:`~router_queue.outcomes.Claim`)."""
         request_id, provider = record.id, record.provider
         now = now or time.time()
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
@@ -385,7 +386,7 @@ class RequestStore:
                   lease.token, lease.max_takeovers, lease.resume_key, grant_until, template],
         )
         self._publish_granted(provider, reply[1:])
-        return _text(reply[0])
+        return Claim(_text(reply[0]))
 
     def renew(self, request_id: str, provider: str, token: str, lease_s: float, *, successor: str = "",
               hand_back: bool = False) -> bool:
@@ -424,7 +425,7 @@ class RequestStore:
         error_type: str = "",
         detail: str = "",
         billable: bool | None = None,
-    ) -> str:
+    ) -> Complete:
         """Finish the request and settle its credits, once; a request already
         COMPLETED keeps its first outcome. ``billable`` defaults to "a success"."""
         request_id, provider = record.id, record.provider
@@ -444,7 +445,7 @@ class RequestStore:
             ],
         )
         self._publish_granted(provider, reply[1:])
-        return _text(reply[0])
+        return Complete(_text(reply[0]))
 
     # -- sweeper and reaper ----------------------------------------------------
     def expired_leases(self, provider: str, now: float, limit: int = 500) -> list[tuple[str, bool]]:
@@ -476,7 +477,7 @@ class RequestStore:
             args=[request_id, repr(now), queue_timeout_s, self.retention_s, workspace, cap, grant_until, template],
         )
         self._publish_granted(provider, reply[1:])
-        return _text(reply[0]) == "TIMED_OUT"
+        return ExpireQueued(_text(reply[0])) is ExpireQueued.TIMED_OUT
 
     def set_draining(self, provider: str, draining: bool) -> None:
         """Stop (or resume) admitting requests for ``provider``; in-flight work goes on."""

@@ -18,6 +18,7 @@ import redis
 
 from router_queue import logs, states
 from router_queue.catalog import CallPolicy, ModelEntry
+from router_queue.outcomes import Claim, Complete
 from router_queue.store import Lease, RequestRecord
 
 from .context import WorkerContext
@@ -95,12 +96,12 @@ def _claim_and_run(context: WorkerContext, record: RequestRecord, body: bytes | 
     claim = store.claim(record, lease)
     log.info("claim: %s", claim, extra={"outcome": claim.lower()})
     metrics = services.metrics
-    if claim == "CLAIMED":
+    if claim is Claim.CLAIMED:
         metrics.claimed(record.provider, record.model, time.time() - record.created_at)
-    elif claim in ("QUEUE_TIMEOUT", "EXHAUSTED"):
+    elif claim in (Claim.QUEUE_TIMEOUT, Claim.EXHAUSTED):
         metrics.completed(record.provider, record.model,
-                          states.QUEUE_TIMEOUT if claim == "QUEUE_TIMEOUT" else states.PROVIDER_ERROR)
-    if claim not in ("CLAIMED", "RESUMED"):
+                          states.QUEUE_TIMEOUT if claim is Claim.QUEUE_TIMEOUT else states.PROVIDER_ERROR)
+    if claim not in (Claim.CLAIMED, Claim.RESUMED):
         log.info("request %s: %s; this delivery does nothing", request_id, claim)
         return claim.lower()
     context.leases.hold(request_id, record.provider, execution.token)
@@ -217,7 +218,8 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
     return "completed"
 
 
-def _completed(context: WorkerContext, record: RequestRecord, written: str, outcome: str, started_at: float) -> None:
+def _completed(context: WorkerContext, record: RequestRecord, written: Complete, outcome: str,
+               started_at: float) -> None:
     """Count a completion this delivery wrote (not one a duplicate found done)."""
-    if written == "COMPLETED":
+    if written is Complete.COMPLETED:
         context.services.metrics.completed(record.provider, record.model, outcome, time.time() - started_at)

@@ -1,0 +1,70 @@
+"""What the store's Lua scripts answer, by name.
+
+Each script replies with a code first (see the ``returns`` comment at the top
+of its file in ``lua/``); the store turns it into one of these, and callers
+compare against members, never against spelled-out strings. A member is a
+``str``, so it logs and compares as the code itself.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Admit(StrEnum):
+    """admit.lua"""
+
+    ADMITTED = "ADMITTED"  #: in the schedule, with a slot and its message when one was free
+    REPLAY = "REPLAY"  #: the Idempotency-Key's earlier request, with the same body
+    IDEM_CONFLICT = "IDEM_CONFLICT"  #: the key is held by a different request
+    NOT_ENABLED = "NOT_ENABLED"  #: queued delivery is off for the workspace
+    BACKLOG_FULL = "BACKLOG_FULL"  #: the workspace has as many waiting as it may
+    INSUFFICIENT_CREDITS = "INSUFFICIENT_CREDITS"
+    DRAINING = "DRAINING"  #: the provider admits nothing new
+    RATE_LIMITED = "RATE_LIMITED"  #: the caller's rate window is spent
+    EXPIRED = "EXPIRED"  #: reached Redis past its deadline; changed nothing
+
+
+class Cancel(StrEnum):
+    """cancel.lua"""
+
+    CANCELLED = "CANCELLED"  #: it was waiting; it is COMPLETED, cancelled
+    REQUESTED = "REQUESTED"  #: it runs; its worker stops it where the provider allows
+    ALREADY_COMPLETED = "ALREADY_COMPLETED"
+    MISSING = "MISSING"  #: no such request of this caller (or past retention)
+    EXPIRED = "EXPIRED"  #: reached Redis past its deadline; changed nothing
+
+
+class Claim(StrEnum):
+    """claim.lua"""
+
+    CLAIMED = "CLAIMED"  #: this delivery runs it
+    RESUMED = "RESUMED"  #: this delivery resumes a lease its holder kept for it
+    WAITING = "WAITING"  #: not granted a slot: a stray message; nothing starts
+    LEASED = "LEASED"  #: another execution holds a live lease
+    QUEUE_TIMEOUT = "QUEUE_TIMEOUT"  #: waited past its queue timeout; ended
+    EXHAUSTED = "EXHAUSTED"  #: taken over too often; ended provider_error
+    COMPLETED = "COMPLETED"  #: already finished
+    MISSING = "MISSING"  #: gone (past retention)
+
+
+class Complete(StrEnum):
+    """complete.lua"""
+
+    COMPLETED = "COMPLETED"  #: this call wrote the outcome and settled it
+    ALREADY_COMPLETED = "ALREADY_COMPLETED"  #: the first outcome written stands
+    MISSING = "MISSING"
+
+
+class Status(StrEnum):
+    """status.lua"""
+
+    OK = "OK"
+    RATE_LIMITED = "RATE_LIMITED"  #: the caller's rate window is spent
+
+
+class ExpireQueued(StrEnum):
+    """expire_queued.lua"""
+
+    TIMED_OUT = "TIMED_OUT"
+    KEPT = "KEPT"
