@@ -234,8 +234,9 @@ def _supervise(stack: Stack) -> None:
 @click.option("--stub-port", type=int, default=8300, show_default=True, help="Stub provider port.")
 def dev(port: int, stub_port: int) -> None:
     """Run the front door, a worker, beat and the stub providers, and seed a demo key."""
+    from .catalog import Catalog
     from .services import Services
-    from .settings import Settings
+    from .settings import DEFAULT_CATALOG, Settings
 
     for option, wanted in (("--port", port), ("--stub-port", stub_port)):
         if not port_free(wanted):
@@ -248,8 +249,8 @@ def dev(port: int, stub_port: int) -> None:
         start_embedded_redis(redis_port)
         env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
     env.setdefault("PROVIDER_ORIGIN_OVERRIDE", f"http://127.0.0.1:{stub_port}")
-    for name in ("BFL_API_KEY", "VERTEXAI_ACCESS_TOKEN", "OPENAI_API_KEY"):
-        env.setdefault(name, "stub-key")
+    for name in Catalog.credential_variables(env.get("CATALOG_PATH") or DEFAULT_CATALOG):
+        env.setdefault(name, "stub-key")  # the stub takes any key, for every provider the catalog names
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
 
     settings = Settings.from_env(env)
