@@ -1,6 +1,6 @@
 """The delivery figures: the whole stack, measured end to end.
 
-``router_queue.devstack.Stack`` starts the stub provider, Celery workers (thread
+``router_queue.dev.stack.Stack`` starts the stub provider, Celery workers (thread
 pool), beat and gunicorn, here as bench children (own session, stopped by PID
 with everything else). Three figures:
 
@@ -9,7 +9,7 @@ with everything else). Three figures:
   the same for one generation alone.
 * ``dispatch_latency``: ms from admission (``created_at``) to claim
   (``started_at``) of one request on an idle fleet, median of sequential
-  submits, against the median bare Celery round trip (``workers.tasks.ping``:
+  submits, against the median bare Celery round trip (``bench.worker_app.ping``:
   publish -> run -> RPUSH -> BLPOP), the two interleaved.
 * ``sync_held_status_p50`` / ``_p99`` (bench/sync_held.py): status-read latency
   while 200 synchronous calls are held open, against the same reads without them.
@@ -33,10 +33,14 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from router_queue.devstack import Stack
+from router_queue.dev.stack import Stack
 
 from . import capped, schedule, sync_held
 from .procs import ROOT, Children, cpu_seconds, free_port, log
+from .worker_app import PING_TASK
+
+#: The Celery app the fleet's workers run: production's, plus the bench's ping.
+WORKER_APP = "bench.worker_app"
 
 MODEL_ID = "bfl/flux-2-pro"
 #: Phases measured on the whole stack (``--only``).
@@ -49,7 +53,7 @@ class MeasurementError(RuntimeError):
 
 
 class BenchStack(Stack):
-    """``devstack.Stack`` whose children are the bench's: own session, logged, stopped by PID."""
+    """``router_queue.dev.stack.Stack`` whose children are the bench's: own session, logged, stopped by PID."""
 
     def __init__(self, env: dict[str, str], children: Children):
         super().__init__(env, log_dir=children.log_dir)
@@ -77,7 +81,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--worker-threads", type=int, default=256,
                        help="threads per Celery worker, --pool threads (default 256)")
     group.add_argument("--web-workers", type=int, default=2,
-                       help="gunicorn gevent workers of the stack's front door (default 2, as devstack)")
+                       help="gunicorn gevent workers of the stack's front door (default 2, as router-queue dev)")
     group.add_argument("--samples", type=int, default=50,
                        help="dispatch samples (and as many pings), interleaved (default 50)")
     sync_held.add_arguments(group)
@@ -153,7 +157,8 @@ class Fleet:
         providers = self.services.catalog.providers()
         for number in range(1, args.fleet_workers + 1):
             name = f"worker{number}"
-            self.stack.start_worker(providers, name=name, pool="threads", concurrency=args.worker_threads)
+            self.stack.start_worker(providers, name=name, pool="threads", concurrency=args.worker_threads,
+                                    app=WORKER_APP)
             self.workers.append(name)
         self.stack.start_beat()
         web = self.stack.start_web(self.web_port, workers=args.web_workers)
@@ -215,7 +220,7 @@ class Fleet:
 
     def records(self, ids: list[str]) -> dict[str, dict[str, str | None]]:
         """status, created_at, started_at, completed_at, error_type of each id, one round trip."""
-        from router_queue import keys
+        from router_queue.store import keys
 
         fields = ("status", "created_at", "started_at", "completed_at", "error_type")
         pipe = self.client.pipeline(transaction=False)
@@ -389,19 +394,19 @@ def measure_inflight(fleet: Fleet, emit) -> None:
 
 
 class Pinger:
-    """The bare Celery round trip: ``send_task(workers.tasks.ping, [reply_key])`` on the
+    """The bare Celery round trip: ``send_task(bench.worker_app.ping, [reply_key])`` on the
     maintenance queue, then ``BLPOP reply_key``, timed around both; the baseline of the
     dispatch and grant-to-start figures."""
 
     def __init__(self, fleet: Fleet):
-        from workers.celery_app import make_celery
+        from router_queue.broker.celery_app import make_celery
 
         self.app = make_celery(fleet.settings)
         self.client = fleet.client
 
     def __call__(self) -> float:
         """One round trip, in seconds."""
-        from workers.celery_app import MAINTENANCE_QUEUE, PING_TASK
+        from router_queue.broker.celery_app import MAINTENANCE_QUEUE
 
         reply_key = f"bench:ping:{uuid.uuid4().hex}"
         began = time.perf_counter()

@@ -263,7 +263,7 @@ def emit(name: str, value: float, unit: str, baseline: float) -> None:
 def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
     import redis
 
-    from router_queue import keys
+    from router_queue.store import keys
     from router_queue.services import Services
     from router_queue.settings import Settings
 

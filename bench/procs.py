@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from router_queue.devstack import WEB_SERVING, free_port, wait_for_port
+from router_queue.dev.stack import WEB_SERVING, free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -157,7 +157,7 @@ def cancel_all(services, request_ids: list[str], workspace_of: dict[str, str] | 
 
 
 def bench_lease():
-    from router_queue.store import Lease
+    from router_queue.store.requests import Lease
 
     return Lease(token=uuid.uuid4().hex, lease_s=BENCH_LEASE_S, queue_timeout_s=86400 * 365, max_takeovers=3,
                  resume_key=f"bench:{uuid.uuid4().hex}:0")
@@ -181,7 +181,7 @@ def hold_the_slot(services, entry, body: str) -> str:
 
 def schedule_counts(services, provider: str) -> dict[str, int]:
     """How many requests are queued, running (slots taken) and granted not started."""
-    from router_queue import keys
+    from router_queue.store import keys
 
     pipe = services.redis.pipeline(transaction=False)
     pipe.zcard(keys.queue(provider))
@@ -195,7 +195,7 @@ def schedule_counts(services, provider: str) -> dict[str, int]:
 def formula_position(client, provider: str, workspace: str, request_id: str) -> int | None:
     """lib.lua's ``position()`` recomputed here from the schedule's keys (keys.py), for a
     request that is granted or waiting; None otherwise."""
-    from router_queue import keys
+    from router_queue.store import keys
 
     base = keys.schedule(provider)
     granted_rank = client.zrank(f"{base}:granted", request_id)
@@ -283,7 +283,7 @@ class CycleSide:
         started = time.monotonic()
         self.workspaces = make_workspaces(self.services, workspaces, "bench-cost")
         seed_spread(self.services, self.workspaces, self.entry, queued, '{"prompt": "bench"}')
-        from router_queue import keys
+        from router_queue.store import keys
 
         head = self.client.zrange(f"{keys.schedule(self.entry.provider)}:granted", 0, -1)
         counts = schedule_counts(self.services, self.entry.provider)

@@ -1,6 +1,6 @@
 """``sync_held``: status-read latency on the front door while synchronous calls are held open.
 
-On the fleet's gunicorn (gevent workers, as the Procfile and ``devstack`` start
+On the fleet's gunicorn (gevent workers, as the Procfile and ``router-queue dev`` start
 it), ``--held-reads`` (500) status reads of one finished request, sent by
 ``--held-readers`` (4) threads over keep-alive connections, each read timed on
 its own; first with nothing held (the baseline), then while ``--held`` (200)
@@ -152,7 +152,7 @@ def _hold(port: int, path: str, headers: dict[str, str], call: HeldCall, timeout
 
 def _admitted(fleet: Any) -> tuple[int, int]:
     """(running, queued) requests of the held calls' provider."""
-    from router_queue import keys
+    from router_queue.store import keys
 
     pipe = fleet.client.pipeline(transaction=False)
     pipe.zcard(keys.running(PROVIDER))

@@ -48,6 +48,14 @@ class CallPolicy:
     #: Longest a request may wait IN_QUEUE before it ends queue_timeout.
     queue_timeout_s: float = 86_400.0
 
+    @property
+    def hung_after_s(self) -> float:
+        """Past this, one execution of a delivery is hung, not slow: the run's
+        own bound plus one more exchange and backoff of slack. Its worker stops
+        renewing its lease (``workers/leases.py``), the Celery time limit that
+        the threads pool cannot enforce."""
+        return self.max_run_s + self.connect_timeout_s + self.read_timeout_s + self.backoff_max_s
+
 
 _SCHEMA_INSTANCES: dict[type[Schema], Schema] = {}
 

@@ -8,13 +8,13 @@ from dataclasses import dataclass
 
 import redis
 
-from .accounts import Accounts
 from .catalog import Catalog
 from .ids import RequestIds
-from .metrics import MetricsRecorder
-from .redis_clients import connect
 from .settings import Settings
-from .store import Replication, RequestStore
+from .store.accounts import Accounts
+from .store.connect import connect
+from .store.metrics import MetricsRecorder
+from .store.requests import Replication, RequestStore
 
 #: Seconds a worker, the sweeper or the CLI waits on Redis before an error.
 WORKER_REDIS_WAIT_S = 5.0

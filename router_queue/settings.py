@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .catalog import Catalog
-from .redis_clients import RedisUrlError, SentinelAddress
+from .store.connect import RedisUrlError, SentinelAddress
 
 DEFAULT_CATALOG = Path(__file__).with_name("catalog.json")
 
@@ -140,7 +140,7 @@ class Settings:
     #: leases, queue timeouts.
     sweep_interval_s: float = 5.0
     #: Seconds the Redis broker waits for an ack before redelivering. Must be
-    #: longer than any task runs; see workers/celery_app.py.
+    #: longer than any task runs; see router_queue/broker/celery_app.py.
     visibility_timeout_s: int = 43_200
     #: Seconds a running request's lease lasts without a heartbeat. A worker
     #: renews its leases every third of this; a request whose lease runs out

@@ -1,8 +1,8 @@
 """WSGI entry point: ``gunicorn router_queue.wsgi:app``."""
 
-from router_queue import logs
-from router_queue.app import create_app
-from router_queue.settings import Settings
+from . import logs
+from .settings import Settings
+from .web.app import create_app
 
 settings = Settings.from_env()
 logs.configure(settings.log_level)

@@ -7,7 +7,7 @@ from typing import Iterator
 
 import pytest
 
-from router_queue.devstack import redis_answers
+from router_queue.dev.stack import redis_answers
 
 from .redis_servers import TEST_REDIS_URL, PrivateRedis
 

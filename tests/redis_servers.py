@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from router_queue.devstack import free_port, redis_answers, wait_for_port
+from router_queue.dev.stack import free_port, redis_answers, wait_for_port
 
 #: A Redis server the tests may use (databases 13 to 15 are flushed), instead of private ones.
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "")

@@ -13,7 +13,7 @@ import requests
 import requests.adapters
 from celery import Celery
 
-from router_queue.dispatch import Dispatcher
+from router_queue.broker.dispatch import Dispatcher
 from router_queue.services import Services
 
 from .credentials import Credentials

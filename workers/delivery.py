@@ -18,8 +18,8 @@ import redis
 
 from router_queue import logs, states
 from router_queue.catalog import CallPolicy, ModelEntry
-from router_queue.outcomes import Claim, Complete
-from router_queue.store import Lease, RequestRecord
+from router_queue.store.outcomes import Claim, Complete
+from router_queue.store.requests import Lease, RequestRecord
 
 from .context import WorkerContext
 from .providers import ADAPTERS, HandBack, ProviderCall, ProviderFailure
@@ -104,7 +104,7 @@ def _claim_and_run(context: WorkerContext, record: RequestRecord, body: bytes | 
     if claim not in (Claim.CLAIMED, Claim.RESUMED):
         log.info("request %s: %s; this delivery does nothing", request_id, claim)
         return claim.lower()
-    context.leases.hold(request_id, record.provider, execution.token)
+    context.leases.hold(request_id, record.provider, execution.token, for_s=entry.policy.hung_after_s)
     try:
         return _run(context, record, body or b"{}", entry, execution)
     finally:

@@ -4,14 +4,22 @@ request that process is running, in one Redis round trip each beat.
 A lease that is not renewed runs out after ``LEASE_SECONDS``; the reaper then
 hands the request to another delivery. Renewing every third of the lease
 leaves two missed beats of slack before a live worker loses a request.
+
+It is also the deliveries' time limit (Celery's are not enforced by the
+threads pool): a request held past ``for_s`` (its model's
+``CallPolicy.hung_after_s``) is no longer renewed, so a hung execution loses
+its lease like a dead one, and another delivery takes the request over
+(``MAX_TAKEOVERS`` bounds how often). Should the hung one wake, the first
+outcome written stands.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
-from router_queue.store import RequestStore
+from router_queue.store.requests import RequestStore
 
 log = logging.getLogger(__name__)
 
@@ -20,14 +28,15 @@ class LeaseKeeper:
     def __init__(self, store: RequestStore, lease_s: float):
         self.store = store
         self.lease_s = lease_s
-        self._held: dict[str, tuple[str, str]] = {}
+        #: request id -> (provider, token, renewed until: time.monotonic())
+        self._held: dict[str, tuple[str, str, float]] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._stopped = threading.Event()
 
-    def hold(self, request_id: str, provider: str, token: str) -> None:
+    def hold(self, request_id: str, provider: str, token: str, for_s: float = float("inf")) -> None:
         with self._lock:
-            self._held[request_id] = (provider, token)
+            self._held[request_id] = (provider, token, time.monotonic() + for_s)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._beat, name="lease-heartbeat", daemon=True)
                 self._thread.start()
@@ -37,8 +46,17 @@ class LeaseKeeper:
             self._held.pop(request_id, None)
 
     def held(self) -> list[tuple[str, str, str]]:
+        """(id, provider, token) of each lease to renew; one held past its
+        limit is dropped, and said so, instead."""
+        now = time.monotonic()
         with self._lock:
-            return [(request_id, provider, token) for request_id, (provider, token) in self._held.items()]
+            hung = [request_id for request_id, (_, _, until) in self._held.items() if until <= now]
+            for request_id in hung:
+                provider, _, _ = self._held.pop(request_id)
+                log.error("request %s (%s) ran past its limit; its lease is left to run out and another "
+                          "delivery takes it over", request_id, provider,
+                          extra={"request_id": request_id, "outcome": "hung"})
+            return [(request_id, provider, token) for request_id, (provider, token, _) in self._held.items()]
 
     def stop(self) -> None:
         self._stopped.set()

@@ -3,8 +3,8 @@
 from celery.signals import setup_logging
 
 from router_queue import logs
+from router_queue.broker.celery_app import make_celery
 from router_queue.settings import Settings
-from workers.celery_app import make_celery
 
 settings = Settings.from_env()
 app = make_celery(settings, include=("workers.tasks",))

@@ -18,7 +18,7 @@ import logging
 import time
 from dataclasses import dataclass
 
-from router_queue import keys
+from router_queue.store import keys
 
 from .context import WorkerContext
 

@@ -1,19 +1,19 @@
 """Celery tasks. Thin: each takes a request id (or nothing) and calls a plain
-function. Delivery semantics are spelled out on each task.
+function. The delivery semantics they run under are written down once, in
+``router_queue/broker/celery_app.py``.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutting_down
 
+from router_queue.broker.celery_app import DELIVER_TASK, SWEEP_TASK, queue_name
 from router_queue.catalog import Catalog
 
-from .celery_app import DELIVER_TASK, PING_TASK, SWEEP_TASK, queue_name
 from .context import begin_shutdown, context_for
 from .credentials import Credentials
 from .delivery import Execution, Later
@@ -24,8 +24,6 @@ from .sweeper import sweep as sweep_once
 @shared_task(
     bind=True,
     name=DELIVER_TASK,
-    # Ack after the run; a killed child's message goes back to the queue and
-    # the claim makes the redelivery harmless. See workers/celery_app.py.
     acks_late=True,
     reject_on_worker_lost=True,
     ignore_result=True,
@@ -74,15 +72,3 @@ def _hand_back_on_shutdown(sender=None, **_: object) -> None:
     """Warm shutdown: polling generations hand their request back at their
     next step (another worker resumes them); synchronous calls finish."""
     begin_shutdown()
-
-
-@shared_task(bind=True, name=PING_TASK, ignore_result=True, acks_late=False, max_retries=0)
-def ping(self, reply_key: str) -> None:
-    """A no-op round trip: answers on ``reply_key`` (a Redis list) when run.
-
-    Used to check a worker still consumes (liveness) and by the benchmark as
-    the bare Celery round trip that dispatch latency is measured against.
-    """
-    client = context_for(self.app).services.redis
-    client.rpush(reply_key, repr(time.time()))
-    client.expire(reply_key, 60)

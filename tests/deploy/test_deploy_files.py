@@ -49,10 +49,10 @@ import pytest
 import redis
 import yaml
 
-from router_queue.devstack import WEB_SERVING, WEB_WORKER_CLASS, free_port, redis_answers
-from router_queue.gunicorn_worker import header_timeout_s
+from router_queue.dev.stack import WEB_SERVING, WEB_WORKER_CLASS, free_port, redis_answers
+from router_queue.web.gunicorn_worker import header_timeout_s
 from router_queue.settings import _ENV, Settings
-from workers.celery_app import MAINTENANCE_QUEUE, queue_name
+from router_queue.broker.celery_app import MAINTENANCE_QUEUE, queue_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -642,9 +642,9 @@ def _app_routes() -> dict[str, str]:
     """endpoint -> a path of that route (each <variable> filled in)."""
     from flask import Flask
 
-    from router_queue.catalog_routes import discovery
-    from router_queue.operations import operations
-    from router_queue.routes import queue
+    from router_queue.web.catalog_routes import discovery
+    from router_queue.web.operations import operations
+    from router_queue.web.routes import queue
 
     app = Flask("routes")
     for blueprint in (queue, discovery, operations):

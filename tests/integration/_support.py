@@ -16,8 +16,8 @@ from typing import Any, Callable, Iterator
 
 import requests
 
-from router_queue import keys
-from workers.celery_app import queue_name
+from router_queue.store import keys
+from router_queue.broker.celery_app import queue_name
 
 #: The BFL model most tests use: submit, then poll; its adapter checks for a cancel between polls.
 FLUX = "bfl/flux-2-pro"

@@ -13,8 +13,8 @@ from typing import Any, Callable, Iterator
 
 import requests
 
-from router_queue import keys
-from router_queue.accounts import LedgerEntry, Workspace
+from router_queue.store import keys
+from router_queue.store.accounts import LedgerEntry, Workspace
 
 from ._support import WORKER_CONCURRENCY, Caller, saturated_worker
 

@@ -2,7 +2,7 @@
 
 Not the session stack of ``conftest.py``: the chaos tests SIGKILL and SIGTERM
 workers, run two of them, change the catalog and the broker. Each
-``ChaosStack`` is ``router_queue.devstack.Stack`` started the way conftest
+``ChaosStack`` is ``router_queue.dev.stack.Stack`` started the way conftest
 starts it (gunicorn, beat, the stub), with short lease timings, two Celery
 workers ("a" and "b") and a test catalog, in a Redis database of its own (not
 the session's), flushed when the stack starts. One stack runs at a time; the
@@ -30,11 +30,11 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 
-from router_queue import keys
-from router_queue.devstack import ROOT, Stack, free_port, wait_for_port
+from router_queue.store import keys
+from router_queue.dev.stack import ROOT, Stack, free_port, wait_for_port
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Settings
-from workers.celery_app import MAINTENANCE_QUEUE, queue_name
+from router_queue.broker.celery_app import MAINTENANCE_QUEUE, queue_name
 
 from ._support import FLUX, GEMINI, TTS, Caller, Stub, stub_digest, unique_prompt, wait_for
 

@@ -1,7 +1,7 @@
 """Integration fixtures: one real stack per session.
 
 Redis (database 15 of the session's private ``redis-server``, or of the server
-``TEST_REDIS_URL`` names), then ``router_queue.devstack.Stack`` started piece by piece:
+``TEST_REDIS_URL`` names), then ``router_queue.dev.stack.Stack`` started piece by piece:
 the stub provider, one Celery worker (threads, concurrency 8, every provider
 queue), Celery beat running the sweeper every second, and gunicorn. Every test
 in this directory is marked ``integration``; a failing one gets the tails of
@@ -20,7 +20,7 @@ from typing import Iterator
 import pytest
 import redis
 
-from router_queue.devstack import ROOT, Stack, free_port
+from router_queue.dev.stack import ROOT, Stack, free_port
 from router_queue.services import Services
 from router_queue.settings import Settings
 

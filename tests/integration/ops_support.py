@@ -25,7 +25,7 @@ import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from router_queue.devstack import ROOT, Stack, free_port
+from router_queue.dev.stack import ROOT, Stack, free_port
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Settings
 

@@ -1,6 +1,6 @@
 """Helpers for the synchronous-route and discovery tests (test_sync_and_discovery.py).
 
-A second front door (``SecondDoor``): gunicorn started as ``devstack.Stack``
+A second front door (``SecondDoor``): gunicorn started as ``router_queue.dev.stack.Stack``
 starts it, on the session stack's environment (same Redis, stub provider,
 Celery worker and beat) plus settings of its own (a short
 ``SYNC_DEADLINE_SECONDS`` here, a short ``WEB_HEADER_TIMEOUT`` in
@@ -21,7 +21,7 @@ from typing import Any
 
 import requests
 
-from router_queue.devstack import Stack, free_port
+from router_queue.dev.stack import Stack, free_port
 
 #: Seconds the whole body of one synchronous call may take client side (tests, not clients).
 SYNC_READ_TIMEOUT_S = 60.0

@@ -21,7 +21,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
-from router_queue import keys
+from router_queue.store import keys
 from router_queue.ids import ID_PATTERN
 
 from ._support import FLUX, GEMINI, TTS, WORKER_CONCURRENCY, Caller, Stub, broker_drained, unique_prompt, wait_for

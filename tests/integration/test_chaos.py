@@ -21,8 +21,8 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-from router_queue import keys
-from workers.celery_app import DELIVER_TASK, make_celery, queue_name
+from router_queue.store import keys
+from router_queue.broker.celery_app import DELIVER_TASK, make_celery, queue_name
 
 from ._support import FLUX, GEMINI, TTS, Caller, stub_digest, unique_prompt, wait_for
 from .chaos_support import (BROKERS, LEASE_S, REPUBLISH_AFTER_S, STATUS_ORDER, SWEEP_INTERVAL_S, ChaosStack,

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from router_queue.devstack import ROOT, free_port
+from router_queue.dev.stack import ROOT, free_port
 
 
 @pytest.mark.parametrize("option", ["--port", "--stub-port"])

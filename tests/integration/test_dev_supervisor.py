@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from router_queue.devstack import ROOT, free_port
+from router_queue.dev.stack import ROOT, free_port
 
 from ._support import FLUX, unique_prompt, wait_for
 from .ops_support import children

@@ -16,7 +16,7 @@ from datetime import datetime, timedelta
 import pytest
 import requests
 
-from router_queue import keys
+from router_queue.store import keys
 
 from ._support import (
     FLUX,

@@ -20,7 +20,7 @@ from typing import Callable, Iterator
 import pytest
 import requests
 
-from router_queue import keys
+from router_queue.store import keys
 from tests.redis_servers import PrivateRedis, SentinelGroup
 
 from ._support import (FLUX, GEMINI, WORKER_CONCURRENCY, Caller, broker_drained, saturated_worker, unique_prompt,

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from router_queue.devstack import ROOT
+from router_queue.dev.stack import ROOT
 
 from ._support import Caller
 from .conftest import RunningStack

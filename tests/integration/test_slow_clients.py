@@ -1,7 +1,7 @@
 """The front door withstands slow and idle connections (issue 12 item 5).
 
 5,000 connections are held open against a real gunicorn, served as the
-Procfile serves it (``devstack.Stack.start_web``, on the session stack's
+Procfile serves it (``router_queue.dev.stack.Stack.start_web``, on the session stack's
 Redis, worker and stub): half connect and send nothing, half trickle a request
 head one byte every 1-2 s that never ends. A connection the server closes is
 opened again at once, so the pressure stays at 5,000 for the whole window.
@@ -45,7 +45,7 @@ from typing import Iterator
 
 import pytest
 
-from router_queue.devstack import ROOT, free_port, wait_for_port
+from router_queue.dev.stack import ROOT, free_port, wait_for_port
 
 from ._support import FLUX, Caller, unique_prompt
 from .sync_support import SecondDoor

@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from router_queue.dispatch import Dispatcher
+from router_queue.broker.dispatch import Dispatcher
 from router_queue.services import Services
-from workers.celery_app import make_celery
+from router_queue.broker.celery_app import make_celery
 
 from ._support import FLUX, Caller, Stub, broker_drained, unique_prompt, wait_for
 

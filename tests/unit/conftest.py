@@ -13,7 +13,7 @@ import fakeredis
 import pytest
 import redis
 
-from router_queue.app import create_app
+from router_queue.web.app import create_app
 from router_queue.services import Services
 from router_queue.settings import Settings
 from tests.redis_servers import UNIT_DB, with_db

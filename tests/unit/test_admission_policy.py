@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from router_queue.app import create_app
+from router_queue.web.app import create_app
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG
 

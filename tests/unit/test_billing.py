@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from concurrent.futures import ThreadPoolExecutor
 
-from router_queue.store import Lease
+from router_queue.store.requests import Lease
 from tests.unit.support import record_of
 
 MODEL = "bfl/flux-2-pro"

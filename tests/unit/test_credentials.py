@@ -297,7 +297,7 @@ def test_a_stale_token_is_still_sent_while_its_refresh_fails(google, service_acc
 
 def test_a_starting_worker_names_the_credentials_its_queues_lack(caplog):
     """Only the providers it consumes for: a Kubernetes worker holds its own key alone."""
-    from workers.celery_app import make_celery
+    from router_queue.broker.celery_app import make_celery
     from workers.tasks import _name_missing_credentials
 
     app = make_celery(Settings.from_env({"OPENAI_API_KEY": "sk-openai"}, redis_url="redis://unused"))

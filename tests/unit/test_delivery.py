@@ -17,11 +17,12 @@ import redis
 import requests
 from werkzeug.serving import make_server
 
-from router_queue.admission import fingerprint
-from router_queue.app import create_app
+from router_queue.catalog import Catalog
+from router_queue.web.admission import fingerprint
+from router_queue.web.app import create_app
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Secret, Settings
-from router_queue.store import Lease
+from router_queue.store.requests import Lease
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import record_of
 from router_queue.states import COMPLETED
@@ -250,7 +251,7 @@ def test_a_handed_back_request_is_resumed_without_counting_a_takeover(worker_ser
 
 
 def _unreachable_redis():
-    from router_queue.devstack import free_port
+    from router_queue.dev.stack import free_port
     return redis.Redis(port=free_port(), socket_timeout=0.1, socket_connect_timeout=0.1)
 
 
@@ -332,3 +333,23 @@ def test_a_missing_key_is_a_provider_error_that_names_no_variable(services, work
     assert "credential" in record.detail and "BFL_API_KEY" not in record.detail
     assert "BFL_API_KEY is not set" in caplog.text
     assert session.keys == [], "nothing was sent to the provider without a key"
+
+
+def test_a_delivery_held_past_its_limit_loses_its_lease_like_a_dead_one(services, caplog):
+    """The threads pool enforces no Celery time limit: the heartbeat is the
+    limit. A hung execution stops being renewed; a live one keeps its lease."""
+    keeper = LeaseKeeper(services.store, services.settings.lease_s)
+    keeper.hold("live", "bfl", "t-live", for_s=60)
+    keeper.hold("hung", "bfl", "t-hung", for_s=-1)
+    with caplog.at_level("ERROR", logger="workers.leases"):
+        assert keeper.held() == [("live", "bfl", "t-live")]
+    assert "request hung (bfl) ran past its limit" in caplog.text
+    assert keeper.held() == [("live", "bfl", "t-live")]  # said once
+
+
+def test_the_limit_covers_the_run_bound_and_one_more_exchange():
+    entry = Catalog.load(DEFAULT_CATALOG).by_id("vertexai/gemini-3.1-flash-image")
+    policy = entry.policy
+    assert policy.hung_after_s == policy.max_run_s + policy.connect_timeout_s + policy.read_timeout_s \
+        + policy.backoff_max_s
+    assert policy.hung_after_s > policy.max_run_s

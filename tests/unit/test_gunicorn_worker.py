@@ -11,7 +11,7 @@ from typing import Any, Iterator
 import pytest
 from gunicorn.http import errors as http_errors
 
-from router_queue.gunicorn_worker import (
+from router_queue.web.gunicorn_worker import (
     DEFAULT_HEADER_TIMEOUT_S,
     HEADER_TIMEOUT_ENV,
     GeventWorker,

@@ -9,8 +9,8 @@ import time
 from prometheus_client.parser import text_string_to_metric_families
 
 from router_queue import logs
-from router_queue.ops_cli import ops
-from router_queue.store import Lease
+from router_queue.cli.ops import ops
+from router_queue.store.requests import Lease
 from tests.unit.support import record_of
 
 FLUX = "/v2/models/bfl/flux-2-pro"

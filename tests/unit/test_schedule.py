@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from router_queue import keys
+from router_queue.store import keys
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
-from router_queue.store import Lease
+from router_queue.store.requests import Lease
 from tests.unit.support import record_of
 
 MODEL = "vertexai/gemini-3.1-flash-image"

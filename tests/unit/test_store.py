@@ -6,9 +6,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from tests.unit.support import record_of
-from router_queue import keys
+from router_queue.store import keys
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
-from router_queue.store import Lease
+from router_queue.store.requests import Lease
 
 MODEL = "bfl/flux-2-pro"
 

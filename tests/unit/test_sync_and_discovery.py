@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from router_queue.app import create_app
-from router_queue.store import Lease
+from router_queue.web.app import create_app
+from router_queue.store.requests import Lease
 from tests.unit.support import record_of
 
 FLUX = "/v2/models/bfl/flux-2-pro"

@@ -18,8 +18,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from router_queue import states
 
-from .base import (HandBack, ProviderCall, ProviderFailure, ProviderOutput, cancelled, json_or_empty, output_of,
-                   send, unexpected)
+from .base import (HandBack, ProviderCall, ProviderFailure, ProviderOutput, cancelled, json_or_empty, output_of, send,
+                   unexpected)
 
 #: Poll answers that mean "not finished yet".
 _RUNNING = {"Pending", "Queued", "Processing"}

@@ -18,20 +18,25 @@ Delivery semantics, chosen deliberately:
   crash comes from our own sweeper, not from this timeout.
 * Results are not stored by Celery: a request's outcome lives in its Redis
   record, written by the task itself.
+* No Celery time limits: the workers run the threads pool, which does not
+  enforce them. A delivery is bounded by its model's call policy instead
+  (timeouts on every HTTP exchange, ``max_attempts``, ``max_run_s``), and one
+  that hangs past ``CallPolicy.hung_after_s`` anyway stops being renewed by
+  the lease heartbeat (``workers/leases.py``), so another delivery takes the
+  request over. The sweep's message expires after three sweep intervals.
 """
 
 from __future__ import annotations
 
 from celery import Celery
 
-from router_queue.redis_clients import celery_broker
-from router_queue.settings import Settings
+from ..settings import Settings
+from ..store.connect import celery_broker
 
 #: Registered name of the delivery task; the front door publishes by name so
 #: it never imports the provider adapters.
 DELIVER_TASK = "workers.tasks.deliver"
 SWEEP_TASK = "workers.tasks.sweep"
-PING_TASK = "workers.tasks.ping"
 #: Queue for housekeeping (the sweeper), consumed by any worker.
 MAINTENANCE_QUEUE = "router.maintenance"
 

@@ -27,7 +27,7 @@ the Procfile also gives each worker 10,000 of them. With ``--keep-alive 0``
 gunicorn reads each connection's one request without asking for a bound at
 all, so the Procfile keeps it above 0.
 
-Run it with ``gunicorn --worker-class router_queue.gunicorn_worker.GeventWorker``
+Run it with ``gunicorn --worker-class router_queue.web.gunicorn_worker.GeventWorker``
 (the Procfile does). gunicorn imports it in the master, before gevent patches
 anything, so it imports only the standard library, gunicorn, gevent (which
 gunicorn's gevent worker imports anyway; importing it patches nothing) and
@@ -51,7 +51,7 @@ from gunicorn import util
 from gunicorn.http import errors as http_errors
 from gunicorn.workers import ggevent
 
-from .errors import InvalidInput
+from ..errors import InvalidInput
 
 #: gunicorn's refusals that are not the client's malformed input (by name:
 #: older gunicorn releases lack some of them).

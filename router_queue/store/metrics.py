@@ -22,9 +22,9 @@ import redis
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
+from ..catalog import Catalog
 from . import keys
-from .catalog import Catalog
-from .redis_clients import bounded
+from .connect import bounded
 
 log = logging.getLogger(__name__)
 

@@ -30,9 +30,8 @@ import json
 
 from celery import Celery
 
-from workers.celery_app import DELIVER_TASK, queue_name
-
-from .store import BrokerTemplate, RequestStore
+from ..store.requests import BrokerTemplate, RequestStore
+from .celery_app import DELIVER_TASK, queue_name
 
 #: Stand-ins for the per-grant values, as lib.lua's grant() replaces them
 #: (plain letters: they are Lua patterns too).

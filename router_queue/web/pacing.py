@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import time
 
-from .states import COMPLETED, IN_PROGRESS
-from .store import Pace, RequestRecord
+from ..states import COMPLETED, IN_PROGRESS
+from ..store.requests import Pace, RequestRecord
 
 #: Assumed run time (s) for a provider that has not completed anything yet.
 DEFAULT_RUN_S = 2.0

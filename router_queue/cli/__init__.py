@@ -15,17 +15,17 @@
 from __future__ import annotations
 
 import click
-from flask import current_app
-from limits import parse_many
 from flask.cli import FlaskGroup
+from limits import parse_many
 
-from .app import create_app
-from .devstack import dev
-from .ops_cli import ops, require_router_queue_data
+from ..dev.stack import dev
+from ..web.app import create_app
+from ..web.front import front_door
+from .ops import ops, require_router_queue_data
 
 
 def _accounts():
-    return current_app.extensions["router_queue"].services.accounts
+    return front_door().services.accounts
 
 
 class RouterQueueGroup(FlaskGroup):

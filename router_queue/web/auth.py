@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from flask import Request
 
-from .accounts import NO_WORKSPACE, Accounts, hash_key
-from .errors import NotEnabled, Unauthorized
+from ..errors import NotEnabled, Unauthorized
+from ..store.accounts import NO_WORKSPACE, Accounts, hash_key
 
 #: Seconds a key -> workspace lookup is reused.
 CACHE_TTL_S = 5.0

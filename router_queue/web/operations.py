@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import time
 
-from flask import Blueprint, Response, current_app, render_template
+from flask import Blueprint, Response, render_template
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
-from . import keys
-from .errors import ServiceUnavailable
-from .metrics import RedisCollector
+from ..errors import ServiceUnavailable
+from ..store import keys
+from ..store.metrics import RedisCollector
+from .front import front_door
 from .views import json_response
 
 operations = Blueprint("operations", __name__)
-
-
-def _front():
-    return current_app.extensions["router_queue"]
 
 
 @operations.get("/healthz")
@@ -30,7 +27,7 @@ def healthz() -> Response:
 def readyz() -> Response:
     """Readiness: Redis and the broker both answer, else 503 service_unavailable,
     within the front door's Redis wait (the broker is that Redis by default)."""
-    front = _front()
+    front = front_door()
     front.services.redis.ping()
     if front.dispatcher.broker_is_store:
         return json_response({"status": "ready"})
@@ -45,14 +42,14 @@ def readyz() -> Response:
 @operations.get("/metrics")
 def metrics() -> Response:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RedisCollector(_front().services.redis, _front().services.catalog))
+    registry.register(RedisCollector(front_door().services.redis, front_door().services.catalog))
     return Response(generate_latest(registry), 200, content_type=CONTENT_TYPE_LATEST)
 
 
 def summary() -> dict:
     """Per provider: waiting, in flight, cap, oldest wait, pace, and the
     workspaces waiting (how many, the largest); for the page."""
-    services = _front().services
+    services = front_door().services
     store, catalog = services.store, services.catalog
     now = time.time()
     draining = store.draining()

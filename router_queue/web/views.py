@@ -8,8 +8,8 @@ from typing import Any
 
 from flask import Response
 
-from .states import COMPLETED, IN_QUEUE
-from .store import RequestRecord
+from ..states import COMPLETED, IN_QUEUE
+from ..store.requests import RequestRecord
 
 
 def iso(ts: float | None) -> str | None:

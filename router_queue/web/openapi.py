@@ -15,8 +15,8 @@ from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
 from marshmallow import Schema, fields
 
-from .catalog import Catalog, ModelEntry
-from .store import PRIORITIES
+from ..catalog import Catalog, ModelEntry
+from ..store.requests import PRIORITIES
 
 OPENAPI_VERSION = "3.0.3"
 API_VERSION = "2"

@@ -4,25 +4,22 @@ result, cancel) and the synchronous run that shares their admission."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from flask import Blueprint, Response, current_app, g, request
 from gunicorn.http.errors import NoMoreData, ParseException
 
+from ..catalog import Catalog, ModelEntry
+from ..errors import (CompletedWithError, DeadlineExceeded, Gone, InvalidInput, ModelNotFound, PayloadTooLarge,
+                      RequestNotFound, ServiceUnavailable)
+from ..ids import well_formed
+from ..states import COMPLETED, RESULT_STATUS
+from ..store.outcomes import Cancel
+from ..store.requests import RequestRecord, StatusView
 from . import admission, pacing
-from .catalog import Catalog, ModelEntry
-from .errors import (CompletedWithError, DeadlineExceeded, Gone, InvalidInput, ModelNotFound, PayloadTooLarge,
-                     RequestNotFound, ServiceUnavailable)
-from .ids import well_formed
-from .outcomes import Cancel
+from .front import FrontDoor, front_door
 from .ratelimit import carried_allowance
-from .states import COMPLETED, RESULT_STATUS
-from .store import RequestRecord, StatusView
 from .views import json_response, request_urls, status_body
 from .waiting import wait_until_completed
-
-if TYPE_CHECKING:
-    from .app import FrontDoor
 
 log = logging.getLogger(__name__)
 queue = Blueprint("queue", __name__)
@@ -35,13 +32,7 @@ BODY_FRAMING_ERRORS: tuple[type[BaseException], ...] = (ParseException, NoMoreDa
 NOT_FOUND = "no such request for this caller and model"
 
 
-def _front() -> "FrontDoor":
-    """The front door's parts. Routes fetch it once and hand it on: every
-    ``current_app`` lookup goes through a context-local proxy."""
-    return current_app.extensions["router_queue"]
-
-
-def _base_url(front: "FrontDoor") -> str:
+def _base_url(front: FrontDoor) -> str:
     """``PUBLIC_BASE_URL``, else the origin the caller used (scheme and Host;
     not ``request.host_url``, whose IRI decoding costs a tenth of a status read)."""
     return front.services.settings.public_base_url or f"{request.scheme}://{request.host}"
@@ -50,7 +41,7 @@ def _base_url(front: "FrontDoor") -> str:
 def model_entry(provider: str, model: str, catalog: Catalog | None = None) -> ModelEntry:
     """The catalog entry, or ``404 model_not_found`` suggesting close ids."""
     if catalog is None:
-        catalog = _front().services.catalog
+        catalog = front_door().services.catalog
     entry = catalog.get(provider, model)
     if entry is None:
         model_id = f"{provider}/{model}"
@@ -60,7 +51,7 @@ def model_entry(provider: str, model: str, catalog: Catalog | None = None) -> Mo
     return entry
 
 
-def _caller_request(front: "FrontDoor", provider: str, model: str, request_id: str) -> StatusView:
+def _caller_request(front: FrontDoor, provider: str, model: str, request_id: str) -> StatusView:
     """The request's view as this caller may see it, or 404/410."""
     workspace = front.keys.workspace(request)
     entry = model_entry(provider, model, front.services.catalog)
@@ -77,7 +68,7 @@ def _caller_request(front: "FrontDoor", provider: str, model: str, request_id: s
     return view
 
 
-def _status_response(front: "FrontDoor", view: StatusView, status: int = 200) -> Response:
+def _status_response(front: FrontDoor, view: StatusView, status: int = 200) -> Response:
     record = view.record
     body = status_body(record, view.position, _base_url(front), front.services.settings.result_retention_s)
     hint = pacing.retry_after(record, view.position, view.pace)
@@ -86,7 +77,7 @@ def _status_response(front: "FrontDoor", view: StatusView, status: int = 200) ->
 
 @queue.post("/v2/models/<provider>/<model>/requests")
 def submit(provider: str, model: str) -> Response:
-    front = _front()
+    front = front_door()
     workspace = front.keys.workspace(request)
     entry = model_entry(provider, model, front.services.catalog)
     admission.refuse_bring_your_own_key(request.headers)
@@ -128,7 +119,7 @@ def _body() -> bytes:
     return raw
 
 
-def _replayed_handle(front: "FrontDoor", entry: ModelEntry, request_id: str) -> Response:
+def _replayed_handle(front: FrontDoor, entry: ModelEntry, request_id: str) -> Response:
     """The original request's handle (the 201's fields, its status as it stands
     now), marked as a replay."""
     view = front.services.store.status_view(request_id, entry.provider)
@@ -142,20 +133,20 @@ def _replayed_handle(front: "FrontDoor", entry: ModelEntry, request_id: str) -> 
 
 @queue.get("/v2/models/<provider>/<model>/requests/<request_id>/status")
 def status(provider: str, model: str, request_id: str) -> Response:
-    front = _front()
+    front = front_door()
     return _status_response(front, _caller_request(front, provider, model, request_id))
 
 
 @queue.get("/v2/models/<provider>/<model>/requests/<request_id>")
 def result(provider: str, model: str, request_id: str) -> Response:
-    front = _front()
+    front = front_door()
     view = _caller_request(front, provider, model, request_id)
     if view.record.status != COMPLETED:
         return _status_response(front, view, 202)
     return _finished(front, view.record)
 
 
-def _finished(front: "FrontDoor", record: RequestRecord) -> Response:
+def _finished(front: FrontDoor, record: RequestRecord) -> Response:
     """A completed request as the caller collects it: the native bytes under the
     provider's Content-Type, or the error response of its bucket."""
     if record.error_type:
@@ -172,7 +163,7 @@ def _finished(front: "FrontDoor", record: RequestRecord) -> Response:
 def run(provider: str, model: str) -> Response:
     """The synchronous route: the same admission and workers as the queue,
     holding the connection until the request completes or the deadline."""
-    front = _front()
+    front = front_door()
     caller = front.keys.caller(request)
     entry = model_entry(provider, model, front.services.catalog)
     admitted = admission.admit(
@@ -196,7 +187,7 @@ def run(provider: str, model: str) -> Response:
 
 @queue.put("/v2/models/<provider>/<model>/requests/<request_id>/cancel")
 def cancel(provider: str, model: str, request_id: str) -> Response:
-    front = _front()
+    front = front_door()
     workspace = front.keys.workspace(request)
     entry = model_entry(provider, model, front.services.catalog)
     if not well_formed(request_id):

@@ -13,14 +13,14 @@ import json
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from ..catalog import ModelEntry
+from ..errors import (IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, QueueBacklogFull,
+                      ServiceUnavailable, ValidationFailed)
+from ..schemas import validation_detail
+from ..services import Services
+from ..store.outcomes import Admit
+from ..store.requests import PRIORITIES
 from . import pacing
-from .catalog import ModelEntry
-from .errors import (IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, QueueBacklogFull,
-                     ServiceUnavailable, ValidationFailed)
-from .outcomes import Admit
-from .schemas import validation_detail
-from .services import Services
-from .store import PRIORITIES
 
 #: Longest Idempotency-Key accepted, in characters.
 MAX_IDEMPOTENCY_KEY_LENGTH = 255

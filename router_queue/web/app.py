@@ -5,39 +5,29 @@ from __future__ import annotations
 import logging
 import re
 import uuid
-from dataclasses import dataclass
 
 import redis
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
-from workers.celery_app import make_celery
-
+from ..broker.celery_app import make_celery
+from ..broker.dispatch import Dispatcher
+from ..errors import (InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RateLimited,
+                      RequestNotFound, RouterError, ServiceUnavailable)
+from ..services import Services
+from ..settings import Settings
 from .auth import KeyResolver
-from .dispatch import Dispatcher
-from .errors import InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RouterError
-from .errors import RateLimited, RequestNotFound, ServiceUnavailable
-from .ratelimit import CARRIED_ENDPOINTS, RateLimits
 from .catalog_routes import discovery
+from .front import EXTENSION, FrontDoor
 from .operations import operations
+from .ratelimit import CARRIED_ENDPOINTS, RateLimits
 from .routes import NOT_FOUND, queue
-from .services import Services
-from .settings import Settings
 from .views import json_response
 
 log = logging.getLogger(__name__)
 
 #: Paths that address a request; a miss under one is request_not_found.
 _REQUEST_PATH = re.compile(r"^/v2/models/[^/]+/[^/]+/requests/.")
-
-
-@dataclass
-class FrontDoor:
-    """What the routes reach through ``current_app.extensions["router_queue"]``."""
-
-    services: Services
-    dispatcher: Dispatcher
-    keys: KeyResolver
 
 
 def create_app(settings: Settings | None = None, *, services: Services | None = None,
@@ -52,7 +42,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     app = Flask(__name__, static_folder=None, template_folder="templates")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     keys = KeyResolver(services.accounts)
-    app.extensions["router_queue"] = FrontDoor(services, dispatcher, keys)
+    app.extensions[EXTENSION] = FrontDoor(services, dispatcher, keys)
     app.register_blueprint(queue)
     app.register_blueprint(discovery)
     _register_error_handlers(app)

@@ -15,9 +15,9 @@ from typing import Any, Callable
 
 import redis
 
+from ..states import IN_QUEUE
 from . import keys
 from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
-from .states import IN_QUEUE
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ _STATUS_FIELD_ARGS = (len(_FIELDS), *_FIELDS)
 
 def load_script(client: redis.Redis, name: str):
     """Register ``lua/{name}.lua`` with the shared accounting of ``lua/lib.lua`` in front."""
-    lua = resources.files("router_queue").joinpath("lua")
+    lua = resources.files(__package__).joinpath("lua")
     return client.register_script(lua.joinpath("lib.lua").read_text() + lua.joinpath(f"{name}.lua").read_text())
 
 
@@ -352,7 +352,7 @@ class RequestStore:
         return self.client.get(keys.result(request_id))
 
     def cancel(self, *, request_id: str, workspace: str, model: str, provider: str) -> Cancel:
-        """What cancel.lua did (see :class:`~router_queue.outcomes.Cancel`)."""
+        """What cancel.lua did (see :class:`~router_queue.store.outcomes.Cancel`)."""
         now = time.time()
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
         reply = self._acknowledged(
@@ -375,7 +375,7 @@ class RequestStore:
         return RequestRecord.from_values(values), body
 
     def claim(self, record: RequestRecord, lease: Lease, now: float | None = None) -> Claim:
-        """Take the request to run it (see :class:`~router_queue.outcomes.Claim`)."""
+        """Take the request to run it (see :class:`~router_queue.store.outcomes.Claim`)."""
         request_id, provider = record.id, record.provider
         now = now or time.time()
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)

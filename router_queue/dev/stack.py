@@ -22,9 +22,9 @@ from pathlib import Path
 
 import click
 
-from workers.celery_app import MAINTENANCE_QUEUE, queue_name
+from ..broker.celery_app import MAINTENANCE_QUEUE, queue_name
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 #: gunicorn's limits on the request line and on one header field, as in the
 #: Procfile: gunicorn's defaults (4094, 8190 bytes) answer an over-long id or
 #: Idempotency-Key itself, in HTML, before the app can give its contract error.
@@ -32,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 REQUEST_LIMITS = ("--limit-request-line", "8190", "--limit-request-field_size", "16384")
 #: The front door's gunicorn worker (gevent's; gunicorn's own refusals of bad
 #: input in the contract's shape), as in the Procfile.
-WEB_WORKER_CLASS = "router_queue.gunicorn_worker.GeventWorker"
+WEB_WORKER_CLASS = "router_queue.web.gunicorn_worker.GeventWorker"
 #: How the Procfile serves the front door, as (option, value) pairs: its worker
 #: class, greenlets per worker (10,000: an idle one costs a few KB, and idle or
 #: slow connections, which the worker cuts after WEB_HEADER_TIMEOUT, must not
@@ -78,7 +78,7 @@ def redis_answers(url: str) -> bool:
     """Whether a Redis at ``url`` answers PING within half a second."""
     import redis
 
-    from .redis_clients import connect
+    from ..store.connect import connect
 
     client = connect(url, wait_s=0.5)
     try:
@@ -134,10 +134,12 @@ class Stack:
         return proc
 
     def start_worker(self, providers: list[str], name: str = "worker", pool: str = "threads",
-                     concurrency: int = 8) -> subprocess.Popen:
+                     concurrency: int = 8, app: str = "workers.main") -> subprocess.Popen:
+        """A Celery worker consuming ``providers``' queues and the maintenance
+        queue; ``app`` is the Celery app module (the bench adds a task of its own)."""
         queues = ",".join([queue_name(p) for p in providers] + [MAINTENANCE_QUEUE])
         return self._spawn(name, [
-            sys.executable, "-m", "celery", "-A", "workers.main", "worker", "--queues", queues,
+            sys.executable, "-m", "celery", "-A", app, "worker", "--queues", queues,
             "--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO",
             "--hostname", f"{name}-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
         ])
@@ -234,9 +236,9 @@ def _supervise(stack: Stack) -> None:
 @click.option("--stub-port", type=int, default=8300, show_default=True, help="Stub provider port.")
 def dev(port: int, stub_port: int) -> None:
     """Run the front door, a worker, beat and the stub providers, and seed a demo key."""
-    from .catalog import Catalog
-    from .services import Services
-    from .settings import DEFAULT_CATALOG, Settings
+    from ..catalog import Catalog
+    from ..services import Services
+    from ..settings import DEFAULT_CATALOG, Settings
 
     for option, wanted in (("--port", port), ("--stub-port", stub_port)):
         if not port_free(wanted):

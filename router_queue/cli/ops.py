@@ -6,23 +6,19 @@ import json
 import re
 
 import click
-from flask import current_app
 from flask.cli import AppGroup, with_appcontext
 
-from . import keys
-from .operations import summary
-from .outcomes import Cancel
-from .states import COMPLETED, IN_PROGRESS, IN_QUEUE
-
-
-def _front():
-    return current_app.extensions["router_queue"]
+from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
+from ..store import keys
+from ..store.outcomes import Cancel
+from ..web.front import front_door
+from ..web.operations import summary
 
 
 def require_router_queue_data() -> None:
     """Refuse to report on a Redis that holds no router-queue data: zeros and
     "no request" from the wrong server read like a healthy empty queue."""
-    services = _front().services
+    services = front_door().services
     if not services.accounts.any_exist():
         where = re.sub(r"://[^@/;]*@", "://***@", services.settings.redis_url)
         raise click.ClickException(
@@ -50,7 +46,7 @@ def depths() -> None:
 
 
 def _record(request_id: str) -> dict[str, str]:
-    raw = _front().services.redis.hgetall(keys.request(request_id))
+    raw = front_door().services.redis.hgetall(keys.request(request_id))
     if not raw:
         raise click.ClickException(f"no request {request_id} (never admitted, or past retention)")
     return {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
@@ -63,8 +59,8 @@ def inspect(request_id: str) -> None:
     record = _record(request_id)
     body = record.pop("body", "")
     record["body"] = f"<{len(body)} bytes>"
-    record["position"] = _front().services.store.status_view(request_id, record["provider"]).position
-    record["ttl_s"] = _front().services.redis.ttl(keys.request(request_id))
+    record["position"] = front_door().services.store.status_view(request_id, record["provider"]).position
+    record["ttl_s"] = front_door().services.redis.ttl(keys.request(request_id))
     click.echo(json.dumps(record, indent=2, sort_keys=True))
 
 
@@ -73,7 +69,7 @@ def inspect(request_id: str) -> None:
 def cancel(request_id: str) -> None:
     """Cancel a request as its owner would."""
     record = _record(request_id)
-    services = _front().services
+    services = front_door().services
     outcome = services.store.cancel(request_id=request_id, workspace=record["workspace"],
                                     model=record["model"], provider=record["provider"])
     if outcome is Cancel.EXPIRED:
@@ -90,7 +86,7 @@ def requeue(request_id: str) -> None:
     running one whose worker is stuck (its lease is ended so another resumes
     it). A request still waiting for a slot has no message; its turn comes."""
     record = _record(request_id)
-    front = _front()
+    front = front_door()
     if record["status"] == COMPLETED:
         raise click.ClickException("the request is COMPLETED; there is nothing to requeue")
     if record["status"] == IN_QUEUE and "granted_at" not in record:
@@ -108,16 +104,16 @@ def requeue(request_id: str) -> None:
 @click.option("--off", is_flag=True, help="Admit again.")
 def drain(provider: str, off: bool) -> None:
     """Stop admitting for a provider (503 service_unavailable); in-flight work finishes."""
-    if provider not in _front().services.catalog.providers():
+    if provider not in front_door().services.catalog.providers():
         raise click.ClickException(f"no provider {provider!r}")
-    _front().services.store.set_draining(provider, not off)
+    front_door().services.store.set_draining(provider, not off)
     click.echo(f"{provider} {'admitting' if off else 'draining'}")
 
 
 @ops.command("purge-expired")
 def purge_expired() -> None:
     """Drop index entries whose request record has expired (waiting, running)."""
-    services = _front().services
+    services = front_door().services
     client, purged = services.redis, 0
     indexes = [key(p) for p in services.catalog.providers() for key in (keys.queue, keys.running)]
     for index in indexes:

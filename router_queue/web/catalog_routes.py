@@ -7,10 +7,11 @@ import base64
 import binascii
 import json
 
-from flask import Blueprint, Response, current_app, render_template, request
+from flask import Blueprint, Response, render_template, request
 
-from .catalog import Catalog
-from .errors import InvalidInput
+from ..catalog import Catalog
+from ..errors import InvalidInput
+from .front import front_door
 from .openapi import api_document, model_document, serialized
 from .routes import model_entry
 from .views import json_response
@@ -22,7 +23,7 @@ DEFAULT_LIMIT, MAX_LIMIT = 20, 100
 
 
 def _catalog() -> Catalog:
-    return current_app.extensions["router_queue"].services.catalog
+    return front_door().services.catalog
 
 
 def _encode_cursor(model_id: str) -> str:

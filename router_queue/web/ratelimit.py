@@ -28,10 +28,10 @@ import redis
 from flask import Request, g
 from limits import RateLimitItem, parse_many
 
+from ..errors import RateLimited, Unauthorized
+from ..store.connect import bounded
+from ..store.requests import load_script
 from .auth import KeyResolver, presented_key
-from .errors import RateLimited, Unauthorized
-from .redis_clients import bounded
-from .store import load_script
 
 log = logging.getLogger(__name__)
 

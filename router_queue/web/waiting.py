@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import time
 
-from . import keys
-from .states import COMPLETED
-from .store import RequestStore, StatusView
+from ..states import COMPLETED
+from ..store import keys
+from ..store.requests import RequestStore, StatusView
 
 #: Seconds between two safety re-reads of the status while waiting.
 RECHECK_S = 5.0

@@ -1,0 +1,28 @@
+"""The front door's parts, as the app factory registers them on the Flask app
+and as routes and operator commands reach them: through :func:`front_door`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flask import current_app
+
+from ..broker.dispatch import Dispatcher
+from ..services import Services
+from .auth import KeyResolver
+
+#: The app's ``extensions`` entry that holds the :class:`FrontDoor`.
+EXTENSION = "router_queue"
+
+
+@dataclass
+class FrontDoor:
+    services: Services
+    dispatcher: Dispatcher
+    keys: KeyResolver
+
+
+def front_door() -> FrontDoor:
+    """The current app's parts. Routes fetch them once and hand them on:
+    every ``current_app`` lookup goes through a context-local proxy."""
+    return current_app.extensions[EXTENSION]
