@@ -9,10 +9,10 @@ from dataclasses import dataclass
 import redis
 
 from .catalog import Catalog
-from .ids import RequestIds
 from .settings import Settings
 from .store.accounts import Accounts
 from .store.connect import connect
+from .store.ids import RequestIds
 from .store.metrics import MetricsRecorder
 from .store.requests import Replication, RequestStore
 

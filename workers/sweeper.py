@@ -18,8 +18,6 @@ import logging
 import time
 from dataclasses import dataclass
 
-from router_queue.store import keys
-
 from .context import WorkerContext
 
 log = logging.getLogger(__name__)
@@ -40,8 +38,7 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
     services, store = context.services, context.services.store
     republished = reaped = 0
     for provider in services.catalog.providers():
-        for request_id, started in store.expired_leases(provider, now):
-            store.postpone_reap(request_id, provider, now + services.settings.lease_s)
+        for request_id, started in store.reap(provider, now, again_at=now + services.settings.lease_s):
             context.dispatcher.publish(request_id, provider)
             if started:
                 reaped += 1
@@ -59,19 +56,13 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
 
 def _time_out_queue_head(context: WorkerContext, provider: str, now: float) -> int:
     store, catalog = context.services.store, context.services.catalog
-    head = store.queue_head(provider, QUEUE_HEAD)
-    if not head:
-        return 0
-    pipe = store.client.pipeline(transaction=False)
-    for request_id in head:
-        pipe.hmget(keys.request(request_id), ("model", "created_at", "workspace"))
     timed_out = 0
-    for request_id, (model, created_at, workspace) in zip(head, pipe.execute()):
-        entry = catalog.by_id(model.decode()) if model else None
-        if entry is None or created_at is None:
+    for waiting in store.queue_head(provider, QUEUE_HEAD):
+        entry = catalog.by_id(waiting.model)
+        if entry is None:
             continue
-        if now - float(created_at) > entry.policy.queue_timeout_s and store.expire_queued(
-                request_id, provider, workspace.decode(), entry.policy.queue_timeout_s, now):
+        if now - waiting.created_at > entry.policy.queue_timeout_s and store.expire_queued(
+                waiting.id, provider, waiting.workspace, entry.policy.queue_timeout_s, now):
             context.services.metrics.completed(provider, entry.id, "queue_timeout")
             timed_out += 1
     return timed_out

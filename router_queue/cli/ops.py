@@ -9,7 +9,6 @@ import click
 from flask.cli import AppGroup, with_appcontext
 
 from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
-from ..store import keys
 from ..store.outcomes import Cancel
 from ..web.front import front_door
 from ..web.operations import summary
@@ -46,10 +45,10 @@ def depths() -> None:
 
 
 def _record(request_id: str) -> dict[str, str]:
-    raw = front_door().services.redis.hgetall(keys.request(request_id))
-    if not raw:
+    record, ttl_s = front_door().services.store.dump(request_id)
+    if not record:
         raise click.ClickException(f"no request {request_id} (never admitted, or past retention)")
-    return {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+    return {**record, "ttl_s": ttl_s}
 
 
 @ops.command("inspect")
@@ -60,7 +59,6 @@ def inspect(request_id: str) -> None:
     body = record.pop("body", "")
     record["body"] = f"<{len(body)} bytes>"
     record["position"] = front_door().services.store.status_view(request_id, record["provider"]).position
-    record["ttl_s"] = front_door().services.redis.ttl(keys.request(request_id))
     click.echo(json.dumps(record, indent=2, sort_keys=True))
 
 
@@ -114,14 +112,5 @@ def drain(provider: str, off: bool) -> None:
 def purge_expired() -> None:
     """Drop index entries whose request record has expired (waiting, running)."""
     services = front_door().services
-    client, purged = services.redis, 0
-    indexes = [key(p) for p in services.catalog.providers() for key in (keys.queue, keys.running)]
-    for index in indexes:
-        members = [m.decode() for m in client.zrange(index, 0, -1)]
-        pipe = client.pipeline(transaction=False)
-        for member in members:
-            pipe.exists(keys.request(member))
-        gone = [m for m, exists in zip(members, pipe.execute()) if not exists]
-        if gone:
-            purged += client.zrem(index, *gone)
+    purged = services.store.purge_expired(services.catalog.providers())
     click.echo(f"purged {purged} index entries of expired requests")

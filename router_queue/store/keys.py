@@ -10,7 +10,8 @@ rq:queue:{provider}            zset    none (members leave on claim,   admit/cla
                                        cancel or completion)           .lua
 rq:seq:{provider}              string  none (INCR counter)             admit.lua
 rq:running:{provider}          zset    none (members leave on          lib.lua (grant),
-                                       completion)                     claim/renew/complete
+                                       completion)                     claim/renew/complete/
+                                                                       reap/purge.lua
 rq:sched:{provider}            hash    none (scheduler state)          lib.lua (the schedule)
 rq:sched:{provider}:slots      zset    none (the fair order)           lib.lua
 rq:sched:{provider}:heads      zset    none (each workspace's first    lib.lua

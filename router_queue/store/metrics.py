@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Callable, Iterable
 
 import redis
@@ -52,6 +53,16 @@ def _bucket(value: float) -> str:
         if value <= bound:
             return repr(bound)
     return "+Inf"
+
+
+@dataclass(frozen=True)
+class Totals:
+    """A provider's lifetime counts, for the ops page."""
+
+    completed: int
+    #: Requests claimed, and the seconds they waited IN_QUEUE in all.
+    claimed: int
+    wait_s: float
 
 
 class MetricsRecorder:
@@ -96,6 +107,15 @@ class MetricsRecorder:
             if ran_s is not None:
                 self._observe(pipe, provider, "run", model, ran_s)
         self._write("completed", fill)
+
+    def totals(self, provider: str) -> "Totals":
+        """All of ``provider``'s models together, since the counters began."""
+        raw = {k.decode(): float(v) for k, v in self.client.hgetall(keys.metrics(provider)).items()}
+        return Totals(
+            completed=int(sum(v for k, v in raw.items() if k.startswith("completed|"))),
+            claimed=int(sum(v for k, v in raw.items() if k.startswith("wait_count|"))),
+            wait_s=sum(v for k, v in raw.items() if k.startswith("wait_sum|")),
+        )
 
     def completed_last_minute(self, provider: str, now: float | None = None) -> int:
         """Completions of ``provider`` in the last minute (the current window

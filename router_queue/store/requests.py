@@ -9,14 +9,15 @@ from __future__ import annotations
 
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import redis
 
-from ..states import IN_QUEUE
 from . import keys
+from .connect import bounded
 from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
 
 log = logging.getLogger(__name__)
@@ -30,6 +31,8 @@ _FIELDS = (
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
 #: status.lua's refusal as it arrives (bytes): the hot path compares without decoding.
 _RATE_LIMITED = Status.RATE_LIMITED.encode()
+#: Seconds a rate count outside the hot routes' own scripts may wait on Redis.
+SPEND_RATE_TIMEOUT_S = 0.5
 #: Seconds by which Redis's clock may lag the front door's without a late
 #: write slipping past its deadline (see ``RequestStore._deadline``).
 CLOCK_ALLOWANCE_S = 0.2
@@ -168,6 +171,16 @@ class Lease:
 
 
 @dataclass(frozen=True)
+class QueuedRequest:
+    """A request waiting IN_QUEUE, as the sweeper and the ops page see it."""
+
+    id: str
+    model: str
+    workspace: str
+    created_at: float
+
+
+@dataclass(frozen=True)
 class Replication:
     """How many replicas a write the caller is told about waits for (Redis
     ``WAIT``), and for how long at most. Redis replicates asynchronously: a
@@ -212,6 +225,11 @@ class RequestStore:
         self._cancel = load_script(client, "cancel")
         self._expire_queued = load_script(client, "expire_queued")
         self._status = load_script(client, "status")
+        self._reap = load_script(client, "reap")
+        #: A call's rate count outside the hot routes' scripts waits this little
+        #: on Redis: the count is let go rather than the call held.
+        self._spend_rate = load_script(bounded(client, SPEND_RATE_TIMEOUT_S), "rate")
+        self._purge = load_script(client, "purge")
 
     # -- front door --------------------------------------------------------
     def admit(
@@ -344,6 +362,33 @@ class RequestStore:
             pace=Pace(_seconds(pace[0]), _seconds(pace[1])),
         )
 
+    def spend_rate(self, rate_keys: list[str], rate_args: list) -> list:
+        """Count one call against its rate windows (``rate.lua``); the spent
+        window's (index, ms left) when it refuses, else empty."""
+        return self._spend_rate(keys=rate_keys, args=rate_args)
+
+    def ping(self) -> bool:
+        return bool(self.client.ping())
+
+    def dump(self, request_id: str) -> tuple[dict[str, str], int]:
+        """Every field stored for a request and its TTL (the operator's inspect)."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.hgetall(keys.request(request_id))
+        pipe.ttl(keys.request(request_id))
+        raw, ttl = pipe.execute()
+        return {k.decode(): v.decode(errors="replace") for k, v in raw.items()}, int(ttl)
+
+    @contextmanager
+    def completions(self, request_id: str) -> Iterator[Any]:
+        """A subscription to the request's completion notice (``announce_completed``
+        in ``lib.lua``), closed on exit; ``get_message(timeout=...)`` waits on it."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(keys.done_channel(request_id))
+        try:
+            yield pubsub
+        finally:
+            pubsub.close()
+
     def pace(self, provider: str) -> Pace:
         avg_run, avg_gap = self.client.hmget(keys.stats(provider), _PACE_FIELDS)
         return Pace(_seconds(avg_run), _seconds(avg_gap))
@@ -448,24 +493,29 @@ class RequestStore:
         return Complete(_text(reply[0]))
 
     # -- sweeper and reaper ----------------------------------------------------
-    def expired_leases(self, provider: str, now: float, limit: int = 500) -> list[tuple[str, bool]]:
-        """(id, started) of requests holding a slot whose lease ran out: a
-        started one's worker died (or hung); a granted one's message was lost."""
-        ids = [_text(i) for i in self.client.zrangebyscore(keys.running(provider), "-inf", now, 0, limit)]
+    def reap(self, provider: str, now: float, again_at: float, limit: int = 500) -> list[tuple[str, bool]]:
+        """Take the slots whose lease ran out (``reap.lua``), each to be looked
+        at again at ``again_at``: (id, started); a started one's worker died
+        (or hung), a granted one's message was lost. The caller publishes them."""
+        reply = self._reap(keys=[keys.running(provider)], args=[repr(now), repr(again_at), limit])
+        return [(_text(reply[i]), reply[i + 1] == b"1") for i in range(0, len(reply), 2)]
+
+    def purge_expired(self, providers: list[str]) -> int:
+        """Drop queue and running entries whose request record has expired (``purge.lua``)."""
+        indexes = [key(p) for p in providers for key in (keys.queue, keys.running)]
+        return int(self._purge(keys=indexes, args=[])) if indexes else 0
+
+    def queue_head(self, provider: str, count: int = 100) -> list[QueuedRequest]:
+        """The ``count`` longest-waiting requests of a provider's queue, oldest first."""
+        ids = [_text(i) for i in self.client.zrange(keys.queue(provider), 0, count - 1)]
         if not ids:
             return []
         pipe = self.client.pipeline(transaction=False)
         for request_id in ids:
-            pipe.hget(keys.request(request_id), "status")
-        return [(request_id, _text(status) != IN_QUEUE) for request_id, status in zip(ids, pipe.execute())]
-
-    def postpone_reap(self, request_id: str, provider: str, until: float) -> None:
-        """Look at an expired lease again at ``until`` (its re-publish may be lost too)."""
-        self.client.zadd(keys.running(provider), {request_id: until}, xx=True)
-
-    def queue_head(self, provider: str, count: int = 100) -> list[str]:
-        """The ``count`` longest-waiting request ids of a provider's queue."""
-        return [_text(i) for i in self.client.zrange(keys.queue(provider), 0, count - 1)]
+            pipe.hmget(keys.request(request_id), ("model", "workspace", "created_at"))
+        return [QueuedRequest(request_id, _text(model), _text(workspace), float(created))
+                for request_id, (model, workspace, created) in zip(ids, pipe.execute())
+                if model and workspace and created]
 
     def expire_queued(self, request_id: str, provider: str, workspace: str, queue_timeout_s: float,
                       now: float) -> bool:

@@ -47,7 +47,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     app.register_blueprint(discovery)
     _register_error_handlers(app)
     app.register_blueprint(operations)
-    rate_limits = RateLimits(services.redis, settings.default_rate_limit, keys)
+    rate_limits = RateLimits(services.store, settings.default_rate_limit, keys)
 
     @app.before_request
     def _open_call() -> None:

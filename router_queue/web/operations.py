@@ -9,7 +9,6 @@ from flask import Blueprint, Response, render_template
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from ..errors import ServiceUnavailable
-from ..store import keys
 from ..store.metrics import RedisCollector
 from .front import front_door
 from .views import json_response
@@ -28,7 +27,7 @@ def readyz() -> Response:
     """Readiness: Redis and the broker both answer, else 503 service_unavailable,
     within the front door's Redis wait (the broker is that Redis by default)."""
     front = front_door()
-    front.services.redis.ping()
+    front.services.store.ping()
     if front.dispatcher.broker_is_store:
         return json_response({"status": "ready"})
     try:
@@ -56,23 +55,19 @@ def summary() -> dict:
     rows = []
     for provider in catalog.providers():
         head = store.queue_head(provider, 1)
-        created = services.redis.hget(keys.request(head[0]), "created_at") if head else None
         pace = store.pace(provider)
         waiting_workspaces, largest = store.waiting_workspaces(provider)
-        metrics = {k.decode(): float(v) for k, v in services.redis.hgetall(keys.metrics(provider)).items()}
-        waits = [(v, metrics.get(k.replace("_sum|", "_count|"), 0)) for k, v in metrics.items()
-                 if k.startswith("wait_sum|")]
-        wait_total, wait_count = sum(v for v, _ in waits), sum(c for _, c in waits)
+        totals = services.metrics.totals(provider)
         rows.append({
             "provider": provider,
             "queued": store.queue_depth(provider),
             "in_flight": store.in_flight(provider),
             "cap": catalog.max_in_flight(provider),
-            "oldest_wait_s": round(now - float(created), 1) if created else 0.0,
+            "oldest_wait_s": round(now - head[0].created_at, 1) if head else 0.0,
             "per_minute": services.metrics.completed_last_minute(provider, now),
             "avg_run_s": round(pace.avg_run_s, 2) if pace.avg_run_s else 0.0,
-            "avg_wait_s": round(wait_total / wait_count, 2) if wait_count else 0.0,
-            "completed": int(sum(v for k, v in metrics.items() if k.startswith("completed|"))),
+            "avg_wait_s": round(totals.wait_s / totals.claimed, 2) if totals.claimed else 0.0,
+            "completed": totals.completed,
             "draining": provider in draining,
             "waiting_workspaces": waiting_workspaces,
             "largest": [{"workspace": ws, "waiting": n} for ws, n in largest],

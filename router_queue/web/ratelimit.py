@@ -29,8 +29,7 @@ from flask import Request, g
 from limits import RateLimitItem, parse_many
 
 from ..errors import RateLimited, Unauthorized
-from ..store.connect import bounded
-from ..store.requests import load_script
+from ..store.requests import RequestStore
 from .auth import KeyResolver, presented_key
 
 log = logging.getLogger(__name__)
@@ -76,15 +75,12 @@ def _allowance(bucket: str, spec: str) -> Allowance:
     )
 
 
-#: Socket waits (s) of the hook's own count: a Redis that hangs must not hang
-#: a call that needs nothing else from it (the count is then let go).
-SPEND_TIMEOUT_S = 0.5
 
 
 class RateLimits:
-    def __init__(self, client: redis.Redis, default_limit: str, keys: KeyResolver):
+    def __init__(self, store: RequestStore, default_limit: str, keys: KeyResolver):
         _items(default_limit)  # a malformed default fails at start, not on the first call
-        self._spend = load_script(bounded(client, SPEND_TIMEOUT_S), "rate")
+        self.store = store
         self.default_limit = default_limit
         self.keys = keys
 
@@ -114,7 +110,7 @@ class RateLimits:
         """Count one call in its own round trip; ``429 rate_limited`` with
         Retry-After once a window's allowance is spent."""
         try:
-            reply = self._spend(keys=list(allowance.keys), args=list(allowance.args))
+            reply = self.store.spend_rate(list(allowance.keys), list(allowance.args))
         except redis.RedisError:  # the counter store's trouble must not refuse calls
             log.warning("rate-limit counters unreachable; call let through", exc_info=True)
             return

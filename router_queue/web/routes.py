@@ -11,8 +11,8 @@ from gunicorn.http.errors import NoMoreData, ParseException
 from ..catalog import Catalog, ModelEntry
 from ..errors import (CompletedWithError, DeadlineExceeded, Gone, InvalidInput, ModelNotFound, PayloadTooLarge,
                       RequestNotFound, ServiceUnavailable)
-from ..ids import well_formed
 from ..states import COMPLETED, RESULT_STATUS
+from ..store.ids import well_formed
 from ..store.outcomes import Cancel
 from ..store.requests import RequestRecord, StatusView
 from . import admission, pacing

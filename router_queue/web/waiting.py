@@ -11,7 +11,6 @@ from __future__ import annotations
 import time
 
 from ..states import COMPLETED
-from ..store import keys
 from ..store.requests import RequestStore, StatusView
 
 #: Seconds between two safety re-reads of the status while waiting.
@@ -20,9 +19,7 @@ RECHECK_S = 5.0
 
 def wait_until_completed(store: RequestStore, request_id: str, provider: str, hold_s: float) -> StatusView:
     """The request's view once COMPLETED, or as it stands when ``hold_s`` runs out."""
-    pubsub = store.client.pubsub(ignore_subscribe_messages=True)
-    pubsub.subscribe(keys.done_channel(request_id))
-    try:
+    with store.completions(request_id) as notices:
         end = time.monotonic() + hold_s
         while True:
             view = store.status_view(request_id, provider)
@@ -31,6 +28,4 @@ def wait_until_completed(store: RequestStore, request_id: str, provider: str, ho
             left = end - time.monotonic()
             if left <= 0:
                 return view
-            pubsub.get_message(timeout=min(left, RECHECK_S))
-    finally:
-        pubsub.close()
+            notices.get_message(timeout=min(left, RECHECK_S))

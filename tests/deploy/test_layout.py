@@ -71,3 +71,16 @@ def test_the_serving_path_never_imports_the_dev_supervisor():
                  *(ROOT / "router_queue" / "store").rglob("*.py"), *(ROOT / "router_queue" / "broker").rglob("*.py")]:
         assert ".dev" not in re.findall(r"^\s*from (\S+) import", path.read_text(), re.M), path
         assert "router_queue.dev" not in path.read_text(), path
+
+
+def test_only_the_store_knows_the_redis_key_layout():
+    """The store is the only door to Redis: no module outside it builds a key
+    (``store/keys.py``) or loads a script."""
+    outside = [p for pkg in PACKAGES for p in (ROOT / pkg).rglob("*.py")
+               if "store" not in p.relative_to(ROOT).parts[:2] and "__pycache__" not in p.parts]
+    offenders = []
+    for path in outside:
+        text = path.read_text()
+        if re.search(r"^\s*from \S*store import keys|store\.keys|load_script", text, re.M):
+            offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from router_queue.ids import RequestIds, well_formed
+from router_queue.store.ids import RequestIds, well_formed
 from router_queue.web.pacing import retry_after
 from router_queue.settings import Settings, SettingsError
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE

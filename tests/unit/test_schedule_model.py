@@ -231,7 +231,7 @@ def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps)
             request_id = pick(n, {IN_QUEUE}, granted=True)
             if request_id is None:
                 continue
-            assert (request_id, False) in store.expired_leases(PROVIDER, float("inf"))
+            assert (request_id, False) in store.reap(PROVIDER, float("inf"), again_at=float("inf"))
             record = record_of(services, request_id, PROVIDER)
             assert store.claim(record, Lease("x", 30, 3600, 1)) == "CLAIMED"
             assert store.claim(record, Lease("y", 30, 3600, 1)) == "LEASED"

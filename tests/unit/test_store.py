@@ -37,8 +37,9 @@ def test_admit_writes_the_record_and_grants_a_free_slot_under_a_grant_lease(serv
     assert view.position == 0
     assert services.store.in_flight("bfl") == 1  # the slot is the grant's until its delivery claims it
     grant_lease_end = 1000.0 + services.store.republish_after_s
-    assert services.store.expired_leases("bfl", grant_lease_end - 1) == []
-    assert services.store.expired_leases("bfl", grant_lease_end + 1) == [(request_id, False)]
+    assert services.store.reap("bfl", grant_lease_end - 1, again_at=grant_lease_end - 1) == []
+    assert services.store.reap("bfl", grant_lease_end + 1, again_at=grant_lease_end + 60) == [(request_id, False)]
+    assert services.store.reap("bfl", grant_lease_end + 2, again_at=grant_lease_end + 60) == []  # looked at again later
     record, body = services.store.load(request_id)
     assert body == b'{"prompt": "x"}'
 
@@ -188,7 +189,7 @@ def test_expire_queued_times_out_only_what_waited_too_long(services, workspace):
     young, _ = admit(services, workspace, now=1050.0)
     assert services.store.expire_queued(old, "bfl", workspace, 60, now=1070.0)
     assert not services.store.expire_queued(young, "bfl", workspace, 60, now=1070.0)
-    assert services.store.queue_head("bfl") == [young]
+    assert [r.id for r in services.store.queue_head("bfl")] == [young]
 
 
 def test_only_the_retry_a_holder_named_resumes_and_an_expired_lease_is_taken_over(services, workspace):
@@ -200,7 +201,7 @@ def test_only_the_retry_a_holder_named_resumes_and_an_expired_lease_is_taken_ove
     assert services.store.claim(record, lease("a3", lease_s=0.2, resume_key="task:1")) == "RESUMED"
     assert services.store.claim(record, lease("a4", lease_s=0.2, resume_key="task:1")) == "LEASED"  # used once
     assert services.store.claim(record_of(services, request_id, "bfl"), lease("b")) == "LEASED"
-    assert services.store.expired_leases("bfl", time.time() + 1) == [(request_id, True)]
+    assert services.store.reap("bfl", time.time() + 1, again_at=time.time() + 1) == [(request_id, True)]
     time.sleep(0.3)
     assert services.store.claim(record_of(services, request_id, "bfl"), lease("b")) == "RESUMED"
     assert not services.store.renew(request_id, "bfl", "a3", 30)  # the old holder lost it
@@ -223,7 +224,7 @@ def test_renew_many_extends_every_held_lease(services, workspace):
     for n, request_id in enumerate(ids):
         services.store.claim(record_of(services, request_id, "bfl"), lease(f"t{n}", lease_s=1))
     services.store.renew_many([(i, "bfl", f"t{n}") for n, i in enumerate(ids)], 60)
-    assert services.store.expired_leases("bfl", time.time() + 30) == []
+    assert services.store.reap("bfl", time.time() + 30, again_at=time.time() + 30) == []
 
 
 def test_an_admission_reaching_redis_past_its_deadline_writes_nothing(services, workspace):
@@ -248,3 +249,24 @@ def test_a_cancel_reaching_redis_past_its_deadline_changes_nothing(services, wor
                                  provider="bfl") == "EXPIRED"
     monkeypatch.undo()
     assert services.store.status_view(request_id, "bfl").record.status == IN_QUEUE
+
+
+def test_reap_never_touches_a_lease_renewed_meanwhile(services, workspace):
+    """The sweeper's read of expired leases and its postponing are one step:
+    a worker's renewal between them cannot be overwritten."""
+    request_id, _ = admit(services, workspace)
+    services.store.claim(record_of(services, request_id, "bfl"), lease("t", lease_s=30))
+    now = time.time()
+    assert services.store.reap("bfl", now, again_at=now + 1) == []  # its lease runs 30 s more
+    lease_end = services.redis.zscore(keys.running("bfl"), request_id)
+    assert lease_end > now + 29
+
+
+def test_purge_expired_drops_only_entries_whose_record_is_gone(services, workspace):
+    kept, _ = admit(services, workspace)
+    gone, _ = admit(services, workspace)
+    services.redis.delete(keys.request(gone))  # its retention ran out while still indexed
+    assert services.store.purge_expired(["bfl", "vertexai"]) == 2  # queue and running
+    assert services.store.queue_depth("bfl") == 1
+    assert services.redis.zscore(keys.queue("bfl"), kept) is not None
+    assert services.store.purge_expired(["bfl"]) == 0

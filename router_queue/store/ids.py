@@ -25,7 +25,7 @@ import uuid
 
 import redis
 
-from .store import keys
+from . import keys
 
 #: What an id we minted looks like; anything else is answered 404 unread.
 ID_PATTERN = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
