@@ -163,6 +163,13 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         through_store_faults(f"request {request_id}: upstream handle",
                              lambda: store.remember_upstream(request_id, json.dumps(ref)), lease_s)
 
+    def progressed(progress: float) -> None:
+        # A side write: a store fault loses this step's figure, never the run.
+        try:
+            store.record_progress(request_id, execution.token, progress)
+        except STORE_FAULTS as exc:
+            log.warning("request %s: progress %.2f not recorded: %s", request_id, progress, exc)
+
     call = ProviderCall(
         entry=entry,
         body=body,
@@ -172,6 +179,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         interruption=lambda: _interruption(context, request_id),
         upstream_ref=_upstream_ref(record),
         remember=remember,
+        progressed=progressed,
         started_at=record.started_at or time.time(),
         timed=lambda seconds: services.metrics.provider_call(entry.provider, entry.id, seconds),
     )

@@ -33,8 +33,9 @@ rq:metrics:sweeper             hash    none (counters)                 metrics.p
 rq:completions:{provider}:{t}  string  COMPLETIONS_TTL_S (completions  metrics.py
                                        in the 10 s starting at t*10)
 rq:draining                    set     none (providers not admitting)  cli (ops drain)
-rq:done:{id}                   pubsub  (a channel, not a key)          lua/lib.lua
-                                                                       (announce_completed)
+rq:events:{id}                 pubsub  (a channel, not a key)          lua/lib.lua
+                                                                       (announce): claim,
+                                                                       progress, completion
 =============================  ======  ==============================  ==================
 
 Workspace hash fields: ``name queue_enabled credits held queued max_queued
@@ -137,9 +138,10 @@ def id_secret() -> str:
     return f"{PREFIX}:config:id-secret"
 
 
-def done_channel(request_id: str) -> str:
-    """Pub/sub channel announcing a request is COMPLETED (lua/lib.lua spells it too)."""
-    return f"{PREFIX}:done:{request_id}"
+def events_channel(request_id: str) -> str:
+    """Pub/sub channel announcing a request changed: started, progressed,
+    COMPLETED (lua/lib.lua spells it too)."""
+    return f"{PREFIX}:events:{request_id}"
 
 
 def metrics(provider: str) -> str:

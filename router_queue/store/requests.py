@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 _FIELDS = (
     "id", "workspace", "model", "provider", "status", "created_at", "started_at",
     "completed_at", "error_type", "detail", "content_type", "cancel_requested",
-    "attempts", "upstream_ref",
+    "attempts", "upstream_ref", "progress",
 )
 
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
@@ -81,13 +81,15 @@ class RequestRecord:
     upstream_ref: str | None = None
     #: Seconds until Redis drops the record (set once COMPLETED), else None.
     ttl_s: int | None = None
+    #: How far the provider said the generation was, 0..1, when it says so.
+    progress: float | None = None
 
     @classmethod
     def from_values(cls, values: list[Any], ttl: int | None = None) -> "RequestRecord | None":
         """From an ``HMGET`` of :data:`_FIELDS` (bytes or None each). Every
         status poll makes one, so the fields are unpacked by position."""
         (id_, workspace, model, provider, status, created_at, started_at, completed_at, error_type, detail,
-         content_type, cancel_requested, attempts, upstream_ref) = values
+         content_type, cancel_requested, attempts, upstream_ref, progress) = values
         if status is None:
             return None
         return cls(
@@ -106,6 +108,7 @@ class RequestRecord:
             attempts=int(attempts or 0),
             upstream_ref=None if upstream_ref is None else upstream_ref.decode(),
             ttl_s=ttl if ttl is not None and ttl >= 0 else None,
+            progress=float(progress) if progress else None,
         )
 
 
@@ -226,6 +229,7 @@ class RequestStore:
         self._expire_queued = load_script(client, "expire_queued")
         self._status = load_script(client, "status")
         self._reap = load_script(client, "reap")
+        self._progress = load_script(client, "progress")
         #: A call's rate count outside the hot routes' scripts waits this little
         #: on Redis: the count is let go rather than the call held.
         self._spend_rate = load_script(bounded(client, SPEND_RATE_TIMEOUT_S), "rate")
@@ -380,10 +384,10 @@ class RequestStore:
 
     @contextmanager
     def completions(self, request_id: str) -> Iterator[Any]:
-        """A subscription to the request's completion notice (``announce_completed``
-        in ``lib.lua``), closed on exit; ``get_message(timeout=...)`` waits on it."""
+        """A subscription to the request's change notices (``announce`` in
+        ``lib.lua``), closed on exit; ``get_message(timeout=...)`` waits on it."""
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        pubsub.subscribe(keys.done_channel(request_id))
+        pubsub.subscribe(keys.events_channel(request_id))
         try:
             yield pubsub
         finally:
@@ -457,6 +461,11 @@ class RequestStore:
     def remember_upstream(self, request_id: str, ref: str) -> None:
         """Keep the provider's handle on a submitted generation, to resume it."""
         self.client.hset(keys.request(request_id), "upstream_ref", ref)
+
+    def record_progress(self, request_id: str, token: str, progress: float) -> bool:
+        """Keep how far a running generation is (``progress.lua``: only growing,
+        only from the lease's holder); True when it was news."""
+        return bool(self._progress(keys=[keys.request(request_id)], args=[request_id, token, repr(progress)]))
 
     def cancel_requested(self, request_id: str) -> bool:
         return bool(self.client.hexists(keys.request(request_id), "cancel_requested"))

@@ -55,6 +55,10 @@ class StatusSchema(HandleSchema):
     started_at = fields.String(metadata={"format": "date-time"})
     completed_at = fields.String(metadata={"format": "date-time"})
     expires_at = fields.String(metadata={"format": "date-time", "description": "when the result is dropped"})
+    progress = fields.Float(metadata={
+        "minimum": 0, "maximum": 1,
+        "description": "How far the generation is, when the provider reports it (BFL does); present from its "
+                       "first report, never decreasing, 1 once the request succeeded."})
     error_type = fields.String(metadata={"description": "present only when the request did not succeed"})
     detail = fields.String()
 

@@ -116,6 +116,32 @@ def test_bfl_is_submitted_then_polled_until_ready(worker_services, workspace, st
     assert output["result"]["sample"].startswith(stub_origin)
 
 
+def test_bfls_progress_reaches_the_record_as_it_grows(worker_services, workspace, monkeypatch):
+    store, reported = worker_services.store, []
+    record_progress = store.record_progress
+
+    def spy(request_id, token, progress):
+        kept = record_progress(request_id, token, progress)
+        reported.append((progress, kept))
+        return kept
+
+    monkeypatch.setattr(store, "record_progress", spy)
+    outcome, record, _ = run(worker_services, workspace, "bfl/flux-2-pro", {"prompt": "teapot [stub:latency=1]"})
+    assert outcome == "completed"
+    kept = [p for p, was_kept in reported if was_kept]
+    assert len(kept) >= 2 and kept == sorted(kept) and 0 <= kept[0] < kept[-1] < 1, reported
+    assert record.progress == kept[-1]
+
+
+def test_a_progress_write_that_fails_loses_the_figure_not_the_run(worker_services, workspace, monkeypatch):
+    def down(*_):
+        raise redis.ConnectionError("the store blinked")
+
+    monkeypatch.setattr(worker_services.store, "record_progress", down)
+    outcome, record, _ = run(worker_services, workspace, "bfl/flux-2-pro", {"prompt": "teapot [stub:latency=0.5]"})
+    assert (outcome, record.status, record.error_type) == ("completed", COMPLETED, None)
+
+
 def test_vertex_answers_inline_image_data(worker_services, workspace):
     body = {"contents": [{"role": "user", "parts": [{"text": "a teapot"}]}]}
     outcome, record, request_id = run(worker_services, workspace, "vertexai/gemini-3.1-flash-image", body)

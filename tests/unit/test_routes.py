@@ -157,6 +157,24 @@ def test_status_reports_queue_position_times_and_retry_after(http, auth, service
     assert http.get(f"{FLUX}/requests/{ids[2]}/status", headers=auth).json["queue_position"] == 1
 
 
+@pytest.mark.parametrize("outcome", ["success", "provider_error"])
+def test_status_carries_progress_from_its_first_report_and_it_never_falls(http, auth, services, outcome):
+    request_id = submit(http, auth).json["request_id"]
+    url = f"{FLUX}/requests/{request_id}/status"
+    assert "progress" not in http.get(url, headers=auth).json
+    services.store.claim(record_of(services, request_id, "bfl"), LEASE)
+    assert "progress" not in http.get(url, headers=auth).json  # the provider has said nothing yet
+    services.store.record_progress(request_id, LEASE.token, 0.4)
+    assert http.get(url, headers=auth).json["progress"] == 0.4
+    services.store.record_progress(request_id, LEASE.token, 0.3)
+    assert http.get(url, headers=auth).json["progress"] == 0.4
+    services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json",
+                            error_type="" if outcome == "success" else outcome)
+    finished = http.get(url, headers=auth).json
+    assert finished["status"] == "COMPLETED"
+    assert finished["progress"] == (1.0 if outcome == "success" else 0.4)
+
+
 def test_result_is_202_while_unfinished_then_the_native_bytes(http, auth, services):
     request_id = submit(http, auth).json["request_id"]
     pending = http.get(f"{FLUX}/requests/{request_id}", headers=auth)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
 from tests.unit.support import record_of
 from router_queue.store import keys
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
@@ -270,3 +272,35 @@ def test_purge_expired_drops_only_entries_whose_record_is_gone(services, workspa
     assert services.store.queue_depth("bfl") == 1
     assert services.redis.zscore(keys.queue("bfl"), kept) is not None
     assert services.store.purge_expired(["bfl"]) == 0
+
+
+def test_progress_only_grows_and_only_from_the_lease_holder_of_a_running_request(services, workspace):
+    request_id, _ = admit(services, workspace)
+    store = services.store
+    assert not store.record_progress(request_id, "t", 0.2)  # not running yet
+    store.claim(record_of(services, request_id, "bfl"), lease("t"))
+    assert store.record_progress(request_id, "t", 0.2)
+    assert not store.record_progress(request_id, "someone-else", 0.9)
+    assert not store.record_progress(request_id, "t", 0.1)  # never backwards
+    assert not store.record_progress(request_id, "t", 1.5)  # not a fraction
+    assert store.record_progress(request_id, "t", 0.6)
+    assert store.status_view(request_id, "bfl").record.progress == 0.6
+    store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
+    assert not store.record_progress(request_id, "t", 0.9)  # finished
+
+
+def test_a_change_is_announced_to_whoever_follows_the_request(services, workspace):
+    if type(services.redis).__module__.startswith("fakeredis"):
+        pytest.skip("fakeredis's pub/sub inside Lua is not what this test is about")
+    request_id, _ = admit(services, workspace)
+    with services.store.completions(request_id) as notices:
+        services.store.claim(record_of(services, request_id, "bfl"), lease("t"))
+        services.store.record_progress(request_id, "t", 0.5)
+        services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
+        seen = []
+        deadline = time.monotonic() + 5
+        while len(seen) < 3 and time.monotonic() < deadline:
+            message = notices.get_message(timeout=0.5)
+            if message:
+                seen.append(message["data"])
+    assert seen == [b"IN_PROGRESS", b"PROGRESS", b"COMPLETED"]

@@ -38,6 +38,8 @@ class ProviderCall:
     upstream_ref: dict[str, Any] | None = None
     #: Keeps the provider's handle on a submitted generation in the record.
     remember: Callable[[dict[str, Any]], None] = lambda ref: None
+    #: Told how far the generation is, 0..1, when the provider says (best effort).
+    progressed: Callable[[float], None] = lambda progress: None
     #: When the request started running (Unix s), across deliveries.
     started_at: float = 0.0
     #: Told how long each HTTP exchange with the provider took (metrics).

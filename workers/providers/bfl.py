@@ -75,7 +75,8 @@ def run(call: ProviderCall) -> ProviderOutput:
         response = send(call, "GET", ref["polling_url"], headers=_headers(call))
         if response.status_code != 200:
             raise unexpected(call, response)
-        status = json_or_empty(response).get("status")
+        payload = json_or_empty(response)
+        status = payload.get("status")
         if status == "Ready":
             return output_of(response)
         if status in _MODERATED:
@@ -85,6 +86,9 @@ def run(call: ProviderCall) -> ProviderOutput:
             if cancel_tried:
                 raise cancelled()
             raise ProviderFailure(states.PROVIDER_ERROR, f"bfl ended the generation with status {status!r}")
+        progress = payload.get("progress")
+        if isinstance(progress, (int, float)) and not isinstance(progress, bool) and 0 <= progress <= 1:
+            call.progressed(float(progress))
         if time.time() > deadline:
             raise ProviderFailure(states.PROVIDER_TIMEOUT, f"bfl did not finish within {policy.max_run_s:.0f} s")
         stop = call.interruption()

@@ -74,6 +74,7 @@ if status == "IN_QUEUE" then
   redis.call("ZREM", KEYS[2], ARGV[1])
   redis.call("ZREM", S.base .. ":granted", ARGV[1])
   lease()
+  announce(ARGV[1], "IN_PROGRESS")
   return {"CLAIMED"}
 end
 

@@ -34,10 +34,19 @@ local function settle(req_key, ws_key, ledger_key, request_id, how, now)
 end
 
 
--- Tell whoever holds a connection for this request (the synchronous route)
--- that it is COMPLETED. The channel is keys.done_channel() in keys.py.
+-- Tell whoever follows this request (a held synchronous call, an event
+-- stream) that it changed: "IN_PROGRESS", "PROGRESS" or "COMPLETED". They
+-- read its status again. The channel is keys.events_channel() in keys.py.
+local function announce(request_id, what)
+  redis.call("PUBLISH", "rq:events:" .. request_id, what)
+end
+
 local function announce_completed(request_id)
-  redis.call("PUBLISH", "rq:done:" .. request_id, "COMPLETED")
+  announce(request_id, "COMPLETED")
+end
+
+local function announce_changed(request_id)
+  announce(request_id, "PROGRESS")
 end
 
 -- True when a write arrives past the deadline its caller gave it (ARGV, Unix
