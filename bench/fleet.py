@@ -35,7 +35,7 @@ from pathlib import Path
 
 from router_queue.dev.stack import Stack
 
-from . import capped, schedule, sync_held
+from . import capped, schedule, streams, sync_held
 from .procs import ROOT, Children, cpu_seconds, free_port, log
 from .worker_app import PING_TASK
 
@@ -44,7 +44,7 @@ WORKER_APP = "bench.worker_app"
 
 MODEL_ID = "bfl/flux-2-pro"
 #: Phases measured on the whole stack (``--only``).
-PHASES = ("inflight", "dispatch", "sync_held", "grant_to_start", "waiting_cpu")
+PHASES = ("inflight", "dispatch", "sync_held", "streams", "grant_to_start", "waiting_cpu")
 IN_PROGRESS, COMPLETED = "IN_PROGRESS", "COMPLETED"
 
 
@@ -85,6 +85,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--samples", type=int, default=50,
                        help="dispatch samples (and as many pings), interleaved (default 50)")
     sync_held.add_arguments(group)
+    streams.add_arguments(group)
     capped.add_arguments(group)
 
 
@@ -94,6 +95,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
         parser.error("inflight, submitters, inflight-rounds, fleet-workers, worker-threads, web-workers "
                      "and samples must be at least 1")
     sync_held.check_arguments(parser, args)
+    streams.check_arguments(parser, args)
     capped.check_arguments(parser, args)
 
 
@@ -472,7 +474,7 @@ def measure(args: argparse.Namespace, children: Children, redis_url: str, *, htt
     # sync_held near the end: its held generations occupy the workers' threads while they run;
     # waiting_cpu last: it leaves vertexai's one slot held by a long generation
     for name, fn in (("dispatch", measure_dispatch), ("grant_to_start", capped.measure_grant_to_start),
-                     ("inflight", measure_inflight), ("sync_held", sync_held.measure),
+                     ("inflight", measure_inflight), ("sync_held", sync_held.measure), ("streams", streams.measure),
                      ("waiting_cpu", capped.measure_waiting_cpu)):
         if name not in args.only:
             continue

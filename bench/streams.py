@@ -1,0 +1,145 @@
+"""``streams``: status reads while event streams sit open, and what idle streams cost.
+
+On the fleet's gunicorn, ``--streams`` (1000) event streams
+(``GET …/requests/{id}/events``) are opened on one running generation that
+reports nothing for ``--stream-latency`` s (OpenAI speech through the stub:
+one call, no progress), so every stream sits idle between heartbeats. The
+status reads of ``sync_held`` (bench/sync_held.py: ``--held-reads`` from
+``--held-readers`` threads, each timed) run first with no stream open (the
+baseline) and then with all of them open. Printed:
+
+    BENCH streams_status_p50 value=<ms with streams> ms baseline=<ms without> ratio=...
+    BENCH streams_status_p99 value=<ms with streams> ms baseline=<ms without> ratio=...
+    BENCH streams_idle_web_cpu value=<web CPU % with streams idle> % baseline=<without> ratio=...
+
+The streams are plain sockets in this process (one thread, non-blocking), each
+checked to have answered ``200 text/event-stream`` and its first event before
+the figures are taken; the web CPU is gunicorn's master and workers over
+``IDLE_WINDOW_S`` with nothing but the open streams.
+"""
+
+from __future__ import annotations
+
+import json
+import selectors
+import socket
+import time
+import uuid
+from typing import Any
+
+from .procs import cpu_seconds, log
+from .sync_held import MeasurementError, _pct, _summary, read_series
+
+MODEL_ID = "openai/gpt-4o-mini-tts"
+#: Seconds over which the web processes' CPU is taken, with and without streams.
+IDLE_WINDOW_S = 5.0
+
+
+def add_arguments(group) -> None:
+    group.add_argument("--streams", type=int, default=1000, help="event streams held open for streams (default 1000)")
+    group.add_argument("--stream-latency", type=float, default=90.0,
+                       help="stub generation time of the followed request, s (default 90)")
+
+
+def check_arguments(parser, args) -> None:
+    if args.streams < 1 or args.stream_latency < 30:
+        parser.error("streams must be at least 1, stream-latency at least 30 s")
+
+
+def _web_cpu(fleet: Any) -> float:
+    return cpu_seconds(fleet.stack.procs["web"].pid) or 0.0
+
+
+def _cpu_percent(fleet: Any) -> float:
+    before, began = _web_cpu(fleet), time.monotonic()
+    time.sleep(IDLE_WINDOW_S)
+    return 100.0 * (_web_cpu(fleet) - before) / (time.monotonic() - began)
+
+
+class Streams:
+    """``count`` event streams on one request, as raw sockets in this thread."""
+
+    def __init__(self, port: int, path: str, api_key: str, count: int):
+        self.selector = selectors.DefaultSelector()
+        self.received: dict[socket.socket, bytes] = {}
+        request = (f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-API-Key: {api_key}\r\n"
+                   "Accept: text/event-stream\r\n\r\n").encode()
+        for _ in range(count):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+            sock.sendall(request)
+            sock.setblocking(False)
+            self.selector.register(sock, selectors.EVENT_READ)
+            self.received[sock] = b""
+
+    def drain(self, timeout_s: float) -> None:
+        for key, _ in self.selector.select(timeout_s):
+            try:
+                chunk = key.fileobj.recv(65536)
+            except BlockingIOError:
+                continue
+            if chunk:
+                self.received[key.fileobj] += chunk
+
+    def all_streaming(self, deadline_s: float) -> int:
+        """Drain until every stream answered 200 and its first event; how many did."""
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            self.drain(0.2)
+            ready = sum(1 for data in self.received.values()
+                        if data.startswith(b"HTTP/1.1 200") and b"text/event-stream" in data and b"\nevent: " in data)
+            if ready == len(self.received):
+                return ready
+        return ready
+
+    def close(self) -> None:
+        for sock in list(self.received):
+            self.selector.unregister(sock)
+            sock.close()
+        self.selector.close()
+
+
+def measure(fleet: Any, emit) -> None:
+    args = fleet.args
+    port = fleet.web_port
+    auth = {"X-API-Key": fleet.api_key}
+    base = f"/v2/models/{MODEL_ID}/requests"
+
+    code, target = fleet.http_json("POST", f"{fleet.base}{base}", fleet.post_headers,
+                                   json.dumps({"input": f"bench streams target {uuid.uuid4().hex}", "voice": "alloy"}))
+    if code != 201:
+        raise MeasurementError(f"streams: the target submit answered {code}: {target}")
+    fleet.wait_records([target["request_id"]], ("COMPLETED",), timeout_s=30, interval_s=0.05)
+    status_path = f"{base}/{target['request_id']}/status"
+    code, followed = fleet.http_json(
+        "POST", f"{fleet.base}{base}", fleet.post_headers,
+        json.dumps({"input": f"bench streams followed {uuid.uuid4().hex} [stub:latency={args.stream_latency:g}]",
+                    "voice": "alloy"}))
+    if code != 201:
+        raise MeasurementError(f"streams: the followed submit answered {code}: {followed}")
+    fleet.wait_records([followed["request_id"]], ("IN_PROGRESS",), timeout_s=30, interval_s=0.05)
+    began = time.monotonic()
+
+    log(f"streams: {args.held_reads} status reads from {args.held_readers} threads, no stream open")
+    without = read_series(port, status_path, auth, args.held_reads, args.held_readers)
+    log(f"streams: without streams {_summary(without)}")
+    idle_without = _cpu_percent(fleet)
+
+    streams = Streams(port, f"{base}/{followed['request_id']}/events", fleet.api_key, args.streams)
+    try:
+        ready = streams.all_streaming(60)
+        if ready != args.streams:
+            raise MeasurementError(f"streams: only {ready} of {args.streams} streams answered their first event")
+        log(f"streams: {args.streams} event streams open and idle")
+        idle_with = _cpu_percent(fleet)
+        with_streams = read_series(port, status_path, auth, args.held_reads, args.held_readers)
+        streams.drain(0)
+        log(f"streams: with {args.streams} streams {_summary(with_streams)}")
+        if time.monotonic() - began > args.stream_latency:
+            raise MeasurementError("streams: the followed generation ended while measuring; raise --stream-latency")
+    finally:
+        streams.close()
+    log(f"streams: web CPU over {IDLE_WINDOW_S:.0f} s idle: {idle_without:.2f} % without streams, "
+        f"{idle_with:.2f} % with {args.streams}")
+    emit("streams_status_p50", _pct(with_streams, 0.5), "ms", _pct(without, 0.5))
+    emit("streams_status_p99", _pct(with_streams, 0.99), "ms", _pct(without, 0.99))
+    emit("streams_idle_web_cpu", idle_with, "%", max(idle_without, 0.01))
