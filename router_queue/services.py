@@ -15,6 +15,7 @@ from .store.connect import connect
 from .store.ids import RequestIds
 from .store.metrics import MetricsRecorder
 from .store.requests import Replication, RequestStore
+from .store.webhooks import WebhookStore
 
 #: Seconds a worker, the sweeper or the CLI waits on Redis before an error.
 WORKER_REDIS_WAIT_S = 5.0
@@ -29,6 +30,7 @@ class Services:
     ids: RequestIds
     catalog: Catalog
     metrics: MetricsRecorder
+    webhooks: WebhookStore
 
     @classmethod
     def build(cls, settings: Settings, client: redis.Redis | None = None, *,
@@ -53,4 +55,5 @@ class Services:
             ids=RequestIds(client),
             catalog=catalog,
             metrics=MetricsRecorder(client),
+            webhooks=WebhookStore(client, keep_s=settings.result_retention_s),
         )

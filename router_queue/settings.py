@@ -79,6 +79,23 @@ def _secret(name: str, raw: str) -> Secret:
     return Secret(raw.strip())
 
 
+def _bool(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise SettingsError(f"{name} must be 1 or 0 (true or false), got {raw!r}")
+
+
+def _floats(name: str, raw: str) -> tuple[float, ...]:
+    """Comma-separated seconds, at least one, each above 0."""
+    values = tuple(_float(name, part) for part in raw.split(","))
+    if not values or min(values) <= 0:
+        raise SettingsError(f"{name} must be seconds above 0, comma-separated, got {raw!r}")
+    return values
+
+
 #: environment variable -> (field name, parser). The README's configuration
 #: table lists the same variables; keep them in step.
 _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
@@ -102,6 +119,11 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "FRONT_DOOR_REDIS_WAIT_SECONDS": ("front_door_redis_wait_s", _float),
     "REDIS_WAIT_REPLICAS": ("wait_replicas", _int),
     "REDIS_WAIT_TIMEOUT_MS": ("wait_timeout_ms", _int),
+    "WEBHOOK_ALLOW_LOOPBACK_HTTP": ("webhook_allow_loopback_http", _bool),
+    "WEBHOOK_TIMEOUT_SECONDS": ("webhook_timeout_s", _float),
+    "WEBHOOK_LEASE_SECONDS": ("webhook_lease_s", _float),
+    "WEBHOOK_RETRY_SCHEDULE": ("webhook_retry_schedule_s", _floats),
+    "WEBHOOK_RETRY_FOR_SECONDS": ("webhook_retry_for_s", _float),
 }
 
 
@@ -176,6 +198,22 @@ class Settings:
     #: answered anyway, logged and counted (the write is on the primary).
     #: Keep it well inside ``front_door_redis_wait_s``.
     wait_timeout_ms: int = 100
+    #: Let webhooks go to a host that resolves to loopback addresses only, over
+    #: http too (``router-queue dev`` and the tests). Off in production:
+    #: webhooks go to public https URLs only (router_queue/webhooks/safety.py).
+    webhook_allow_loopback_http: bool = False
+    #: Seconds one webhook attempt may take: the connect, each read, and the
+    #: (capped) response body in all.
+    webhook_timeout_s: float = 10.0
+    #: Seconds an attempt holds its event: a worker killed mid-delivery leaves
+    #: the event due again this long after its attempt began. Keep it above
+    #: ``webhook_timeout_s``.
+    webhook_lease_s: float = 30.0
+    #: Seconds before attempt 2, 3, ... of a failed webhook; the last repeats
+    #: (router_queue/webhooks/schedule.py).
+    webhook_retry_schedule_s: tuple[float, ...] = (5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0, 7200.0)
+    #: Seconds after a webhook's first attempt past which it is given up.
+    webhook_retry_for_s: float = 86_400.0
 
     @property
     def sync_hold_s(self) -> float:

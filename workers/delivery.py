@@ -23,6 +23,7 @@ from router_queue.store.requests import Lease, RequestRecord
 
 from .context import WorkerContext
 from .providers import ADAPTERS, HandBack, ProviderCall, ProviderFailure
+from .webhooks import nudge as nudge_webhook
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ def _claim_and_run(context: WorkerContext, record: RequestRecord, body: bytes | 
     elif claim in (Claim.QUEUE_TIMEOUT, Claim.EXHAUSTED):
         metrics.completed(record.provider, record.model,
                           states.QUEUE_TIMEOUT if claim is Claim.QUEUE_TIMEOUT else states.PROVIDER_ERROR)
+        nudge_webhook(context, request_id)
     if claim not in (Claim.CLAIMED, Claim.RESUMED):
         log.info("request %s: %s; this delivery does nothing", request_id, claim)
         return claim.lower()
@@ -231,3 +233,4 @@ def _completed(context: WorkerContext, record: RequestRecord, written: Complete,
     """Count a completion this delivery wrote (not one a duplicate found done)."""
     if written is Complete.COMPLETED:
         context.services.metrics.completed(record.provider, record.model, outcome, time.time() - started_at)
+        nudge_webhook(context, record.id)

@@ -8,6 +8,10 @@
 * Queue timeouts: the longest-waiting requests of each queue that waited past
   their model's queue timeout end ``queue_timeout``, never dispatched.
 * Free slots: each provider's free slots are granted (a raised cap heals here).
+* Webhooks: every event due (new, a retry whose time came, or one whose
+  attempt's lease ran out: its worker died) is published to
+  ``router.webhooks``, and pushed back a lease in the same step, so a lost
+  message is published again then (workers/webhooks.py).
 
 Every action is safe to repeat: the claim lets one delivery run a request.
 """
@@ -31,6 +35,7 @@ class SweepReport:
     republished: int
     reaped: int
     timed_out: int
+    webhooks: int = 0
 
 
 def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
@@ -47,11 +52,14 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
     timed_out = sum(_time_out_queue_head(context, provider, now) for provider in services.catalog.providers())
     for provider in services.catalog.providers():
         store.grant(provider, now)
+    webhooks = services.webhooks.due(now=now, again_at=now + services.settings.webhook_lease_s)
+    for request_id in webhooks:
+        context.dispatcher.publish_webhook(request_id)
     services.metrics.swept(republished=republished, reaped=reaped, timed_out=timed_out)
     if republished or reaped or timed_out:
         log.warning("sweeper: %d re-published, %d taken from dead workers, %d queue timeouts",
                     republished, reaped, timed_out)
-    return SweepReport(republished, reaped, timed_out)
+    return SweepReport(republished, reaped, timed_out, len(webhooks))
 
 
 def _time_out_queue_head(context: WorkerContext, provider: str, now: float) -> int:

@@ -11,7 +11,7 @@ import uuid
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutting_down
 
-from router_queue.broker.celery_app import DELIVER_TASK, SWEEP_TASK, queue_name
+from router_queue.broker.celery_app import DELIVER_TASK, SWEEP_TASK, WEBHOOK_TASK, queue_name
 from router_queue.catalog import Catalog
 
 from .context import begin_shutdown, context_for
@@ -19,6 +19,7 @@ from .credentials import Credentials
 from .delivery import Execution, Later
 from .delivery import deliver as deliver_request
 from .sweeper import sweep as sweep_once
+from .webhooks import deliver_webhook as deliver_webhook_once
 
 
 @shared_task(
@@ -43,10 +44,20 @@ def deliver(self, request_id: str) -> str:
         raise self.retry(countdown=later.countdown, max_retries=None) from None
 
 
+@shared_task(bind=True, name=WEBHOOK_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+             max_retries=0)
+def deliver_webhook(self, request_id: str) -> str:
+    """One attempt at a request's webhook event (router.webhooks). Retries are
+    not Celery's: the event's next attempt is due in Redis, and the sweeper
+    publishes it then."""
+    return deliver_webhook_once(context_for(self.app), request_id)
+
+
 @shared_task(bind=True, name=SWEEP_TASK, acks_late=True, ignore_result=True, max_retries=0)
 def sweep(self) -> dict[str, int]:
     report = sweep_once(context_for(self.app))
-    return {"republished": report.republished, "reaped": report.reaped, "timed_out": report.timed_out}
+    return {"republished": report.republished, "reaped": report.reaped, "timed_out": report.timed_out,
+            "webhooks": report.webhooks}
 
 
 log = logging.getLogger(__name__)

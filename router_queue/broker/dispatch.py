@@ -31,7 +31,7 @@ import json
 from celery import Celery
 
 from ..store.requests import BrokerTemplate, RequestStore
-from .celery_app import DELIVER_TASK, queue_name
+from .celery_app import DELIVER_TASK, WEBHOOK_TASK, WEBHOOKS_QUEUE, queue_name
 
 #: Stand-ins for the per-grant values, as lib.lua's grant() replaces them
 #: (plain letters: they are Lua patterns too).
@@ -73,6 +73,10 @@ class Dispatcher:
     def publish(self, request_id: str, provider: str) -> None:
         """Publish one request's delivery (a takeover, a hand-back, an operator's requeue)."""
         self.celery.send_task(DELIVER_TASK, args=[request_id], queue=queue_name(provider))
+
+    def publish_webhook(self, request_id: str) -> None:
+        """Nudge a webhook worker to attempt the request's event now."""
+        self.celery.send_task(WEBHOOK_TASK, args=[request_id], queue=WEBHOOKS_QUEUE)
 
     def publish_granted(self, provider: str, request_ids: list[str]) -> None:
         for request_id in request_ids:

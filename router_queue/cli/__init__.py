@@ -6,9 +6,12 @@
     router-queue workspace set-limits WS_ID [--max-queued N] [--rate "20/second"] [--weight N] [--max-in-flight N]
     router-queue workspace list
     router-queue workspace ledger WS_ID
+    router-queue workspace set-webhook WS_ID URL | --off
+    router-queue workspace webhook-secret WS_ID [--rotate]
     router-queue key mint WS_ID
     router-queue key mint-legacy
     router-queue ops depths | inspect ID | cancel ID | requeue ID | drain PROVIDER [--off] | purge-expired
+    router-queue ops webhooks WS_ID
     router-queue dev                # the whole stack on this machine
 """
 
@@ -19,6 +22,8 @@ from flask.cli import FlaskGroup
 from limits import parse_many
 
 from ..dev.stack import dev
+from ..webhooks import event as webhook_event
+from ..webhooks import safety
 from ..web.app import create_app
 from ..web.front import front_door
 from .ops import ops, require_router_queue_data
@@ -123,6 +128,48 @@ def ledger(workspace_id: str, count: int) -> None:
     for entry in _accounts().ledger(workspace_id, count):
         click.echo(f"{entry.id}\t{entry.type}\t{entry.amount}\t{entry.request_id}\t"
                    f"balance={entry.balance}\theld={entry.held}")
+
+
+@workspace.command("set-webhook")
+@click.argument("workspace_id")
+@click.argument("url", required=False)
+@click.option("--off", is_flag=True, help="Remove the default instead.")
+def set_webhook(workspace_id: str, url: str | None, off: bool) -> None:
+    """The URL a completed request's event goes to when the request names none
+    (X-Comfy-Webhook-Url). https, public addresses only."""
+    if off == bool(url):
+        raise click.UsageError("give a URL, or --off")
+    if url:
+        settings = front_door().services.settings
+        try:
+            safety.check(url, allow_loopback_http=settings.webhook_allow_loopback_http)
+        except safety.UnsafeWebhookUrl as exc:
+            raise click.BadParameter(str(exc), param_hint="URL") from None
+    _or_fail(lambda: _accounts().set_webhook_url(workspace_id, url))
+    if off:
+        click.echo(f"no default webhook for {workspace_id}")
+        return
+    click.echo(f"webhooks of {workspace_id} go to {url} unless a request names its own")
+    if not _accounts().signing_secrets(workspace_id):
+        click.echo(f"no signing secret yet: run router-queue workspace webhook-secret {workspace_id}", err=True)
+
+
+@workspace.command("webhook-secret")
+@click.argument("workspace_id")
+@click.option("--rotate", is_flag=True,
+              help="Replace the secret; the old one keeps signing beside it for 24 h.")
+def webhook_secret(workspace_id: str, rotate: bool) -> None:
+    """Create the workspace's webhook signing secret and print it, once. It is
+    never shown again: with one in place, --rotate makes and prints a new one."""
+    secret = webhook_event.new_secret()
+    outcome = _or_fail(lambda: _accounts().webhook_secret(workspace_id, secret, rotate=rotate))
+    if outcome == "EXISTS":
+        raise click.ClickException(f"{workspace_id} has a webhook secret already and it is never shown again; "
+                                   "--rotate makes a new one (the old one keeps signing for 24 h)")
+    click.echo(secret)
+    if outcome == "ROTATED":
+        click.echo("the previous secret signs beside this one for 24 h: update your receiver within that time",
+                   err=True)
 
 
 @main.group()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+import time
 
 import click
 from flask.cli import AppGroup, with_appcontext
@@ -106,6 +107,28 @@ def drain(provider: str, off: bool) -> None:
         raise click.ClickException(f"no provider {provider!r}")
     front_door().services.store.set_draining(provider, not off)
     click.echo(f"{provider} {'admitting' if off else 'draining'}")
+
+
+@ops.command("webhooks")
+@click.argument("workspace_id")
+@click.option("--count", type=click.IntRange(min=1), default=20, show_default=True)
+def webhooks(workspace_id: str, count: int) -> None:
+    """A workspace's recent webhook attempts, newest first, and its failing endpoints."""
+    services = front_door().services
+    if services.accounts.get(workspace_id) is None:
+        raise click.ClickException(f"no workspace {workspace_id!r}")
+    click.echo("failing endpoints (failed attempts in a row):")
+    failing = services.webhooks.failing(workspace_id)
+    for _, url, failures in failing:
+        click.echo(f"  {failures}\t{url}")
+    if not failing:
+        click.echo("  none")
+    click.echo("recent attempts:")
+    click.echo("  at\trequest_id\tattempt\toutcome\tstatus\tseconds\turl\terror")
+    for a in services.webhooks.attempts(workspace_id, count):
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(a.at))
+        click.echo(f"  {at}\t{a.request_id}\t{a.attempt}\t{a.outcome}\t{a.status or '-'}\t{a.seconds:.3f}\t"
+                   f"{a.url}\t{a.error or '-'}")
 
 
 @ops.command("purge-expired")

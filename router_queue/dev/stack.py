@@ -22,7 +22,7 @@ from pathlib import Path
 
 import click
 
-from ..broker.celery_app import MAINTENANCE_QUEUE, queue_name
+from ..broker.celery_app import MAINTENANCE_QUEUE, WEBHOOKS_QUEUE, queue_name
 
 ROOT = Path(__file__).resolve().parents[2]
 #: gunicorn's limits on the request line and on one header field, as in the
@@ -135,9 +135,10 @@ class Stack:
 
     def start_worker(self, providers: list[str], name: str = "worker", pool: str = "threads",
                      concurrency: int = 8, app: str = "workers.main") -> subprocess.Popen:
-        """A Celery worker consuming ``providers``' queues and the maintenance
-        queue; ``app`` is the Celery app module (the bench adds a task of its own)."""
-        queues = ",".join([queue_name(p) for p in providers] + [MAINTENANCE_QUEUE])
+        """A Celery worker consuming ``providers``' queues, the maintenance
+        queue and the webhooks' queue; ``app`` is the Celery app module (the
+        bench adds a task of its own)."""
+        queues = ",".join([queue_name(p) for p in providers] + [MAINTENANCE_QUEUE, WEBHOOKS_QUEUE])
         return self._spawn(name, [
             sys.executable, "-m", "celery", "-A", app, "worker", "--queues", queues,
             "--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO",
@@ -251,6 +252,7 @@ def dev(port: int, stub_port: int) -> None:
         start_embedded_redis(redis_port)
         env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
     env.setdefault("PROVIDER_ORIGIN_OVERRIDE", f"http://127.0.0.1:{stub_port}")
+    env.setdefault("WEBHOOK_ALLOW_LOOPBACK_HTTP", "1")  # a receiver of your own on this machine
     for name in Catalog.credential_variables(env.get("CATALOG_PATH") or DEFAULT_CATALOG):
         env.setdefault(name, "stub-key")  # the stub takes any key, for every provider the catalog names
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))

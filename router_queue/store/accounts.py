@@ -15,8 +15,12 @@ from dataclasses import dataclass
 import redis
 
 from . import keys
+from .requests import load_script
 
 KEY_PREFIX = "rq_"
+#: Seconds a rotated-out webhook secret keeps signing beside the new one, so
+#: receivers can switch to the new one without missing an event.
+WEBHOOK_SECRET_OVERLAP_S = 86_400
 #: What a legacy key (one that belongs to no workspace) maps to.
 NO_WORKSPACE = "-"
 
@@ -62,6 +66,7 @@ class LedgerEntry:
 class Accounts:
     def __init__(self, client: redis.Redis):
         self.client = client
+        self._webhook_secret = load_script(client, "webhook_secret")
 
     def create_workspace(self, name: str, *, queue_enabled: bool = False, credits: int = 0) -> str:
         workspace_id = "ws_" + secrets.token_hex(8)
@@ -164,6 +169,44 @@ class Accounts:
                 balance=int(float(row["balance"])), held=int(row["held"]), at=float(row["at"]),
             ))
         return entries
+
+    # -- webhooks ------------------------------------------------------------
+    def set_webhook_url(self, workspace_id: str, url: str | None) -> None:
+        """The workspace's default webhook URL (checked by the caller); None removes it.
+        Requests admitted from now on take it unless they name their own."""
+        self._require(workspace_id)
+        if url:
+            self.client.hset(keys.workspace(workspace_id), "webhook_url", url)
+        else:
+            self.client.hdel(keys.workspace(workspace_id), "webhook_url")
+
+    def webhook_url(self, workspace_id: str) -> str | None:
+        value = self.client.hget(keys.workspace(workspace_id), "webhook_url")
+        return value.decode() if value else None
+
+    def webhook_secret(self, workspace_id: str, secret: str, *, rotate: bool = False,
+                       now: float | None = None) -> str:
+        """Create the workspace's signing secret (``secret``) unless it has one,
+        or with ``rotate`` make ``secret`` the current one while the old one
+        signs beside it for :data:`WEBHOOK_SECRET_OVERLAP_S`. Returns
+        "CREATED", "EXISTS" (``secret`` was not stored) or "ROTATED"."""
+        until = (now or time.time()) + WEBHOOK_SECRET_OVERLAP_S
+        reply = self._webhook_secret(keys=[keys.workspace(workspace_id)],
+                                     args=["rotate" if rotate else "create", secret, repr(until)])
+        outcome = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
+        if outcome == "MISSING":
+            raise LookupError(f"no workspace {workspace_id!r}")
+        return outcome
+
+    def signing_secrets(self, workspace_id: str, now: float | None = None) -> list[str]:
+        """The secrets that sign the workspace's events now: the current one,
+        and the previous one while a rotation's overlap lasts."""
+        current, previous, until = self.client.hmget(
+            keys.workspace(workspace_id), ("webhook_secret", "webhook_secret_previous", "webhook_previous_until"))
+        out = [current.decode()] if current else []
+        if previous and until and float(until) > (now or time.time()):
+            out.append(previous.decode())
+        return out
 
     def workspace_for_key(self, api_key: str) -> str | None:
         value = self.client.get(keys.api_key(hash_key(api_key)))

@@ -33,6 +33,15 @@ rq:metrics:sweeper             hash    none (counters)                 metrics.p
 rq:completions:{provider}:{t}  string  COMPLETIONS_TTL_S (completions  metrics.py
                                        in the 10 s starting at t*10)
 rq:draining                    set     none (providers not admitting)  cli (ops drain)
+rq:webhook:{id}                hash    none while pending; retention   lua/lib.lua
+                                       once delivered or given up      (owe_webhook),
+                                                                       webhook_*.lua
+rq:webhooks:due                zset    none (events owed, scored by    lua/lib.lua,
+                                       when to publish them next)      webhook_*.lua
+rq:webhooks:log:{workspace}    list    none (its last attempts)        webhook_record.lua
+rq:webhooks:failing            hash    none ("{ws}|{url}": failures    webhook_record.lua
+                                       in a row)
+rq:metrics:webhooks            hash    none (counters, histogram)      metrics.py
 rq:events:{id}                 pubsub  (a channel, not a key)          lua/lib.lua
                                                                        (announce): claim,
                                                                        progress, completion
@@ -60,6 +69,21 @@ scored by when their grant must have been claimed (``REPUBLISH_AFTER_SECONDS``
 after it). Its size is the provider's count in flight (the fleet-wide cap);
 members past expiry are requests whose worker died or whose message was lost:
 the reaper publishes them again.
+Request hash fields for webhooks (admit.lua): ``webhook_url`` (the request's
+own, else its workspace's default; absent: no webhook) and
+``webhook_response_url``. Workspace hash fields for them (accounts.py):
+``webhook_url`` (the default), ``webhook_secret``, ``webhook_secret_previous``
+and ``webhook_previous_until`` (when the previous secret stops signing).
+``rq:webhook:{id}`` is the event owed, snapshotted when the request completed:
+``request_id url response_url workspace model status error_type created_at
+started_at completed_at owed_at`` (what the body is built from), and the
+delivery's state: ``state`` (pending, delivered, gone: the receiver answered
+410, given_up), ``attempts``, ``first_attempt_at``, ``next_at`` (no attempt
+before it), ``lease_until`` and ``token`` (the attempt running now),
+``last_status``, ``last_error``, ``done_at``. ``rq:webhooks:due`` holds every
+pending event's request id scored by when beat's sweeper publishes it: its
+next attempt, or the end of a running attempt's lease (a killed worker's
+event comes back then).
 ``rq:sched:{provider}`` and the keys under it are the fair schedule of the
 requests waiting for a slot (the policy is written down in ``lua/lib.lua``).
 Its hash fields: ``vtime`` (the tag granted last), ``slotseq`` and ``grantseq``
@@ -159,3 +183,25 @@ def sweeper_metrics() -> str:
 
 def draining() -> str:
     return f"{PREFIX}:draining"
+
+
+def webhook_event(request_id: str) -> str:
+    """The webhook a completed request owes (lua/lib.lua spells it too)."""
+    return f"{PREFIX}:webhook:{request_id}"
+
+
+def webhooks_due() -> str:
+    """Pending webhook events by when to publish them (lua/lib.lua spells it too)."""
+    return f"{PREFIX}:webhooks:due"
+
+
+def webhook_log(workspace_id: str) -> str:
+    return f"{PREFIX}:webhooks:log:{workspace_id}"
+
+
+def webhooks_failing() -> str:
+    return f"{PREFIX}:webhooks:failing"
+
+
+def webhook_metrics() -> str:
+    return f"{PREFIX}:metrics:webhooks"

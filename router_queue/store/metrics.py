@@ -48,6 +48,10 @@ HISTOGRAMS = {
 }
 
 
+#: What a webhook attempt can come to, and an event given up, as counted.
+WEBHOOK_OUTCOMES = ("delivered", "failed", "gone", "refused", "given_up")
+
+
 def _bucket(value: float) -> str:
     for bound in BUCKETS:
         if value <= bound:
@@ -130,6 +134,20 @@ class MetricsRecorder:
     def retried(self, provider: str, model: str) -> None:
         self._write("retried", lambda pipe: pipe.hincrby(keys.metrics(provider), f"retries|{model}", 1))
 
+    def webhook_attempt(self, outcome: str, seconds: float) -> None:
+        """One webhook attempt: "delivered", "failed", "gone", "refused" (its URL
+        resolved to an address we do not call), and its latency."""
+        def fill(pipe) -> None:
+            key = keys.webhook_metrics()
+            pipe.hincrby(key, f"outcome|{outcome}", 1)
+            pipe.hincrby(key, f"seconds_bucket|{_bucket(seconds)}", 1)
+            pipe.hincrbyfloat(key, "seconds_sum", max(0.0, seconds))
+            pipe.hincrby(key, "seconds_count", 1)
+        self._write("webhook_attempt", fill)
+
+    def webhook_given_up(self) -> None:
+        self._write("webhook_given_up", lambda pipe: pipe.hincrby(keys.webhook_metrics(), "outcome|given_up", 1))
+
     def swept(self, *, republished: int, reaped: int, timed_out: int) -> None:
         def fill(pipe) -> None:
             for action, count in (("republished", republished), ("reaped", reaped), ("timed_out", timed_out)):
@@ -156,9 +174,11 @@ class RedisCollector(Collector):
             pipe.zcard(keys.schedule_workspaces(provider))
         pipe.hgetall(keys.sweeper_metrics())
         pipe.smembers(keys.draining())
+        pipe.hgetall(keys.webhook_metrics())
         replies = pipe.execute()
-        draining = {d.decode() for d in replies[-1]}
-        sweeper = {k.decode(): int(v) for k, v in replies[-2].items()}
+        webhooks = {k.decode(): float(v) for k, v in replies[-1].items()}
+        draining = {d.decode() for d in replies[-2]}
+        sweeper = {k.decode(): int(v) for k, v in replies[-3].items()}
 
         depth = GaugeMetricFamily("router_queue_depth", "Requests waiting IN_QUEUE.", labels=["provider"])
         in_flight = GaugeMetricFamily("router_queue_in_flight", "Requests holding a provider slot: IN_PROGRESS, or granted one and not yet started.",
@@ -201,6 +221,24 @@ class RedisCollector(Collector):
             sweeps.add_metric([action], sweeper.get(action, 0))
         yield from (depth, in_flight, cap, workspaces, oldest, drain, admitted, refused, completed, retries, sweeps)
         yield from histograms.values()
+        yield from self._webhooks(webhooks)
+
+    @staticmethod
+    def _webhooks(fields: dict[str, float]) -> Iterable:
+        deliveries = CounterMetricFamily("router_queue_webhook_deliveries",
+                                         "Webhook attempts by outcome (delivered, failed, gone, refused), and "
+                                         "events given up (given_up).", labels=["outcome"])
+        for outcome in WEBHOOK_OUTCOMES:
+            deliveries.add_metric([outcome], fields.get(f"outcome|{outcome}", 0))
+        latency = HistogramMetricFamily("router_queue_webhook_delivery_seconds",
+                                        "Seconds one webhook attempt took, to the receiver's answer or failure.")
+        cumulative, rows = 0, []
+        for bound in [repr(b) for b in BUCKETS] + ["+Inf"]:
+            cumulative += int(fields.get(f"seconds_bucket|{bound}", 0))
+            rows.append((bound, cumulative))
+        latency.add_metric([], rows, fields.get("seconds_sum", 0.0))
+        yield deliveries
+        yield latency
 
     def _created_at(self, request_ids: list[str]) -> dict[str, float]:
         if not request_ids:

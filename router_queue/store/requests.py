@@ -251,11 +251,15 @@ class RequestStore:
         now: float | None = None,
         rate=None,
         priority: str = "normal",
+        webhook_url: str = "",
+        response_url: str = "",
     ) -> Admission:
         """One atomic admission (``admit.lua``): the record, its place in the
         provider's schedule, and a slot with its Celery message when one is
         free. ``rate`` (a ``ratelimit.Allowance``) is counted first; a spent
-        window raises the refusal it makes."""
+        window raises the refusal it makes. ``webhook_url`` (checked by the
+        caller; "" for the workspace's default, if any) gets the completion's
+        event, which names ``response_url``."""
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         idem_key = keys.idempotency(workspace, idempotency_key_hash or "-")
         now = now or time.time()
@@ -271,7 +275,8 @@ class RequestStore:
                 request_id, workspace, model, provider, body, repr(now),
                 fingerprint if idempotency_key_hash else "", self.idempotency_ttl_s,
                 "1" if require_enabled else "0", grant_until, int(price),
-                self.max_queued, template, cap, priority, self._deadline(now), *rate_args,
+                self.max_queued, template, cap, priority, self._deadline(now), webhook_url, response_url,
+                *rate_args,
             ],
         )
         code = Admit(_text(reply[0]))

@@ -20,7 +20,9 @@ from ..schemas import validation_detail
 from ..services import Services
 from ..store.outcomes import Admit
 from ..store.requests import PRIORITIES
+from ..webhooks import safety
 from . import pacing
+from .views import request_urls
 
 #: Longest Idempotency-Key accepted, in characters.
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
@@ -83,6 +85,23 @@ def priority(raw: str | None) -> str:
     return raw
 
 
+WEBHOOK_HEADER = "X-Comfy-Webhook-Url"
+
+
+def webhook_url(raw: str | None, *, allow_loopback_http: bool) -> str:
+    """``X-Comfy-Webhook-Url``: where the completion's event goes; "" when
+    absent (the workspace's default applies, if it has one). ``400
+    invalid_input`` unless it is https and resolves to public addresses only
+    (``webhooks/safety.py``; checked again before every delivery)."""
+    if raw is None:
+        return ""
+    try:
+        safety.check(raw, allow_loopback_http=allow_loopback_http)
+    except safety.UnsafeWebhookUrl as exc:
+        raise InvalidInput(f"{WEBHOOK_HEADER} {exc}") from None
+    return raw
+
+
 def fingerprint(model_id: str, body: dict[str, Any]) -> str:
     """What an Idempotency-Key is bound to: the model and the canonical body."""
     # ASCII escapes keep a lone surrogate (legal in JSON text) encodable.
@@ -100,16 +119,19 @@ class Admitted:
 
 def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: bytes,
           raw_idempotency_key: str | None, raw_priority: str | None = None, queued: bool = True,
-          rate: Callable[[], Any] = lambda: None) -> Admitted:
+          rate: Callable[[], Any] = lambda: None, raw_webhook_url: str | None = None,
+          base_url: str = "") -> Admitted:
     """Admit a request for the workers. ``queued`` is False for the synchronous
     route, which shares everything but queued delivery's gating. ``rate`` hands
     over the call's rate allowance (``ratelimit.carried_allowance``), taken only
     when the admit script runs to count it in the same atomic step: a body
-    refused before that leaves it to the after-request hook."""
+    refused before that leaves it to the after-request hook. ``base_url``
+    builds the response_url a webhook's event names."""
     if queued and not entry.queueable:
         raise NotEnabled(f"{entry.id} cannot be queued; use POST /v2/models/{entry.id}")
     key = idempotency_key(raw_idempotency_key)
     rank = priority(raw_priority)
+    hook = webhook_url(raw_webhook_url, allow_loopback_http=services.settings.webhook_allow_loopback_http)
     body = parse_body(raw_body)
     validate_body(entry, body)
     request_id = services.ids.mint(workspace, entry.id)
@@ -125,6 +147,8 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         require_enabled=queued,
         rate=rate(),
         priority=rank,
+        webhook_url=hook,
+        response_url=request_urls(base_url, entry.id, request_id)["response_url"] if base_url else "",
     )
     if admission.outcome is Admit.EXPIRED:
         raise ServiceUnavailable("the request store answered too late; nothing was admitted or charged; "

@@ -72,7 +72,8 @@ def summary() -> dict:
             "waiting_workspaces": waiting_workspaces,
             "largest": [{"workspace": ws, "waiting": n} for ws, n in largest],
         })
-    return {"providers": rows, "at": now}
+    failing = [{"workspace": ws, "url": url, "failures": n} for ws, url, n in services.webhooks.failing()[:20]]
+    return {"providers": rows, "at": now, "webhooks": {"pending": services.webhooks.pending(), "failing": failing}}
 
 
 @operations.get("/ops/summary.json")

@@ -85,6 +85,7 @@ def submit(provider: str, model: str) -> Response:
         front.services, workspace=workspace, entry=entry, raw_body=_body(),
         raw_idempotency_key=request.headers.get("Idempotency-Key"),
         raw_priority=request.headers.get("X-Comfy-Priority"), rate=carried_allowance,
+        raw_webhook_url=request.headers.get(admission.WEBHOOK_HEADER), base_url=_base_url(front),
     )
     g.call_id = admitted.request_id
     log.info("submit: %s", "replayed" if admitted.replayed else "admitted", extra={
@@ -170,6 +171,7 @@ def run(provider: str, model: str) -> Response:
         front.services, workspace=caller.workspace, entry=entry, raw_body=_body(),
         raw_idempotency_key=request.headers.get("Idempotency-Key"),
         raw_priority=request.headers.get("X-Comfy-Priority"), queued=False, rate=carried_allowance,
+        raw_webhook_url=request.headers.get(admission.WEBHOOK_HEADER), base_url=_base_url(front),
     )
     g.call_id = admitted.request_id
     settings = front.services.settings

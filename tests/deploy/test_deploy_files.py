@@ -50,9 +50,10 @@ import redis
 import yaml
 
 from router_queue.dev.stack import WEB_SERVING, WEB_WORKER_CLASS, free_port, redis_answers
+from router_queue.web import events
 from router_queue.web.gunicorn_worker import header_timeout_s
 from router_queue.settings import _ENV, Settings
-from router_queue.broker.celery_app import MAINTENANCE_QUEUE, queue_name
+from router_queue.broker.celery_app import MAINTENANCE_QUEUE, WEBHOOKS_QUEUE, queue_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -307,6 +308,9 @@ def test_one_worker_deployment_per_provider_queue() -> None:
     consuming_maintenance = [p for p, d in workers.items()
                              if MAINTENANCE_QUEUE in _env(_container(d))["WORKER_QUEUES"]["value"].split(",")]
     assert len(consuming_maintenance) == 1, "exactly one worker Deployment runs the sweeper's queue"
+    consuming_webhooks = [p for p, d in workers.items()
+                          if WEBHOOKS_QUEUE in _env(_container(d))["WORKER_QUEUES"]["value"].split(",")]
+    assert len(consuming_webhooks) == 1, "exactly one worker Deployment delivers webhooks"
     for provider, deployment in workers.items():
         assert deployment["metadata"]["name"] == f"worker-{provider}"
         assert queue_name(provider) in _env(_container(deployment))["WORKER_QUEUES"]["value"].split(",")
@@ -558,7 +562,7 @@ def test_compose_services_run_modules_that_exist() -> None:
 
 def test_compose_workers_each_consume_one_provider() -> None:
     services = _compose()["services"]
-    seen, maintenance = [], 0
+    seen, maintenance, webhooks = [], 0, 0
     for name, service in services.items():
         queues = service.get("environment", {}).get("WORKER_QUEUES")
         if queues is None:
@@ -568,11 +572,12 @@ def test_compose_workers_each_consume_one_provider() -> None:
         assert len(providers) == 1 and providers[0] in CATALOG["providers"], f"{name}: {queues}"
         assert name == f"worker-{providers[0]}"
         maintenance += MAINTENANCE_QUEUE in queues.split(",")
+        webhooks += WEBHOOKS_QUEUE in queues.split(",")
         seen.append(providers[0])
         # Same warm-shutdown allowance as the Kubernetes Deployment.
         k8s_grace = _worker_deployments()[providers[0]]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert _seconds(service["stop_grace_period"]) == k8s_grace, name
-    assert sorted(seen) == PROVIDERS and maintenance == 1
+    assert sorted(seen) == PROVIDERS and maintenance == 1 and webhooks == 1
 
 
 def test_compose_redis_is_durable_and_healthchecked() -> None:
@@ -723,15 +728,20 @@ def test_nginx_limits_agree_with_the_app() -> None:
     assert buffer > int(_option(web, "--limit-request-field_size"))
     assert int(_nginx_one("worker_rlimit_nofile")) >= 2 * int(_nginx_one("worker_connections"))
 
-    # The synchronous route, and only it, gets the long read timeout, unbuffered.
-    (pattern,) = re.findall(r"^\s*location ~ (\S+) \{", NGINX_CONF.read_text(), flags=re.M)
+    # The synchronous route and the event stream, and only they, get long read
+    # timeouts, unbuffered: one location each.
+    patterns = re.findall(r"^\s*location ~ (\S+) \{", NGINX_CONF.read_text(), flags=re.M)
     routes = _app_routes()
-    assert {endpoint for endpoint, path in routes.items() if re.search(pattern, path)} == {"queue.run"}
-    sync = _nginx_block(f"location ~ {pattern}")
+    served = {frozenset(e for e, path in routes.items() if re.search(p, path)): p for p in patterns}
+    assert set(served) == {frozenset({"queue.run"}), frozenset({"queue.events"})}, served
+    sync = _nginx_block(f"location ~ {served[frozenset({'queue.run'})]}")
     read_timeout = _seconds(_nginx_one("proxy_read_timeout", sync))
     assert settings.sync_deadline_s < read_timeout < float(_option(web, "--timeout"))
     assert _nginx_one("proxy_buffering", sync) == "off"
-    elsewhere = NGINX_CONF.read_text().replace(sync, "")
+    stream = _nginx_block(f"location ~ {served[frozenset({'queue.events'})]}")
+    assert _seconds(_nginx_one("proxy_read_timeout", stream)) > events.MAX_STREAM_S > 2 * events.HEARTBEAT_S
+    assert _nginx_one("proxy_buffering", stream) == "off"
+    elsewhere = NGINX_CONF.read_text().replace(sync, "").replace(stream, "")
     assert _seconds(_nginx_one("proxy_read_timeout", elsewhere)) < settings.sync_deadline_s
     # nginx's graceful stop fits in the pod's grace period, after its preStop sleep.
     grace = _deployments()["web"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
@@ -901,7 +911,7 @@ def test_procfile_commands() -> None:
     assert _option(worker, "--pool") == "threads"
     assert int(_option(worker, "--concurrency")) == 64
     assert {"--without-gossip", "--without-mingle"} <= set(worker)
-    assert set(_option(worker, "--queues").split(",")) == {queue_name(p) for p in PROVIDERS} | {MAINTENANCE_QUEUE}
+    assert set(_option(worker, "--queues").split(",")) == {queue_name(p) for p in PROVIDERS} | {MAINTENANCE_QUEUE, WEBHOOKS_QUEUE}
     assert _option(_shell_words(procfile["worker"], {"WORKER_QUEUES": "provider.bfl"}), "--queues") == "provider.bfl"
     beat = _shell_words(procfile["beat"], {"BEAT_SCHEDULE_FILE": "/x/schedule"})
     assert beat[:4] == ["celery", "-A", "workers.main", "beat"] and _option(beat, "--schedule") == "/x/schedule"

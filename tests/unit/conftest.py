@@ -70,6 +70,9 @@ class RecordingDispatcher:
         for request_id in request_ids:
             self.publish(request_id, provider)
 
+    def publish_webhook(self, request_id: str) -> None:
+        self.published.append((request_id, "webhook"))
+
 
 @pytest.fixture
 def dispatcher(services) -> RecordingDispatcher:

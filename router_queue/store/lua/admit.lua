@@ -10,7 +10,7 @@
 -- KEYS[7] rq:ledger:{workspace}  KEYS[8] rq:metrics:{provider}  KEYS[9] rq:draining
 -- KEYS[10] rq:running:{provider} KEYS[11] the broker's list for the provider
 -- KEYS[12..] the caller's rate-window counters, with a (limit, window
---          seconds) pair each in ARGV[17..] (ratelimit.py): counted first
+--          seconds) pair each in ARGV[19..] (ratelimit.py): counted first
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] provider
 -- ARGV[5] body (JSON text)       ARGV[6] now (unix seconds)
 -- ARGV[7] fingerprint of (model, canonical body); "" when no Idempotency-Key
@@ -27,6 +27,9 @@
 -- ARGV[15] priority within the workspace: "high" | "normal" | "low"
 -- ARGV[16] deadline (Unix seconds, Redis's clock) past which nothing is
 --          written: the front door has answered 503 by then; "" for none
+-- ARGV[17] the request's webhook URL (X-Comfy-Webhook-Url, checked by the
+--          front door), or "" for the workspace's default, if it has one
+-- ARGV[18] the request's response_url, for the webhook's event
 -- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}
 --       | {"IDEM_CONFLICT"} | {"NOT_ENABLED"} | {"BACKLOG_FULL"}
 --       | {"INSUFFICIENT_CREDITS", available} | {"DRAINING"}
@@ -42,7 +45,7 @@ if past_deadline(ARGV[16]) then
   return {"EXPIRED"}
 end
 
-local spent = spend_rate(12, 17)
+local spent = spend_rate(12, 19)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
@@ -61,7 +64,7 @@ end
 if redis.call("SISMEMBER", KEYS[9], ARGV[4]) == 1 then
   return refused("DRAINING")
 end
-local ws = redis.call("HMGET", KEYS[5], "queue_enabled", "queued", "max_queued", "credits", "held")
+local ws = redis.call("HMGET", KEYS[5], "queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url")
 if ARGV[9] == "1" and ws[1] ~= "1" then
   return refused("NOT_ENABLED")
 end
@@ -86,6 +89,10 @@ if price > 0 then
   local held = redis.call("HINCRBY", KEYS[5], "held", price)
   redis.call("XADD", KEYS[7], "*", "type", "hold", "request_id", ARGV[1], "amount", price,
     "balance", tonumber(ws[4] or "0"), "held", held, "at", ARGV[6])
+end
+local webhook = ARGV[17] ~= "" and ARGV[17] or ws[6]
+if webhook and webhook ~= "" then
+  redis.call("HSET", KEYS[1], "webhook_url", webhook, "webhook_response_url", ARGV[18])
 end
 if ARGV[7] ~= "" then
   redis.call("HSET", KEYS[1], "idem", KEYS[6])

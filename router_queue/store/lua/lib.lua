@@ -322,6 +322,29 @@ local function position(base, ws, request_id)
   return granted + (slot[1] and redis.call("ZRANK", base .. ":slots", slot[1]) or i)
 end
 
+-- A request that just completed owes its caller a webhook when its record
+-- names a URL (admit.lua wrote it: the request's own X-Comfy-Webhook-Url or
+-- its workspace's default). In the same atomic step as the completion, the
+-- event is snapshotted into rq:webhook:{id} and put in rq:webhooks:due, due
+-- now: "completed" and "event owed" cannot be told apart by any crash. The
+-- workers deliver it (workers/webhooks.py); keys.py lists the fields.
+local function owe_webhook(req_key, request_id, now)
+  local r = redis.call("HMGET", req_key, "webhook_url", "webhook_response_url", "workspace", "model",
+    "error_type", "created_at", "started_at", "completed_at")
+  if not r[1] or r[1] == "" then
+    return
+  end
+  local event = "rq:webhook:" .. request_id
+  if redis.call("EXISTS", event) == 1 then
+    return
+  end
+  redis.call("HSET", event, "request_id", request_id, "url", r[1], "response_url", r[2] or "",
+    "workspace", r[3] or "", "model", r[4] or "", "status", "COMPLETED", "error_type", r[5] or "",
+    "created_at", r[6] or now, "started_at", r[7] or "", "completed_at", r[8] or now,
+    "state", "pending", "attempts", 0, "next_at", now, "owed_at", now)
+  redis.call("ZADD", "rq:webhooks:due", now, request_id)
+end
+
 -- End a request that produced no output the provider billed (cancelled while
 -- queued, timed out in the queue, given up after its workers kept dying):
 -- COMPLETED with its bucket, out of the queue, the schedule and its slot, its
@@ -339,6 +362,7 @@ local function finish_unbilled(k, S, request_id, now, retention, was_queued, err
   settle(k.req, k.ws, k.ledger, request_id, "release", now)
   redis.call("EXPIRE", k.req, retention)
   redis.call("ZREM", k.queue, request_id)
+  owe_webhook(k.req, request_id, now)
   announce_completed(request_id)
 end
 

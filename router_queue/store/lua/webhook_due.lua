@@ -1,0 +1,14 @@
+-- webhook_due.lua: the sweeper's pick of the webhook events due now (a new
+-- one, a retry whose time came, one whose attempt's lease ran out: its worker
+-- died). Each is pushed back to again_at in the same step, so the next sweep
+-- publishes it again only if no attempt took it by then (a lost message).
+--
+-- KEYS[1] rq:webhooks:due
+-- ARGV[1] now (s)  ARGV[2] again_at (s)  ARGV[3] most to take
+-- returns the request ids to publish
+
+local due = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1], "LIMIT", 0, tonumber(ARGV[3]))
+for _, request_id in ipairs(due) do
+  redis.call("ZADD", KEYS[1], ARGV[2], request_id)
+end
+return due
