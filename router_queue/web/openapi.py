@@ -156,9 +156,14 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
     priority = {"name": "X-Comfy-Priority", "in": "header", "required": False,
                 "description": "Orders this workspace's own requests; never those of other workspaces",
                 "schema": {"type": "string", "enum": list(PRIORITIES), "default": "normal"}}
+    webhook = {"name": "X-Comfy-Webhook-Url", "in": "header", "required": False,
+               "description": "Where the completion's signed event is POSTed (Standard Webhooks); https, public "
+                              "addresses only. Without it, the workspace's default, if any.",
+               "schema": {"type": "string", "format": "uri", "maxLength": 2048}}
     root = f"/v2/models/{entry.id}"
     spec.path(path=root, operations={"post": {
-        "summary": f"Run {entry.id} synchronously", "tags": [entry.id], "parameters": [idem, priority], "requestBody": body,
+        "summary": f"Run {entry.id} synchronously", "tags": [entry.id], "parameters": [idem, priority, webhook],
+        "requestBody": body,
         "responses": {"200": _output(entry, spec, output_name),
                       **_errors(400, 401, 402, 404, 409, 413, 422, 429, 502, 503, 504)},
     }})
@@ -167,7 +172,8 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
     handle = {"description": "admitted", "content": {"application/json": {"schema": HandleSchema}},
               "headers": {"X-Comfy-Request-Id": "X-Comfy-Request-Id", "Idempotent-Replayed": "Idempotent-Replayed"}}
     spec.path(path=f"{root}/requests", operations={"post": {
-        "summary": f"Queue a {entry.id} request", "tags": [entry.id], "parameters": [idem, priority], "requestBody": body,
+        "summary": f"Queue a {entry.id} request", "tags": [entry.id], "parameters": [idem, priority, webhook],
+        "requestBody": body,
         "responses": {"201": handle, **_errors(400, 401, 402, 403, 404, 409, 413, 422, 429, 503)},
     }})
     rid = {"name": "request_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}
@@ -242,7 +248,31 @@ def api_document(catalog: Catalog) -> dict[str, Any]:
                                                   "responses": {"200": {"description": "alive"}}}})
     document = _patch_parts(spec.to_dict())
     document["security"] = [{"apiKey": []}, {"bearer": []}]
+    document["components"]["schemas"]["WebhookEvent"] = WEBHOOK_EVENT
     return document
+
+
+#: The event a request's webhook receives (docs/API.md, "Webhooks"); in
+#: components, since the document's OpenAPI version may predate ``webhooks``.
+WEBHOOK_EVENT = {
+    "type": "object",
+    "description": "POSTed to X-Comfy-Webhook-Url when the request completes, signed per Standard Webhooks "
+                   "(webhook-id msg_<request_id>, webhook-timestamp, webhook-signature v1,<base64 HMAC-SHA256>). "
+                   "Answer 2xx; 410 stops retries; anything else is retried for 24 h.",
+    "required": ["type", "request_id", "model", "status", "error_type", "response_url", "created_at",
+                 "started_at", "completed_at"],
+    "properties": {
+        "type": {"type": "string", "enum": ["request.completed"]},
+        "request_id": {"type": "string"},
+        "model": {"type": "string"},
+        "status": {"type": "string", "enum": ["COMPLETED"]},
+        "error_type": {"type": "string", "nullable": True},
+        "response_url": {"type": "string", "format": "uri"},
+        "created_at": {"type": "string", "format": "date-time"},
+        "started_at": {"type": "string", "format": "date-time", "nullable": True},
+        "completed_at": {"type": "string", "format": "date-time"},
+    },
+}
 
 
 @lru_cache(maxsize=64)
