@@ -45,6 +45,8 @@ rq:metrics:webhooks            hash    none (counters, histogram)      metrics.p
 rq:events:{id}                 pubsub  (a channel, not a key)          lua/lib.lua
                                                                        (announce): claim,
                                                                        progress, completion
+rq:events:provider:{provider}  pubsub  (positions moved: a grant or a  lua/lib.lua
+                                       claim)                          (announce_moved)
 =============================  ======  ==============================  ==================
 
 Workspace hash fields: ``name queue_enabled credits held queued max_queued
@@ -160,6 +162,12 @@ def api_key(key_hash: str) -> str:
 
 def id_secret() -> str:
     return f"{PREFIX}:config:id-secret"
+
+
+#: Every request's and provider's event channel: one subscription per process.
+EVENTS_PATTERN = f"{PREFIX}:events:*"
+#: What follows the prefix on a provider's channel (request ids are UUIDs).
+PROVIDER_EVENTS = f"{PREFIX}:events:provider:"
 
 
 def events_channel(request_id: str) -> str:

@@ -48,6 +48,15 @@ def load_script(client: redis.Redis, name: str):
     return client.register_script(lua.joinpath("lib.lua").read_text() + lua.joinpath(f"{name}.lua").read_text())
 
 
+def event_source(channel: bytes | str) -> tuple[str | None, str | None]:
+    """What an ``event_feed`` message's channel names: (provider, None) when a
+    provider's queue moved, (None, request id) when a request changed."""
+    name = channel.decode() if isinstance(channel, bytes) else channel
+    if name.startswith(keys.PROVIDER_EVENTS):
+        return name[len(keys.PROVIDER_EVENTS):], None
+    return None, name.rsplit(":", 1)[-1]
+
+
 def _text(value: Any) -> str | None:
     if value is None:
         return None
@@ -397,6 +406,14 @@ class RequestStore:
             yield pubsub
         finally:
             pubsub.close()
+
+    def event_feed(self) -> Any:
+        """A subscription to every request's and provider's change notices (one
+        per front-door process: the event streams share it). Each message's
+        channel is ``events_channel(id)`` or ``PROVIDER_EVENTS + provider``."""
+        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        pubsub.psubscribe(keys.EVENTS_PATTERN)
+        return pubsub
 
     def pace(self, provider: str) -> Pace:
         avg_run, avg_gap = self.client.hmget(keys.stats(provider), _PACE_FIELDS)

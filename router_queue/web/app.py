@@ -18,6 +18,7 @@ from ..services import Services
 from ..settings import Settings
 from .auth import KeyResolver
 from .catalog_routes import discovery
+from .events import EventHub
 from .front import EXTENSION, FrontDoor
 from .operations import operations
 from .ratelimit import CARRIED_ENDPOINTS, RateLimits
@@ -42,7 +43,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     app = Flask(__name__, static_folder=None, template_folder="templates")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     keys = KeyResolver(services.accounts)
-    app.extensions[EXTENSION] = FrontDoor(services, dispatcher, keys)
+    app.extensions[EXTENSION] = FrontDoor(services, dispatcher, keys, EventHub(services.store))
     app.register_blueprint(queue)
     app.register_blueprint(discovery)
     _register_error_handlers(app)

@@ -10,6 +10,7 @@ from flask import current_app
 from ..broker.dispatch import Dispatcher
 from ..services import Services
 from .auth import KeyResolver
+from .events import EventHub
 
 #: The app's ``extensions`` entry that holds the :class:`FrontDoor`.
 EXTENSION = "router_queue"
@@ -20,6 +21,8 @@ class FrontDoor:
     services: Services
     dispatcher: Dispatcher
     keys: KeyResolver
+    #: The process's one subscription to change notices, for event streams.
+    events: EventHub
 
 
 def front_door() -> FrontDoor:

@@ -16,6 +16,7 @@ from ..store.ids import well_formed
 from ..store.outcomes import Cancel
 from ..store.requests import RequestRecord, StatusView
 from . import admission, pacing
+from .events import stream
 from .front import FrontDoor, front_door
 from .ratelimit import carried_allowance
 from .views import json_response, request_urls, status_body
@@ -136,6 +137,19 @@ def _replayed_handle(front: FrontDoor, entry: ModelEntry, request_id: str) -> Re
 def status(provider: str, model: str, request_id: str) -> Response:
     front = front_door()
     return _status_response(front, _caller_request(front, provider, model, request_id))
+
+
+@queue.get("/v2/models/<provider>/<model>/requests/<request_id>/events")
+def events(provider: str, model: str, request_id: str) -> Response:
+    """Server-sent events, one per change, until COMPLETED (``events.py``).
+    Found, authorized and counted like a status read: one stream is one call."""
+    front = front_door()
+    view = _caller_request(front, provider, model, request_id)
+    frames = stream(front.services.store, front.events, view, base=_base_url(front),
+                    retention_s=front.services.settings.result_retention_s,
+                    last_event_id=request.headers.get("Last-Event-ID"))
+    return Response(frames, 200, mimetype="text/event-stream",
+                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
 @queue.get("/v2/models/<provider>/<model>/requests/<request_id>")

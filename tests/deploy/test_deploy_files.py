@@ -50,6 +50,7 @@ import redis
 import yaml
 
 from router_queue.dev.stack import WEB_SERVING, WEB_WORKER_CLASS, free_port, redis_answers
+from router_queue.web import events
 from router_queue.web.gunicorn_worker import header_timeout_s
 from router_queue.settings import _ENV, Settings
 from router_queue.broker.celery_app import MAINTENANCE_QUEUE, WEBHOOKS_QUEUE, queue_name
@@ -727,15 +728,20 @@ def test_nginx_limits_agree_with_the_app() -> None:
     assert buffer > int(_option(web, "--limit-request-field_size"))
     assert int(_nginx_one("worker_rlimit_nofile")) >= 2 * int(_nginx_one("worker_connections"))
 
-    # The synchronous route, and only it, gets the long read timeout, unbuffered.
-    (pattern,) = re.findall(r"^\s*location ~ (\S+) \{", NGINX_CONF.read_text(), flags=re.M)
+    # The synchronous route and the event stream, and only they, get long read
+    # timeouts, unbuffered: one location each.
+    patterns = re.findall(r"^\s*location ~ (\S+) \{", NGINX_CONF.read_text(), flags=re.M)
     routes = _app_routes()
-    assert {endpoint for endpoint, path in routes.items() if re.search(pattern, path)} == {"queue.run"}
-    sync = _nginx_block(f"location ~ {pattern}")
+    served = {frozenset(e for e, path in routes.items() if re.search(p, path)): p for p in patterns}
+    assert set(served) == {frozenset({"queue.run"}), frozenset({"queue.events"})}, served
+    sync = _nginx_block(f"location ~ {served[frozenset({'queue.run'})]}")
     read_timeout = _seconds(_nginx_one("proxy_read_timeout", sync))
     assert settings.sync_deadline_s < read_timeout < float(_option(web, "--timeout"))
     assert _nginx_one("proxy_buffering", sync) == "off"
-    elsewhere = NGINX_CONF.read_text().replace(sync, "")
+    stream = _nginx_block(f"location ~ {served[frozenset({'queue.events'})]}")
+    assert _seconds(_nginx_one("proxy_read_timeout", stream)) > events.MAX_STREAM_S > 2 * events.HEARTBEAT_S
+    assert _nginx_one("proxy_buffering", stream) == "off"
+    elsewhere = NGINX_CONF.read_text().replace(sync, "").replace(stream, "")
     assert _seconds(_nginx_one("proxy_read_timeout", elsewhere)) < settings.sync_deadline_s
     # nginx's graceful stop fits in the pod's grace period, after its preStop sleep.
     grace = _deployments()["web"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]

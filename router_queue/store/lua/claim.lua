@@ -75,6 +75,7 @@ if status == "IN_QUEUE" then
   redis.call("ZREM", S.base .. ":granted", ARGV[1])
   lease()
   announce(ARGV[1], "IN_PROGRESS")
+  announce_moved(KEYS[3])
   return {"CLAIMED"}
 end
 

@@ -49,6 +49,13 @@ local function announce_changed(request_id)
   announce(request_id, "PROGRESS")
 end
 
+-- Tell the event streams of a provider's waiting requests that positions
+-- moved (a slot was granted or a granted request started): they read their
+-- position again, each at most once a second (router_queue/web/events.py).
+local function announce_moved(sched_base)
+  redis.call("PUBLISH", "rq:events:provider:" .. string.sub(sched_base, 10), "MOVED")
+end
+
 -- True when a write arrives past the deadline its caller gave it (ARGV, Unix
 -- seconds; "" for none), by Redis's own clock: the caller has stopped
 -- waiting and told its client the write failed, so it must not happen now.
@@ -292,8 +299,12 @@ local function grant(S)
         else
           granted[#granted + 1] = request_id
         end
+        S.moved = true
       end
     end
+  end
+  if S.moved then
+    announce_moved(base)
   end
   return granted
 end

@@ -1,0 +1,216 @@
+"""The event stream: ``GET …/requests/{id}/events`` as server-sent events.
+
+A caller follows a request instead of polling it: one event per change (its
+queue position, ``IN_PROGRESS``, progress, ``COMPLETED``), each carrying the
+same body as a status read and an ``id`` that names the state it shows, so a
+client that reconnects with ``Last-Event-ID`` is sent only what it has not
+seen. A comment line every ``HEARTBEAT_S`` keeps proxies from closing an idle
+stream; the stream ends after ``COMPLETED`` (or after ``MAX_STREAM_S``, when
+the client resumes).
+
+What waits costs nothing: the scripts announce every change on Redis pub/sub
+(``announce`` in ``lua/lib.lua``), one :class:`EventHub` per process holds the
+only subscription (a pattern over every request and provider), and a stream
+sleeps on a local event until its request, or its provider's queue, moved.
+Then it reads its status once, as a poll would; the position of a waiting
+request is read again at most once per ``POSITION_REFRESH_S`` however busy
+the provider is. Streams are held by the gevent workers, like synchronous calls.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections import defaultdict
+from typing import Callable, Iterator
+
+import redis
+
+from ..states import COMPLETED, IN_QUEUE
+from ..store.requests import RequestStore, StatusView, event_source
+from .views import status_body
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two heartbeat comments on an idle stream.
+HEARTBEAT_S = 15.0
+#: A waiting request's position is read again at most this often.
+POSITION_REFRESH_S = 1.0
+#: A stream ends after this long; the client resumes with Last-Event-ID.
+MAX_STREAM_S = 3600.0
+#: Seconds the hub waits before it subscribes again after losing Redis.
+RESUBSCRIBE_S = 1.0
+#: Seconds the hub waits on its subscription at a time; with nobody left to
+#: follow, it then lets the subscription go (the next stream starts it again).
+LISTEN_S = 1.0
+
+
+class Follower:
+    """One stream's wake-up call: its request changed, or its provider's
+    queue moved (``moved``: only a waiting request's position can have)."""
+
+    def __init__(self, request_id: str, provider: str):
+        self.request_id = request_id
+        self.provider = provider
+        self.event = threading.Event()
+        self.changed = False
+
+    def wake(self, changed: bool) -> None:
+        self.changed = self.changed or changed
+        self.event.set()
+
+    def wait(self, timeout: float) -> bool:
+        """True when woken within ``timeout``; clears the call for the next wait."""
+        woken = self.event.wait(timeout)
+        self.event.clear()
+        return woken
+
+
+class EventHub:
+    """The process's one subscription to every change notice, fanned out to the
+    streams that follow a request (or its provider). Started by the first
+    stream, let go when the last one ends."""
+
+    def __init__(self, store: RequestStore):
+        self.store = store
+        self._lock = threading.Lock()
+        self._by_request: dict[str, set[Follower]] = defaultdict(set)
+        self._by_provider: dict[str, set[Follower]] = defaultdict(set)
+        self._thread: threading.Thread | None = None
+
+    def follow(self, request_id: str, provider: str) -> Follower:
+        follower = Follower(request_id, provider)
+        with self._lock:
+            self._by_request[request_id].add(follower)
+            self._by_provider[provider].add(follower)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._listen, name="event-hub", daemon=True)
+                self._thread.start()
+        return follower
+
+    def unfollow(self, follower: Follower) -> None:
+        with self._lock:
+            for index, key in ((self._by_request, follower.request_id), (self._by_provider, follower.provider)):
+                followers = index.get(key)
+                if followers is not None:
+                    followers.discard(follower)
+                    if not followers:
+                        del index[key]
+
+    def following(self) -> int:
+        with self._lock:
+            return sum(len(f) for f in self._by_request.values())
+
+    def _dispatch(self, channel: str) -> None:
+        provider, request_id = event_source(channel)
+        with self._lock:
+            woken = list(self._by_provider.get(provider, ()) if provider else self._by_request.get(request_id, ()))
+        for follower in woken:
+            follower.wake(changed=provider is None)
+
+    def _wake_everyone(self) -> None:
+        """After a gap in the subscription: every stream reads its status again."""
+        with self._lock:
+            woken = [f for followers in self._by_request.values() for f in followers]
+        for follower in woken:
+            follower.wake(changed=True)
+
+    def _idle(self) -> bool:
+        """With nobody following, the listener ends (under the lock, so a
+        stream that follows meanwhile starts a new one)."""
+        with self._lock:
+            if self._by_request:
+                return False
+            self._thread = None
+            return True
+
+    def _listen(self) -> None:
+        while True:
+            feed = None
+            try:
+                feed = self.store.event_feed()
+                self._wake_everyone()  # what was announced while we were not subscribed
+                while True:
+                    message = feed.get_message(timeout=LISTEN_S)
+                    if message and message.get("type") == "pmessage":
+                        self._dispatch(message["channel"])
+                    elif message is None and self._idle():
+                        return
+            except redis.RedisError as exc:
+                if self._idle():
+                    return
+                log.warning("event hub lost Redis (%s); subscribing again in %.0f s", exc, RESUBSCRIBE_S)
+                time.sleep(RESUBSCRIBE_S)
+            except Exception:  # noqa: BLE001 - the hub must outlive any one bad message
+                log.exception("event hub failed; subscribing again")
+                time.sleep(RESUBSCRIBE_S)
+            finally:
+                if feed is not None:
+                    feed.close()
+
+
+def event_id(view: StatusView) -> str:
+    """The state an event shows, as its ``id``: what a resuming client has seen."""
+    record = view.record
+    if record.status == COMPLETED:
+        return f"{COMPLETED}:{record.error_type or 'success'}"
+    if record.status == IN_QUEUE:
+        return f"{IN_QUEUE}:{view.position or 0}"
+    return f"{record.status}:{record.progress if record.progress is not None else ''}"
+
+
+def _event_name(before: str | None, view: StatusView) -> str:
+    record = view.record
+    status = before.split(":", 1)[0] if before else None
+    if record.status != status:
+        return record.status.lower()
+    return "queue_position" if record.status == IN_QUEUE else "progress"
+
+
+def _frame(name: str, ident: str, body: dict) -> str:
+    return f"id: {ident}\nevent: {name}\ndata: {json.dumps(body, separators=(',', ':'))}\n\n"
+
+
+def stream(store: RequestStore, hub: EventHub, view: StatusView, *, base: str, retention_s: int,
+           last_event_id: str | None, clock: Callable[[], float] = time.monotonic) -> Iterator[str]:
+    """The frames of one stream, from ``view`` (the request as this caller may
+    see it, read by the route) until COMPLETED."""
+    record = view.record
+    request_id, provider = record.id, record.provider
+    follower = hub.follow(request_id, provider)
+    seen = last_event_id or None
+    ends = clock() + MAX_STREAM_S
+    read_at = clock()
+    try:
+        yield "retry: 1000\n\n"
+        while True:
+            if view.record is None:  # dropped past retention while followed
+                return
+            ident = event_id(view)
+            if ident != seen:
+                body = status_body(view.record, view.position, base, retention_s)
+                yield _frame(_event_name(seen, view), ident, body)
+                seen = ident
+            if view.record.status == COMPLETED or clock() >= ends:
+                return
+            waiting = view.record.status == IN_QUEUE
+            woken = follower.wait(min(HEARTBEAT_S, max(0.0, ends - clock())))
+            if not woken:
+                yield ": heartbeat\n\n"
+                if not waiting:
+                    continue  # a running request's changes all come with a notice
+                # A position can also grow without one (another workspace's
+                # arrivals): an idle waiting stream reads it at each heartbeat.
+            elif not follower.changed:
+                if not waiting:
+                    continue  # its provider's queue moved; a running request has no position
+                pause = read_at + POSITION_REFRESH_S - clock()
+                if pause > 0:
+                    time.sleep(pause)
+            follower.changed = False
+            read_at = clock()
+            view = store.status_view(request_id, provider)
+    finally:
+        hub.unfollow(follower)

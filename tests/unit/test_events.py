@@ -1,0 +1,116 @@
+"""The event stream, in process: frames, their ids, resuming, the end."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import pytest
+
+from router_queue.store.requests import Lease
+from router_queue.web import events
+from tests.unit.support import record_of
+
+FLUX = "/v2/models/bfl/flux-2-pro"
+LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)
+
+
+def submit(http, auth) -> str:
+    response = http.post(f"{FLUX}/requests", json={"prompt": "stream me"}, headers=auth)
+    assert response.status_code == 201, response.json
+    return response.json["request_id"]
+
+
+def frames(response, limit: int = 20, out: list | None = None) -> list[dict]:
+    """The stream's events as {id, event, data}, appended to ``out`` as they
+    arrive, until it ends (or ``limit``)."""
+    out = [] if out is None else out
+    current: dict = {}
+    for chunk in response.response:
+        for line in (chunk.decode() if isinstance(chunk, bytes) else chunk).split("\n"):
+            if not line:
+                if "event" in current:
+                    out.append(current)
+                current = {}
+            elif line.startswith(("id: ", "event: ", "data: ")):
+                field, value = line.split(": ", 1)
+                current[field] = json.loads(value) if field == "data" else value
+        if len(out) >= limit:
+            break
+    response.close()
+    return out
+
+
+def test_a_finished_request_streams_one_completed_event_and_ends(http, auth, services):
+    request_id = submit(http, auth)
+    services.store.claim(record_of(services, request_id, "bfl"), LEASE)
+    services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
+    response = http.get(f"{FLUX}/requests/{request_id}/events", headers=auth)
+    assert response.status_code == 200
+    assert response.mimetype == "text/event-stream"
+    assert response.headers["Cache-Control"] == "no-cache"
+    got = frames(response)
+    assert [(f["event"], f["id"]) for f in got] == [("completed", "COMPLETED:success")]
+    assert got[0]["data"]["status"] == "COMPLETED" and "error_type" not in got[0]["data"]
+
+
+def test_a_resumed_stream_sends_only_what_the_client_has_not_seen(http, auth, services):
+    request_id = submit(http, auth)
+    services.store.claim(record_of(services, request_id, "bfl"), LEASE)
+    services.store.complete(record_of(services, request_id, "bfl"), error_type="provider_error",
+                            detail="it broke")
+    url = f"{FLUX}/requests/{request_id}/events"
+    seen = frames(http.get(url, headers={**auth, "Last-Event-ID": "COMPLETED:provider_error"}))
+    assert seen == []
+    fresh = frames(http.get(url, headers={**auth, "Last-Event-ID": "IN_PROGRESS:0.5"}))
+    assert [(f["event"], f["data"]["error_type"]) for f in fresh] == [("completed", "provider_error")]
+
+
+@pytest.mark.parametrize("headers,status", [({}, 401), ({"X-API-Key": "rq_nope"}, 401)])
+def test_a_stream_is_authorized_like_a_status_read(http, auth, headers, status):
+    request_id = submit(http, auth)
+    assert http.get(f"{FLUX}/requests/{request_id}/events", headers=headers).status_code == status
+
+
+def test_an_unknown_request_is_404_before_any_stream(http, auth):
+    response = http.get(f"{FLUX}/requests/00000000-0000-8000-8000-000000000000/events", headers=auth)
+    assert response.status_code == 404
+    assert response.json["error_type"] == "request_not_found"
+
+
+def test_each_change_is_one_event_in_order_until_completed(http, auth, services, monkeypatch):
+    if type(services.redis).__module__.startswith("fakeredis"):
+        pytest.skip("fakeredis blocks every thread while one waits on pub/sub; this needs a real Redis")
+    monkeypatch.setattr(events, "POSITION_REFRESH_S", 0.0)
+    ahead = submit(http, auth)
+    services.store.max_in_flight = lambda provider: 1  # ahead holds the one slot
+    request_id = submit(http, auth)
+    response = http.get(f"{FLUX}/requests/{request_id}/events", headers=auth)
+    got: list[dict] = []
+    reader = threading.Thread(target=frames, args=(response,), kwargs={"out": got}, daemon=True)
+    reader.start()
+
+    def until(count: int) -> None:
+        deadline = time.monotonic() + 10
+        while len(got) < count and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert len(got) >= count, got
+
+    until(1)
+    services.store.claim(record_of(services, ahead, "bfl"), LEASE)
+    services.store.complete(record_of(services, ahead, "bfl"), output=b"{}", content_type="application/json")
+    until(2)
+    services.store.claim(record_of(services, request_id, "bfl"), Lease("u", 30, 3600, 3))
+    until(3)
+    services.store.record_progress(request_id, "u", 0.5)
+    until(4)
+    services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
+    reader.join(10)
+    assert not reader.is_alive(), "the stream did not end after COMPLETED"
+    names = [f["event"] for f in got]
+    assert names[0] == "in_queue" and got[0]["data"]["queue_position"] == 1
+    assert names[-3:] == ["in_progress", "progress", "completed"], names
+    assert "queue_position" in names[1:-3] or got[1]["data"]["queue_position"] == 0, got
+    assert got[-2]["data"]["progress"] == 0.5 and got[-1]["data"]["progress"] == 1.0
+    assert len({f["id"] for f in got}) == len(got)
