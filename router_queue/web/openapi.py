@@ -186,6 +186,22 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
         "responses": {"200": {"description": "the request's state", **status}, "410": gone,
                       **_errors(401, 403, 404, 429, 503)},
     }})
+    last_event = {"name": "Last-Event-ID", "in": "header", "required": False,
+                  "description": "The id of the last event received: a reconnecting client is sent only newer ones",
+                  "schema": {"type": "string", "maxLength": 200}}
+    spec.path(path=f"{root}/requests/{{request_id}}/events", operations={"get": {
+        "summary": "Follow a request: server-sent events until it completes", "tags": [entry.id],
+        "parameters": [rid, last_event],
+        "description": "One event per change: `in_queue`, `queue_position`, `in_progress`, `progress`, `completed` "
+                       "(with `error_type` when it failed). Each event's `data` is the status body, its `id` names "
+                       "the state it shows. A `: heartbeat` comment every 15 s; the stream ends after `completed` "
+                       "(or after an hour: reconnect with Last-Event-ID). Counts as one call.",
+        "responses": {"200": {"description": "the stream", "content": {"text/event-stream": {
+                          "schema": {"type": "string"},
+                          "example": 'id: IN_PROGRESS:0.42\nevent: progress\ndata: {"request_id":"…",'
+                                     '"status":"IN_PROGRESS","progress":0.42,…}\n\n'}}},
+                      "410": gone, **_errors(401, 403, 404, 429, 503)},
+    }})
     spec.path(path=f"{root}/requests/{{request_id}}", operations={"get": {
         "summary": "Collect a request's result", "tags": [entry.id], "parameters": [rid],
         "responses": {"200": _output(entry, spec, output_name),
