@@ -184,7 +184,6 @@ def stream(store: RequestStore, hub: EventHub, view: StatusView, *, base: str, r
     ends = clock() + MAX_STREAM_S
     read_at = clock()
     try:
-        yield "retry: 1000\n\n"
         while True:
             if view.record is None:  # dropped past retention while followed
                 return

@@ -196,8 +196,15 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                        "(with `error_type` when it failed). Each event's `data` is the status body, its `id` names "
                        "the state it shows. A `: heartbeat` comment every 15 s; the stream ends after `completed` "
                        "(or after an hour: reconnect with Last-Event-ID). Counts as one call.",
-        "responses": {"200": {"description": "the stream", "content": {"text/event-stream": {
-                          "schema": {"type": "string"},
+        "responses": {"200": {"description": "the stream; each event's data is a status body",
+                              "content": {"text/event-stream": {
+                          # one event, as OpenAPI 3.2 describes server-sent events
+                          "schema": {"type": "object", "required": ["data", "event", "id"], "properties": {
+                              "event": {"type": "string", "enum": ["in_queue", "queue_position", "in_progress",
+                                                                   "progress", "completed"]},
+                              "id": {"type": "string"},
+                              "data": {"type": "string", "contentMediaType": "application/json",
+                                       "description": "the status body (see the status route)"}}},
                           "example": 'id: IN_PROGRESS:0.42\nevent: progress\ndata: {"request_id":"…",'
                                      '"status":"IN_PROGRESS","progress":0.42,…}\n\n'}}},
                       "410": gone, **_errors(401, 403, 404, 429, 503)},
