@@ -32,8 +32,6 @@ class WorkerContext:
     #: Set when the worker begins a warm shutdown: running generations that
     #: can be resumed elsewhere are handed back instead of waited for.
     shutting_down: threading.Event = field(default_factory=threading.Event)
-    #: The session webhook attempts share (workers/webhooks.py).
-    webhook_session: requests.Session = field(default_factory=lambda: webhook_session())
 
     @classmethod
     def build(cls, app: Celery, services: Services | None = None) -> "WorkerContext":
@@ -63,18 +61,6 @@ def provider_session() -> requests.Session:
     session = requests.Session()
     session.trust_env = False
     adapter = requests.adapters.HTTPAdapter(pool_connections=8, pool_maxsize=POOL_SIZE)
-    session.mount("https://", adapter)
-    session.mount("http://", adapter)
-    return session
-
-
-def webhook_session() -> requests.Session:
-    """The HTTP session of this process's webhook attempts: no proxy or netrc
-    from the environment, no retries of its own, a small pool (receivers are
-    many hosts, each called now and then)."""
-    session = requests.Session()
-    session.trust_env = False
-    adapter = requests.adapters.HTTPAdapter(pool_connections=16, pool_maxsize=32, max_retries=0)
     session.mount("https://", adapter)
     session.mount("http://", adapter)
     return session

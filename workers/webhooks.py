@@ -9,10 +9,14 @@ held until then, and beat's sweeper publishes it again after, with the same
 
 One attempt: the URL is checked again (``webhooks/safety.py``: DNS may have
 changed since the submit), the event is signed with every secret that signs
-for the workspace now, and POSTed with ``WEBHOOK_TIMEOUT_SECONDS`` for the
-connect and each read, no redirects followed, and at most
-:data:`MAX_RESPONSE_BYTES` of the answer read (a receiver's answer is not
-ours to store; reading stops at the timeout too). A 2xx delivers, a 410 stops
+for the workspace now, and POSTed to the very address that was checked (the
+connection is made to it, with the URL's host for ``Host`` and TLS), so a
+name that resolves elsewhere a moment later cannot redirect the attempt.
+``WEBHOOK_TIMEOUT_SECONDS`` bounds the whole attempt, connect to last byte:
+a watchdog shuts the socket when it runs out, so a receiver that trickles its
+answer a byte at a time cannot hold a worker thread past it (nor outlive the
+attempt's lease and be called twice at once). No redirects are followed, and
+at most :data:`MAX_RESPONSE_BYTES` of the answer are read. A 2xx delivers, a 410 stops
 for good, anything else is tried again on the schedule of
 ``webhooks/schedule.py``. Secrets and signatures are never logged, nor the
 URL's path and query (receivers put tokens there): only its origin.
@@ -20,12 +24,14 @@ URL's path and query (receivers put tokens there): only its origin.
 
 from __future__ import annotations
 
+import http.client
 import logging
+import socket
+import ssl
+import threading
 import time
 import uuid
 from urllib.parse import urlsplit
-
-import requests
 
 from router_queue import logs
 from router_queue.store.webhooks import WebhookEvent
@@ -82,7 +88,7 @@ def attempt(context: WorkerContext, event: WebhookEvent) -> tuple[str, int | Non
     """POST the event once: (outcome, HTTP status or None, error or "")."""
     settings = context.services.settings
     try:
-        safety.check(event.url, allow_loopback_http=settings.webhook_allow_loopback_http)
+        addresses = safety.check(event.url, allow_loopback_http=settings.webhook_allow_loopback_http)
     except safety.UnsafeWebhookUrl as exc:
         return "refused", None, f"the URL {exc}"
     signing = context.services.accounts.signing_secrets(event.workspace)
@@ -94,15 +100,11 @@ def attempt(context: WorkerContext, event: WebhookEvent) -> tuple[str, int | Non
                            completed_at=event.completed_at)
     headers = wire.signed_headers(wire.webhook_id(event.request_id), body, signing, int(time.time()))
     timeout = settings.webhook_timeout_s
-    deadline = time.monotonic() + timeout
     try:
-        with context.webhook_session.post(event.url, data=body, headers=headers, timeout=timeout,
-                                          allow_redirects=False, stream=True) as response:
-            _drain(response, deadline)
-            status = response.status_code
-    except requests.Timeout:
+        status = post(event.url, str(addresses[0]), body, headers, timeout)
+    except AttemptTimedOut:
         return "failed", None, f"no answer within {timeout:g} s"
-    except requests.RequestException as exc:
+    except (OSError, http.client.HTTPException) as exc:
         return "failed", None, f"{type(exc).__name__}: {str(exc)[:200]}"
     if 200 <= status < 300:
         return "delivered", status, ""
@@ -111,13 +113,57 @@ def attempt(context: WorkerContext, event: WebhookEvent) -> tuple[str, int | Non
     return "failed", status, f"HTTP {status}"
 
 
-def _drain(response: requests.Response, deadline: float) -> None:
-    """Read at most MAX_RESPONSE_BYTES of the answer, and not past ``deadline``."""
-    read = 0
-    for chunk in response.iter_content(8192):
-        read += len(chunk)
-        if read >= MAX_RESPONSE_BYTES or time.monotonic() > deadline:
-            return
+class AttemptTimedOut(Exception):
+    """The attempt's whole time ran out before its answer was read."""
+
+
+def post(url: str, address: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
+    """POST ``body`` to ``url`` over a connection to ``address`` (checked);
+    the answer's status, which must arrive with its whole head within
+    ``timeout_s`` of the connect (the body is read while time is left)."""
+    parts = urlsplit(url)
+    https = parts.scheme == "https"
+    port = parts.port or (443 if https else 80)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    expired = threading.Event()
+    sock = socket.create_connection((address, port), timeout=timeout_s)
+
+    def cut() -> None:
+        expired.set()
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    watchdog = threading.Timer(timeout_s, cut)
+    watchdog.daemon = True
+    watchdog.start()
+    try:
+        if https:
+            sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
+        connection = http.client.HTTPConnection(parts.hostname, port, timeout=timeout_s)
+        connection.sock = sock  # already connected, to the checked address
+        try:
+            connection.request("POST", path, body=body, headers={"Host": parts.netloc, **headers})
+            response = connection.getresponse()
+            if expired.is_set():  # cut mid-head: http.client reads a shut socket as the head's end
+                raise AttemptTimedOut()
+            try:
+                response.read(MAX_RESPONSE_BYTES)
+            except (OSError, http.client.HTTPException):
+                if not expired.is_set():
+                    raise
+                # the answer's status arrived in time: it stands; its body is not ours to wait for
+            return response.status
+        finally:
+            connection.close()
+    except (OSError, http.client.HTTPException):
+        if expired.is_set():
+            raise AttemptTimedOut() from None
+        raise
+    finally:
+        watchdog.cancel()
+        sock.close()
 
 
 def nudge(context: WorkerContext, request_id: str) -> None:
