@@ -39,10 +39,10 @@ SUBMIT_BODY = '{"prompt": "bench"}'
 #: Phases on the front door alone (no Celery worker), on the store alone (Redis, no
 #: server), then phases on the whole stack.
 FRONT_PHASES = ("status_read", "floor", "submit", "replicated", "depth")
-STORE_PHASES = ("dispatch_cost",)
+STORE_PHASES = ("dispatch_cost", "waiting_memory")
 PHASES = FRONT_PHASES + STORE_PHASES + fleet.PHASES
 #: Phases that use the two side databases (``--side-dbs``).
-SIDE_DB_PHASES = {"depth", "dispatch_cost"}
+SIDE_DB_PHASES = {"depth", "dispatch_cost", "waiting_memory"}
 
 
 # -- arguments and small helpers ----------------------------------------------
@@ -325,6 +325,12 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
         except (MeasurementError, schedule.MeasurementError) as exc:
             log(f"ERROR: {exc}")
             failures.append("dispatch_cost")
+    if "waiting_memory" in args.only:
+        try:
+            schedule.measure_waiting_memory(args, side_urls[0], tmp, emit)
+        except (MeasurementError, schedule.MeasurementError) as exc:
+            log(f"ERROR: {exc}")
+            failures.append("waiting_memory")
     if args.only & set(fleet.PHASES):
         if front_door:
             # what the front-door phases left (thousands of published deliveries, the parked

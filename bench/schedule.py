@@ -362,3 +362,40 @@ def measure_dispatch_cost(args, side_urls: tuple[str, str], tmp: Path, emit) -> 
     emit(f"dispatch_redis_cpu_{name}_workspaces", 1000 * subject[1] / k, "ms", 1000 * base[1] / k)
     for side in (one, many):
         side.client.flushdb()
+
+
+#: What the issue allows a waiting request to cost in Redis beyond its body.
+WAITING_OVERHEAD_BUDGET = 1536
+
+
+def measure_waiting_memory(args, side_url: str, tmp: Path, emit, count: int = 1000) -> None:
+    """``memory_per_waiting_request``: Redis ``used_memory`` added per request
+    waiting behind a capped provider, admitted as a submit is (a price held in
+    the ledger, an Idempotency-Key reserved), against the body plus 1.5 KiB."""
+    entry = "bfl/flux-2-pro"
+    services = services_for(side_url, capped_catalog(tmp, {"bfl": 1}))
+    client = services.redis
+    client.flushdb()
+    workspace = services.accounts.create_workspace("memory", queue_enabled=True, credits=10**12)
+    services.accounts.set_limits(workspace, max_queued=10**9)
+    body = json.dumps({"prompt": "a red teapot on a windowsill, morning light, " + "x" * 60})
+
+    def admit(n: int) -> None:
+        request_id = services.ids.mint(workspace, entry)
+        outcome = services.store.admit(request_id=request_id, workspace=workspace, model=entry, provider="bfl",
+                                       body=body, price=60, fingerprint=f"{n:064x}",
+                                       idempotency_key_hash=f"{n:064x}")
+        if outcome.outcome != "ADMITTED":
+            raise MeasurementError(f"waiting_memory: admission answered {outcome.outcome}")
+
+    admit(0)  # takes the one slot: everything after waits
+    before = client.info("memory")["used_memory"]
+    for n in range(1, count + 1):
+        admit(n)
+    after = client.info("memory")["used_memory"]
+    per_request = (after - before) / count
+    log(f"waiting_memory: {count} waiting requests added {after - before} bytes of used_memory: "
+        f"{per_request:.0f} per request for a {len(body)}-byte body ({per_request - len(body):.0f} beyond it; "
+        f"one GiB holds about {2**30 / per_request:,.0f} such waiting requests)")
+    client.flushdb()
+    emit("memory_per_waiting_request", per_request, "bytes", len(body) + WAITING_OVERHEAD_BUDGET)

@@ -6,6 +6,7 @@ key                            type    TTL                             written b
 rq:req:{id}                    hash    none; retention once COMPLETED  admit/claim/cancel/
                                                                        complete.lua
 rq:result:{id}                 string  retention                       complete.lua
+rq:body:{id}                   string  none; deleted once COMPLETED    admit.lua (its native body)
 rq:queue:{provider}            zset    none (members leave on claim,   admit/claim/cancel
                                        cancel or completion)           .lua
 rq:seq:{provider}              string  none (INCR counter)             admit.lua
@@ -168,6 +169,12 @@ def id_secret() -> str:
 EVENTS_PATTERN = f"{PREFIX}:events:*"
 #: What follows the prefix on a provider's channel (request ids are UUIDs).
 PROVIDER_EVENTS = f"{PREFIX}:events:provider:"
+
+
+def body(request_id: str) -> str:
+    """A request's native body, apart from its record so the record stays a
+    compact listpack (lua/admit.lua spells it too)."""
+    return f"{PREFIX}:body:{request_id}"
 
 
 def events_channel(request_id: str) -> str:

@@ -393,8 +393,12 @@ class RequestStore:
         pipe = self.client.pipeline(transaction=False)
         pipe.hgetall(keys.request(request_id))
         pipe.ttl(keys.request(request_id))
-        raw, ttl = pipe.execute()
-        return {k.decode(): v.decode(errors="replace") for k, v in raw.items()}, int(ttl)
+        pipe.get(keys.body(request_id))
+        raw, ttl, body = pipe.execute()
+        record = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+        if body is not None:
+            record["body"] = body.decode(errors="replace")
+        return record, int(ttl)
 
     @contextmanager
     def completions(self, request_id: str) -> Iterator[Any]:
@@ -441,9 +445,10 @@ class RequestStore:
         """A request's record and its native body."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hmget(keys.request(request_id), _FIELDS)
-        pipe.hget(keys.request(request_id), "body")
-        values, body = pipe.execute()
-        return RequestRecord.from_values(values), body
+        pipe.get(keys.body(request_id))
+        pipe.hget(keys.request(request_id), "body")  # admitted before bodies had a key of their own
+        values, body, in_record = pipe.execute()
+        return RequestRecord.from_values(values), body if body is not None else in_record
 
     def claim(self, record: RequestRecord, lease: Lease, now: float | None = None) -> Claim:
         """Take the request to run it (see :class:`~router_queue.store.outcomes.Claim`)."""

@@ -304,3 +304,24 @@ def test_a_change_is_announced_to_whoever_follows_the_request(services, workspac
             if message:
                 seen.append(message["data"])
     assert seen == [b"IN_PROGRESS", b"PROGRESS", b"COMPLETED"]
+
+
+def test_a_waiting_request_keeps_its_body_apart_and_a_compact_record(services, workspace):
+    """The body (often past 64 bytes) has a key of its own, so the record stays
+    a listpack while the request waits; the body goes once the request is done."""
+    body = '{"prompt": "' + "a long prompt " * 20 + '"}'
+    request_id, _ = admit(services, workspace, body=body, key_hash="a" * 64, fingerprint="f" * 64)
+    assert services.store.load(request_id)[1] == body.encode()
+    if not type(services.redis).__module__.startswith("fakeredis"):
+        assert services.redis.object("encoding", keys.request(request_id)) == b"listpack"
+    services.store.claim(record_of(services, request_id, "bfl"), lease("t"))
+    services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
+    assert services.redis.exists(keys.body(request_id)) == 0
+    assert services.store.load(request_id)[1] is None
+
+
+def test_a_record_admitted_before_bodies_had_their_own_key_still_loads_its_body(services, workspace):
+    request_id, _ = admit(services, workspace, body='{"prompt": "new"}')
+    services.redis.delete(keys.body(request_id))
+    services.redis.hset(keys.request(request_id), "body", '{"prompt": "old"}')
+    assert services.store.load(request_id)[1] == b'{"prompt": "old"}'

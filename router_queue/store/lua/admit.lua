@@ -81,8 +81,11 @@ end
 local seq = redis.call("INCR", KEYS[3])
 redis.call("HSET", KEYS[1],
   "id", ARGV[1], "workspace", ARGV[2], "model", ARGV[3], "provider", ARGV[4],
-  "status", "IN_QUEUE", "body", ARGV[5], "seq", seq, "created_at", ARGV[6], "hold", price,
+  "status", "IN_QUEUE", "seq", seq, "created_at", ARGV[6], "hold", price,
   "priority", ARGV[15])
+-- The body apart: every other field is short, so the record stays a compact
+-- listpack while the request waits (keys.py, body()).
+redis.call("SET", "rq:body:" .. ARGV[1], ARGV[5])
 redis.call("ZADD", KEYS[2], seq, ARGV[1])
 redis.call("HINCRBY", KEYS[5], "queued", 1)
 if price > 0 then
@@ -95,7 +98,9 @@ if webhook and webhook ~= "" then
   redis.call("HSET", KEYS[1], "webhook_url", webhook, "webhook_response_url", ARGV[18])
 end
 if ARGV[7] ~= "" then
-  redis.call("HSET", KEYS[1], "idem", KEYS[6])
+  -- the key's hash alone (64 characters): the whole key name would push the
+  -- record out of its compact encoding
+  redis.call("HSET", KEYS[1], "idem", string.match(KEYS[6], "[^:]+$"))
   redis.call("SET", KEYS[6], ARGV[7] .. "|" .. ARGV[1], "EX", ARGV[8])
 end
 redis.call("HINCRBY", KEYS[8], "admitted|" .. ARGV[3], 1)

@@ -372,6 +372,7 @@ local function finish_unbilled(k, S, request_id, now, retention, was_queued, err
   redis.call("HSET", k.req, "status", "COMPLETED", "completed_at", now, "error_type", error_type, "detail", detail)
   settle(k.req, k.ws, k.ledger, request_id, "release", now)
   redis.call("EXPIRE", k.req, retention)
+  redis.call("DEL", "rq:body:" .. request_id)
   redis.call("ZREM", k.queue, request_id)
   owe_webhook(k.req, request_id, now)
   announce_completed(request_id)
