@@ -21,7 +21,6 @@ import socket
 import subprocess
 import sys
 import time
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -189,14 +188,6 @@ def purge_rabbitmq(env: dict[str, str]) -> None:
     )
 
 
-def _spawned(call: Callable[[], subprocess.Popen]) -> subprocess.Popen:
-    # Stack._spawn hands each child a log file and drops its own handle; the
-    # ResourceWarning that raises (filterwarnings = error) is not ours to fix.
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ResourceWarning)
-        return call()
-
-
 @dataclass
 class ChaosStack:
     """gunicorn + beat + workers "a" and "b" against one broker and catalog."""
@@ -221,7 +212,7 @@ class ChaosStack:
     def spawn_worker(self, name: str) -> subprocess.Popen:
         log = self.worker_log(name)
         self.log_starts[name] = log.stat().st_size if log.exists() else 0
-        return _spawned(lambda: self.stack.start_worker(list(PROVIDERS), name=name, concurrency=WORKER_THREADS))
+        return self.stack.start_worker(list(PROVIDERS), name=name, concurrency=WORKER_THREADS)
 
     def current_log(self, name: str) -> str:
         """What the worker's current process has logged so far."""
@@ -351,8 +342,8 @@ def start_chaos_stack(key: tuple[str, str], *, redis_url: str, stub: Stub, stub_
     stack = Stack(env, log_dir=log_dir)
     running = ChaosStack(key, env, settings, services, stack, f"http://127.0.0.1:{web_port}", stub, stub_log)
     try:
-        _spawned(lambda: stack.start_beat())
-        _spawned(lambda: stack.start_web(web_port))
+        stack.start_beat()
+        stack.start_web(web_port)
         running.ensure_workers()
         _probe(running)
     except BaseException:
@@ -389,7 +380,7 @@ class StackPool:
         self.current: ChaosStack | None = None
 
     def start(self) -> None:
-        _spawned(lambda: self.stub_stack.start_stub(self.stub_port))
+        self.stub_stack.start_stub(self.stub_port)
         wait_for_port(self.stub_port)
 
     def get(self, broker: str, catalog: str = "chaos") -> ChaosStack:

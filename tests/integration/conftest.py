@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -148,14 +147,10 @@ def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
     services = Services.build(settings)
     stack = Stack(env, log_dir=tmp_path_factory.mktemp("stack-logs"))
     try:
-        # Stack._spawn hands each child a log file and drops its own handle; the
-        # ResourceWarning that raises (filterwarnings = error) is not ours to fix.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ResourceWarning)
-            stack.start_stub(stub_port)
-            stack.start_worker(services.catalog.providers())
-            stack.start_beat()
-            stack.start_web(web_port)
+        stack.start_stub(stub_port)
+        stack.start_worker(services.catalog.providers())
+        stack.start_beat()
+        stack.start_web(web_port)
         running = RunningStack(stack, env, f"http://127.0.0.1:{web_port}", Stub(f"http://127.0.0.1:{stub_port}"),
                                settings, services)
         _RUNNING = running

@@ -30,7 +30,7 @@ from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Settings
 
 from ._support import FLUX, Caller, Stub, unique_prompt
-from .chaos_support import _spawned, stack_env
+from .chaos_support import stack_env
 
 #: Seconds the load's HTTP client waits for any one answer.
 CLIENT_TIMEOUT_S = 10.0
@@ -105,10 +105,10 @@ def private_stack(redis_url: str, log_dir: Path, **settings: str) -> Iterator[Pr
     running = PrivateStack(env, services, stack, f"http://127.0.0.1:{web_port}",
                            Stub(f"http://127.0.0.1:{stub_port}"))
     try:
-        _spawned(lambda: stack.start_stub(stub_port))
-        _spawned(lambda: stack.start_worker(services.catalog.providers()))
-        _spawned(lambda: stack.start_beat())
-        _spawned(lambda: stack.start_web(web_port))
+        stack.start_stub(stub_port)
+        stack.start_worker(services.catalog.providers())
+        stack.start_beat()
+        stack.start_web(web_port)
         with running.caller("probe") as caller:
             request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("private probe")})
             try:

@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 
 import time
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,11 +37,7 @@ class SecondDoor:
     def start(cls, env: dict[str, str], log_dir: Path, *, settings: dict[str, str], workers: int = 1) -> "SecondDoor":
         port = free_port()
         stack = Stack({**env, **settings}, log_dir=log_dir)
-        # Stack._spawn hands the child a log file and drops its own handle; the
-        # ResourceWarning that raises (filterwarnings = error) is not ours to fix.
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", ResourceWarning)
-            stack.start_web(port, workers=workers)
+        stack.start_web(port, workers=workers)
         door = cls(stack, f"http://127.0.0.1:{port}")
         door.wait_serving()
         return door
