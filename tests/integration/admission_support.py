@@ -1,7 +1,7 @@
 """Helpers for ``test_admission_policy.py``: workspaces with their own credits and
 limits, error-answer checks, many-thread fan-out, the ledger and a Redis scan.
 
-Plain code, no fixtures; it builds on ``_support.py`` and never changes it.
+Plain code, no fixtures; it builds on ``harness.py``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import requests
 from router_queue.store import keys
 from router_queue.store.accounts import LedgerEntry, Workspace
 
-from ._support import WORKER_CONCURRENCY, Caller, saturated_worker
+from .harness import WORKER_CONCURRENCY, Caller, saturated_worker
 
 JSON = "application/json"
 #: Threads (each with its own connection) the concurrency tests send from.

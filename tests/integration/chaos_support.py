@@ -35,7 +35,7 @@ from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Settings
 from router_queue.broker.celery_app import MAINTENANCE_QUEUE, queue_name
 
-from ._support import FLUX, GEMINI, TTS, Caller, Stub, stub_digest, unique_prompt, wait_for
+from .harness import FLUX, GEMINI, TTS, Caller, Stub, stub_digest, unique_prompt, wait_for
 
 RABBITMQ_URL = os.environ.get("CHAOS_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 BROKERS = ("redis", "rabbitmq")

@@ -25,7 +25,7 @@ from router_queue.settings import Settings
 
 from tests.redis_servers import STACK_DB, with_db
 
-from ._support import FLUX, Caller, Stub, forget_pace, unique_prompt
+from .harness import FLUX, Caller, Stub, forget_pace, unique_prompt
 
 #: Seconds the whole stack may take to come up (worker ready, first request done).
 STARTUP_TIMEOUT_S = 30.0

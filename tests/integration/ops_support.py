@@ -29,7 +29,7 @@ from router_queue.dev.stack import ROOT, Stack, free_port
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Settings
 
-from ._support import FLUX, Caller, Stub, unique_prompt
+from .harness import FLUX, Caller, Stub, unique_prompt
 from .chaos_support import stack_env
 
 #: Seconds the load's HTTP client waits for any one answer.

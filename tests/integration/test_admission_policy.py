@@ -24,7 +24,7 @@ import requests
 from router_queue.store import keys
 from router_queue.store.ids import ID_PATTERN
 
-from ._support import FLUX, GEMINI, TTS, WORKER_CONCURRENCY, Caller, Stub, broker_drained, unique_prompt, wait_for
+from .harness import FLUX, GEMINI, TTS, WORKER_CONCURRENCY, Caller, Stub, broker_drained, unique_prompt, wait_for
 from .admission_support import (
     JSON,
     assert_error,

@@ -24,7 +24,7 @@ import requests
 from router_queue.store import keys
 from router_queue.broker.celery_app import DELIVER_TASK, make_celery, queue_name
 
-from ._support import FLUX, GEMINI, TTS, Caller, stub_digest, unique_prompt, wait_for
+from .harness import FLUX, GEMINI, TTS, Caller, stub_digest, unique_prompt, wait_for
 from .chaos_support import (BROKERS, LEASE_S, REPUBLISH_AFTER_S, STATUS_ORDER, SWEEP_INTERVAL_S, ChaosStack,
                             StackPool, assert_not_running, assert_settled_once, record, stack_pool, submits,
                             wait_all_completed)

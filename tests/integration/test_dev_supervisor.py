@@ -17,7 +17,7 @@ import requests
 
 from router_queue.dev.stack import ROOT, free_port
 
-from ._support import FLUX, unique_prompt, wait_for
+from .harness import FLUX, unique_prompt, wait_for
 from .ops_support import children
 
 pytestmark = pytest.mark.slow

@@ -31,7 +31,7 @@ from comfy_sdk import Comfy
 
 from router_queue.store import keys
 
-from ._support import GEMINI, TTS, Caller, forget_pace, unique_prompt
+from .harness import GEMINI, TTS, Caller, forget_pace, unique_prompt
 from .chaos_support import ChaosStack, StackPool, assert_not_running, stack_pool
 
 pytestmark = pytest.mark.integration

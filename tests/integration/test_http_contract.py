@@ -18,7 +18,7 @@ import requests
 
 from router_queue.store import keys
 
-from ._support import (
+from .harness import (
     FLUX,
     GEMINI,
     TTS,

@@ -23,7 +23,7 @@ import requests
 from router_queue.store import keys
 from tests.redis_servers import PrivateRedis, SentinelGroup
 
-from ._support import (FLUX, GEMINI, WORKER_CONCURRENCY, Caller, broker_drained, saturated_worker, unique_prompt,
+from .harness import (FLUX, GEMINI, WORKER_CONCURRENCY, Caller, broker_drained, saturated_worker, unique_prompt,
                        wait_for)
 from .conftest import RunningStack
 from .ops_support import (

@@ -11,7 +11,7 @@ import pytest
 
 from router_queue.dev.stack import ROOT
 
-from ._support import Caller
+from .harness import Caller
 from .conftest import RunningStack
 
 pytestmark = pytest.mark.integration

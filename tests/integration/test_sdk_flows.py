@@ -29,7 +29,7 @@ from comfy_sdk.router_exceptions import (
     Unauthorized,
 )
 
-from ._support import FLUX, GEMINI, TTS, Caller, saturated_worker, unique_prompt, wait_for
+from .harness import FLUX, GEMINI, TTS, Caller, saturated_worker, unique_prompt, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -47,7 +47,7 @@ import pytest
 
 from router_queue.dev.stack import ROOT, free_port, wait_for_port
 
-from ._support import FLUX, Caller, unique_prompt
+from .harness import FLUX, Caller, unique_prompt
 from .sync_support import SecondDoor
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]

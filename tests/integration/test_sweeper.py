@@ -16,7 +16,7 @@ from router_queue.broker.dispatch import Dispatcher
 from router_queue.services import Services
 from router_queue.broker.celery_app import make_celery
 
-from ._support import FLUX, Caller, Stub, broker_drained, unique_prompt, wait_for
+from .harness import FLUX, Caller, Stub, broker_drained, unique_prompt, wait_for
 
 pytestmark = pytest.mark.integration
 

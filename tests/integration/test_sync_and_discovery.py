@@ -27,7 +27,7 @@ import requests
 from comfy_sdk import BinaryResult, Comfy
 from comfy_sdk.router_exceptions import ModelNotFound
 
-from ._support import FLUX, GEMINI, TTS, Caller, Stub, unique_prompt, wait_for
+from .harness import FLUX, GEMINI, TTS, Caller, Stub, unique_prompt, wait_for
 from .sync_support import (
     SYNC_READ_TIMEOUT_S,
     SecondDoor,
