@@ -16,22 +16,11 @@ import requests
 from router_queue.store import keys
 from router_queue.store.accounts import LedgerEntry, Workspace
 
-from .harness import WORKER_CONCURRENCY, Caller, saturated_worker
+from .harness import WORKER_CONCURRENCY, make_caller, saturated_worker
 
 JSON = "application/json"
 #: Threads (each with its own connection) the concurrency tests send from.
 THREADS = 32
-
-
-def make_caller(stack: Any, name: str, *, credits: int = 1_000_000, queue_enabled: bool = True,
-                max_queued: int | None = None, rate_limit: str | None = None) -> Caller:
-    """A fresh workspace and its key. Limits are set before the key exists, so no
-    front-door process can have cached the workspace's old limit."""
-    accounts = stack.services.accounts
-    workspace = accounts.create_workspace(name, queue_enabled=queue_enabled, credits=credits)
-    if max_queued is not None or rate_limit is not None:
-        accounts.set_limits(workspace, max_queued=max_queued, rate_limit=rate_limit)
-    return Caller(stack.base_url, workspace, accounts.mint_key(workspace))
 
 
 @contextmanager

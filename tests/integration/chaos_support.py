@@ -1,26 +1,23 @@
-"""A stack of our own for the chaos tests, which kill and stop its workers.
+"""Stacks of our own for the chaos tests, which kill and stop their workers.
 
 Not the session stack of ``conftest.py``: the chaos tests SIGKILL and SIGTERM
 workers, run two of them, change the catalog and the broker. Each
-``ChaosStack`` is ``router_queue.dev.stack.Stack`` started the way conftest
-starts it (gunicorn, beat, the stub), with short lease timings, two Celery
-workers ("a" and "b") and a test catalog, in a Redis database of its own (not
-the session's), flushed when the stack starts. One stack runs at a time; the
-stub provider is shared by all of them.
+``ChaosStack`` is a ``harness.RunningStack`` (gunicorn, beat, two Celery
+workers "a" and "b") with a short lease (``harness.SHORT_LEASE``), a test
+catalog and a broker, in a Redis database of its own (not the session's),
+flushed when the stack starts. One stack runs at a time; the stub provider,
+a stack of its own, is shared by all of them.
 """
 
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
-import re
 import signal
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -29,38 +26,20 @@ from urllib.parse import urlsplit, urlunsplit
 import pytest
 import redis
 
-from router_queue.store import keys
-from router_queue.dev.stack import ROOT, Stack, free_port, wait_for_port
-from router_queue.services import Services
-from router_queue.settings import DEFAULT_CATALOG, Settings
 from router_queue.broker.celery_app import MAINTENANCE_QUEUE, queue_name
+from router_queue.dev.stack import ROOT, free_port
+from router_queue.services import Services
+from router_queue.settings import DEFAULT_CATALOG
+from router_queue.store import keys
 
-from .harness import FLUX, GEMINI, TTS, Caller, Stub, stub_digest, unique_prompt, wait_for
+from .harness import (FLUX, GEMINI, SHORT_LEASE, START_CREDITS, TTS, Caller, RunningStack, Stub, ledger_by_request,
+                      stack_env, stub_digest, wait_for)
 
 RABBITMQ_URL = os.environ.get("CHAOS_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 BROKERS = ("redis", "rabbitmq")
 PROVIDERS = ("bfl", "vertexai", "openai")
 #: Every queue a chaos worker consumes; purged on RabbitMQ before a stack uses it.
 QUEUES = tuple(queue_name(p) for p in PROVIDERS) + (MAINTENANCE_QUEUE,)
-
-#: Short timings so a dead worker's request is taken over within seconds:
-#: lease 3 s (heartbeat every 1 s), sweeper every 1 s.
-LEASE_S = 3.0
-SWEEP_INTERVAL_S = 1.0
-REPUBLISH_AFTER_S = 2.0
-#: Threads per worker process.
-WORKER_THREADS = 8
-#: Seconds a worker may take from spawn to consuming.
-WORKER_READY_S = 30.0
-#: Lines of each log attached to a failing chaos test's report.
-LOG_TAIL_LINES = 60
-#: The stack's processes that are not Celery workers.
-NOT_WORKERS = ("web", "beat")
-#: Credits each chaos workspace starts with.
-START_CREDITS = 1_000_000
-
-#: Stack logs of the running chaos stack, for the failure-report hook.
-_RUNNING: list["ChaosStack"] = []
 
 
 # -- where things run ------------------------------------------------------------
@@ -159,27 +138,6 @@ CATALOGS: dict[str, Callable[[dict[str, Any]], None]] = {
 # -- the stack -------------------------------------------------------------------
 
 
-def stack_env(redis_url: str, broker: str, stub_port: int, catalog: Path) -> dict[str, str]:
-    """conftest's ``_stack_env``, with the chaos timings, a broker and a catalog."""
-    env = dict(os.environ)
-    env.update({
-        "REDIS_URL": redis_url,
-        "CELERY_BROKER_URL": broker_url(broker, redis_url),
-        "CATALOG_PATH": str(catalog),
-        "PROVIDER_ORIGIN_OVERRIDE": f"http://127.0.0.1:{stub_port}",
-        "BFL_API_KEY": "stub",
-        "VERTEXAI_ACCESS_TOKEN": "stub",
-        "OPENAI_API_KEY": "stub",
-        "LEASE_SECONDS": str(LEASE_S),
-        "SWEEP_INTERVAL_SECONDS": str(SWEEP_INTERVAL_S),
-        "REPUBLISH_AFTER_SECONDS": str(REPUBLISH_AFTER_S),
-        "DEFAULT_RATE_LIMIT": "2000/second",
-        "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-    })
-    env.pop("PUBLIC_BASE_URL", None)
-    return env
-
-
 def purge_rabbitmq(env: dict[str, str]) -> None:
     """Empty the chaos queues on RabbitMQ, so another run's leftovers do not leak in."""
     subprocess.run(
@@ -188,52 +146,14 @@ def purge_rabbitmq(env: dict[str, str]) -> None:
     )
 
 
-@dataclass
-class ChaosStack:
-    """gunicorn + beat + workers "a" and "b" against one broker and catalog."""
+@dataclass(eq=False)
+class ChaosStack(RunningStack):
+    """gunicorn + beat + workers "a" and "b" against one broker and catalog,
+    and what the tests do to the workers."""
 
-    key: tuple[str, str]
-    env: dict[str, str]
-    settings: Settings
-    services: Services
-    stack: Stack
-    base_url: str
-    stub: Stub
-    stub_log: Path
-    #: Byte offset of each worker's log where its current process began.
-    log_starts: dict[str, int] = field(default_factory=dict)
+    key: tuple[str, str] = ("redis", "chaos")
     #: Workers sent a signal by a test: restarted by ``ensure_workers`` once they exit.
     signalled: set[str] = field(default_factory=set)
-
-    # -- workers ---------------------------------------------------------------
-    def worker_log(self, name: str) -> Path:
-        return self.stack.log_dir / f"{name}.log"
-
-    def spawn_worker(self, name: str) -> subprocess.Popen:
-        log = self.worker_log(name)
-        self.log_starts[name] = log.stat().st_size if log.exists() else 0
-        return self.stack.start_worker(list(PROVIDERS), name=name, concurrency=WORKER_THREADS)
-
-    def current_log(self, name: str) -> str:
-        """What the worker's current process has logged so far."""
-        with open(self.worker_log(name), "rb") as handle:
-            handle.seek(self.log_starts.get(name, 0))
-            return handle.read().decode(errors="replace")
-
-    def wait_worker_ready(self, name: str) -> None:
-        proc = self.stack.procs[name]
-        deadline = time.monotonic() + WORKER_READY_S
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise AssertionError(f"worker {name} exited with {proc.returncode}\n\n{self.log_tails()}")
-            if re.search(r"\bready\.", self.current_log(name)):
-                return
-            time.sleep(0.1)
-        raise AssertionError(f"worker {name} not ready within {WORKER_READY_S} s\n\n{self.log_tails()}")
-
-    def workers(self) -> list[str]:
-        """Names of every worker started (alive or not)."""
-        return [name for name in self.stack.procs if name not in NOT_WORKERS]
 
     def stop_extra_workers(self) -> None:
         """Stop (SIGTERM, then wait) and forget every worker but "a" and "b"."""
@@ -264,10 +184,9 @@ class ChaosStack:
                     proc.wait()
             self.signalled.discard(name)
             if proc is None or proc.poll() is not None:
-                self.spawn_worker(name)
+                self.start_worker(name)
                 spawned.append(name)
-        for name in spawned:
-            self.wait_worker_ready(name)
+        self.wait_ready(spawned, serving=False)
 
     def signal_worker(self, name: str, sig: signal.Signals) -> subprocess.Popen:
         """Send ``sig`` to the worker's process (a threads pool: one process runs every task)."""
@@ -295,74 +214,11 @@ class ChaosStack:
         found = [name for name in self.workers() if mark in self.current_log(name)]
         return found[0] if len(found) == 1 else None
 
-    # -- the rest ----------------------------------------------------------------
-    def assert_alive(self) -> None:
-        dead = self.stack.exited()
-        if dead is not None:
-            raise AssertionError(f"stack process {dead!r} exited\n\n{self.log_tails()}")
-
     def assert_alive_except_workers(self) -> None:
         """Beat and gunicorn still up (the tests stop workers on purpose)."""
         for name, proc in self.stack.procs.items():
-            if name in NOT_WORKERS and proc.poll() is not None:
+            if name not in self.workers() and proc.poll() is not None:
                 raise AssertionError(f"stack process {name!r} exited\n\n{self.log_tails()}")
-
-    def caller(self, name: str, credits: int = START_CREDITS) -> Caller:
-        accounts = self.services.accounts
-        workspace = accounts.create_workspace(f"chaos-{name}", queue_enabled=True, credits=credits)
-        return Caller(self.base_url, workspace, accounts.mint_key(workspace))
-
-    def log_tails(self, lines: int = LOG_TAIL_LINES) -> str:
-        out = []
-        for path in [self.stub_log, *sorted(self.stack.log_dir.glob("*.log"))]:
-            if path.exists():
-                text = path.read_text(errors="replace").splitlines()[-lines:]
-                out.append(f"==> {path} <==\n" + "\n".join(text))
-        return "\n\n".join(out)
-
-    def stop(self) -> None:
-        self.stack.stop()
-        self.services.redis.close()
-
-
-def start_chaos_stack(key: tuple[str, str], *, redis_url: str, stub: Stub, stub_port: int, stub_log: Path,
-                      catalog: Path, log_dir: Path) -> ChaosStack:
-    broker, _ = key
-    client = redis.Redis.from_url(redis_url)
-    try:
-        client.flushdb()
-    finally:
-        client.close()
-    env = stack_env(redis_url, broker, stub_port, catalog)
-    if broker == "rabbitmq":
-        purge_rabbitmq(env)
-    settings = Settings.from_env(env)
-    services = Services.build(settings)
-    web_port = free_port()
-    stack = Stack(env, log_dir=log_dir)
-    running = ChaosStack(key, env, settings, services, stack, f"http://127.0.0.1:{web_port}", stub, stub_log)
-    try:
-        stack.start_beat()
-        stack.start_web(web_port)
-        running.ensure_workers()
-        _probe(running)
-    except BaseException:
-        running.stop()
-        raise
-    return running
-
-
-def _probe(running: ChaosStack) -> None:
-    """One request end to end, so the stack serves before a test starts."""
-    with running.caller("probe") as caller:
-        request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("chaos probe")})
-        deadline = time.monotonic() + WORKER_READY_S
-        while time.monotonic() < deadline:
-            running.assert_alive()
-            if caller.status_body(FLUX, request_id)["status"] == "COMPLETED":
-                return
-            time.sleep(0.1)
-    raise AssertionError(f"the chaos stack did not complete a request\n\n{running.log_tails()}")
 
 
 class StackPool:
@@ -372,16 +228,14 @@ class StackPool:
         self.redis_url = redis_url
         self.tmp = tmp
         self.catalog_dir = tmp.mktemp("chaos-catalogs")
-        self.stub_dir = tmp.mktemp("chaos-stub")
         self.stub_port = free_port()
-        self.stub_stack = Stack(stack_env(redis_url, "redis", self.stub_port, DEFAULT_CATALOG),
-                                log_dir=self.stub_dir)
-        self.stub = Stub(f"http://127.0.0.1:{self.stub_port}")
+        self.stub_stack: RunningStack | None = None
         self.current: ChaosStack | None = None
 
     def start(self) -> None:
-        self.stub_stack.start_stub(self.stub_port)
-        wait_for_port(self.stub_port)
+        self.stub_stack = RunningStack.start(stack_env(self.redis_url, stub_port=self.stub_port),
+                                             self.tmp.mktemp("chaos-stub"), label="chaos stub", workers=(),
+                                             beat=False, web=False)
 
     def get(self, broker: str, catalog: str = "chaos") -> ChaosStack:
         key = (broker, catalog)
@@ -393,17 +247,21 @@ class StackPool:
         if broker == "rabbitmq":
             require_rabbitmq()
         self.stop_current()
-        path = write_catalog(self.catalog_dir, catalog, CATALOGS[catalog])
-        self.current = start_chaos_stack(
-            key, redis_url=self.redis_url, stub=self.stub, stub_port=self.stub_port,
-            stub_log=self.stub_dir / "stub.log", catalog=path, log_dir=self.tmp.mktemp(f"chaos-{broker}-{catalog}"),
-        )
-        _RUNNING[:] = [self.current]
+        client = redis.Redis.from_url(self.redis_url)
+        try:
+            client.flushdb()
+        finally:
+            client.close()
+        env = stack_env(self.redis_url, stub_port=self.stub_port, broker_url=broker_url(broker, self.redis_url),
+                        catalog=write_catalog(self.catalog_dir, catalog, CATALOGS[catalog]), **SHORT_LEASE)
+        if broker == "rabbitmq":
+            purge_rabbitmq(env)
+        self.current = ChaosStack.start(env, self.tmp.mktemp(f"chaos-{broker}-{catalog}"), label=f"chaos {key}",
+                                        stub=False, workers=("a", "b"), key=key)
         return self.current
 
     def stop_current(self) -> None:
         if self.current is not None:
-            _RUNNING.clear()
             current, self.current = self.current, None
             current.stop()
 
@@ -411,38 +269,19 @@ class StackPool:
         try:
             self.stop_current()
         finally:
-            self.stub_stack.stop()
-
-
-class LogTailsOnFailure:
-    """A plugin: a failing test of ``module``'s report carries the tails of the stack's logs."""
-
-    def __init__(self, module: str):
-        self.module = module
-
-    @pytest.hookimpl(hookwrapper=True)
-    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo) -> Iterator[None]:
-        outcome = yield
-        report = outcome.get_result()
-        if report.failed and _RUNNING and item.module.__name__.endswith(self.module):
-            report.sections.append((f"{self.module} stack logs (tails)", _RUNNING[0].log_tails()))
+            if self.stub_stack is not None:
+                self.stub_stack.stop()
 
 
 @contextlib.contextmanager
-def stack_pool(redis_url: str, tmp: pytest.TempPathFactory, request: pytest.FixtureRequest) -> Iterator[StackPool]:
-    """The module's stacks, one running at a time, with their log tails on its failures."""
-    module = request.module.__name__.rpartition(".")[2]
-    plugin = LogTailsOnFailure(module)
-    request.config.pluginmanager.register(plugin, f"{module}-log-tails")
+def stack_pool(redis_url: str, tmp: pytest.TempPathFactory) -> Iterator[StackPool]:
+    """A module's chaos stacks, one running at a time, and their stub."""
     made = StackPool(chaos_redis_url(redis_url), tmp)
     try:
         made.start()
         yield made
     finally:
-        try:
-            made.close()
-        finally:
-            request.config.pluginmanager.unregister(plugin)
+        made.close()
 
 
 # -- what a test asserts ---------------------------------------------------------------
@@ -451,14 +290,6 @@ def stack_pool(redis_url: str, tmp: pytest.TempPathFactory, request: pytest.Fixt
 def record(services: Services, request_id: str) -> dict[str, str]:
     raw = services.redis.hgetall(keys.request(request_id))
     return {k.decode(): v.decode(errors="replace") for k, v in raw.items() if k != b"body"}
-
-
-def ledger_by_request(services: Services, workspace: str) -> dict[str, list[str]]:
-    """Each request's ledger entry types, oldest first."""
-    found: dict[str, list[str]] = {}
-    for entry in services.accounts.ledger(workspace, count=100_000):
-        found.setdefault(entry.request_id, []).append(entry.type)
-    return found
 
 
 def assert_settled_once(services: Services, workspace: str, charged: set[str], released: set[str],

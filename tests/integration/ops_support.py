@@ -1,9 +1,9 @@
 """Helpers for the operations tests (``test_operations.py``).
 
 Plain code, no fixtures: reading ``/metrics`` into comparable samples, a
-private ``redis-server`` that can be killed and brought back with its data,
-a private stack on it, a background load of submits and polls, the operator
-CLI as a subprocess, headless Chromium, and the JSON log lines.
+background load of submits and polls, the operator CLI as a subprocess,
+headless Chromium, and the JSON log lines. The tests' private stacks are
+``harness.RunningStack``s.
 """
 
 from __future__ import annotations
@@ -15,22 +15,18 @@ import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import requests
 from prometheus_client.parser import text_string_to_metric_families
 
-from router_queue.dev.stack import ROOT, Stack, free_port
-from router_queue.services import Services
-from router_queue.settings import DEFAULT_CATALOG, Settings
+from router_queue.dev.stack import ROOT
 
-from .harness import FLUX, Caller, Stub, unique_prompt
-from .chaos_support import stack_env
+from .harness import FLUX, Caller, unique_prompt
 
 #: Seconds the load's HTTP client waits for any one answer.
 CLIENT_TIMEOUT_S = 10.0
@@ -61,75 +57,6 @@ def scrape(base_url: str) -> Scrape:
         for sample in family.samples:
             samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return Scrape(samples, response.text)
-
-
-# -- a private stack -----------------------------------------------------------------------
-
-
-@dataclass
-class PrivateStack:
-    """Stub, one worker, beat and gunicorn on a Redis of their own (broker too)."""
-
-    env: dict[str, str]
-    services: Services
-    stack: Stack
-    base_url: str
-    stub: Stub
-
-    def caller(self, name: str) -> Caller:
-        accounts = self.services.accounts
-        workspace = accounts.create_workspace(name, queue_enabled=True, credits=1_000_000)
-        return Caller(self.base_url, workspace, accounts.mint_key(workspace))
-
-    def log_tails(self, lines: int = 60) -> str:
-        out = []
-        for path in sorted(self.stack.log_dir.glob("*.log")):
-            text = path.read_text(errors="replace").splitlines()[-lines:]
-            out.append(f"==> {path} <==\n" + "\n".join(text))
-        return "\n\n".join(out)
-
-
-@contextmanager
-def private_stack(redis_url: str, log_dir: Path, **settings: str) -> Iterator[PrivateStack]:
-    """The chaos tests' timings (lease 3 s, sweep every 1 s, republish after 2 s),
-    the shipped catalog, broker = ``redis_url``, ``settings`` as more environment
-    variables; stopped on exit."""
-    stub_port, web_port = free_port(), free_port()
-    log_dir.mkdir(parents=True, exist_ok=True)
-    env = stack_env(redis_url, "redis", stub_port, Path(DEFAULT_CATALOG))
-    env.pop("CELERY_BROKER_URL", None)  # the broker is REDIS_URL itself
-    env.update(settings)
-    settings = Settings.from_env(env)
-    services = Services.build(settings)
-    stack = Stack(env, log_dir=log_dir)
-    running = PrivateStack(env, services, stack, f"http://127.0.0.1:{web_port}",
-                           Stub(f"http://127.0.0.1:{stub_port}"))
-    try:
-        stack.start_stub(stub_port)
-        stack.start_worker(services.catalog.providers())
-        stack.start_beat()
-        stack.start_web(web_port)
-        with running.caller("probe") as caller:
-            request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("private probe")})
-            try:
-                caller.wait_status(FLUX, request_id, timeout_s=30)
-            except AssertionError as exc:
-                raise AssertionError(f"{exc}\n\n{running.log_tails()}") from None
-        yield running
-    finally:
-        stack.stop()
-        services.redis.close()
-
-
-def children(pid: int) -> set[int]:
-    """The process's direct children (gunicorn's workers)."""
-    found: set[int] = set()
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            found |= {int(c) for c in (task / "children").read_text().split()}
-        except OSError:
-            pass
-    return found
 
 
 # -- a background load ---------------------------------------------------------------------

@@ -24,7 +24,8 @@ import requests
 from router_queue.store import keys
 from router_queue.store.ids import ID_PATTERN
 
-from .harness import FLUX, GEMINI, TTS, WORKER_CONCURRENCY, Caller, Stub, broker_drained, unique_prompt, wait_for
+from .harness import (FLUX, GEMINI, TTS, WORKER_CONCURRENCY, Caller, Stub, broker_drained, make_caller, unique_prompt,
+                      wait_for)
 from .admission_support import (
     JSON,
     assert_error,
@@ -32,7 +33,6 @@ from .admission_support import (
     fan_out,
     idempotency_key_name,
     ledger,
-    make_caller,
     price,
     rate_counters,
     redis_occurrences,

@@ -16,7 +16,7 @@ import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -24,24 +24,16 @@ import requests
 from router_queue.store import keys
 from router_queue.broker.celery_app import DELIVER_TASK, make_celery, queue_name
 
-from .harness import FLUX, GEMINI, TTS, Caller, stub_digest, unique_prompt, wait_for
-from .chaos_support import (BROKERS, LEASE_S, REPUBLISH_AFTER_S, STATUS_ORDER, SWEEP_INTERVAL_S, ChaosStack,
-                            StackPool, assert_not_running, assert_settled_once, record, stack_pool, submits,
-                            wait_all_completed)
+from .chaos_support import (BROKERS, STATUS_ORDER, ChaosStack, StackPool, assert_not_running, assert_settled_once,
+                            record, submits, wait_all_completed)
+from .harness import (FLUX, GEMINI, LEASE_S, REPUBLISH_AFTER_S, SWEEP_INTERVAL_S, TTS, Caller, stub_digest,
+                      unique_prompt, wait_for)
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
 
 #: Seconds from a worker's death until the sweeper has handed its requests on:
 #: the lease runs out, then the next sweep re-publishes.
 TAKEOVER_S = LEASE_S + SWEEP_INTERVAL_S
-
-
-@pytest.fixture(scope="module")
-def pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory,
-         request: pytest.FixtureRequest) -> Iterator[StackPool]:
-    """The chaos stacks, one running at a time, and the stub they share."""
-    with stack_pool(redis_url, tmp_path_factory, request) as made:
-        yield made
 
 
 @pytest.fixture(scope="module", params=BROKERS)

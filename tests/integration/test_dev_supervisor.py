@@ -17,8 +17,7 @@ import requests
 
 from router_queue.dev.stack import ROOT, free_port
 
-from .harness import FLUX, unique_prompt, wait_for
-from .ops_support import children
+from .harness import FLUX, children, unique_prompt, wait_for
 
 pytestmark = pytest.mark.slow
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 import pytest
 import requests
@@ -31,8 +31,8 @@ from comfy_sdk import Comfy
 
 from router_queue.store import keys
 
+from .chaos_support import ChaosStack, StackPool, assert_not_running
 from .harness import GEMINI, TTS, Caller, forget_pace, unique_prompt
-from .chaos_support import ChaosStack, StackPool, assert_not_running, stack_pool
 
 pytestmark = pytest.mark.integration
 
@@ -50,14 +50,6 @@ BANDS = {"high": 0, "normal": 1, "low": 2}
 
 
 # -- the stack ---------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def pool(redis_url: str, tmp_path_factory: pytest.TempPathFactory,
-         request: pytest.FixtureRequest) -> Iterator[StackPool]:
-    """The capped stack (one per broker, one at a time) and its stub."""
-    with stack_pool(redis_url, tmp_path_factory, request) as made:
-        yield made
 
 
 def _stack(pool: StackPool, broker: str = "redis") -> ChaosStack:

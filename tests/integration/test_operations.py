@@ -20,23 +20,21 @@ from typing import Callable, Iterator
 import pytest
 import requests
 
+from router_queue.dev.stack import free_port
+from router_queue.settings import DEFAULT_CATALOG
 from router_queue.store import keys
 from tests.redis_servers import PrivateRedis, SentinelGroup
 
-from .harness import (FLUX, GEMINI, WORKER_CONCURRENCY, Caller, broker_drained, saturated_worker, unique_prompt,
-                       wait_for)
-from .conftest import RunningStack
+from .harness import (FLUX, GEMINI, WORKER_CONCURRENCY, Caller, RunningStack, broker_drained, children, make_caller,
+                      saturated_worker, stack_env, unique_prompt, wait_for)
 from .ops_support import (
     CLIENT_TIMEOUT_S,
     Load,
-    PrivateStack,
-    children,
     chromium,
     depths_table,
     json_lines,
     ops_ok,
     parse_ops_page,
-    private_stack,
     run_chromium,
     run_ops,
     scrape,
@@ -53,12 +51,6 @@ def _quiet(stack: RunningStack, provider: str = BFL) -> None:
     services = stack.services
     wait_for(lambda: services.store.queue_depth(provider) == 0 and services.store.in_flight(provider) == 0
              and broker_drained(services, provider), timeout_s=30, what=f"{provider} quiet")
-
-
-def _caller(stack: RunningStack, name: str, credits: int = 1_000_000) -> Caller:
-    accounts = stack.services.accounts
-    workspace = accounts.create_workspace(name, queue_enabled=True, credits=credits)
-    return Caller(stack.base_url, workspace, accounts.mint_key(workspace))
 
 
 def _assert_503(response: requests.Response) -> None:
@@ -93,7 +85,7 @@ def test_metrics_match_known_traffic(stack: RunningStack, caller: Caller) -> Non
     assert caller.status_body(FLUX, queued)["error_type"] == "cancelled"
 
     # A refusal: 402, nothing queued.
-    with _caller(stack, "metrics-broke", credits=0) as broke:
+    with make_caller(stack, "metrics-broke", credits=0) as broke:
         refused = broke.submit(FLUX, {"prompt": unique_prompt("metrics broke")})
     assert refused.status_code == 402, refused.text
 
@@ -159,49 +151,56 @@ STALL_S = 10.0
 OUTAGE_LEASE_S = "15"
 
 
+def _private_env(redis_url: str, **settings: str) -> dict[str, str]:
+    """A stack of our own on ``redis_url`` (broker too), the shipped catalog, long leases."""
+    return stack_env(redis_url, stub_port=free_port(), catalog=DEFAULT_CATALOG, LEASE_SECONDS=OUTAGE_LEASE_S,
+                     **settings)
+
+
 @pytest.fixture(scope="module")
-def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivateRedis, PrivateStack]]:
+def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivateRedis, RunningStack]]:
     """A redis-server of our own (append-only file on, so a kill keeps the data) and
     a stack on it (broker too); the tests below stop that Redis, never the session's."""
     redis_dir = tmp_path_factory.mktemp("outage-redis")
     server = PrivateRedis(redis_dir)
     server.start()
     try:
-        with private_stack(server.url, tmp_path_factory.mktemp("outage-logs"), LEASE_SECONDS=OUTAGE_LEASE_S) as running:
+        with RunningStack.start(_private_env(server.url), tmp_path_factory.mktemp("outage-logs"),
+                                label="outage stack") as running:
             yield server, running
     finally:
         server.stop()
 
 
 @pytest.mark.slow
-def test_redis_outage_under_load(private: tuple[PrivateRedis, PrivateStack]) -> None:
+def test_redis_outage_under_load(private: tuple[PrivateRedis, RunningStack]) -> None:
     server, running = private
     _outage_under_load(running, Fault("kill", server.kill, heal=server.start))
 
 
 @pytest.mark.slow
-def test_redis_stall_under_load(private: tuple[PrivateRedis, PrivateStack]) -> None:
+def test_redis_stall_under_load(private: tuple[PrivateRedis, RunningStack]) -> None:
     server, running = private
     _outage_under_load(running, Fault("stall", server.pause, heal=server.resume, lasts_s=STALL_S))
 
 
 @pytest.fixture(scope="module", params=["0", "1"], ids=["async", "wait-1-replica"])
 def sentinel_group(request: pytest.FixtureRequest,
-                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SentinelGroup, PrivateStack]]:
+                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[SentinelGroup, RunningStack]]:
     """A primary, a replica and three sentinels of our own, and a stack given the
     ``sentinel://`` URL for its store and broker; with REDIS_WAIT_REPLICAS 0 and 1."""
     group = SentinelGroup(tmp_path_factory.mktemp("sentinel-redis"))
     try:
         group.start()
-        with private_stack(group.url, tmp_path_factory.mktemp("sentinel-logs"), LEASE_SECONDS=OUTAGE_LEASE_S,
-                           REDIS_WAIT_REPLICAS=request.param) as running:
+        with RunningStack.start(_private_env(group.url, REDIS_WAIT_REPLICAS=request.param),
+                                tmp_path_factory.mktemp("sentinel-logs"), label="sentinel stack") as running:
             yield group, running
     finally:
         group.stop()
 
 
 @pytest.mark.slow
-def test_sentinel_failover_under_load(sentinel_group: tuple[SentinelGroup, PrivateStack]) -> None:
+def test_sentinel_failover_under_load(sentinel_group: tuple[SentinelGroup, RunningStack]) -> None:
     """The primary SIGKILLed; the sentinels promote the replica; the front door,
     the workers and the broker find it through the same URL, with no restart."""
     group, running = sentinel_group
@@ -210,7 +209,7 @@ def test_sentinel_failover_under_load(sentinel_group: tuple[SentinelGroup, Priva
 
 
 @pytest.mark.slow
-def test_a_hung_redis_never_hangs_the_front_door(private: tuple[PrivateRedis, PrivateStack]) -> None:
+def test_a_hung_redis_never_hangs_the_front_door(private: tuple[PrivateRedis, RunningStack]) -> None:
     server, running = private
     submit_url = f"{running.base_url}/v2/models/{FLUX}/requests"
     calls = {
@@ -242,7 +241,7 @@ STALLED_ANSWER_S = 1.5
 
 
 @pytest.mark.slow
-def test_writes_answered_503_during_a_stall_never_take_effect_later(private: tuple[PrivateRedis, PrivateStack]) -> None:
+def test_writes_answered_503_during_a_stall_never_take_effect_later(private: tuple[PrivateRedis, RunningStack]) -> None:
     """The admit reaches the stalled Redis (the key is cached by then) and waits
     in its socket; the front door answers 503 within its wait; when Redis wakes,
     the script finds itself past its deadline by Redis's clock and writes nothing."""
@@ -298,7 +297,7 @@ class Fault:
     lasts_s: float = OUTAGE_S
 
 
-def _outage_under_load(running: PrivateStack, fault: Fault) -> None:
+def _outage_under_load(running: RunningStack, fault: Fault) -> None:
     """A state-store fault under submits and polls. Counts: lost, charged twice,
     charged after a 503, run twice upstream, answers over 1 s, seconds from
     Redis answering again to work resuming."""

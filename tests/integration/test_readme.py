@@ -11,8 +11,7 @@ import pytest
 
 from router_queue.dev.stack import ROOT
 
-from .harness import Caller
-from .conftest import RunningStack
+from .harness import Caller, RunningStack
 
 pytestmark = pytest.mark.integration
 

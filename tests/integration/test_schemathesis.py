@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+from .harness import RunningStack, make_caller
+
 pytestmark = pytest.mark.integration
 
 CHECKS = (
@@ -53,16 +55,14 @@ def _st() -> list[str]:
     return [sys.executable, "-c", "from schemathesis.cli import schemathesis; schemathesis()"]
 
 
-def test_schemathesis_finds_nothing(stack, tmp_path: Path) -> None:
+def test_schemathesis_finds_nothing(stack: RunningStack, tmp_path: Path) -> None:
     try:
         import schemathesis
     except ImportError:
         pytest.fail("schemathesis is not installed: pip install 'schemathesis>=4,<5' (the test extra)")
     assert int(schemathesis.__version__.split(".")[0]) >= 4, f"schemathesis {schemathesis.__version__} is not v4"
-    accounts = stack.services.accounts
-    workspace = accounts.create_workspace("schemathesis", queue_enabled=True, credits=10**12)
-    accounts.set_limits(workspace, max_queued=10**6, rate_limit="100000/second")
-    api_key = accounts.mint_key(workspace)
+    with make_caller(stack, "schemathesis", credits=10**12, max_queued=10**6, rate_limit="100000/second") as made:
+        api_key = made.api_key
     argv = [
         *_st(), "--no-color", "run", f"{stack.base_url}/v2/openapi.json",
         "--checks", ",".join(CHECKS),

@@ -47,8 +47,7 @@ import pytest
 
 from router_queue.dev.stack import ROOT, free_port, wait_for_port
 
-from .harness import FLUX, Caller, unique_prompt
-from .sync_support import SecondDoor
+from .harness import FLUX, Caller, RunningStack, unique_prompt
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -341,14 +340,11 @@ def enough_files() -> None:
 
 
 @pytest.fixture(scope="module")
-def door(stack, enough_files: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecondDoor]:
+def door(stack: RunningStack, enough_files: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     """gunicorn as the Procfile runs it (2 workers), with a 3 s request-head timeout."""
-    made = SecondDoor.start(stack.env, tmp_path_factory.mktemp("slow-clients-door"),
-                            settings={"WEB_HEADER_TIMEOUT": f"{HEADER_TIMEOUT_S:g}"}, workers=2)
-    try:
+    with stack.second_door(tmp_path_factory.mktemp("slow-clients-door"), web_workers=2,
+                           WEB_HEADER_TIMEOUT=f"{HEADER_TIMEOUT_S:g}") as made:
         yield made
-    finally:
-        made.stop()
 
 
 @pytest.fixture
@@ -365,12 +361,12 @@ def _port(base_url: str) -> int:
 # -- gunicorn on its own ---------------------------------------------------------
 
 
-def test_idle_and_trickling_connections_lock_nobody_out(door: SecondDoor, caller: Caller,
+def test_idle_and_trickling_connections_lock_nobody_out(door: RunningStack, caller: Caller,
                                                         completed_request: str) -> None:
     samples, flood, summary = run_flood(_port(door.base_url), caller, completed_request, "gunicorn")
     assert_served(samples, flood, summary)
     assert_cut_after(flood, HEADER_TIMEOUT_S, summary)
-    assert "Traceback" not in door.log(), door.log()[-4000:]
+    assert "Traceback" not in door.log_text("web"), door.log_text("web")[-4000:]
 
 
 # -- the same through nginx --------------------------------------------------------
@@ -442,7 +438,7 @@ class Nginx:
 
 
 @pytest.fixture(scope="module")
-def nginx(door: SecondDoor, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nginx]:
+def nginx(door: RunningStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Nginx]:
     binary = nginx_binary()
     if binary is None:
         pytest.skip("nginx is not installed (scripts/test installs it with apt)")
@@ -489,7 +485,7 @@ def _post(path: str, body: bytes, headers: dict[str, str]) -> bytes:
             f"Content-Length: {len(body)}\r\nConnection: close\r\n{head}\r\n").encode() + body
 
 
-def test_nginx_answers_its_own_refusals_in_the_contracts_shape(nginx: Nginx, door: SecondDoor, caller: Caller,
+def test_nginx_answers_its_own_refusals_in_the_contracts_shape(nginx: Nginx, door: RunningStack, caller: Caller,
                                                                 tmp_path: Path) -> None:
     limit = 1_048_576  # MAX_BODY_BYTES, the app's default
     path = f"/v2/models/{FLUX}/requests"

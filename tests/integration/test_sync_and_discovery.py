@@ -27,15 +27,8 @@ import requests
 from comfy_sdk import BinaryResult, Comfy
 from comfy_sdk.router_exceptions import ModelNotFound
 
-from .harness import FLUX, GEMINI, TTS, Caller, Stub, unique_prompt, wait_for
-from .sync_support import (
-    SYNC_READ_TIMEOUT_S,
-    SecondDoor,
-    documented_media_types,
-    ledger_of,
-    request_body_schema,
-    resolve,
-)
+from .harness import FLUX, GEMINI, TTS, Caller, RunningStack, Stub, ledger_by_request, unique_prompt, wait_for
+from .sync_support import SYNC_READ_TIMEOUT_S, documented_media_types, request_body_schema, resolve
 
 pytestmark = pytest.mark.integration
 
@@ -81,14 +74,10 @@ def client(comfy_env: Caller) -> Iterator[Comfy]:
 
 
 @pytest.fixture(scope="module")
-def deadline_door(stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecondDoor]:
+def deadline_door(stack: RunningStack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     """A second gunicorn with SYNC_DEADLINE_SECONDS=3 on the session stack's Redis, worker and stub."""
-    door = SecondDoor.start(stack.env, tmp_path_factory.mktemp("deadline-door"),
-                           settings={"SYNC_DEADLINE_SECONDS": f"{DEADLINE_S:g}"})
-    try:
+    with stack.second_door(tmp_path_factory.mktemp("deadline-door"), SYNC_DEADLINE_SECONDS=f"{DEADLINE_S:g}") as door:
         yield door
-    finally:
-        door.stop()
 
 
 @pytest.fixture(scope="module")
@@ -227,7 +216,7 @@ def test_sync_route_refusals(caller: Caller, stack) -> None:
 # -- the deadline: 504, the same key re-attaches, one submit, one charge -------------------------
 
 
-def test_deadline_504_then_the_same_key_reattaches(deadline_door: SecondDoor, caller: Caller, stub: Stub,
+def test_deadline_504_then_the_same_key_reattaches(deadline_door: RunningStack, caller: Caller, stub: Stub,
                                                    services) -> None:
     body = _body_for(FLUX, unique_prompt("sync deadline", "[stub:latency=6]"))
     key = f"deadline-{uuid.uuid4().hex}"
@@ -263,17 +252,17 @@ def test_deadline_504_then_the_same_key_reattaches(deadline_door: SecondDoor, ca
     output = final.json()
     assert output["status"] == "Ready" and output["result"]["prompt"] == body["prompt"]
     assert stub.submits("bfl_submit", body) == 1, "the re-attach submitted the generation again"
-    ledger = wait_for(lambda: (found := ledger_of(services, caller.workspace)).get(request_id) == ["hold", "charge"]
-                      and found, timeout_s=10, what="one hold and one charge")
+    ledger = wait_for(lambda: (found := ledger_by_request(services, caller.workspace)).get(request_id)
+                      == ["hold", "charge"] and found, timeout_s=10, what="one hold and one charge")
     assert ledger == {request_id: ["hold", "charge"]}, ledger
     # once finished, the same key still answers the same output, at once
     again = _sync_post(caller, deadline_door.base_url, FLUX, body, key=key, timeout=(5, 5))
     assert again.status_code == 200 and again.content == final.content
     assert stub.submits("bfl_submit", body) == 1
-    assert ledger_of(services, caller.workspace) == {request_id: ["hold", "charge"]}
+    assert ledger_by_request(services, caller.workspace) == {request_id: ["hold", "charge"]}
 
 
-def test_sdk_run_collects_a_long_generation_through_the_deadline(deadline_door: SecondDoor, caller: Caller,
+def test_sdk_run_collects_a_long_generation_through_the_deadline(deadline_door: RunningStack, caller: Caller,
                                                                 stub: Stub, services,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COMFY_ROUTER_BASE_URL", deadline_door.base_url)
@@ -295,7 +284,7 @@ def test_sdk_run_collects_a_long_generation_through_the_deadline(deadline_door: 
     assert wait_for(lambda: deadline_door.access_lines("POST", route, 504) > timeouts_before,
                     timeout_s=5, what="a 504 in the deadline door's access log")
     assert stub.submits("bfl_submit", body) == 1, "the SDK's same-key retry submitted the generation again"
-    ledger = wait_for(lambda: (found := ledger_of(services, caller.workspace)) and
+    ledger = wait_for(lambda: (found := ledger_by_request(services, caller.workspace)) and
                       all(types == ["hold", "charge"] for types in found.values()) and found,
                       timeout_s=10, what="one hold and one charge")
     assert len(ledger) == 1, f"the SDK's retries made more than one request: {ledger}"
