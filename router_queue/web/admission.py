@@ -22,7 +22,7 @@ from ..store.outcomes import Admit
 from ..store.requests import PRIORITIES
 from ..webhooks import safety
 from . import pacing
-from .views import request_urls
+from .views import response_url
 
 #: Longest Idempotency-Key accepted, in characters.
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
@@ -148,7 +148,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         rate=rate(),
         priority=rank,
         webhook_url=hook,
-        response_url=request_urls(base_url, entry.id, request_id)["response_url"] if base_url else "",
+        response_url=response_url(base_url, entry.id, request_id) if base_url else "",
     )
     if admission.outcome is Admit.EXPIRED:
         raise ServiceUnavailable("the request store answered too late; nothing was admitted or charged; "

@@ -203,10 +203,8 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                               "event": {"type": "string", "enum": ["in_queue", "queue_position", "in_progress",
                                                                    "progress", "completed"]},
                               "id": {"type": "string"},
-                              "data": {"type": "string", "contentMediaType": "application/json",
-                                       "description": "the status body (see the status route)"}}},
-                          "example": 'id: IN_PROGRESS:0.42\nevent: progress\ndata: {"request_id":"…",'
-                                     '"status":"IN_PROGRESS","progress":0.42,…}\n\n'}}},
+                              "data": {"type": "string",
+                                       "description": "the status body, as JSON (see the status route)"}}}}}},
                       "410": gone, **_errors(401, 403, 404, 429, 503)},
     }})
     spec.path(path=f"{root}/requests/{{request_id}}", operations={"get": {

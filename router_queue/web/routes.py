@@ -82,11 +82,12 @@ def submit(provider: str, model: str) -> Response:
     workspace = front.keys.workspace(request)
     entry = model_entry(provider, model, front.services.catalog)
     admission.refuse_bring_your_own_key(request.headers)
+    base = _base_url(front)
     admitted = admission.admit(
         front.services, workspace=workspace, entry=entry, raw_body=_body(),
         raw_idempotency_key=request.headers.get("Idempotency-Key"),
         raw_priority=request.headers.get("X-Comfy-Priority"), rate=carried_allowance,
-        raw_webhook_url=request.headers.get(admission.WEBHOOK_HEADER), base_url=_base_url(front),
+        raw_webhook_url=request.headers.get(admission.WEBHOOK_HEADER), base_url=base,
     )
     g.call_id = admitted.request_id
     log.info("submit: %s", "replayed" if admitted.replayed else "admitted", extra={
@@ -98,7 +99,7 @@ def submit(provider: str, model: str) -> Response:
         "request_id": admitted.request_id,
         "status": "IN_QUEUE",
         "queue_position": admitted.position or 0,
-        **request_urls(_base_url(front), entry.id, admitted.request_id),
+        **request_urls(base, entry.id, admitted.request_id),
     }
     return json_response(body, 201)
 

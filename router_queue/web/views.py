@@ -18,9 +18,14 @@ def iso(ts: float | None) -> str | None:
     return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+def response_url(base: str, model_id: str, request_id: str) -> str:
+    """Where a request's result is collected; the other two URLs hang off it."""
+    return f"{base}/v2/models/{model_id}/requests/{request_id}"
+
+
 def request_urls(base: str, model_id: str, request_id: str) -> dict[str, str]:
     """The three absolute URLs that address one request."""
-    root = f"{base}/v2/models/{model_id}/requests/{request_id}"
+    root = response_url(base, model_id, request_id)
     return {"status_url": f"{root}/status", "response_url": root, "cancel_url": f"{root}/cancel"}
 
 
