@@ -1,0 +1,512 @@
+"""Signed webhooks against real processes (issue 14, item 6).
+
+A stack of our own (``harness.RunningStack`` on a private ``redis-server``:
+the stub, one Celery worker that consumes ``router.webhooks`` beside the
+provider queues, beat sweeping every second, gunicorn) with loopback http
+allowed and the webhook clock shortened (:data:`WEBHOOK_SETTINGS`), and a
+receiver process of the tests (``webhook_receiver.py``) that verifies every
+attempt with the ``standardwebhooks`` package, each secret on its own, and
+answers as each test programs it: 500 then 204, hang, 410.
+
+Scenarios: a receiver that fails twice then succeeds (a succeeded and a failed
+request), one that hangs past the attempt's timeout, one that answers 410, a
+SIGKILL of the worker in the middle of an attempt, a secret rotation, the
+workspace default URL against a request's own, URLs refused at submit, and a
+receiver that trickles its answer byte by byte (cut at the attempt's timeout:
+before the watchdog in workers/webhooks.py it held a thread 12 s against a
+2 s timeout, and its lease ran out, so a second attempt ran beside it).
+The operator's view is ``router-queue ops webhooks WS`` run as a process.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+import requests
+
+from router_queue.dev.stack import ROOT, free_port, wait_for_port
+from router_queue.webhooks.event import new_secret
+
+from tests.redis_servers import PrivateRedis
+
+from .harness import FLUX, Caller, RunningStack, make_caller, stack_env, unique_prompt, wait_for
+
+pytestmark = pytest.mark.integration
+
+#: Seconds one attempt may take (connect, each read, the whole answer).
+TIMEOUT_S = 2.0
+#: Seconds an attempt holds its event: a killed worker's event is due again after it.
+LEASE_S = 4.0
+#: Seconds before attempts 2, 3, 4, ... (the last repeats), each jittered by ±20 %.
+SCHEDULE_S = (1.0, 1.0, 2.0)
+JITTER = 0.2
+#: beat's sweep (harness.stack_env): a retry may start up to this much after it is due.
+SWEEP_S = 1.0
+WEBHOOK_SETTINGS = {
+    "WEBHOOK_ALLOW_LOOPBACK_HTTP": "1",
+    "WEBHOOK_TIMEOUT_SECONDS": f"{TIMEOUT_S:g}",
+    "WEBHOOK_LEASE_SECONDS": f"{LEASE_S:g}",
+    "WEBHOOK_RETRY_SCHEDULE": ",".join(f"{s:g}" for s in SCHEDULE_S),
+    "WEBHOOK_RETRY_FOR_SECONDS": "120",
+}
+#: Slack on top of a computed bound: process scheduling, a publish, a Redis round trip.
+SLACK_S = 1.5
+
+
+def retry_gap_bounds(after_attempt: int, *, took_s: float = 0.0) -> tuple[float, float]:
+    """The least and most seconds from one attempt's arrival to the next's, after
+    failed attempt ``after_attempt`` that took ``took_s`` (its answer, or its timeout)."""
+    delay = SCHEDULE_S[min(after_attempt, len(SCHEDULE_S)) - 1]
+    return took_s + delay * (1 - JITTER) - 0.1, took_s + delay * (1 + JITTER) + SWEEP_S + SLACK_S
+
+
+# -- the receiver -----------------------------------------------------------------------
+
+
+class Receiver:
+    """``webhook_receiver.py`` in a process of its own, on a free loopback port."""
+
+    SCRIPT = Path(__file__).with_name("webhook_receiver.py")
+
+    def __init__(self, directory: Path):
+        self.port = free_port()
+        self.log_path = directory / "receiver.jsonl"
+        self._out = open(directory / "receiver.out", "ab")
+        self.proc = subprocess.Popen([sys.executable, str(self.SCRIPT), "--port", str(self.port),
+                                      "--log", str(self.log_path)], stdout=self._out, stderr=subprocess.STDOUT)
+        try:
+            wait_for_port(self.port, proc=self.proc)
+        except BaseException:
+            self.stop()
+            raise
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def url(self, name: str) -> str:
+        return f"{self.base_url}/hook/{name}"
+
+    def configure(self, name: str, *, secrets: dict[str, str] | None = None, plan: list[str] | None = None) -> str:
+        """Set ``name``'s secrets (label -> secret) and plan; returns its URL."""
+        config: dict[str, Any] = {}
+        if secrets is not None:
+            config["secrets"] = secrets
+        if plan is not None:
+            config["plan"] = plan
+        response = requests.put(f"{self.base_url}/_config/{name}", json=config, timeout=5)
+        assert response.status_code == 204, response.text
+        return self.url(name)
+
+    def attempts(self, name: str) -> list[dict[str, Any]]:
+        response = requests.get(f"{self.base_url}/_attempts/{name}", timeout=5)
+        response.raise_for_status()
+        return response.json()
+
+    def wait_attempts(self, name: str, count: int, *, timeout_s: float = 20.0,
+                      answered: bool = False) -> list[dict[str, Any]]:
+        """At least ``count`` attempts at ``name`` (the last answered, with ``answered``)."""
+        def enough() -> list[dict[str, Any]] | None:
+            seen = self.attempts(name)
+            if len(seen) < count or (answered and seen[count - 1]["answered_at"] is None):
+                return None
+            return seen
+        return wait_for(enough, timeout_s=timeout_s, interval_s=0.05, what=f"{count} attempts at {name}")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._out.close()
+
+
+# -- the operator's CLI ---------------------------------------------------------------------
+
+
+def cli(env: dict[str, str], *args: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+    """``router-queue ARGS`` as an operator runs it, in a process of its own."""
+    return subprocess.run([sys.executable, "-c", "from router_queue.cli import main; main()", *args],
+                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout_s)
+
+
+def cli_ok(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    done = cli(env, *args)
+    assert done.returncode == 0, f"router-queue {' '.join(args)} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
+    return done
+
+
+def ops_webhooks(env: dict[str, str], workspace: str) -> tuple[list[tuple[int, str]], list[dict[str, str]]]:
+    """``router-queue ops webhooks WS``: (failing endpoints as (failures, url),
+    recent attempts as dicts by the header's columns, newest first)."""
+    text = cli_ok(env, "ops", "webhooks", workspace).stdout
+    lines = text.splitlines()
+    assert lines[0] == "failing endpoints (failed attempts in a row):", text
+    split = lines.index("recent attempts:")
+    failing = [] if lines[1:split] == ["  none"] else [
+        (int(line.split("\t")[0]), line.split("\t")[1]) for line in lines[1:split]]
+    header = lines[split + 1].strip().split("\t")
+    assert header == ["at", "request_id", "attempt", "outcome", "status", "seconds", "url", "error"], text
+    rows = [dict(zip(header, line.strip().split("\t"))) for line in lines[split + 2:]]
+    return failing, rows
+
+
+# -- the stack --------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def hook_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    """A stack of our own on a private redis-server (no other stack's worker
+    may take our webhook deliveries), with :data:`WEBHOOK_SETTINGS`."""
+    server = PrivateRedis(tmp_path_factory.mktemp("webhook-redis"), persist=False)
+    server.start()
+    try:
+        env = stack_env(server.url, stub_port=free_port(), **WEBHOOK_SETTINGS)
+        with RunningStack.start(env, tmp_path_factory.mktemp("webhook-logs"), label="webhook stack") as running:
+            yield running
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
+    made = Receiver(tmp_path_factory.mktemp("webhook-receiver"))
+    try:
+        yield made
+    finally:
+        made.stop()
+
+
+def workspace_with_secret(stack: RunningStack, name: str) -> tuple[Caller, str]:
+    """A fresh workspace, and the signing secret ``router-queue workspace webhook-secret`` printed for it."""
+    caller = make_caller(stack, name)
+    secret = cli_ok(stack.env, "workspace", "webhook-secret", caller.workspace).stdout.strip()
+    assert secret.startswith("whsec_"), secret
+    return caller, secret
+
+
+def hook_name(label: str, caller: Caller) -> str:
+    return f"{label}-{caller.workspace}"
+
+
+# -- checks -----------------------------------------------------------------------------------
+
+
+def _iso(value: str) -> datetime:
+    assert value.endswith("Z"), value
+    return datetime.fromisoformat(value[:-1] + "+00:00")
+
+
+def assert_same_event(attempts: list[dict[str, Any]], request_id: str) -> None:
+    """Every attempt: the same webhook-id and the same body bytes, verified, recent timestamp."""
+    assert attempts
+    assert {a["webhook_id"] for a in attempts} == {f"msg_{request_id}"}
+    assert len({a["body_sha256"] for a in attempts}) == 1, [a["body"] for a in attempts]
+    for a in attempts:
+        assert a["verified"], a["errors"]
+        assert a["content_type"] == "application/json"
+        assert abs(int(a["webhook_timestamp"]) - a["arrived_at"]) < 5  # signed anew on every attempt
+
+
+def assert_event_body(event: dict[str, Any], status: dict[str, Any], submitted: dict[str, Any]) -> None:
+    """The event names the request as its status does."""
+    assert event["type"] == "request.completed"
+    assert event["request_id"] == status["request_id"]
+    assert event["model"] == FLUX
+    assert event["status"] == "COMPLETED" == status["status"]
+    assert event["error_type"] == status.get("error_type")
+    assert event["response_url"] == submitted["response_url"] == status["response_url"]
+    for name in ("created_at", "started_at", "completed_at"):
+        assert event[name] == status[name], name
+    assert _iso(event["created_at"]) <= _iso(event["started_at"]) <= _iso(event["completed_at"])
+    assert set(event) == {"type", "request_id", "model", "status", "error_type", "response_url", "created_at",
+                          "started_at", "completed_at"}
+
+
+def submit(caller: Caller, label: str, *directives: str, url: str | None = None) -> tuple[str, dict[str, Any]]:
+    headers = {"X-Comfy-Webhook-Url": url} if url is not None else None
+    response = caller.submit(FLUX, {"prompt": unique_prompt(label, *directives)}, headers=headers)
+    assert response.status_code == 201, (response.status_code, response.text)
+    return response.json()["request_id"], response.json()
+
+
+def gaps(attempts: list[dict[str, Any]]) -> list[float]:
+    return [round(b["arrived_at"] - a["arrived_at"], 2) for a, b in zip(attempts, attempts[1:])]
+
+
+# -- scenarios --------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_receiver_that_fails_twice_then_succeeds_gets_each_event_delivered_once(
+        hook_stack: RunningStack, receiver: Receiver) -> None:
+    caller, secret = workspace_with_secret(hook_stack, "hooks-fail-twice")
+    with caller:
+        plan = ["500", "500", "204"]
+        ok_url = receiver.configure(hook_name("ok", caller), secrets={"current": secret}, plan=plan)
+        failed_url = receiver.configure(hook_name("failed", caller), secrets={"current": secret}, plan=plan)
+
+        ok_id, ok_submitted = submit(caller, "webhook fails twice", url=ok_url)
+        failed_id, failed_submitted = submit(caller, "webhook fails twice, refused", "[stub:refuse]",
+                                             url=failed_url)
+        cases = ((hook_name("ok", caller), ok_id, ok_submitted),
+                 (hook_name("failed", caller), failed_id, failed_submitted))
+        for name, request_id, _ in cases:
+            receiver.wait_attempts(name, 3, answered=True)
+        # Delivered: no 4th attempt within another step of the schedule.
+        time.sleep(SCHEDULE_S[-1] * (1 + JITTER) + SWEEP_S)
+        for name, request_id, submitted in cases:
+            status = caller.wait_status(FLUX, request_id)
+            attempts = receiver.attempts(name)
+            print(f"\n{name}: attempts {len(attempts)}, gaps {gaps(attempts)} s, answers "
+                  f"{[a['answered'] for a in attempts]}")
+            assert [a["answered"] for a in attempts] == [500, 500, 204]
+            assert_same_event(attempts, request_id)
+            assert all(a["verified_with"] == ["current"] and a["signatures"] == 1 for a in attempts)
+            assert_event_body(attempts[0]["event"], status, submitted)
+            for n, gap in enumerate(gaps(attempts), start=1):
+                low, high = retry_gap_bounds(n)
+                assert low <= gap <= high, (n, gap, low, high)
+            event = hook_stack.services.webhooks.event(request_id)
+            assert event["state"] == "delivered" and event["attempts"] == "3", event
+
+        assert receiver.attempts(hook_name("ok", caller))[0]["event"]["error_type"] is None
+        assert receiver.attempts(hook_name("failed", caller))[0]["event"]["error_type"] == "content_policy_violation"
+
+        failing, rows = ops_webhooks(hook_stack.env, caller.workspace)
+        assert failing == []  # the delivery cleared the failures in a row
+        for request_id, url in ((ok_id, ok_url), (failed_id, failed_url)):
+            mine = sorted((r for r in rows if r["request_id"] == request_id), key=lambda r: int(r["attempt"]))
+            assert [(r["attempt"], r["outcome"], r["status"], r["error"]) for r in mine] == [
+                ("1", "failed", "500", "HTTP 500"), ("2", "failed", "500", "HTTP 500"), ("3", "delivered", "204", "-")]
+            assert {r["url"] for r in mine} == {url}
+
+
+@pytest.mark.slow
+def test_a_hanging_receiver_times_out_and_is_tried_again_until_it_answers(
+        hook_stack: RunningStack, receiver: Receiver) -> None:
+    caller, secret = workspace_with_secret(hook_stack, "hooks-hang")
+    with caller:
+        name = hook_name("hang", caller)
+        # Held 5 s (past the 2 s timeout) twice, then answered at once.
+        url = receiver.configure(name, secrets={"current": secret}, plan=["hang:5", "hang:5", "204"])
+        request_id, _ = submit(caller, "webhook hangs", url=url)
+
+        attempts = receiver.wait_attempts(name, 3, timeout_s=30)
+        wait_for(lambda: hook_stack.services.webhooks.event(request_id).get("state") == "delivered",
+                 what="the event delivered")
+        attempts = receiver.attempts(name)
+        print(f"\n{name}: attempts {len(attempts)}, gaps {gaps(attempts)} s")
+        assert len(attempts) == 3
+        assert_same_event(attempts, request_id)
+        for n, gap in enumerate(gaps(attempts), start=1):
+            low, high = retry_gap_bounds(n, took_s=TIMEOUT_S)
+            assert low <= gap <= high, (n, gap, low, high)
+
+        _, rows = ops_webhooks(hook_stack.env, caller.workspace)
+        mine = sorted((r for r in rows if r["request_id"] == request_id), key=lambda r: int(r["attempt"]))
+        print(f"attempt seconds {[r['seconds'] for r in mine]}")
+        assert [(r["outcome"], r["status"]) for r in mine] == [("failed", "-"), ("failed", "-"), ("delivered", "204")]
+        for row in mine[:2]:
+            assert row["error"] == f"no answer within {TIMEOUT_S:g} s"
+            # a read timeout of 2 s: the attempt ended then, not when the receiver gave up holding it (5 s)
+            assert TIMEOUT_S - 0.1 <= float(row["seconds"]) < TIMEOUT_S + 1.0, row
+        assert float(mine[2]["seconds"]) < 1.0
+
+
+@pytest.mark.slow
+def test_a_410_stops_the_retries(hook_stack: RunningStack, receiver: Receiver) -> None:
+    caller, secret = workspace_with_secret(hook_stack, "hooks-gone")
+    with caller:
+        name = hook_name("gone", caller)
+        # A 500, then 410; had it gone on it would have been answered 204.
+        url = receiver.configure(name, secrets={"current": secret}, plan=["500", "410", "204"])
+        request_id, _ = submit(caller, "webhook gone", url=url)
+
+        receiver.wait_attempts(name, 2, answered=True)
+        wait_for(lambda: hook_stack.services.webhooks.event(request_id).get("state") == "gone",
+                 what="the event gone")
+        # Nothing more within the next three steps of the schedule.
+        time.sleep(sum(SCHEDULE_S) * (1 + JITTER) + SWEEP_S)
+        attempts = receiver.attempts(name)
+        print(f"\n{name}: attempts {len(attempts)}, gaps {gaps(attempts)} s")
+        assert [a["answered"] for a in attempts] == [500, 410]
+        assert_same_event(attempts, request_id)
+        assert hook_stack.services.webhooks.owed(request_id) is False
+
+        failing, rows = ops_webhooks(hook_stack.env, caller.workspace)
+        mine = sorted((r for r in rows if r["request_id"] == request_id), key=lambda r: int(r["attempt"]))
+        assert [(r["attempt"], r["outcome"], r["status"]) for r in mine] == [("1", "failed", "500"),
+                                                                            ("2", "gone", "410")]
+        assert "410 Gone" in mine[1]["error"]
+        assert failing == [(2, url)]
+
+
+@pytest.mark.slow
+def test_a_worker_killed_mid_delivery_leaves_the_event_to_be_delivered_after_its_lease(
+        hook_stack: RunningStack, receiver: Receiver) -> None:
+    caller, secret = workspace_with_secret(hook_stack, "hooks-kill")
+    with caller:
+        name = hook_name("kill", caller)
+        # The first attempt is held (past the kill); the next answered 204.
+        url = receiver.configure(name, secrets={"current": secret}, plan=["hang:30", "204"])
+        request_id, _ = submit(caller, "webhook worker killed", url=url)
+
+        first = receiver.wait_attempts(name, 1, timeout_s=20)[0]
+        worker = hook_stack.stack.procs["worker"]
+        os.kill(worker.pid, signal.SIGKILL)
+        killed_at = time.time()
+        assert worker.wait(5) == -signal.SIGKILL
+        in_flight_s = killed_at - first["arrived_at"]
+        assert in_flight_s < TIMEOUT_S, f"killed {in_flight_s:.2f} s after the attempt arrived: not mid-attempt"
+        event = hook_stack.services.webhooks.event(request_id)
+        assert event["state"] == "pending" and event["attempts"] == "1", event  # taken, never recorded
+
+        hook_stack.start_worker("worker")
+        hook_stack.wait_ready(["worker"], serving=False)
+        restarted_at = time.time()
+        wait_for(lambda: hook_stack.services.webhooks.event(request_id).get("state") == "delivered",
+                 timeout_s=LEASE_S + 15, what="the event delivered by the new worker")
+        attempts = receiver.attempts(name)
+        delivered = [a for a in attempts if a["answered"] == 204]
+        print(f"\n{name}: killed {in_flight_s:.2f} s into attempt 1, worker ready {restarted_at - killed_at:.1f} s "
+              f"later, attempt 2 {attempts[1]['arrived_at'] - first['arrived_at']:.1f} s after attempt 1; "
+              f"{len(attempts)} attempts")
+        assert len(attempts) == 2 and len(delivered) == 1
+        assert_same_event(attempts, request_id)
+        # Not before the killed attempt's lease ran out.
+        assert attempts[1]["arrived_at"] - first["arrived_at"] >= LEASE_S - 0.2
+        receiver.configure(name)  # let the held attempt go
+
+        _, rows = ops_webhooks(hook_stack.env, caller.workspace)
+        mine = [(r["attempt"], r["outcome"], r["status"]) for r in rows if r["request_id"] == request_id]
+        assert mine == [("2", "delivered", "204")]  # the killed attempt recorded nothing
+
+
+@pytest.mark.slow
+def test_a_trickling_receiver_is_cut_off_at_the_timeout(hook_stack: RunningStack, receiver: Receiver) -> None:
+    caller, secret = workspace_with_secret(hook_stack, "hooks-trickle")
+    with caller:
+        name = hook_name("trickle", caller)
+        # A 204's head, a byte every ~0.2 s for 12 s (no read waits 2 s), then 204 at once.
+        url = receiver.configure(name, secrets={"current": secret}, plan=["trickle:12", "204"])
+        request_id, _ = submit(caller, "webhook trickles", url=url)
+
+        def attempt_one_recorded() -> list[Any] | None:
+            mine = sorted((a for a in hook_stack.services.webhooks.attempts(caller.workspace)
+                           if a.request_id == request_id), key=lambda a: a.attempt)
+            return mine if mine and mine[0].attempt == 1 else None
+
+        mine = wait_for(attempt_one_recorded, timeout_s=25, interval_s=0.2, what="attempt 1 recorded")
+        wait_for(lambda: hook_stack.services.webhooks.event(request_id).get("state") == "delivered",
+                 what="the event delivered")
+        attempts = receiver.attempts(name)
+        took_s = mine[0].seconds
+        print(f"\n{name}: attempt 1 took {took_s:.1f} s (timeout {TIMEOUT_S:g} s, lease {LEASE_S:g} s), "
+              f"{[(a.attempt, a.outcome, a.seconds) for a in mine]}, receiver gaps {gaps(attempts)} s")
+        receiver.configure(name)
+        assert took_s < TIMEOUT_S + 1.0, f"attempt 1 ran {took_s:.1f} s with WEBHOOK_TIMEOUT_SECONDS={TIMEOUT_S:g}"
+        assert attempts[1]["arrived_at"] >= attempts[0]["arrived_at"] + took_s, "two attempts at once"
+
+
+def test_a_rotation_signs_with_the_old_and_the_new_secret_each_verifying_alone(
+        hook_stack: RunningStack, receiver: Receiver) -> None:
+    caller, old = workspace_with_secret(hook_stack, "hooks-rotate")
+    with caller:
+        stranger = new_secret()
+        name = hook_name("rotate", caller)
+        url = receiver.configure(name, secrets={"old": old, "stranger": stranger})
+        before_id, _ = submit(caller, "webhook before rotation", url=url)
+        before = receiver.wait_attempts(name, 1)[0]
+        assert before["answered"] in (None, 204)
+        assert (before["signatures"], before["verified_with"]) == (1, ["old"])
+        assert "No matching signature" in before["errors"]["stranger"]
+
+        again = cli(hook_stack.env, "workspace", "webhook-secret", caller.workspace)
+        assert again.returncode != 0 and "never shown again" in again.stderr, again
+        rotated = cli_ok(hook_stack.env, "workspace", "webhook-secret", caller.workspace, "--rotate")
+        new = rotated.stdout.strip()
+        assert new.startswith("whsec_") and new != old
+        assert "24 h" in rotated.stderr
+
+        receiver.configure(name, secrets={"old": old, "new": new, "stranger": stranger})
+        during_id, _ = submit(caller, "webhook during rotation", url=url)
+        attempts = receiver.wait_attempts(name, 2, answered=True)
+        during = attempts[1]
+        assert during["webhook_id"] == f"msg_{during_id}"
+        assert during["signatures"] == 2
+        assert during["verified_with"] == ["new", "old"]  # each on its own
+        assert set(during["errors"]) == {"stranger"}
+        assert during["answered"] == 204
+        for request_id in (before_id, during_id):
+            wait_for(lambda: hook_stack.services.webhooks.event(request_id).get("state") == "delivered",
+                     what=f"{request_id} delivered")
+        assert len(receiver.attempts(name)) == 2
+
+
+def test_the_workspace_default_url_applies_unless_the_request_names_its_own(
+        hook_stack: RunningStack, receiver: Receiver) -> None:
+    caller, secret = workspace_with_secret(hook_stack, "hooks-default")
+    with caller:
+        default_url = receiver.configure(hook_name("default", caller), secrets={"current": secret})
+        own_url = receiver.configure(hook_name("own", caller), secrets={"current": secret})
+
+        refused = cli(hook_stack.env, "workspace", "set-webhook", caller.workspace,
+                      "https://169.254.169.254/latest/meta-data/")
+        assert refused.returncode == 2 and "metadata" in refused.stderr, refused
+        done = cli_ok(hook_stack.env, "workspace", "set-webhook", caller.workspace, default_url)
+        assert default_url in done.stdout
+
+        by_default, _ = submit(caller, "webhook to the default")
+        own, _ = submit(caller, "webhook to its own", url=own_url)
+        got_default = receiver.wait_attempts(hook_name("default", caller), 1, answered=True)
+        got_own = receiver.wait_attempts(hook_name("own", caller), 1, answered=True)
+        for request_id in (by_default, own):
+            wait_for(lambda: hook_stack.services.webhooks.event(request_id).get("state") == "delivered",
+                     what=f"{request_id} delivered")
+        assert [a["webhook_id"] for a in receiver.attempts(hook_name("default", caller))] == [f"msg_{by_default}"]
+        assert [a["webhook_id"] for a in receiver.attempts(hook_name("own", caller))] == [f"msg_{own}"]
+        assert got_default[0]["verified"] and got_own[0]["verified"]
+
+        cli_ok(hook_stack.env, "workspace", "set-webhook", caller.workspace, "--off")
+        unhooked, _ = submit(caller, "webhook default off")
+        caller.wait_status(FLUX, unhooked)
+        assert hook_stack.services.webhooks.event(unhooked) == {}  # nothing owed
+        time.sleep(SWEEP_S + 0.5)
+        assert len(receiver.attempts(hook_name("default", caller))) == 1
+
+
+@pytest.mark.parametrize("url, reason", [
+    ("https://169.254.169.254/latest/meta-data/", "a cloud metadata address"),
+    ("http://[fd00:ec2::254]/latest/meta-data/", "a cloud metadata address"),
+    ("http://8.8.8.8/hook", "must use https"),
+    ("https://10.0.0.1/hook", "a private address"),
+    ("ftp://127.0.0.1/hook", "must be an absolute https URL"),
+])
+def test_an_unsafe_url_is_refused_at_submit_naming_the_header(
+        hook_stack: RunningStack, url: str, reason: str) -> None:
+    with make_caller(hook_stack, "hooks-refused") as caller:
+        queued = caller.submit(FLUX, {"prompt": unique_prompt("refused hook")}, headers={"X-Comfy-Webhook-Url": url})
+        synchronous = caller.session.post(f"{caller.base_url}/v2/models/{FLUX}",
+                                          json={"prompt": unique_prompt("refused hook sync")},
+                                          headers=caller.headers({"X-Comfy-Webhook-Url": url}), timeout=10)
+        for response in (queued, synchronous):
+            assert response.status_code == 400, (response.status_code, response.text)
+            body = response.json()
+            assert body["error_type"] == "invalid_input"
+            assert response.headers["X-Comfy-Error-Type"] == "invalid_input"
+            assert body["detail"].startswith("X-Comfy-Webhook-Url "), body
+            assert reason in body["detail"], body
+        # nothing admitted, nothing held
+        assert hook_stack.services.accounts.ledger(caller.workspace, count=10) == []
