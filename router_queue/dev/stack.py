@@ -106,15 +106,17 @@ class Stack:
     log_dir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="router-queue-")))
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     quiet: bool = True
-    _logs: list = field(default_factory=list)
     _argv: dict[str, list[str]] = field(default_factory=dict)
 
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         self._argv[name] = argv
-        out = open(self.log_dir / f"{name}.log", "ab") if self.quiet else None
-        if out is not None:
-            self._logs.append(out)  # closed in stop(), once the child is gone
-        proc = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT if out else None)
+        if not self.quiet:
+            proc = subprocess.Popen(argv, env=self.env, cwd=ROOT)
+        else:
+            # the child keeps its own copy of the file; ours closes at once, so a
+            # supervisor restarting a crash-looping child leaks nothing
+            with open(self.log_dir / f"{name}.log", "ab") as out:
+                proc = subprocess.Popen(argv, env=self.env, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
         self.procs[name] = proc
         return proc
 
@@ -162,9 +164,6 @@ class Stack:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        for log_file in self._logs:
-            log_file.close()
-        self._logs.clear()
 
     def restart(self, name: str) -> subprocess.Popen:
         """Start ``name`` again as it was first started (its log goes on)."""
