@@ -18,6 +18,9 @@ with everything else). Three figures:
   figure uses vertexai): ms from one generation's end to the next one's start,
   against the bare Celery round trip; the workers' and beat's CPU while ``n``
   requests wait, against the same fleet idle.
+* ``full_cycle_*`` and ``redis_*_per_delivery`` (bench/full_cycle.py, first, on a fleet of its
+  own with the shipped caps): 32 clients looping submit -> poll -> collect on the fleet and
+  on a minimal loop from the bare parts (bench/minimal_loop.py).
 """
 
 from __future__ import annotations
@@ -35,7 +38,7 @@ from pathlib import Path
 
 from router_queue.dev.stack import Stack
 
-from . import capped, schedule, streams, sync_held
+from . import capped, full_cycle, schedule, streams, sync_held
 from .procs import ROOT, Children, cpu_seconds, free_port, log
 from .worker_app import PING_TASK
 
@@ -44,7 +47,7 @@ WORKER_APP = "bench.worker_app"
 
 MODEL_ID = "bfl/flux-2-pro"
 #: Phases measured on the whole stack (``--only``).
-PHASES = ("inflight", "dispatch", "sync_held", "streams", "grant_to_start", "waiting_cpu")
+PHASES = ("inflight", "dispatch", "sync_held", "streams", "grant_to_start", "waiting_cpu", "full_cycle")
 IN_PROGRESS, COMPLETED = "IN_PROGRESS", "COMPLETED"
 
 
@@ -55,12 +58,14 @@ class MeasurementError(RuntimeError):
 class BenchStack(Stack):
     """``router_queue.dev.stack.Stack`` whose children are the bench's: own session, logged, stopped by PID."""
 
-    def __init__(self, env: dict[str, str], children: Children):
+    def __init__(self, env: dict[str, str], children: Children, log_prefix: str = ""):
         super().__init__(env, log_dir=children.log_dir)
         self.children = children
+        #: Prefix of the children's names (their logs) when a phase starts a fleet of its own.
+        self.log_prefix = log_prefix
 
     def _spawn(self, name, argv):
-        proc = self.children.spawn(name, argv, self.env)
+        proc = self.children.spawn(self.log_prefix + name, argv, self.env)
         self.procs[name] = proc
         return proc
 
@@ -87,6 +92,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     sync_held.add_arguments(group)
     streams.add_arguments(group)
     capped.add_arguments(group)
+    full_cycle.add_arguments(parser.add_argument_group("full cycle against a minimal loop (full_cycle)"))
 
 
 def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
@@ -97,6 +103,7 @@ def check_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace) -
     sync_held.check_arguments(parser, args)
     streams.check_arguments(parser, args)
     capped.check_arguments(parser, args)
+    full_cycle.check_arguments(parser, args)
 
 
 def _pct(values: list[float], q: float) -> float:
@@ -115,7 +122,8 @@ def _spread(values: list[float], unit: str = "s", scale: float = 1.0) -> str:
 class Fleet:
     """The started stack, its workspace and key, and what the figures need to reach them."""
 
-    def __init__(self, args: argparse.Namespace, children: Children, redis_url: str, http_json):
+    def __init__(self, args: argparse.Namespace, children: Children, redis_url: str, http_json, *,
+                 caps: dict[str, int] | None = None, log_prefix: str = ""):
         from router_queue.services import Services
         from router_queue.settings import Settings
 
@@ -132,9 +140,12 @@ class Fleet:
             "OPENAI_API_KEY": "stub",
             "DEFAULT_RATE_LIMIT": "100000/second",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-            # vertexai capped at 1 for the capped figures (bench/capped.py); no other figure uses it
-            "CATALOG_PATH": str(schedule.capped_catalog(children.log_dir, {capped.PROVIDER: capped.CAP})),
         })
+        # vertexai capped at 1 for the capped figures (bench/capped.py); no other figure uses it
+        # but full_cycle, which starts a fleet of its own with the shipped caps (caps={})
+        caps = {capped.PROVIDER: capped.CAP} if caps is None else caps
+        if caps:
+            env["CATALOG_PATH"] = str(schedule.capped_catalog(children.log_dir, caps))
         self.env = env
         self.settings = Settings.from_env(env)
         self.services = Services.build(self.settings)
@@ -143,7 +154,8 @@ class Fleet:
         self.workspace = accounts.create_workspace("bench-fleet", queue_enabled=True, credits=10**12)
         accounts.set_limits(self.workspace, max_queued=10**7, rate_limit="100000/second")
         self.api_key = accounts.mint_key(self.workspace)
-        self.stack = BenchStack(env, children)
+        self.log_prefix = log_prefix
+        self.stack = BenchStack(env, children, log_prefix)
         self.base = f"http://127.0.0.1:{self.web_port}"
         self.stub = f"http://127.0.0.1:{self.stub_port}"
         self.submit_url = f"{self.base}/v2/models/{MODEL_ID}/requests"
@@ -180,9 +192,11 @@ class Fleet:
         while waiting:
             dead = self.stack.exited()
             if dead is not None:
-                raise RuntimeError(f"{dead} exited while the fleet started; see {self.children.log_dir}/{dead}.log")
+                raise RuntimeError(f"{dead} exited while the fleet started; see "
+                                   f"{self.children.log_dir}/{self.log_prefix}{dead}.log")
             waiting = [w for w in waiting
-                       if " ready." not in (self.children.log_dir / f"{w}.log").read_text(errors="replace")]
+                       if " ready." not in (self.children.log_dir / f"{self.log_prefix}{w}.log")
+                       .read_text(errors="replace")]
             if waiting and time.monotonic() > deadline:
                 raise TimeoutError(f"{', '.join(waiting)} not ready within {timeout_s:.0f} s")
             if waiting:
@@ -191,7 +205,8 @@ class Fleet:
     def alive(self) -> None:
         dead = self.stack.exited()
         if dead is not None:
-            raise MeasurementError(f"{dead} exited during the run; see {self.children.log_dir}/{dead}.log")
+            raise MeasurementError(f"{dead} exited during the run; see "
+                                   f"{self.children.log_dir}/{self.log_prefix}{dead}.log")
 
     # -- requests ------------------------------------------------------------------
 
@@ -466,11 +481,26 @@ def measure_dispatch(fleet: Fleet, emit) -> None:
 
 
 def measure(args: argparse.Namespace, children: Children, redis_url: str, *, http_json, wait_http, emit,
-            error_type: type[Exception]) -> list[str]:
+            error_type: type[Exception], with_db=None) -> list[str]:
     """Start the fleet, measure the selected delivery figures; the names of those that failed."""
+    failures = []
+    if "full_cycle" in args.only:
+        # first, on a fleet of its own (the shipped catalog's caps), stopped before the next one
+        try:
+            full_cycle.measure(
+                args, children, redis_url, with_db=with_db, wait_http=wait_http, emit=emit,
+                make_fleet=lambda: Fleet(args, children, redis_url, http_json, caps={}, log_prefix="cycle-"))
+        except (MeasurementError, full_cycle.MeasurementError, error_type) as exc:
+            log(f"ERROR: {exc}")
+            failures.append("full_cycle")
+        # what the phase left (records, its workspace) must not reach the next fleet
+        import redis
+
+        redis.Redis.from_url(redis_url).flushdb()
+        if not args.only & (set(PHASES) - {"full_cycle"}):
+            return failures
     fleet = Fleet(args, children, redis_url, http_json)
     fleet.start(wait_http)
-    failures = []
     # sync_held near the end: its held generations occupy the workers' threads while they run;
     # waiting_cpu last: it leaves vertexai's one slot held by a long generation
     for name, fn in (("dispatch", measure_dispatch), ("grant_to_start", capped.measure_grant_to_start),

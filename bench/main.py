@@ -337,7 +337,7 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
             # queues) must not reach the fleet's workers
             client.flushdb()
         failures += fleet.measure(args, children, redis_url, http_json=http_json, wait_http=wait_http,
-                                  emit=emit, error_type=MeasurementError)
+                                  emit=emit, error_type=MeasurementError, with_db=with_db)
     if failures:
         log(f"ERROR: no figure for: {', '.join(failures)}; logs in {children.log_dir}")
         return 1

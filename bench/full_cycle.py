@@ -1,0 +1,467 @@
+"""``full_cycle``: the whole submit -> poll -> collect loop, router-queue against a minimal loop.
+
+One client drives both loops: ``--cycle-clients`` (32) threads, each on its own keep-alive
+connection, each looping: submit; sleep 10 ms (``--cycle-poll-ms``) and read the status,
+again until it says COMPLETED; collect the result. A delivery is one such cycle, its
+end-to-end latency from the submit being sent to the result read. A run is
+``--cycle-warmup`` (2) s of cycles uncounted, then ``--cycle-seconds`` (10) s counted
+(cycles whose result was read inside the window), then the clients finish the cycle they
+are in and stop.
+
+* ours: the fleet (bench/fleet.py: the real front door, 2 Celery workers x 256 threads,
+  beat, the stub) started for this phase with the shipped catalog's caps (the other fleet
+  phases cap vertexai at 1), ``POST /v2/models/vertexai/gemini-3.1-flash-image/requests``
+  of a ``[stub:latency=0]`` generation, its ``/status`` read, its result collected; each
+  delivery makes one real HTTP call to the stub.
+* minimal: bench/minimal_loop.py, built from the bare parts (Flask under gunicorn with the
+  same serving options, one Lua admission, ``send_task``, a prefork Celery worker with late
+  acks, the provider call, a result write), on its own Redis database (``--minimal-db``)
+  of the same Redis server, with the same client and bodies. Two variants, same
+  processes: ``noop`` (the issue's baseline: no provider call) and ``stub`` (one real HTTP
+  call to the same stub, as ours makes).
+
+Rounds interleave (ours, minimal noop, minimal stub) ``--cycle-rounds`` (3) times; every
+figure reports the round with the median ratio of its own (as ``measure_pair``)::
+
+    BENCH full_cycle_throughput value=<ours deliveries/s> baseline=<minimal noop's> ratio=...
+    BENCH full_cycle_p99 value=<ours ms> baseline=<minimal noop ms> ratio=...
+    BENCH redis_cpu_per_delivery value=<ours ms> baseline=<minimal noop ms> ratio=...
+    BENCH redis_commands_per_delivery value=<ours> baseline=<minimal noop's> ratio=...
+
+stderr: each run's rate, p50/p99, CPU ms per delivery of each process group (web, workers,
+stub, redis, the bench's client) and the machine's use of its cores; the stub's share of
+ours; the ratio read without the stub (see ``_without_stub``); the minimal stub variant's
+figures; Redis's top commands per delivery by calls and by time (``INFO commandstats``).
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import resource
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from . import capped
+from .procs import ROOT, Children, cpu_seconds, free_port, log, wait_for_port
+
+MODEL_ID = capped.MODEL_ID  # vertexai/gemini-3.1-flash-image: one synchronous provider call
+COMPLETED = "COMPLETED"
+#: Seconds one cycle may take before the run fails.
+CYCLE_TIMEOUT_S = 30.0
+#: Seconds between runs (the last run's stragglers drain).
+SETTLE_S = 0.5
+#: Seconds of the idle window (nothing driven) measuring the background Redis traffic.
+IDLE_S = 3.0
+
+
+class MeasurementError(RuntimeError):
+    """A figure could not be measured (re-raised by bench.fleet's caller like its own)."""
+
+
+def add_arguments(group) -> None:
+    group.add_argument("--cycle-clients", type=int, default=32,
+                       help="client threads of full_cycle, each submit -> poll -> collect in a loop (default 32)")
+    group.add_argument("--cycle-seconds", type=float, default=10.0,
+                       help="counted seconds per full_cycle run (default 10)")
+    group.add_argument("--cycle-warmup", type=float, default=2.0,
+                       help="uncounted seconds before each full_cycle run's window (default 2)")
+    group.add_argument("--cycle-rounds", type=int, default=3,
+                       help="interleaved (ours, minimal noop, minimal stub) rounds of full_cycle (default 3)")
+    group.add_argument("--cycle-poll-ms", type=float, default=10.0,
+                       help="ms a full_cycle client sleeps before each status read (default 10)")
+    group.add_argument("--minimal-concurrency", type=int, default=2,
+                       help="prefork processes of the minimal loop's Celery worker (default 2, the cores here)")
+    group.add_argument("--minimal-web-workers", type=int, default=None,
+                       help="gunicorn workers of the minimal loop (default: --web-workers, as the fleet's)")
+    group.add_argument("--minimal-db", type=int, default=11,
+                       help="Redis database of the minimal loop, flushed before and after (default 11)")
+    group.add_argument("--minimal-stub", choices=("on", "off"), default="on",
+                       help="also run the minimal loop with a real stub call in every round (default on)")
+
+
+def check_arguments(parser, args) -> None:
+    if min(args.cycle_clients, args.cycle_rounds, args.minimal_concurrency) < 1 or args.cycle_seconds <= 0 \
+            or args.cycle_warmup < 0 or args.cycle_poll_ms < 0:
+        parser.error("cycle-clients, cycle-rounds and minimal-concurrency must be at least 1, cycle-seconds "
+                     "above 0, cycle-warmup and cycle-poll-ms at least 0")
+    side_dbs = {part.strip() for part in str(args.side_dbs).split(",")}
+    if args.minimal_db in (0, args.redis_db) or str(args.minimal_db) in side_dbs:
+        parser.error("--minimal-db must differ from 0, --redis-db and --side-dbs")
+
+
+# -- the sides ------------------------------------------------------------------------
+
+
+@dataclass
+class Side:
+    """One loop as the client sees it, and the processes whose CPU it is charged."""
+
+    label: str
+    port: int
+    submit_path: str
+    status_path: Callable[[str], str]
+    result_path: Callable[[str], str]
+    headers: dict[str, str]
+    #: process group -> PIDs (each counted with its direct children, /proc)
+    groups: dict[str, list[int]]
+
+
+@dataclass
+class Snapshot:
+    at: float
+    cpu: dict[str, float]
+    redis_cpu: float
+    commands: dict[str, tuple[int, int]]  # command -> (calls, usec)
+    processed: int
+
+
+@dataclass
+class Run:
+    side: str
+    deliveries: int
+    seconds: float
+    latencies_ms: list[float]
+    cpu_s: dict[str, float]          # group -> CPU s over the window (redis and the client included)
+    redis_cpu_s: float
+    commands: dict[str, tuple[int, int]]
+    processed: int
+    polls: int
+
+    @property
+    def rate(self) -> float:
+        return self.deliveries / self.seconds
+
+    def pct(self, q: float) -> float:
+        ordered = sorted(self.latencies_ms)
+        return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
+
+    @property
+    def p99(self) -> float:
+        return self.pct(0.99)
+
+    def per_delivery_ms(self, seconds: float) -> float:
+        return 1000.0 * seconds / self.deliveries
+
+    @property
+    def redis_ms(self) -> float:
+        return self.per_delivery_ms(self.redis_cpu_s)
+
+    @property
+    def calls(self) -> int:
+        return sum(c for c, _ in self.commands.values())
+
+    @property
+    def commands_per_delivery(self) -> float:
+        return self.calls / self.deliveries
+
+    @property
+    def total_cpu_s(self) -> float:
+        return sum(self.cpu_s.values())
+
+
+def _snapshot(side: Side, redis_client) -> Snapshot:
+    cpu = {}
+    for group, pids in side.groups.items():
+        cpu[group] = sum(cpu_seconds(pid) or 0.0 for pid in pids)
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    cpu["client"] = usage.ru_utime + usage.ru_stime
+    info = redis_client.info("cpu")
+    stats = redis_client.info("commandstats")
+    commands = {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"])) for name, v in stats.items()}
+    processed = int(redis_client.info("stats").get("total_commands_processed", 0))
+    return Snapshot(time.perf_counter(), cpu, float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+                    commands, processed)
+
+
+def _prompt_body(label: str) -> bytes:
+    return capped.body(f"bench cycle {label} {uuid.uuid4().hex} [stub:latency=0]").encode()
+
+
+def run_once(side: Side, args, redis_client, alive: Callable[[], None]) -> Run:
+    """The clients on ``side`` for warm-up + window; the window's deliveries, latencies and costs."""
+    stop = threading.Event()
+    lock = threading.Lock()
+    done: list[tuple[float, float]] = []  # (collected at, latency s)
+    polls = [0]
+    errors: list[str] = []
+    poll_s = args.cycle_poll_ms / 1000.0
+    post_headers = {**side.headers, "Content-Type": "application/json"}
+
+    def request(conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None,
+                headers: dict[str, str] = side.headers) -> tuple[int, bytes]:
+        conn.request(method, path, body=body, headers=headers)
+        response = conn.getresponse()
+        return response.status, response.read()
+
+    def client(number: int) -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", side.port, timeout=CYCLE_TIMEOUT_S)
+        try:
+            while not stop.is_set():
+                body = _prompt_body(f"{side.label}{number}")
+                began = time.perf_counter()
+                code, answer = request(conn, "POST", side.submit_path, body, post_headers)
+                if code != 201:
+                    raise MeasurementError(f"a submit answered {code}: {answer[:200]!r}")
+                request_id = json.loads(answer)["request_id"]
+                status_path = side.status_path(request_id)
+                n = 0
+                while True:
+                    time.sleep(poll_s)
+                    code, answer = request(conn, "GET", status_path)
+                    n += 1
+                    if code != 200:
+                        raise MeasurementError(f"a status read answered {code}: {answer[:200]!r}")
+                    if json.loads(answer)["status"] == COMPLETED:
+                        break
+                    if time.perf_counter() - began > CYCLE_TIMEOUT_S:
+                        raise MeasurementError(f"request {request_id} not COMPLETED within {CYCLE_TIMEOUT_S} s")
+                code, answer = request(conn, "GET", side.result_path(request_id))
+                ended = time.perf_counter()
+                if code != 200 or not answer:
+                    raise MeasurementError(f"a result read answered {code}: {answer[:200]!r}")
+                with lock:
+                    done.append((ended, ended - began))
+                    polls[0] += n
+        except Exception as exc:  # noqa: BLE001 - reported once, below
+            errors.append(f"client {number}: {exc!r}")
+            stop.set()
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=client, args=(n,), name=f"cycle-{n}", daemon=True)
+               for n in range(args.cycle_clients)]
+    for thread in threads:
+        thread.start()
+    stop.wait(args.cycle_warmup)
+    before = _snapshot(side, redis_client)
+    with lock:
+        polls_before = polls[0]
+    stop.wait(args.cycle_seconds)
+    after = _snapshot(side, redis_client)
+    with lock:
+        polls_after = polls[0]
+    stop.set()
+    for thread in threads:
+        thread.join(CYCLE_TIMEOUT_S + 5)
+    alive()
+    if errors:
+        raise MeasurementError(f"full_cycle {side.label}: " + "; ".join(errors[:3]))
+    window = [(at, lat) for at, lat in done if before.at <= at <= after.at]
+    if not window:
+        raise MeasurementError(f"full_cycle {side.label}: no delivery completed in the window")
+    commands = {}
+    for name, (calls, usec) in after.commands.items():
+        c0, u0 = before.commands.get(name, (0, 0))
+        if calls - c0 > 0:
+            commands[name] = (calls - c0, usec - u0)
+    return Run(side.label, len(window), after.at - before.at, [1000.0 * lat for _, lat in window],
+               {g: after.cpu[g] - before.cpu.get(g, 0.0) for g in after.cpu},
+               after.redis_cpu - before.redis_cpu, commands, after.processed - before.processed,
+               polls_after - polls_before)
+
+
+def _describe(run: Run) -> str:
+    cores = os.cpu_count() or 1
+    groups = " ".join(f"{g} {run.per_delivery_ms(s):.2f}" for g, s in run.cpu_s.items())
+    total = run.total_cpu_s + run.redis_cpu_s
+    return (f"{run.rate:.1f} deliveries/s, latency p50 {run.pct(0.5):.1f} p99 {run.p99:.1f} ms, "
+            f"{run.polls / run.deliveries:.2f} status reads per delivery; CPU ms/delivery: {groups} "
+            f"redis {run.redis_ms:.2f} = {run.per_delivery_ms(total):.2f} "
+            f"({total / run.seconds:.2f} of {cores} cores busy with these); "
+            f"Redis {run.commands_per_delivery:.1f} commands/delivery (those inside scripts included)")
+
+
+def _top(run: Run, n: int = 8) -> str:
+    by_calls = sorted(run.commands.items(), key=lambda kv: -kv[1][0])[:n]
+    by_usec = sorted(run.commands.items(), key=lambda kv: -kv[1][1])[:n]
+    d = run.deliveries
+    calls = ", ".join(f"{name} {c / d:.2f}" for name, (c, _) in by_calls)
+    usec = ", ".join(f"{name} {u / d:.1f} us" for name, (_, u) in by_usec)
+    return f"per delivery, by calls: {calls}; by time: {usec}"
+
+
+def _median_round(rounds: list[tuple[Run, Run]], key: Callable[[Run, Run], float]) -> tuple[Run, Run]:
+    ordered = sorted(rounds, key=lambda r: key(*r))
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def _without_stub(ours: Run, minimal: Run) -> str:
+    """Ours read without the stub's CPU.
+
+    On 2 cores both loops are CPU-bound (the busy-cores figure in each run's line says how
+    near): throughput is about (cores in use) / (CPU s per delivery, every process counted,
+    Redis and the client included). Taking the stub's CPU away from ours and letting the rest
+    use the cores it held gives ours x total / (total - stub); that over the minimal noop
+    loop's rate is the ratio without the stub. The CPU-per-delivery ratio (minimal's total /
+    ours without the stub) says the same without assuming the cores stay as busy.
+    """
+    total = ours.total_cpu_s + ours.redis_cpu_s
+    stub = ours.cpu_s.get("stub", 0.0)
+    m_total = minimal.total_cpu_s + minimal.redis_cpu_s
+    projected = ours.rate * total / (total - stub)
+    return (f"stub CPU {ours.per_delivery_ms(stub):.2f} ms/delivery = {100 * stub / total:.1f}% of ours' "
+            f"{ours.per_delivery_ms(total):.2f} ms; without it ours would carry {projected:.1f} deliveries/s "
+            f"(ours x total/(total - stub)): ratio {projected / minimal.rate:.3f} against the minimal noop "
+            f"loop's {minimal.rate:.1f}; CPU per delivery, minimal noop / ours without the stub: "
+            f"{minimal.per_delivery_ms(m_total):.2f} / {ours.per_delivery_ms(total - stub):.2f} ms = "
+            f"{m_total / minimal.deliveries / ((total - stub) / ours.deliveries):.3f}")
+
+
+# -- the minimal loop's processes --------------------------------------------------------
+
+
+class MinimalLoop:
+    """bench/minimal_loop.py served by gunicorn and run by a prefork Celery worker (bench children)."""
+
+    def __init__(self, args, children: Children, redis_url: str, stub_url: str):
+        self.args = args
+        self.children = children
+        self.redis_url = redis_url
+        self.port = free_port()
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CELERY")}
+        self.env.update({
+            "MINIMAL_REDIS_URL": redis_url,
+            "MINIMAL_STUB_URL": stub_url,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+        })
+        self.names = ("minimal-web", "minimal-worker")
+        self.web = None
+        self.worker = None
+
+    def start(self, wait_http) -> None:
+        from .minimal_loop import QUEUE, WEB_SERVING
+
+        workers = self.args.minimal_web_workers or self.args.web_workers
+        self.web = self.children.spawn("minimal-web", [
+            sys.executable, "-m", "gunicorn", "--workers", str(workers), *WEB_SERVING, "--timeout", "660",
+            "--bind", f"127.0.0.1:{self.port}", "bench.minimal_loop:app",
+        ], self.env)
+        wait_for_port(self.port, timeout_s=30.0, proc=self.web)
+        self.worker = self.children.spawn("minimal-worker", [
+            sys.executable, "-m", "celery", "-A", "bench.minimal_loop:celery_app", "worker", "--queues", QUEUE,
+            "--pool", "prefork", "--concurrency", str(self.args.minimal_concurrency), "--loglevel", "INFO",
+            "--hostname", f"minimal-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
+        ], self.env)
+        wait_http(f"http://127.0.0.1:{self.port}/healthz", self.web)
+        deadline = time.monotonic() + 60
+        log_path = self.children.log_dir / "minimal-worker.log"
+        while " ready." not in log_path.read_text(errors="replace"):
+            self.alive()
+            if time.monotonic() > deadline:
+                raise MeasurementError("the minimal loop's worker was not ready within 60 s")
+            time.sleep(0.2)
+        log(f"minimal loop up: gunicorn {workers} gevent workers on {self.port}, Celery prefork x "
+            f"{self.args.minimal_concurrency} (late acks), database {self.args.minimal_db}")
+
+    def alive(self) -> None:
+        for name, proc in (("minimal-web", self.web), ("minimal-worker", self.worker)):
+            if proc is not None and proc.poll() is not None:
+                raise MeasurementError(f"{name} exited; see {self.children.log_dir}/{name}.log")
+
+    def side(self, variant: str, stub_pid: int | None) -> Side:
+        groups = {"web": [self.web.pid], "workers": [self.worker.pid]}
+        if stub_pid is not None:
+            groups["stub"] = [stub_pid]
+        return Side(f"minimal-{variant}", self.port, f"/submit/{variant}", lambda i: f"/status/{i}",
+                    lambda i: f"/result/{i}", {"X-API-Key": "minimal"}, groups)
+
+    def stop(self) -> None:
+        self.children.stop(set(self.names))
+
+
+# -- the phase ------------------------------------------------------------------------
+
+
+def measure(args, children: Children, redis_url: str, *, make_fleet, with_db, wait_http, emit) -> None:
+    import redis
+
+    minimal_url = with_db(redis_url, args.minimal_db)
+    minimal_client = redis.Redis.from_url(minimal_url)
+    minimal_client.flushdb()
+    fleet = make_fleet()
+    minimal = None
+    try:
+        fleet.start(wait_http)
+        minimal = MinimalLoop(args, children, minimal_url, fleet.stub)
+        minimal.start(wait_http)
+        stack = fleet.stack.procs
+        ours = Side("ours", fleet.web_port, f"/v2/models/{MODEL_ID}/requests",
+                    lambda i: f"/v2/models/{MODEL_ID}/requests/{i}/status",
+                    lambda i: f"/v2/models/{MODEL_ID}/requests/{i}", fleet.auth,
+                    {"web": [stack["web"].pid],
+                     "workers": [p.pid for n, p in stack.items() if n.startswith("worker") or n == "beat"],
+                     "stub": [stack["stub"].pid]})
+        sides = [ours, minimal.side("noop", None)]
+        if args.minimal_stub == "on":
+            sides.append(minimal.side("stub", stack["stub"].pid))
+
+        def alive() -> None:
+            fleet.alive()
+            minimal.alive()
+
+        client = fleet.client
+        idle0 = _snapshot(ours, client)
+        time.sleep(IDLE_S)
+        idle1 = _snapshot(ours, client)
+        idle_s = idle1.at - idle0.at
+        idle_calls = sum(c for c, _ in idle1.commands.values()) - sum(c for c, _ in idle0.commands.values())
+        log(f"full_cycle: idle background (both loops up, nothing driven) over {idle_s:.1f} s: Redis "
+            f"{idle_calls / idle_s:.0f} commands/s, {1000 * (idle1.redis_cpu - idle0.redis_cpu) / idle_s:.1f} "
+            f"ms CPU/s; fleet CPU ms/s: " + " ".join(
+                f"{g} {1000 * (idle1.cpu[g] - idle0.cpu[g]) / idle_s:.1f}" for g in ours.groups))
+        log(f"full_cycle: {args.cycle_clients} clients, submit -> status every {args.cycle_poll_ms:g} ms -> "
+            f"collect; {args.cycle_warmup:g} s warm-up + {args.cycle_seconds:g} s counted per run; "
+            f"{args.cycle_rounds} rounds of {', '.join(s.label for s in sides)}")
+        rounds: list[dict[str, Run]] = []
+        for round_no in range(1, args.cycle_rounds + 1):
+            runs = {}
+            for side in sides:
+                runs[side.label] = run_once(side, args, client, alive)
+                log(f"full_cycle round {round_no}/{args.cycle_rounds} {side.label}: {_describe(runs[side.label])}")
+                time.sleep(SETTLE_S)
+            rounds.append(runs)
+    finally:
+        if minimal is not None:
+            minimal.stop()
+        children.stop({fleet.log_prefix + name for name in fleet.stack.procs})
+        _flush(minimal_client, args.minimal_db)
+
+    pairs = [(r["ours"], r["minimal-noop"]) for r in rounds]
+    log("full_cycle: ours / minimal noop, per round: throughput "
+        + " ".join(f"{o.rate / m.rate:.3f}" for o, m in pairs) + "; p99 "
+        + " ".join(f"{o.p99 / m.p99:.3f}" for o, m in pairs) + "; Redis CPU/delivery "
+        + " ".join(f"{o.redis_ms / m.redis_ms:.3f}" for o, m in pairs))
+    if args.minimal_stub == "on":
+        stub_pairs = [(r["ours"], r["minimal-stub"]) for r in rounds]
+        log("full_cycle: ours / minimal stub (a real stub call on both sides), per round: throughput "
+            + " ".join(f"{o.rate / m.rate:.3f}" for o, m in stub_pairs) + "; p99 "
+            + " ".join(f"{o.p99 / m.p99:.3f}" for o, m in stub_pairs))
+        o, m = _median_round(stub_pairs, lambda o, m: o.rate / m.rate)
+        log(f"full_cycle: median round against the minimal stub loop: {o.rate:.1f} / {m.rate:.1f} deliveries/s "
+            f"= {o.rate / m.rate:.3f}; p99 {o.p99:.1f} / {m.p99:.1f} ms = {o.p99 / m.p99:.3f}")
+    o, m = _median_round(pairs, lambda o, m: o.rate / m.rate)
+    log(f"full_cycle: throughput's median round: {_without_stub(o, m)}")
+    log(f"full_cycle: Redis in that round, ours: {_top(o)}")
+    log(f"full_cycle: Redis in that round, minimal noop: {_top(m)}")
+    emit("full_cycle_throughput", o.rate, "deliveries/s", m.rate)
+    o, m = _median_round(pairs, lambda o, m: o.p99 / m.p99)
+    emit("full_cycle_p99", o.p99, "ms", m.p99)
+    o, m = _median_round(pairs, lambda o, m: o.redis_ms / m.redis_ms)
+    log(f"full_cycle: one Redis core at ours' {o.redis_ms:.3f} ms per delivery carries "
+        f"{1000 / o.redis_ms:.0f} deliveries/s (the minimal loop's {m.redis_ms:.3f} ms: {1000 / m.redis_ms:.0f})")
+    emit("redis_cpu_per_delivery", o.redis_ms, "ms", m.redis_ms)
+    o, m = _median_round(pairs, lambda o, m: o.commands_per_delivery / m.commands_per_delivery)
+    emit("redis_commands_per_delivery", o.commands_per_delivery, "commands", m.commands_per_delivery)
+
+
+def _flush(client, db: int) -> None:
+    try:
+        client.flushdb()
+    except Exception as exc:  # noqa: BLE001 - best effort at the end
+        log(f"could not flush database {db} at the end: {exc}")

@@ -1,0 +1,152 @@
+"""The minimal submit -> deliver -> collect loop, from the bare parts (no router-queue code).
+
+What ``full_cycle`` (bench/full_cycle.py) measures router-queue against: the same steps a
+queued delivery takes, and nothing else.
+
+* a Flask app, served by gunicorn as the front door is served (gunicorn's stock gevent
+  worker class, 10,000 worker connections, keep-alive 75, the same request limits):
+  - ``POST /submit/<variant>``: one Lua script writes the record ``{status: IN_QUEUE,
+    body, variant}`` and returns the id, then ``send_task`` publishes the delivery task
+    with the id (201 ``{"request_id": ...}``);
+  - ``GET /status/<id>``: ``HGET status`` (200 ``{"status": ...}``);
+  - ``GET /result/<id>``: ``GET`` of the result (200, the stored bytes).
+* a Celery app (Redis broker, ``task_acks_late``, prefetch multiplier 1, no result
+  backend), run as a prefork worker: the task reads the record's body, makes the
+  provider call and writes the result and ``status COMPLETED`` in one transaction.
+  The provider call is a no-op (``noop``: a fixed Gemini-shaped answer) or one real
+  HTTP call to the stub provider's Vertex AI ``generateContent`` (``stub``, with
+  ``requests`` as router-queue's workers call providers).
+
+Configured by environment: ``MINIMAL_REDIS_URL`` (its own database on the bench's
+Redis; the broker too), ``MINIMAL_STUB_URL`` (the stub provider's origin). Imports only
+Flask, redis-py, Celery and requests: nothing from ``router_queue`` or ``workers``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+
+import redis
+from celery import Celery
+from flask import Flask, Response, request
+
+REDIS_URL = os.environ.get("MINIMAL_REDIS_URL", "redis://127.0.0.1:6379/11")
+STUB_URL = os.environ.get("MINIMAL_STUB_URL", "http://127.0.0.1:8001")
+QUEUE = "minimal"
+TASK = "minimal.deliver"
+PREFIX = "minimal:"
+#: Seconds a record and its result live (the loop collects within milliseconds).
+TTL_S = 3600
+#: The gunicorn options of router_queue.dev.stack.WEB_SERVING, copied, with gunicorn's
+#: own gevent worker class in place of router-queue's (which only shapes gunicorn's
+#: refusals of malformed input and bounds slow request heads).
+WEB_SERVING = ("--worker-class", "gevent", "--worker-connections", "10000", "--keep-alive", "75",
+               "--limit-request-line", "8190", "--limit-request-field_size", "16384")
+#: A Gemini-shaped answer of about the stub's size, the no-op call's output.
+NOOP_ANSWER = json.dumps({
+    "candidates": [{"content": {"role": "model", "parts": [{"inlineData": {
+        "mimeType": "image/png", "data": "iVBORw0KGgo" + "A" * 300}}]}, "finishReason": "STOP", "index": 0}],
+    "usageMetadata": {"promptTokenCount": 12, "candidatesTokenCount": 1290, "totalTokenCount": 1302},
+    "modelVersion": "gemini-3.1-flash-image", "responseId": "noop",
+}).encode()
+
+#: The one admission script: the record, then its id.
+ADMIT_LUA = """
+redis.call('HSET', KEYS[1], 'status', 'IN_QUEUE', 'body', ARGV[2], 'variant', ARGV[3])
+redis.call('EXPIRE', KEYS[1], ARGV[4])
+return ARGV[1]
+"""
+
+client = redis.Redis.from_url(REDIS_URL)
+admit = client.register_script(ADMIT_LUA)
+
+
+def record_key(request_id: str) -> str:
+    return f"{PREFIX}req:{request_id}"
+
+
+def result_key(request_id: str) -> str:
+    return f"{PREFIX}result:{request_id}"
+
+
+# -- the Celery app ---------------------------------------------------------------
+
+celery_app = Celery("minimal", broker=REDIS_URL)
+celery_app.conf.update(
+    task_acks_late=True,
+    worker_prefetch_multiplier=1,
+    task_ignore_result=True,
+    task_serializer="json",
+    accept_content=["json"],
+    task_default_queue=QUEUE,
+    broker_connection_retry_on_startup=True,
+    worker_hijack_root_logger=False,
+)
+
+_session = None  # one requests.Session per worker process, made after the fork
+
+
+def _provider_call(variant: str, body: bytes) -> bytes:
+    global _session
+    if variant != "stub":
+        return NOOP_ANSWER
+    import requests
+
+    if _session is None:
+        _session = requests.Session()
+    response = _session.post(
+        f"{STUB_URL}/v1/projects/bench/locations/us-central1/publishers/google/models/"
+        "gemini-3.1-flash-image:generateContent",
+        data=body, headers={"Authorization": "Bearer stub", "Content-Type": "application/json"}, timeout=30)
+    response.raise_for_status()
+    return response.content
+
+
+@celery_app.task(name=TASK, acks_late=True, ignore_result=True)
+def deliver(request_id: str) -> None:
+    body, variant = client.hmget(record_key(request_id), ("body", "variant"))
+    output = _provider_call((variant or b"noop").decode(), body or b"{}")
+    pipe = client.pipeline(transaction=True)
+    pipe.set(result_key(request_id), output, ex=TTL_S)
+    pipe.hset(record_key(request_id), "status", "COMPLETED")
+    pipe.execute()
+
+
+# -- the web app ------------------------------------------------------------------
+
+app = Flask(__name__)
+
+
+def _json(payload: dict, status: int = 200) -> Response:
+    return Response(json.dumps(payload), status, content_type="application/json")
+
+
+@app.post("/submit/<variant>")
+def submit(variant: str) -> Response:
+    request_id = uuid.uuid4().hex
+    admit(keys=[record_key(request_id)], args=[request_id, request.get_data(), variant, TTL_S])
+    celery_app.send_task(TASK, args=[request_id], queue=QUEUE)
+    return _json({"request_id": request_id, "status": "IN_QUEUE"}, 201)
+
+
+@app.get("/status/<request_id>")
+def status(request_id: str) -> Response:
+    value = client.hget(record_key(request_id), "status")
+    if value is None:
+        return _json({"error": "not found"}, 404)
+    return _json({"request_id": request_id, "status": value.decode()})
+
+
+@app.get("/result/<request_id>")
+def result(request_id: str) -> Response:
+    output = client.get(result_key(request_id))
+    if output is None:
+        return _json({"error": "not found"}, 404)
+    return Response(output, 200, content_type="application/json")
+
+
+@app.get("/healthz")
+def healthz() -> Response:
+    return _json({"ok": True})
