@@ -6,7 +6,6 @@ against a receiver on 127.0.0.1."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import random
 import socket
 import threading
