@@ -18,6 +18,7 @@ import redis
 
 from router_queue import logs, states
 from router_queue.catalog import CallPolicy, ModelEntry
+from router_queue.store.metrics import DeliveryMetrics
 from router_queue.store.outcomes import Claim, Complete
 from router_queue.store.requests import Lease, RequestRecord
 
@@ -96,21 +97,24 @@ def _claim_and_run(context: WorkerContext, record: RequestRecord, body: bytes | 
     services, store, request_id = context.services, context.services.store, record.id
     claim = store.claim(record, lease)
     log.info("claim: %s", claim, extra={"outcome": claim.lower()})
-    metrics = services.metrics
-    if claim is Claim.CLAIMED:
-        metrics.claimed(record.provider, record.model, time.time() - record.created_at)
-    elif claim in (Claim.QUEUE_TIMEOUT, Claim.EXHAUSTED):
-        metrics.completed(record.provider, record.model,
-                          states.QUEUE_TIMEOUT if claim is Claim.QUEUE_TIMEOUT else states.PROVIDER_ERROR)
-        nudge_webhook(context, request_id)
-    if claim not in (Claim.CLAIMED, Claim.RESUMED):
-        log.info("request %s: %s; this delivery does nothing", request_id, claim)
-        return claim.lower()
-    context.leases.hold(request_id, record.provider, execution.token, for_s=entry.policy.hung_after_s)
+    metrics = services.metrics.delivery()  # one round trip for all of them, at the end
     try:
-        return _run(context, record, body or b"{}", entry, execution)
+        if claim is Claim.CLAIMED:
+            metrics.claimed(record.provider, record.model, time.time() - record.created_at)
+        elif claim in (Claim.QUEUE_TIMEOUT, Claim.EXHAUSTED):
+            metrics.completed(record.provider, record.model,
+                              states.QUEUE_TIMEOUT if claim is Claim.QUEUE_TIMEOUT else states.PROVIDER_ERROR)
+            nudge_webhook(context, request_id)
+        if claim not in (Claim.CLAIMED, Claim.RESUMED):
+            log.info("request %s: %s; this delivery does nothing", request_id, claim)
+            return claim.lower()
+        context.leases.hold(request_id, record.provider, execution.token, for_s=entry.policy.hung_after_s)
+        try:
+            return _run(context, record, body or b"{}", entry, execution, metrics)
+        finally:
+            context.leases.release(request_id)
     finally:
-        context.leases.release(request_id)
+        metrics.flush()
 
 
 def through_store_faults(what: str, write: Callable[[], T], within_s: float) -> T:
@@ -146,7 +150,8 @@ def _upstream_ref(record: RequestRecord) -> dict[str, Any] | None:
     return json.loads(record.upstream_ref) if record.upstream_ref else None
 
 
-def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: ModelEntry, execution: Execution) -> str:
+def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: ModelEntry, execution: Execution,
+         metrics: DeliveryMetrics) -> str:
     services, store, request_id = context.services, context.services.store, record.id
     lease_s = services.settings.lease_s
 
@@ -183,7 +188,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         remember=remember,
         progressed=progressed,
         started_at=record.started_at or time.time(),
-        timed=lambda seconds: services.metrics.provider_call(entry.provider, entry.id, seconds),
+        timed=lambda seconds: metrics.provider_call(entry.provider, entry.id, seconds),
     )
     started = time.monotonic()
     try:
@@ -197,7 +202,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         if failure.retryable:
             attempts = store.record_attempt(request_id)
             if attempts < entry.policy.max_attempts:
-                services.metrics.retried(entry.provider, entry.id)
+                metrics.retried(entry.provider, entry.id)
                 countdown = backoff(entry.policy, attempts, failure.retry_after_s)
                 # Keep the lease through the wait, for the retry alone.
                 store.renew(request_id, record.provider, execution.token, countdown + services.settings.lease_s,
@@ -205,7 +210,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
                 log.info("request %s attempt %d failed (%s); retrying in %.1f s",
                          request_id, attempts, failure.detail, countdown)
                 raise Later(countdown, failure.detail) from failure
-        _completed(context, record, complete(error_type=failure.error_type, detail=failure.detail,
+        _completed(context, metrics, record, complete(error_type=failure.error_type, detail=failure.detail,
                                              billable=failure.billable), failure.error_type, call.started_at)
         log.info("request %s completed with %s after %.2f s", request_id, failure.error_type,
                  time.monotonic() - started, extra={"outcome": failure.error_type, "status": "COMPLETED"})
@@ -217,20 +222,20 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         raise
     except Exception:
         log.exception("request %s failed inside the worker", request_id)
-        _completed(context, record, complete(error_type=states.INTERNAL_ERROR,
+        _completed(context, metrics, record, complete(error_type=states.INTERNAL_ERROR,
                                              detail="the worker failed while running the request"),
                    states.INTERNAL_ERROR, call.started_at)
         return "internal_error"
-    _completed(context, record, complete(output=output.content, content_type=output.content_type),
+    _completed(context, metrics, record, complete(output=output.content, content_type=output.content_type),
                "success", call.started_at)
     log.info("request %s completed in %.2f s", request_id, time.monotonic() - started,
              extra={"outcome": "success", "status": "COMPLETED"})
     return "completed"
 
 
-def _completed(context: WorkerContext, record: RequestRecord, written: Complete, outcome: str,
-               started_at: float) -> None:
+def _completed(context: WorkerContext, metrics: DeliveryMetrics, record: RequestRecord, written: Complete,
+               outcome: str, started_at: float) -> None:
     """Count a completion this delivery wrote (not one a duplicate found done)."""
     if written is Complete.COMPLETED:
-        context.services.metrics.completed(record.provider, record.model, outcome, time.time() - started_at)
+        metrics.completed(record.provider, record.model, outcome, time.time() - started_at)
         nudge_webhook(context, record.id)

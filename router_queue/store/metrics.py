@@ -34,6 +34,9 @@ log = logging.getLogger(__name__)
 #: dropped (logged), never raised into the request it describes.
 WRITE_TIMEOUT_S = 0.25
 
+#: Seconds a delivery's metrics may wait to be written with its next ones.
+DELIVERY_FLUSH_S = 5.0
+
 #: Completions are also counted per provider in windows of this many seconds,
 #: kept this long: "per minute" on the ops page is what ended in the last minute.
 COMPLETIONS_WINDOW_S = 10
@@ -98,10 +101,17 @@ class MetricsRecorder:
         pipe.hincrby(key, f"{name}_count|{model}", 1)
 
     def claimed(self, provider: str, model: str, waited_s: float) -> None:
-        self._write("claimed", lambda pipe: self._observe(pipe, provider, "wait", model, waited_s))
+        self._write("claimed", self._claimed(provider, model, waited_s))
+
+    def _claimed(self, provider: str, model: str, waited_s: float) -> Callable[[redis.client.Pipeline], None]:
+        return lambda pipe: self._observe(pipe, provider, "wait", model, waited_s)
 
     def completed(self, provider: str, model: str, outcome: str, ran_s: float | None = None) -> None:
         """One request completed; ``outcome`` is "success" or its error_type."""
+        self._write("completed", self._completed(provider, model, outcome, ran_s))
+
+    def _completed(self, provider: str, model: str, outcome: str,
+                   ran_s: float | None) -> Callable[[redis.client.Pipeline], None]:
         window = keys.completions(provider, int(time.time() // COMPLETIONS_WINDOW_S))
 
         def fill(pipe) -> None:
@@ -110,7 +120,11 @@ class MetricsRecorder:
             pipe.expire(window, COMPLETIONS_TTL_S)
             if ran_s is not None:
                 self._observe(pipe, provider, "run", model, ran_s)
-        self._write("completed", fill)
+        return fill
+
+    def delivery(self) -> "DeliveryMetrics":
+        """What one delivery records, written in one round trip (see the class)."""
+        return DeliveryMetrics(self)
 
     def totals(self, provider: str) -> "Totals":
         """All of ``provider``'s models together, since the counters began."""
@@ -154,6 +168,42 @@ class MetricsRecorder:
                 if count:
                     pipe.hincrby(keys.sweeper_metrics(), action, count)
         self._write("swept", fill)
+
+
+class DeliveryMetrics:
+    """One delivery's metrics (claimed, each provider exchange, retries, the
+    completion), written together in one pipeline when the delivery ends
+    instead of a round trip each: a one-call delivery's metrics cost one round
+    trip, not three. A long run (BFL polling) writes what it has every
+    :data:`DELIVERY_FLUSH_S`, so /metrics does not wait for its end."""
+
+    def __init__(self, recorder: MetricsRecorder):
+        self.recorder = recorder
+        self.pending: list[Callable[[redis.client.Pipeline], None]] = []
+        self.since = time.monotonic()
+
+    def _add(self, fill: Callable[[redis.client.Pipeline], None]) -> None:
+        self.pending.append(fill)
+        if time.monotonic() - self.since > DELIVERY_FLUSH_S:
+            self.flush()
+
+    def claimed(self, provider: str, model: str, waited_s: float) -> None:
+        self._add(self.recorder._claimed(provider, model, waited_s))
+
+    def provider_call(self, provider: str, model: str, seconds: float) -> None:
+        self._add(lambda pipe: self.recorder._observe(pipe, provider, "call", model, seconds))
+
+    def retried(self, provider: str, model: str) -> None:
+        self._add(lambda pipe: pipe.hincrby(keys.metrics(provider), f"retries|{model}", 1))
+
+    def completed(self, provider: str, model: str, outcome: str, ran_s: float | None = None) -> None:
+        self._add(self.recorder._completed(provider, model, outcome, ran_s))
+
+    def flush(self) -> None:
+        """Write what is pending, best effort like every metrics write."""
+        pending, self.pending, self.since = self.pending, [], time.monotonic()
+        if pending:
+            self.recorder._write("delivery", lambda pipe: [fill(pipe) for fill in pending])
 
 
 class RedisCollector(Collector):

@@ -287,7 +287,7 @@ def test_metrics_that_cannot_be_written_never_cost_the_output(worker_services, w
     outcome, record, request_id = run(worker_services, workspace, "vertexai/gemini-3.1-flash-image", body)
     assert (outcome, record.status, record.error_type) == ("completed", COMPLETED, None)
     assert json.loads(worker_services.store.result(request_id))["candidates"]
-    assert worker_services.metrics.dropped >= 2  # the provider call and the completion, at least
+    assert worker_services.metrics.dropped == 1  # the delivery's metrics: one write, dropped
 
 
 def test_the_outcome_is_written_through_a_redis_restart(worker_services, workspace, monkeypatch):
@@ -379,3 +379,16 @@ def test_the_limit_covers_the_run_bound_and_one_more_exchange():
     assert policy.hung_after_s == policy.max_run_s + policy.connect_timeout_s + policy.read_timeout_s \
         + policy.backoff_max_s
     assert policy.hung_after_s > policy.max_run_s
+
+
+def test_a_deliverys_metrics_are_one_round_trip(worker_services, workspace, monkeypatch):
+    """Claimed, the provider exchange and the completion are counted in one write."""
+    writes = []
+    write = worker_services.metrics._write
+    monkeypatch.setattr(worker_services.metrics, "_write", lambda what, fill: (writes.append(what), write(what, fill)))
+    body = {"contents": [{"role": "user", "parts": [{"text": "counted once"}]}]}
+    outcome, _, _ = run(worker_services, workspace, "vertexai/gemini-3.1-flash-image", body)
+    assert outcome == "completed"
+    assert writes == ["delivery"]
+    totals = worker_services.metrics.totals("vertexai")
+    assert (totals.claimed, totals.completed) == (1, 1)
