@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 _FIELDS = (
     "id", "workspace", "model", "provider", "status", "created_at", "started_at",
     "completed_at", "error_type", "detail", "content_type", "cancel_requested",
-    "attempts", "upstream_ref", "progress",
+    "attempts", "upstream_ref", "progress", "webhook_url",
 )
 
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
@@ -92,13 +92,15 @@ class RequestRecord:
     ttl_s: int | None = None
     #: How far the provider said the generation was, 0..1, when it says so.
     progress: float | None = None
+    #: Where its completion's event goes (its own or its workspace's default), if anywhere.
+    webhook_url: str | None = None
 
     @classmethod
     def from_values(cls, values: list[Any], ttl: int | None = None) -> "RequestRecord | None":
         """From an ``HMGET`` of :data:`_FIELDS` (bytes or None each). Every
         status poll makes one, so the fields are unpacked by position."""
         (id_, workspace, model, provider, status, created_at, started_at, completed_at, error_type, detail,
-         content_type, cancel_requested, attempts, upstream_ref, progress) = values
+         content_type, cancel_requested, attempts, upstream_ref, progress, webhook_url) = values
         if status is None:
             return None
         return cls(
@@ -118,6 +120,7 @@ class RequestRecord:
             upstream_ref=None if upstream_ref is None else upstream_ref.decode(),
             ttl_s=ttl if ttl is not None and ttl >= 0 else None,
             progress=float(progress) if progress else None,
+            webhook_url=webhook_url.decode() if webhook_url else None,
         )
 
 
