@@ -104,8 +104,7 @@ def _claim_and_run(context: WorkerContext, record: RequestRecord, body: bytes | 
         elif claim in (Claim.QUEUE_TIMEOUT, Claim.EXHAUSTED):
             metrics.completed(record.provider, record.model,
                               states.QUEUE_TIMEOUT if claim is Claim.QUEUE_TIMEOUT else states.PROVIDER_ERROR)
-            if record.webhook_url:
-                nudge_webhook(context, request_id)
+            nudge_webhook(context, record)
         if claim not in (Claim.CLAIMED, Claim.RESUMED):
             log.info("request %s: %s; this delivery does nothing", request_id, claim)
             return claim.lower()
@@ -239,5 +238,4 @@ def _completed(context: WorkerContext, metrics: DeliveryMetrics, record: Request
     """Count a completion this delivery wrote (not one a duplicate found done)."""
     if written is Complete.COMPLETED:
         metrics.completed(record.provider, record.model, outcome, time.time() - started_at)
-        if record.webhook_url:  # known from the record: no round trip for a request without one
-            nudge_webhook(context, record.id)
+        nudge_webhook(context, record)

@@ -34,6 +34,7 @@ import uuid
 from urllib.parse import urlsplit
 
 from router_queue import logs
+from router_queue.store.requests import RequestRecord
 from router_queue.store.webhooks import WebhookEvent
 from router_queue.webhooks import event as wire
 from router_queue.webhooks import safety, schedule
@@ -166,10 +167,14 @@ def post(url: str, address: str, body: bytes, headers: dict[str, str], timeout_s
         sock.close()
 
 
-def nudge(context: WorkerContext, request_id: str) -> None:
+def nudge(context: WorkerContext, record: RequestRecord) -> None:
     """The fast path: a worker that just completed a request publishes its
     webhook at once when it owes one. Best effort: the sweeper publishes
-    every event due anyway, within a sweep."""
+    every event due anyway, within a sweep. A record that names no webhook
+    URL owes nothing: no round trip is spent asking."""
+    if not record.webhook_url:
+        return
+    request_id = record.id
     try:
         if context.services.webhooks.owed(request_id):
             context.dispatcher.publish_webhook(request_id)

@@ -143,10 +143,16 @@ class MetricsRecorder:
         return sum(int(n) for n in self.client.mget(windows) if n is not None)
 
     def provider_call(self, provider: str, model: str, seconds: float) -> None:
-        self._write("provider_call", lambda pipe: self._observe(pipe, provider, "call", model, seconds))
+        self._write("provider_call", self._call(provider, model, seconds))
+
+    def _call(self, provider: str, model: str, seconds: float) -> Callable[[redis.client.Pipeline], None]:
+        return lambda pipe: self._observe(pipe, provider, "call", model, seconds)
 
     def retried(self, provider: str, model: str) -> None:
-        self._write("retried", lambda pipe: pipe.hincrby(keys.metrics(provider), f"retries|{model}", 1))
+        self._write("retried", self._retried(provider, model))
+
+    def _retried(self, provider: str, model: str) -> Callable[[redis.client.Pipeline], None]:
+        return lambda pipe: pipe.hincrby(keys.metrics(provider), f"retries|{model}", 1)
 
     def webhook_attempt(self, outcome: str, seconds: float) -> None:
         """One webhook attempt: "delivered", "failed", "gone", "refused" (its URL
@@ -191,10 +197,10 @@ class DeliveryMetrics:
         self._add(self.recorder._claimed(provider, model, waited_s))
 
     def provider_call(self, provider: str, model: str, seconds: float) -> None:
-        self._add(lambda pipe: self.recorder._observe(pipe, provider, "call", model, seconds))
+        self._add(self.recorder._call(provider, model, seconds))
 
     def retried(self, provider: str, model: str) -> None:
-        self._add(lambda pipe: pipe.hincrby(keys.metrics(provider), f"retries|{model}", 1))
+        self._add(self.recorder._retried(provider, model))
 
     def completed(self, provider: str, model: str, outcome: str, ran_s: float | None = None) -> None:
         self._add(self.recorder._completed(provider, model, outcome, ran_s))
