@@ -35,6 +35,19 @@ def with_db(url: str, db: int) -> str:
     return urlunsplit((parts.scheme, parts.netloc, f"/{db}", parts.query, parts.fragment))
 
 
+def terminate(proc: subprocess.Popen | None, timeout_s: float = 10.0) -> None:
+    """Stop a process the tests started: SIGTERM, and SIGKILL if it is still
+    there after ``timeout_s``."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def wait_for(predicate: Callable[[], Any], *, timeout_s: float, what: str, interval_s: float = 0.1) -> Any:
     deadline = time.monotonic() + timeout_s
     while True:
@@ -100,13 +113,7 @@ class PrivateRedis:
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGCONT)  # a stopped process would not act on SIGTERM
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
 
 
 class SentinelGroup:
@@ -192,8 +199,6 @@ class SentinelGroup:
 
     def stop(self) -> None:
         for proc in self.sentinels:
-            if proc.poll() is None:
-                proc.terminate()
-                proc.wait(10)
+            terminate(proc)
         self.replica.stop()
         self.primary.stop()

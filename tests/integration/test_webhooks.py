@@ -35,7 +35,7 @@ import requests
 from router_queue.dev.stack import ROOT, free_port, wait_for_port
 from router_queue.webhooks.event import new_secret
 
-from tests.redis_servers import PrivateRedis
+from tests.redis_servers import PrivateRedis, terminate
 
 from .harness import FLUX, Caller, RunningStack, make_caller, stack_env, unique_prompt, wait_for
 
@@ -122,13 +122,7 @@ class Receiver:
         return wait_for(enough, timeout_s=timeout_s, interval_s=0.05, what=f"{count} attempts at {name}")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         self._out.close()
 
 
