@@ -21,6 +21,7 @@ from .catalog_routes import discovery
 from .events import EventHub
 from .front import EXTENSION, FrontDoor
 from .operations import operations
+from .poll_lane import PollLane
 from .ratelimit import CARRIED_ENDPOINTS, RateLimits
 from .routes import NOT_FOUND, queue
 from .views import json_response
@@ -43,12 +44,13 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     app = Flask(__name__, static_folder=None, template_folder="templates")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     keys = KeyResolver(services.accounts)
-    app.extensions[EXTENSION] = FrontDoor(services, dispatcher, keys, EventHub(services.store))
+    front = app.extensions[EXTENSION] = FrontDoor(services, dispatcher, keys, EventHub(services.store))
     app.register_blueprint(queue)
     app.register_blueprint(discovery)
     _register_error_handlers(app)
     app.register_blueprint(operations)
     rate_limits = RateLimits(services.store, settings.default_rate_limit, keys)
+    app.wsgi_app = PollLane(app, front, rate_limits)  # type: ignore[method-assign]
 
     @app.before_request
     def _open_call() -> None:

@@ -30,7 +30,7 @@ from limits import RateLimitItem, parse_many
 
 from ..errors import RateLimited, Unauthorized
 from ..store.requests import RequestStore
-from .auth import KeyResolver, presented_key
+from .auth import Caller, KeyResolver, presented_key
 
 log = logging.getLogger(__name__)
 
@@ -84,22 +84,25 @@ class RateLimits:
         self.default_limit = default_limit
         self.keys = keys
 
-    def _bucket_and_limit(self, request: Request) -> tuple[str, str]:
-        try:
-            caller = self.keys.caller(request)
-        except Unauthorized:
-            return f"unknown:{request.remote_addr}", self.default_limit
-        if caller.legacy:
-            key = presented_key(request) or ""
-            return "legacy:" + hashlib.sha256(key.encode()).hexdigest()[:32], self.default_limit
-        return f"ws:{caller.workspace}", caller.rate_limit or self.default_limit
-
     def allowance(self, request: Request) -> Allowance | None:
         """What this call is counted against; None on the exempt routes. No I/O
         beyond the (cached) key lookup."""
         if request.endpoint in EXEMPT_ENDPOINTS:
             return None
-        bucket, spec = self._bucket_and_limit(request)
+        try:
+            caller = self.keys.caller(request)
+        except Unauthorized:
+            return self._checked(f"unknown:{request.remote_addr}", self.default_limit)
+        if caller.legacy:
+            key = presented_key(request) or ""
+            return self._checked("legacy:" + hashlib.sha256(key.encode()).hexdigest()[:32], self.default_limit)
+        return self.for_workspace(caller)
+
+    def for_workspace(self, caller: Caller) -> Allowance:
+        """A workspace caller's allowance: its own limit, else the default."""
+        return self._checked(f"ws:{caller.workspace}", caller.rate_limit or self.default_limit)
+
+    def _checked(self, bucket: str, spec: str) -> Allowance:
         try:
             return _allowance(bucket, spec)
         except ValueError:

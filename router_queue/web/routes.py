@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from flask import Blueprint, Response, current_app, g, request
+from flask import Blueprint, Request, Response, current_app, g, request
 from gunicorn.http.errors import NoMoreData, ParseException
 
 from ..catalog import Catalog, ModelEntry
@@ -18,7 +18,7 @@ from ..store.requests import RequestRecord, StatusView
 from . import admission, pacing
 from .events import stream
 from .front import FrontDoor, front_door
-from .ratelimit import carried_allowance
+from .ratelimit import Allowance, carried_allowance
 from .views import json_response, request_urls, status_body
 from .waiting import wait_until_completed
 
@@ -33,10 +33,14 @@ BODY_FRAMING_ERRORS: tuple[type[BaseException], ...] = (ParseException, NoMoreDa
 NOT_FOUND = "no such request for this caller and model"
 
 
-def _base_url(front: FrontDoor) -> str:
+def base_url(front: FrontDoor, req: Request) -> str:
     """``PUBLIC_BASE_URL``, else the origin the caller used (scheme and Host;
     not ``request.host_url``, whose IRI decoding costs a tenth of a status read)."""
-    return front.services.settings.public_base_url or f"{request.scheme}://{request.host}"
+    return front.services.settings.public_base_url or f"{req.scheme}://{req.host}"
+
+
+def _base_url(front: FrontDoor) -> str:
+    return base_url(front, request)
 
 
 def model_entry(provider: str, model: str, catalog: Catalog | None = None) -> ModelEntry:
@@ -58,7 +62,15 @@ def _caller_request(front: FrontDoor, provider: str, model: str, request_id: str
     entry = model_entry(provider, model, front.services.catalog)
     if not well_formed(request_id):
         raise RequestNotFound(NOT_FOUND)
-    view = front.services.store.status_view(request_id, entry.provider, carried_allowance())
+    return visible_view(front, workspace, entry, request_id, carried_allowance())
+
+
+def visible_view(front: FrontDoor, workspace: str, entry: ModelEntry, request_id: str,
+                 allowance: Allowance | None) -> StatusView:
+    """A well-formed id's view, counted against ``allowance`` in the same
+    round trip; 404 unless it is this workspace's request for this model,
+    410 when it was but is past retention. (The poll lane calls it too.)"""
+    view = front.services.store.status_view(request_id, entry.provider, allowance)
     record = view.record
     if record is None:
         if front.services.ids.is_ours(request_id, workspace, entry.id):
@@ -69,11 +81,16 @@ def _caller_request(front: FrontDoor, provider: str, model: str, request_id: str
     return view
 
 
-def _status_response(front: FrontDoor, view: StatusView, status: int = 200) -> Response:
+def status_answer(front: FrontDoor, view: StatusView, base: str) -> tuple[dict, dict[str, str]]:
+    """A status read's JSON body and its headers (``Retry-After``)."""
     record = view.record
-    body = status_body(record, view.position, _base_url(front), front.services.settings.result_retention_s)
-    hint = pacing.retry_after(record, view.position, view.pace)
-    return json_response(body, status, {"Retry-After": str(hint)})
+    body = status_body(record, view.position, base, front.services.settings.result_retention_s)
+    return body, {"Retry-After": str(pacing.retry_after(record, view.position, view.pace))}
+
+
+def _status_response(front: FrontDoor, view: StatusView, status: int = 200) -> Response:
+    body, headers = status_answer(front, view, _base_url(front))
+    return json_response(body, status, headers)
 
 
 @queue.post("/v2/models/<provider>/<model>/requests")

@@ -49,7 +49,10 @@ def status_body(record: RequestRecord, position: int | None, base: str, retentio
     return body
 
 
+def json_text(body: Any) -> str:
+    """Every JSON answer's encoding: compact."""
+    return json.dumps(body, separators=(",", ":"))
+
+
 def json_response(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        json.dumps(body, separators=(",", ":")), status=status, headers=headers, mimetype="application/json"
-    )
+    return Response(json_text(body), status=status, headers=headers, mimetype="application/json")
