@@ -2,18 +2,14 @@
 
 from __future__ import annotations
 
-import logging
-import re
 import uuid
 
-import redis
 from flask import Flask, Response, g, request
 from werkzeug.exceptions import HTTPException
 
 from ..broker.celery_app import make_celery
 from ..broker.dispatch import Dispatcher
-from ..errors import (InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RateLimited,
-                      RequestNotFound, RouterError, ServiceUnavailable)
+from ..errors import RateLimited, RouterError
 from ..services import Services
 from ..settings import Settings
 from .auth import KeyResolver
@@ -21,16 +17,11 @@ from .catalog_routes import discovery
 from .events import EventHub
 from .front import EXTENSION, FrontDoor
 from .operations import operations
-from .poll_lane import PollLane
+from .lane import Lane
 from .ratelimit import CARRIED_ENDPOINTS, RateLimits
-from .routes import NOT_FOUND, queue
+from .refusals import REDIS_DOWN, as_router_error
+from .routes import queue
 from .views import json_response
-
-log = logging.getLogger(__name__)
-
-#: Paths that address a request; a miss under one is request_not_found.
-_REQUEST_PATH = re.compile(r"^/v2/models/[^/]+/[^/]+/requests/.")
-
 
 def create_app(settings: Settings | None = None, *, services: Services | None = None,
                dispatcher: Dispatcher | None = None) -> Flask:
@@ -50,7 +41,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     _register_error_handlers(app)
     app.register_blueprint(operations)
     rate_limits = RateLimits(services.store, settings.default_rate_limit, keys)
-    app.wsgi_app = PollLane(app, front, rate_limits)  # type: ignore[method-assign]
+    app.wsgi_app = Lane(app, front, rate_limits)  # type: ignore[method-assign]
 
     @app.before_request
     def _open_call() -> None:
@@ -86,29 +77,8 @@ def _render(error: RouterError) -> Response:
 
 
 def _register_error_handlers(app: Flask) -> None:
-    app.register_error_handler(RouterError, _render)
+    def _answer(exc: Exception) -> Response:
+        return _render(as_router_error(exc, path=request.path, max_body=app.config["MAX_CONTENT_LENGTH"]))
 
-    @app.errorhandler(HTTPException)
-    def _http(exc: HTTPException) -> Response:
-        if exc.code == 413:
-            return _render(PayloadTooLarge(f"the body is larger than {app.config['MAX_CONTENT_LENGTH']} bytes"))
-        if exc.code == 404:
-            if _REQUEST_PATH.match(request.path):  # e.g. an id holding an encoded slash
-                return _render(RequestNotFound(NOT_FOUND))
-            return _render(ModelNotFound("no such route; models live under /v2/models/{provider}/{model}"))
-        if exc.code == 405:
-            return _render(MethodNotAllowed(f"{exc.description}"))
-        error = InvalidInput(exc.description or exc.name)
-        error.status = exc.code or 400
-        return _render(error)
-
-    @app.errorhandler(redis.exceptions.ConnectionError)
-    @app.errorhandler(redis.exceptions.TimeoutError)
-    def _redis_down(exc: Exception) -> Response:
-        log.warning("redis unreachable: %s", exc)
-        return _render(ServiceUnavailable("the request store is briefly unreachable; retry shortly", retry_after=1))
-
-    @app.errorhandler(Exception)
-    def _bug(exc: Exception) -> Response:
-        log.exception("unhandled error")
-        return _render(InternalError("an internal error occurred; quote X-Comfy-Request-Id to support"))
+    for kind in (RouterError, HTTPException, *REDIS_DOWN, Exception):
+        app.register_error_handler(kind, _answer)

@@ -4,8 +4,9 @@ result, cancel) and the synchronous run that shares their admission."""
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
-from flask import Blueprint, Request, Response, current_app, g, request
+from flask import Blueprint, Request, Response, g, request
 from gunicorn.http.errors import NoMoreData, ParseException
 
 from ..catalog import Catalog, ModelEntry
@@ -19,7 +20,8 @@ from . import admission, pacing
 from .events import stream
 from .front import FrontDoor, front_door
 from .ratelimit import Allowance, carried_allowance
-from .views import json_response, request_urls, status_body
+from .refusals import NOT_FOUND
+from .views import Answer, json_response, request_urls, status_body
 from .waiting import wait_until_completed
 
 log = logging.getLogger(__name__)
@@ -27,10 +29,6 @@ queue = Blueprint("queue", __name__)
 
 #: What gunicorn's body reader raises on broken framing, as the app reads the body.
 BODY_FRAMING_ERRORS: tuple[type[BaseException], ...] = (ParseException, NoMoreData)
-
-#: Answered for every id we cannot show this caller, whatever the reason, so
-#: another workspace's ids are indistinguishable from ids that never existed.
-NOT_FOUND = "no such request for this caller and model"
 
 
 def base_url(front: FrontDoor, req: Request) -> str:
@@ -69,7 +67,7 @@ def visible_view(front: FrontDoor, workspace: str, entry: ModelEntry, request_id
                  allowance: Allowance | None) -> StatusView:
     """A well-formed id's view, counted against ``allowance`` in the same
     round trip; 404 unless it is this workspace's request for this model,
-    410 when it was but is past retention. (The poll lane calls it too.)"""
+    410 when it was but is past retention. (The lane calls it too.)"""
     view = front.services.store.status_view(request_id, entry.provider, allowance)
     record = view.record
     if record is None:
@@ -81,65 +79,74 @@ def visible_view(front: FrontDoor, workspace: str, entry: ModelEntry, request_id
     return view
 
 
-def status_answer(front: FrontDoor, view: StatusView, base: str) -> tuple[dict, dict[str, str]]:
-    """A status read's JSON body and its headers (``Retry-After``)."""
+def status_answer(front: FrontDoor, view: StatusView, base: str, status: int = 200) -> Answer:
+    """A status read's JSON body, with ``Retry-After``."""
     record = view.record
     body = status_body(record, view.position, base, front.services.settings.result_retention_s)
-    return body, {"Retry-After": str(pacing.retry_after(record, view.position, view.pace))}
+    return Answer(status, body, {"Retry-After": str(pacing.retry_after(record, view.position, view.pace))})
 
 
 def _status_response(front: FrontDoor, view: StatusView, status: int = 200) -> Response:
-    body, headers = status_answer(front, view, _base_url(front))
-    return json_response(body, status, headers)
+    answer = status_answer(front, view, _base_url(front), status)
+    return json_response(answer.body, answer.status, answer.headers)
 
 
 @queue.post("/v2/models/<provider>/<model>/requests")
 def submit(provider: str, model: str) -> Response:
-    front = front_door()
-    workspace = front.keys.workspace(request)
+    answer = submit_answer(front_door(), request, provider, model, carried_allowance)
+    g.call_id = answer.call_id
+    return json_response(answer.body, answer.status, answer.headers)
+
+
+def submit_answer(front: FrontDoor, req: Request, provider: str, model: str,
+                  rate: Callable[[], Allowance | None]) -> Answer:
+    """Admit a submit (``admission.py``) and answer its handle; ``rate``
+    hands over the call's allowance when the admit script runs. (The lane
+    calls it too.)"""
+    workspace = front.keys.workspace(req)
     entry = model_entry(provider, model, front.services.catalog)
-    admission.refuse_bring_your_own_key(request.headers)
-    base = _base_url(front)
+    admission.refuse_bring_your_own_key(req.headers)
+    base = base_url(front, req)
+    headers = req.headers
     admitted = admission.admit(
-        front.services, workspace=workspace, entry=entry, raw_body=_body(),
-        raw_idempotency_key=request.headers.get("Idempotency-Key"),
-        raw_priority=request.headers.get("X-Comfy-Priority"), rate=carried_allowance,
-        raw_webhook_url=request.headers.get(admission.WEBHOOK_HEADER), base_url=base,
+        front.services, workspace=workspace, entry=entry, raw_body=read_body(req),
+        raw_idempotency_key=headers.get("Idempotency-Key"), raw_priority=headers.get("X-Comfy-Priority"),
+        rate=rate, raw_webhook_url=headers.get(admission.WEBHOOK_HEADER), base_url=base,
     )
-    g.call_id = admitted.request_id
-    log.info("submit: %s", "replayed" if admitted.replayed else "admitted", extra={
-        "request_id": admitted.request_id, "workspace": workspace, "model": entry.id,
-        "outcome": "replayed" if admitted.replayed else "admitted", "status": "IN_QUEUE"})
+    outcome = "replayed" if admitted.replayed else "admitted"
+    log.info("submit: %s", outcome, extra={"request_id": admitted.request_id, "workspace": workspace,
+                                           "model": entry.id, "outcome": outcome, "status": "IN_QUEUE"})
     if admitted.replayed:
-        return _replayed_handle(front, entry, admitted.request_id)
+        return _replayed_handle(front, entry, admitted.request_id, base)
     body = {
         "request_id": admitted.request_id,
         "status": "IN_QUEUE",
         "queue_position": admitted.position or 0,
         **request_urls(base, entry.id, admitted.request_id),
     }
-    return json_response(body, 201)
+    return Answer(201, body, call_id=admitted.request_id)
 
 
-def _body() -> bytes:
-    """The request body; ``413`` when it is over the limit, ``400`` when its
-    framing is broken (a malformed chunk, a body shorter than announced).
+def read_body(req: Request) -> bytes:
+    """The request body; ``413`` when it is over ``req.max_content_length``,
+    ``400`` when its framing is broken (a malformed chunk, a body shorter than
+    announced).
 
     A body with a Content-Length over the limit is refused by werkzeug before
     this; a chunked one (no Content-Length) is only cut at the limit, so a
     body that fills the limit is taken to be over it.
     """
     try:
-        raw = request.get_data(cache=False)
+        raw = req.get_data(cache=False)
     except BODY_FRAMING_ERRORS as exc:
         raise InvalidInput(f"the request body could not be read: {exc.__class__.__name__} {exc}".strip()) from None
-    limit = current_app.config["MAX_CONTENT_LENGTH"]
-    if request.content_length is None and len(raw) >= limit:
+    limit = req.max_content_length
+    if req.content_length is None and limit is not None and len(raw) >= limit:
         raise PayloadTooLarge(f"the body is larger than {limit} bytes")
     return raw
 
 
-def _replayed_handle(front: FrontDoor, entry: ModelEntry, request_id: str) -> Response:
+def _replayed_handle(front: FrontDoor, entry: ModelEntry, request_id: str, base: str) -> Answer:
     """The original request's handle (the 201's fields, its status as it stands
     now), marked as a replay."""
     view = front.services.store.status_view(request_id, entry.provider)
@@ -147,8 +154,8 @@ def _replayed_handle(front: FrontDoor, entry: ModelEntry, request_id: str) -> Re
     body = {"request_id": request_id, "status": status}
     if status != COMPLETED:
         body["queue_position"] = view.position or 0
-    body.update(request_urls(_base_url(front), entry.id, request_id))
-    return json_response(body, 201, {"Idempotent-Replayed": "true"})
+    body.update(request_urls(base, entry.id, request_id))
+    return Answer(201, body, {"Idempotent-Replayed": "true"}, request_id)
 
 
 @queue.get("/v2/models/<provider>/<model>/requests/<request_id>/status")
@@ -200,7 +207,7 @@ def run(provider: str, model: str) -> Response:
     caller = front.keys.caller(request)
     entry = model_entry(provider, model, front.services.catalog)
     admitted = admission.admit(
-        front.services, workspace=caller.workspace, entry=entry, raw_body=_body(),
+        front.services, workspace=caller.workspace, entry=entry, raw_body=read_body(request),
         raw_idempotency_key=request.headers.get("Idempotency-Key"),
         raw_priority=request.headers.get("X-Comfy-Priority"), queued=False, rate=carried_allowance,
         raw_webhook_url=request.headers.get(admission.WEBHOOK_HEADER), base_url=_base_url(front),

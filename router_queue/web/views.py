@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
@@ -10,6 +11,18 @@ from flask import Response
 
 from ..states import COMPLETED, IN_QUEUE
 from ..store.requests import RequestRecord
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A JSON answer before it is encoded: what the routes' shared functions
+    return, for the Flask views and the lane to send."""
+
+    status: int
+    body: dict[str, Any]
+    headers: dict[str, str] = field(default_factory=dict)
+    #: The request id the call admitted, for ``X-Comfy-Request-Id``.
+    call_id: str | None = None
 
 
 def iso(ts: float | None) -> str | None:

@@ -1,9 +1,10 @@
-"""The poll lane (``web/poll_lane.py``) answers status reads exactly as the
-Flask route does: same status, body and headers, the call counted once, and
+"""The lane (``web/lane.py``) answers status reads and submits exactly as the
+Flask routes do: same status, body and headers, the call counted once, and
 everything it does not serve left to Flask before anything was counted."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import pytest
@@ -84,6 +85,66 @@ def test_every_status_answer_matches_the_flask_route(http, flask_only, auth, api
         assert _answer(lane) == _answer(getattr(flask_only, method)(path, headers=auth)), method
 
 
+def _same_shape(response, request_ids: set[str]) -> tuple:
+    """An answer with the ids it admitted blanked (two submits admit two ids)."""
+    status, headers, data = _answer(response)
+    text = data.decode()
+    for request_id in request_ids:
+        text = text.replace(request_id, "ID")
+    body = json.loads(text)
+    if isinstance(body, dict):
+        body.pop("queue_position", None)
+    return status, headers, body
+
+
+def test_every_submit_answer_matches_the_flask_route(http, flask_only, auth, services):
+    poor = services.accounts.mint_key(services.accounts.create_workspace("poor", queue_enabled=True, credits=0))
+    off = services.accounts.mint_key(services.accounts.create_workspace("off", queue_enabled=False, credits=99))
+    legacy = services.accounts.mint_legacy_key()
+    good = json.dumps({"prompt": "a red teapot"})
+    cases = [
+        (FLUX, good, auth),
+        (FLUX, good, {**auth, "X-Comfy-Priority": "high"}),
+        (FLUX, good, {**auth, "Idempotency-Key": "same"}),
+        (FLUX, json.dumps({"prompt": "another"}), {**auth, "Idempotency-Key": "same"}),
+        (FLUX, good, {**auth, "Idempotency-Key": "k" * 300}),
+        (FLUX, good, {**auth, "X-Comfy-Priority": "urgent"}),
+        (FLUX, good, {**auth, "X-Provider-Api-Key": "sk-mine"}),
+        (FLUX, good, {**auth, "X-Comfy-Webhook-Url": "http://10.0.0.1/hook"}),
+        (FLUX, "not json", auth),
+        (FLUX, "[1, 2]", auth),
+        (FLUX, b"\xff\xfe", auth),
+        (FLUX, json.dumps({"prompt": 7}), auth),
+        (FLUX, json.dumps({"prompt": "p", "unknown_field": 1}), auth),
+        (FLUX, "x" * 2_000_000, auth),
+        (FLUX, good, {"X-API-Key": poor}),
+        (FLUX, good, {"X-API-Key": off}),
+        (FLUX, good, {"X-API-Key": legacy}),
+        (FLUX, good, {}),
+        (FLUX, good, {"X-API-Key": "rq_nope"}),
+        ("/v2/models/bfl/no-such-model", good, auth),
+        ("/v2/models/openai/gpt-4o-mini-tts", json.dumps({"input": "hi", "voice": "alloy"}), auth),
+    ]
+    answers = []
+    for side, client in enumerate((http, flask_only)):  # each side its own Idempotency-Keys
+        answers.append([])
+        for path, data, headers in cases:
+            if "Idempotency-Key" in headers:
+                headers = {**headers, "Idempotency-Key": f"{headers['Idempotency-Key']}-{side}"}
+            response = client.post(f"{path}/requests", data=data,
+                                   headers={"Content-Type": "application/json", **headers})
+            admitted = {response.headers.get("X-Comfy-Request-Id", "")} if response.status_code == 201 else set()
+            answers[side].append(_same_shape(response, admitted))
+    for case, lane, plain in zip(cases, *answers):
+        assert lane == plain, case[:2]
+    assert [status for status, _, _ in answers[0]] == [
+        "201 CREATED", "201 CREATED", "201 CREATED", "409 CONFLICT", "400 BAD REQUEST", "400 BAD REQUEST",
+        "403 FORBIDDEN", "400 BAD REQUEST", "400 BAD REQUEST", "400 BAD REQUEST", "400 BAD REQUEST",
+        "422 UNPROCESSABLE ENTITY", "422 UNPROCESSABLE ENTITY", "413 REQUEST ENTITY TOO LARGE",
+        "402 PAYMENT REQUIRED", "403 FORBIDDEN", "403 FORBIDDEN", "401 UNAUTHORIZED", "401 UNAUTHORIZED",
+        "404 NOT FOUND", "201 CREATED"]
+
+
 def test_plain_polls_skip_flask_and_the_rest_reach_it(http, auth, served_by_flask):
     request_id = submit(http, auth).json["request_id"]
     served_by_flask.clear()
@@ -94,16 +155,31 @@ def test_plain_polls_skip_flask_and_the_rest_reach_it(http, auth, served_by_flas
                           (f"{FLUX}/requests/{request_id}", auth)):
         http.get(path, headers=headers)
     assert served_by_flask == [status, f"{FLUX}/requests/nope/status", f"{FLUX}/requests/{request_id}"]
+    served_by_flask.clear()
+    assert submit(http, auth).status_code == 201
+    assert submit(http, auth, raw="not json").status_code == 400
+    assert served_by_flask == []
+    assert submit(http, {}).status_code == 401
+    assert served_by_flask == [f"{FLUX}/requests"]
 
 
-@pytest.mark.parametrize("through", ["lane", "flask"])
-def test_each_poll_is_counted_once_whoever_answers_it(http, auth, services, workspace, through):
+@pytest.mark.parametrize("call, expected", [
+    ("poll", 200),  # the lane, counted in status.lua
+    ("poll a malformed id", 404),  # Flask
+    ("submit", 201),  # the lane, counted in admit.lua
+    ("submit a broken body", 400),  # the lane, counted after the refusal
+])
+def test_each_call_is_counted_once_whoever_answers_it(http, auth, services, workspace, call, expected):
     services.accounts.set_limits(workspace, rate_limit="4/minute")
     request_id = submit(http, auth).json["request_id"]  # the window now holds 1
-    path = f"{FLUX}/requests/{request_id if through == 'lane' else 'not-an-id'}/status"
-    expected = 200 if through == "lane" else 404
-    assert [http.get(path, headers=auth).status_code for _ in range(3)] == [expected] * 3
-    refused = http.get(path, headers=auth)
+
+    def send():
+        if call.startswith("poll"):
+            return http.get(f"{FLUX}/requests/{'nope' if 'malformed' in call else request_id}/status", headers=auth)
+        return submit(http, auth, raw="{" if "broken" in call else None)
+
+    assert [send().status_code for _ in range(3)] == [expected] * 3
+    refused = send()
     assert_error(refused, 429, "rate_limited")
     assert 1 <= int(refused.headers["Retry-After"]) <= 61
 

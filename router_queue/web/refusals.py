@@ -1,0 +1,52 @@
+"""What the front door answers for an exception: the member of the error tree
+(``errors.py``) it becomes. One mapping, used by the Flask app's error
+handlers and by the lane, so both answer every fault alike."""
+
+from __future__ import annotations
+
+import logging
+import re
+
+import redis
+from werkzeug.exceptions import HTTPException
+
+from ..errors import (InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RequestNotFound,
+                      RouterError, ServiceUnavailable)
+
+log = logging.getLogger(__name__)
+
+#: Paths that address a request; a miss under one is request_not_found.
+_REQUEST_PATH = re.compile(r"^/v2/models/[^/]+/[^/]+/requests/.")
+#: Answered for every id we cannot show this caller, whatever the reason, so
+#: another workspace's ids are indistinguishable from ids that never existed.
+NOT_FOUND = "no such request for this caller and model"
+#: What a Redis that cannot be reached raises.
+REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
+
+
+def as_router_error(exc: BaseException, *, path: str, max_body: int | None) -> RouterError:
+    """Ours as raised; werkzeug's refusals and a Redis outage as their
+    buckets; anything else is a bug, logged, and answered ``internal_error``."""
+    if isinstance(exc, RouterError):
+        return exc
+    if isinstance(exc, HTTPException):
+        return _http(exc, path, max_body)
+    if isinstance(exc, REDIS_DOWN):
+        log.warning("redis unreachable: %s", exc)
+        return ServiceUnavailable("the request store is briefly unreachable; retry shortly", retry_after=1)
+    log.error("unhandled error", exc_info=exc)
+    return InternalError("an internal error occurred; quote X-Comfy-Request-Id to support")
+
+
+def _http(exc: HTTPException, path: str, max_body: int | None) -> RouterError:
+    if exc.code == 413:
+        return PayloadTooLarge(f"the body is larger than {max_body} bytes")
+    if exc.code == 404:
+        if _REQUEST_PATH.match(path):  # e.g. an id holding an encoded slash
+            return RequestNotFound(NOT_FOUND)
+        return ModelNotFound("no such route; models live under /v2/models/{provider}/{model}")
+    if exc.code == 405:
+        return MethodNotAllowed(f"{exc.description}")
+    error = InvalidInput(exc.description or exc.name)
+    error.status = exc.code or 400
+    return error
