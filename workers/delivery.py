@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 STORE_FAULTS = (redis.ConnectionError, redis.TimeoutError)
 #: Seconds between two tries of a write through a store fault: first, most.
 STORE_RETRY_S = (0.2, 2.0)
+#: Seconds after a fresh claim in which a step does not ask Redis for the
+#: cancel flag. The claim found none atomically (a queued request's cancel
+#: ends it there and then, so one cancelled before its claim is never
+#: claimed): the check before the first provider call was a round trip that
+#: always answered no. A cancel sent meanwhile is seen at the next step, as
+#: one sent just after that check always was.
+CANCEL_FRESH_S = 0.5
 
 T = TypeVar("T")
 
@@ -109,8 +116,10 @@ def _claim_and_run(context: WorkerContext, record: RequestRecord, body: bytes | 
             log.info("request %s: %s; this delivery does nothing", request_id, claim)
             return claim.lower()
         context.leases.hold(request_id, record.provider, execution.token, for_s=entry.policy.hung_after_s)
+        # a resumed request may have been flagged while it ran elsewhere: it asks at once
+        flag_unread_until = time.monotonic() + CANCEL_FRESH_S if claim is Claim.CLAIMED else 0.0
         try:
-            return _run(context, record, body or b"{}", entry, execution, metrics)
+            return _run(context, record, body or b"{}", entry, execution, metrics, flag_unread_until)
         finally:
             context.leases.release(request_id)
     finally:
@@ -135,9 +144,11 @@ def through_store_faults(what: str, write: Callable[[], T], within_s: float) -> 
             delay = min(delay * 2, STORE_RETRY_S[1])
 
 
-def _interruption(context: WorkerContext, request_id: str) -> str | None:
+def _interruption(context: WorkerContext, request_id: str, flag_unread_until: float = 0.0) -> str | None:
     if context.shutting_down.is_set():
         return "shutdown"
+    if time.monotonic() < flag_unread_until:
+        return None
     try:
         if context.services.store.cancel_requested(request_id):
             return "cancel"
@@ -151,7 +162,7 @@ def _upstream_ref(record: RequestRecord) -> dict[str, Any] | None:
 
 
 def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: ModelEntry, execution: Execution,
-         metrics: DeliveryMetrics) -> str:
+         metrics: DeliveryMetrics, flag_unread_until: float = 0.0) -> str:
     services, store, request_id = context.services, context.services.store, record.id
     lease_s = services.settings.lease_s
 
@@ -183,7 +194,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         url=entry.upstream(services.settings.provider_origin_override),
         credential=context.credentials.for_provider(entry.provider),
         session=context.session,
-        interruption=lambda: _interruption(context, request_id),
+        interruption=lambda: _interruption(context, request_id, flag_unread_until),
         upstream_ref=_upstream_ref(record),
         remember=remember,
         progressed=progressed,

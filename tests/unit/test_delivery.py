@@ -392,3 +392,28 @@ def test_a_deliverys_metrics_are_one_round_trip(worker_services, workspace, monk
     assert writes == ["delivery"]
     totals = worker_services.metrics.totals("vertexai")
     assert (totals.claimed, totals.completed) == (1, 1)
+
+
+def test_a_fresh_claim_calls_the_provider_without_reading_the_cancel_flag(worker_services, workspace, monkeypatch):
+    """The claim found no cancel (a queued request's cancel ends it at once), so
+    the step right after it saves the round trip."""
+    reads = []
+    monkeypatch.setattr(worker_services.store, "cancel_requested", lambda request_id: reads.append(request_id))
+    body = {"contents": [{"role": "user", "parts": [{"text": "no flag to read"}]}]}
+    outcome, _, _ = run(worker_services, workspace, "vertexai/gemini-3.1-flash-image", body)
+    assert (outcome, reads) == ("completed", [])
+
+
+def test_a_resumed_request_cancelled_while_it_ran_elsewhere_stops_before_calling(worker_services, workspace):
+    body = {"contents": [{"role": "user", "parts": [{"text": "cancelled on the first worker"}]}]}
+    request_id, provider = admitted(worker_services, workspace, "vertexai/gemini-3.1-flash-image", body)
+    store = worker_services.store
+    lease = Lease("first-worker", 30, 3600, worker_services.settings.max_takeovers)
+    assert store.claim(record_of(worker_services, request_id, provider), lease) == "CLAIMED"
+    assert store.cancel(request_id=request_id, workspace=workspace, model="vertexai/gemini-3.1-flash-image",
+                        provider=provider) == "REQUESTED"
+    assert store.renew(request_id, provider, "first-worker", 0, hand_back=True)  # it stopped warm
+    session = KeyRecordingSession()
+    assert deliver(context_of(worker_services, session), request_id, execution()) == "cancelled"
+    assert session.keys == []  # the provider was never called
+    assert store.status_view(request_id, provider).record.error_type == "cancelled"
