@@ -1,11 +1,7 @@
 """Run the stub provider: `python -m stub_provider --host 127.0.0.1 --port 8300`.
 
 Uses werkzeug's threaded server (one thread per connection) so hundreds of
-open polls and deliberately hung calls can coexist, speaking HTTP/1.1 so a
-worker's pooled connection is kept alive between calls, as a real provider's
-is: werkzeug's default, HTTP/1.0, closed every connection after one answer,
-and each provider call paid a TCP connect, a new server thread and a close
-(a tenth of a delivery's CPU in the full-cycle bench). The ready line goes to
+open polls and deliberately hung calls can coexist. The ready line goes to
 stdout only once the socket is listening, so a harness may wait for it.
 Per-request access logs are off by default: a harness that pipes stderr
 without draining it would otherwise stall the server once the pipe fills.
@@ -17,17 +13,11 @@ import argparse
 import logging
 import sys
 
-from werkzeug.serving import WSGIRequestHandler, make_server
+from werkzeug.serving import make_server
 
 from .app import create_app
 
 LISTEN_BACKLOG = 1024  # pending connections; werkzeug's default of 128 is short for bursts of 500
-
-
-class KeepAliveHandler(WSGIRequestHandler):
-    """werkzeug's handler, keeping connections open (needs the threaded server)."""
-
-    protocol_version = "HTTP/1.1"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -44,7 +34,7 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("werkzeug").setLevel(logging.WARNING)
     # make_server + serve_forever is what run_simple(host, port, app, threaded=True)
     # does, minus the reloader; binding first lets us announce readiness truthfully.
-    server = make_server(args.host, args.port, create_app(), threaded=True, request_handler=KeepAliveHandler)
+    server = make_server(args.host, args.port, create_app(), threaded=True)
     server.socket.listen(LISTEN_BACKLOG)  # re-listen only raises the backlog
     print(f"stub provider listening on http://{args.host}:{server.server_port}", flush=True)
     try:
