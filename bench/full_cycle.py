@@ -28,6 +28,13 @@ figure reports the round with the median ratio of its own (as ``measure_pair``):
     BENCH redis_cpu_per_delivery value=<ours ms> baseline=<minimal noop ms> ratio=...
     BENCH redis_commands_per_delivery value=<ours> baseline=<minimal noop's> ratio=...
 
+and, with the stub variant on (``--minimal-stub on``, the default), the floor under the first
+figure and ours against a minimal loop that makes the same real provider call::
+
+    BENCH full_cycle_floor_throughput value=<minimal stub deliveries/s> baseline=<minimal noop's> ratio=...
+    BENCH full_cycle_throughput_same_call value=<ours deliveries/s> baseline=<minimal stub's> ratio=...
+    BENCH full_cycle_p99_same_call value=<ours ms> baseline=<minimal stub ms> ratio=...
+
 stderr: each run's rate, p50/p99, CPU ms per delivery of each process group (web, workers,
 stub, redis, the bench's client) and the machine's use of its cores; the stub's share of
 ours; the ratio read without the stub (see ``_without_stub``); the minimal stub variant's
@@ -458,6 +465,16 @@ def measure(args, children: Children, redis_url: str, *, make_fleet, with_db, wa
     emit("redis_cpu_per_delivery", o.redis_ms, "ms", m.redis_ms)
     o, m = _median_round(pairs, lambda o, m: o.commands_per_delivery / m.commands_per_delivery)
     emit("redis_commands_per_delivery", o.commands_per_delivery, "commands", m.commands_per_delivery)
+    if args.minimal_stub == "on":
+        # What one real provider call costs the minimal loop itself: the ceiling on
+        # full_cycle_throughput, since ours makes that call and the noop loop does not.
+        floor = [(r["minimal-stub"], r["minimal-noop"]) for r in rounds]
+        s, m = _median_round(floor, lambda s, m: s.rate / m.rate)
+        emit("full_cycle_floor_throughput", s.rate, "deliveries/s", m.rate)
+        o, m = _median_round(stub_pairs, lambda o, m: o.rate / m.rate)
+        emit("full_cycle_throughput_same_call", o.rate, "deliveries/s", m.rate)
+        o, m = _median_round(stub_pairs, lambda o, m: o.p99 / m.p99)
+        emit("full_cycle_p99_same_call", o.p99, "ms", m.p99)
 
 
 def _flush(client, db: int) -> None:
