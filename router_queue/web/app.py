@@ -16,12 +16,13 @@ from .auth import KeyResolver
 from .catalog_routes import discovery
 from .events import EventHub
 from .front import EXTENSION, FrontDoor
-from .operations import operations
 from .lane import Lane
+from .operations import operations
 from .ratelimit import CARRIED_ENDPOINTS, RateLimits
 from .refusals import REDIS_DOWN, as_router_error
 from .routes import queue
 from .views import json_response
+
 
 def create_app(settings: Settings | None = None, *, services: Services | None = None,
                dispatcher: Dispatcher | None = None) -> Flask:
