@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 
 import pytest
+import redis
+from flask import request
 from werkzeug.test import Client
 
 from router_queue.store import keys
@@ -33,8 +36,6 @@ def served_by_flask(app) -> list[str]:
 
     @app.before_request
     def _note() -> None:
-        from flask import request
-
         reached.append(request.path)
 
     return reached
@@ -48,7 +49,8 @@ def _answer(response) -> tuple:
 def test_every_status_answer_matches_the_flask_route(http, flask_only, auth, api_key, services):
     queued, running, done, failed, gone = (submit(http, auth, {"prompt": f"p{i}"}).json["request_id"]
                                            for i in range(5))
-    services.store.claim(record_of(services, running, "bfl"), LEASE)
+    # started long ago, so its Retry-After does not depend on the second the read lands in
+    services.store.claim(record_of(services, running, "bfl"), LEASE, now=time.time() - 100)
     for request_id, error in ((done, None), (failed, "provider_error")):
         services.store.claim(record_of(services, request_id, "bfl"), LEASE)
         services.store.complete(record_of(services, request_id, "bfl"), output=b"x", content_type="image/png",
@@ -195,8 +197,6 @@ def test_a_fault_after_the_read_answers_in_the_contract_shape(http, auth, servic
     with caplog.at_level(logging.ERROR):
         assert_error(http.get(status, headers=auth), 500, "internal_error")
     assert "unhandled error" in caplog.text
-
-    import redis
 
     def unreachable(*args, **kwargs):
         raise redis.exceptions.ConnectionError("refused")
