@@ -14,10 +14,10 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-import redis
 
 from router_queue import logs, states
 from router_queue.catalog import CallPolicy, ModelEntry
+from router_queue.store.connect import UNREACHABLE
 from router_queue.store.metrics import DeliveryMetrics
 from router_queue.store.outcomes import Claim, Complete
 from router_queue.store.requests import Lease, RequestRecord
@@ -30,7 +30,7 @@ log = logging.getLogger(__name__)
 
 #: The store's faults a worker rides out: Redis restarting (refused, or still
 #: loading its AOF), stalled (timeouts) or failing over.
-STORE_FAULTS = (redis.ConnectionError, redis.TimeoutError)
+STORE_FAULTS = UNREACHABLE
 #: Seconds between two tries of a write through a store fault: first, most.
 STORE_RETRY_S = (0.2, 2.0)
 #: Seconds after a fresh claim in which a step does not ask Redis for the
@@ -144,7 +144,7 @@ def through_store_faults(what: str, write: Callable[[], T], within_s: float) -> 
             delay = min(delay * 2, STORE_RETRY_S[1])
 
 
-def _interruption(context: WorkerContext, request_id: str, flag_unread_until: float = 0.0) -> str | None:
+def _interruption(context: WorkerContext, request_id: str, flag_unread_until: float) -> str | None:
     if context.shutting_down.is_set():
         return "shutdown"
     if time.monotonic() < flag_unread_until:
@@ -162,7 +162,7 @@ def _upstream_ref(record: RequestRecord) -> dict[str, Any] | None:
 
 
 def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: ModelEntry, execution: Execution,
-         metrics: DeliveryMetrics, flag_unread_until: float = 0.0) -> str:
+         metrics: DeliveryMetrics, flag_unread_until: float) -> str:
     services, store, request_id = context.services, context.services.store, record.id
     lease_s = services.settings.lease_s
 

@@ -21,6 +21,11 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import redis
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
+#: What a Redis that cannot be reached raises: refused or restarting
+#: (connection), stalled (timeout), or mid-failover. The front door answers it
+#: 503; a worker rides it out.
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+
 SENTINEL_SCHEME = "sentinel"
 #: Seconds a process waits on one sentinel when asking where the primary is.
 SENTINEL_WAIT_S = 0.5

@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 
 from flask import Flask, Response, g, request
-from werkzeug.exceptions import HTTPException
 
 from ..broker.celery_app import make_celery
 from ..broker.dispatch import Dispatcher
@@ -19,7 +18,7 @@ from .front import EXTENSION, FrontDoor
 from .lane import Lane
 from .operations import operations
 from .ratelimit import CARRIED_ENDPOINTS, RateLimits
-from .refusals import REDIS_DOWN, as_router_error
+from .refusals import as_router_error
 from .routes import queue
 from .views import json_response
 
@@ -78,8 +77,9 @@ def _render(error: RouterError) -> Response:
 
 
 def _register_error_handlers(app: Flask) -> None:
+    """Every exception a route lets out, werkzeug's HTTP refusals included
+    (Flask finds a handler along the exception's MRO), answered by one mapping."""
     def _answer(exc: Exception) -> Response:
         return _render(as_router_error(exc, path=request.path, max_body=app.config["MAX_CONTENT_LENGTH"]))
 
-    for kind in (RouterError, HTTPException, *REDIS_DOWN, Exception):
-        app.register_error_handler(kind, _answer)
+    app.register_error_handler(Exception, _answer)

@@ -7,11 +7,11 @@ from __future__ import annotations
 import logging
 import re
 
-import redis
 from werkzeug.exceptions import HTTPException
 
 from ..errors import (InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RequestNotFound,
                       RouterError, ServiceUnavailable)
+from ..store.connect import UNREACHABLE
 
 log = logging.getLogger(__name__)
 
@@ -20,8 +20,6 @@ _REQUEST_PATH = re.compile(r"^/v2/models/[^/]+/[^/]+/requests/.")
 #: Answered for every id we cannot show this caller, whatever the reason, so
 #: another workspace's ids are indistinguishable from ids that never existed.
 NOT_FOUND = "no such request for this caller and model"
-#: What a Redis that cannot be reached raises.
-REDIS_DOWN = (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError)
 
 
 def as_router_error(exc: BaseException, *, path: str, max_body: int | None) -> RouterError:
@@ -31,7 +29,7 @@ def as_router_error(exc: BaseException, *, path: str, max_body: int | None) -> R
         return exc
     if isinstance(exc, HTTPException):
         return _http(exc, path, max_body)
-    if isinstance(exc, REDIS_DOWN):
+    if isinstance(exc, UNREACHABLE):
         log.warning("redis unreachable: %s", exc)
         return ServiceUnavailable("the request store is briefly unreachable; retry shortly", retry_after=1)
     log.error("unhandled error", exc_info=exc)
