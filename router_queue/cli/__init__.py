@@ -151,7 +151,8 @@ def set_webhook(workspace_id: str, url: str | None, off: bool) -> None:
         return
     click.echo(f"webhooks of {workspace_id} go to {url} unless a request names its own")
     if not _accounts().signing_secrets(workspace_id):
-        click.echo(f"no signing secret yet: run router-queue workspace webhook-secret {workspace_id}", err=True)
+        click.echo(f"no signing secret yet: submits are refused (400) until it has one; run "
+                   f"router-queue workspace webhook-secret {workspace_id}", err=True)
 
 
 @workspace.command("webhook-secret")

@@ -25,6 +25,12 @@ WEBHOOK_SECRET_OVERLAP_S = 86_400
 NO_WORKSPACE = "-"
 
 
+def is_legacy_namespace(workspace: str) -> bool:
+    """Whether ``workspace`` is what a legacy key's caller is admitted under,
+    not a workspace of its own."""
+    return workspace == NO_WORKSPACE
+
+
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 

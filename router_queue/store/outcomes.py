@@ -21,6 +21,9 @@ class Admit(StrEnum):
     BACKLOG_FULL = "BACKLOG_FULL"  #: the workspace has as many waiting as it may
     INSUFFICIENT_CREDITS = "INSUFFICIENT_CREDITS"
     DRAINING = "DRAINING"  #: the provider admits nothing new
+    #: a webhook is named (``source``: "header" or the workspace's "default")
+    #: and the workspace has no signing secret to sign its event with
+    NO_WEBHOOK_SECRET = "NO_WEBHOOK_SECRET"
     RATE_LIMITED = "RATE_LIMITED"  #: the caller's rate window is spent
     EXPIRED = "EXPIRED"  #: reached Redis past its deadline; changed nothing
 

@@ -149,6 +149,9 @@ class Admission:
     position: int | None = None
     #: Credits the workspace had free, when it could not fund the request.
     available: int | None = None
+    #: Which webhook lacked a signing secret: "header" (the request's own) or
+    #: "default" (the workspace's), on NO_WEBHOOK_SECRET.
+    webhook_source: str | None = None
 
 
 @dataclass(frozen=True)
@@ -301,6 +304,8 @@ class RequestStore:
             return Admission(code, _text(reply[1]))
         if code is Admit.INSUFFICIENT_CREDITS:
             return Admission(code, available=int(float(_text(reply[1]))))
+        if code is Admit.NO_WEBHOOK_SECRET:
+            return Admission(code, webhook_source=_text(reply[1]))
         return Admission(code)
 
     def _acknowledged(self, script, *, keys: list, args: list) -> Any:

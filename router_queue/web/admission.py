@@ -18,6 +18,7 @@ from ..errors import (IdempotencyKeyConflict, InsufficientCredits, InvalidInput,
                       ServiceUnavailable, ValidationFailed)
 from ..schemas import validation_detail
 from ..services import Services
+from ..store.accounts import is_legacy_namespace
 from ..store.outcomes import Admit
 from ..store.requests import PRIORITIES
 from ..webhooks import safety
@@ -102,6 +103,19 @@ def webhook_url(raw: str | None, *, allow_loopback_http: bool) -> str:
     return raw
 
 
+def no_webhook_secret(workspace: str, source: str | None) -> str:
+    """Why a submit naming a webhook was refused when the workspace cannot sign
+    its events, and how to fix it."""
+    named = (f"{WEBHOOK_HEADER} names a webhook" if source == "header"
+             else "the workspace has a default webhook URL")
+    if is_legacy_namespace(workspace):
+        return (f"{named}, but this API key belongs to no workspace, so its events could not be signed; "
+                "use a workspace key; nothing was queued or charged")
+    return (f"{named}, but workspace {workspace} has no webhook signing secret, so its events could not be "
+            f"signed; create one with `router-queue workspace webhook-secret {workspace}`, then send this "
+            "again; nothing was queued or charged")
+
+
 def fingerprint(model_id: str, body: dict[str, Any]) -> str:
     """What an Idempotency-Key is bound to: the model and the canonical body."""
     # ASCII escapes keep a lone surrogate (legal in JSON text) encodable.
@@ -166,6 +180,8 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     if admission.outcome is Admit.NOT_ENABLED:
         raise NotEnabled("queued delivery is not switched on for this workspace; "
                          f"POST /v2/models/{entry.id} serves the same body synchronously")
+    if admission.outcome is Admit.NO_WEBHOOK_SECRET:
+        raise InvalidInput(no_webhook_secret(workspace, admission.webhook_source))
     if admission.outcome is Admit.IDEM_CONFLICT:
         raise IdempotencyKeyConflict("this Idempotency-Key is held by a different request; "
                                      "send this one under a new key")

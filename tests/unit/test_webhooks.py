@@ -137,6 +137,7 @@ def test_the_schedule_backs_off_with_jitter_and_stops_after_24_hours():
 @pytest.fixture
 def hooked(services, workspace, settings):
     services.settings = dataclasses.replace(settings, webhook_allow_loopback_http=True, webhook_lease_s=30)
+    services.accounts.webhook_secret(workspace, wire.new_secret())
     return services
 
 
@@ -313,7 +314,7 @@ def context_of(services) -> WorkerContext:
 
 def test_a_worker_attempt_signs_retries_and_delivers(hooked, http, auth, workspace, receiver):
     secret = wire.new_secret()
-    hooked.accounts.webhook_secret(workspace, secret)
+    hooked.accounts.webhook_secret(workspace, secret, rotate=True)  # the fixture's is then the previous one
     hook = receiver(500, 302)
     request_id = owe(hooked, http, auth, hook.url)
     context = context_of(hooked)

@@ -32,6 +32,7 @@
 -- ARGV[18] the request's response_url, for the webhook's event
 -- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}
 --       | {"IDEM_CONFLICT"} | {"NOT_ENABLED"} | {"BACKLOG_FULL"}
+--       | {"NO_WEBHOOK_SECRET", "header" | "default"}
 --       | {"INSUFFICIENT_CREDITS", available} | {"DRAINING"}
 --       | {"RATE_LIMITED", window index, ms left} | {"EXPIRED"}
 -- Admissions and refusals are counted in rq:metrics:{provider} on the way.
@@ -64,9 +65,18 @@ end
 if redis.call("SISMEMBER", KEYS[9], ARGV[4]) == 1 then
   return refused("DRAINING")
 end
-local ws = redis.call("HMGET", KEYS[5], "queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url")
+local ws = redis.call("HMGET", KEYS[5], "queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url",
+  "webhook_secret")
 if ARGV[9] == "1" and ws[1] ~= "1" then
   return refused("NOT_ENABLED")
+end
+-- A webhook (the request's own, else the workspace's default) needs the
+-- workspace's signing secret: without one every attempt would fail for a day
+-- and the caller never learn why, so the submit is refused instead.
+local webhook = ARGV[17] ~= "" and ARGV[17] or ws[6]
+if webhook and webhook ~= "" and not ws[7] then
+  refused("NO_WEBHOOK_SECRET")
+  return {"NO_WEBHOOK_SECRET", ARGV[17] ~= "" and "header" or "default"}
 end
 if tonumber(ws[2] or "0") >= tonumber(ws[3] or ARGV[12]) then
   return refused("BACKLOG_FULL")
@@ -93,7 +103,6 @@ if price > 0 then
   redis.call("XADD", KEYS[7], "*", "type", "hold", "request_id", ARGV[1], "amount", price,
     "balance", tonumber(ws[4] or "0"), "held", held, "at", ARGV[6])
 end
-local webhook = ARGV[17] ~= "" and ARGV[17] or ws[6]
 if webhook and webhook ~= "" then
   redis.call("HSET", KEYS[1], "webhook_url", webhook, "webhook_response_url", ARGV[18])
 end
