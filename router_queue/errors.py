@@ -113,6 +113,27 @@ class RateLimited(RouterError):
     error_type = "rate_limited"
 
 
+class QueuedBytesFull(RouterError):
+    """The body would put the workspace's stored bodies over its byte quota (429)."""
+
+    status = 429
+    error_type = "queued_bytes_full"
+
+
+class PendingWebhooksFull(RouterError):
+    """A webhook named while the workspace has as many events pending as it may (429)."""
+
+    status = 429
+    error_type = "pending_webhooks_full"
+
+
+class HeldCallsFull(RouterError):
+    """The workspace holds as many synchronous calls and event streams open as it may (429)."""
+
+    status = 429
+    error_type = "held_calls_full"
+
+
 class DeadlineExceeded(RouterError):
     """The synchronous route's connection bound ran out (504 + Retry-After while it runs)."""
 

@@ -4,6 +4,7 @@
     router-queue workspace enable-queue WS_ID [--off]
     router-queue workspace set-credits WS_ID N
     router-queue workspace set-limits WS_ID [--max-queued N] [--rate "20/second"] [--weight N] [--max-in-flight N]
+                                           [--max-held N] [--max-queued-bytes N] [--max-pending-webhooks N]
     router-queue workspace list
     router-queue workspace ledger WS_ID
     router-queue workspace set-webhook WS_ID URL | --off
@@ -22,6 +23,7 @@ from flask.cli import FlaskGroup
 from limits import parse_many
 
 from ..dev.stack import dev
+from ..store import quotas
 from ..webhooks import event as webhook_event
 from ..webhooks import safety
 from ..web.app import create_app
@@ -94,16 +96,29 @@ def set_credits(workspace_id: str, credits: int) -> None:
               help="Its share of a provider's free slots against other waiting workspaces (default 1).")
 @click.option("--max-in-flight", type=click.IntRange(min=0),
               help="Most of its requests in flight per provider; 0 for no cap of its own (the default).")
+@click.option("--max-held", type=click.IntRange(min=0),
+              help=f"Synchronous calls and event streams it may hold open at once, over every front door "
+                   f"(default {quotas.DEFAULT_MAX_HELD}).")
+@click.option("--max-queued-bytes", type=click.IntRange(min=0),
+              help=f"Body bytes it may have stored for requests not yet completed "
+                   f"(default {quotas.DEFAULT_MAX_QUEUED_BYTES}, 256 MiB).")
+@click.option("--max-pending-webhooks", type=click.IntRange(min=0),
+              help=f"Webhook events it may have pending, owed or to be owed, not yet delivered "
+                   f"(default {quotas.DEFAULT_MAX_PENDING_WEBHOOKS}).")
 def set_limits(workspace_id: str, max_queued: int | None, rate_limit: str | None, weight: int | None,
-               max_in_flight: int | None) -> None:
-    """Set a workspace's own backlog cap, request rate, fair-share weight and concurrency."""
+               max_in_flight: int | None, max_held: int | None, max_queued_bytes: int | None,
+               max_pending_webhooks: int | None) -> None:
+    """Set a workspace's own backlog cap, request rate, fair-share weight,
+    concurrency and quotas (held connections, stored body bytes, pending webhook events)."""
     if rate_limit is not None:
         try:
             parse_many(rate_limit)
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--rate") from None
     _or_fail(lambda: _accounts().set_limits(workspace_id, max_queued=max_queued, rate_limit=rate_limit,
-                                            weight=weight, max_in_flight=max_in_flight))
+                                            weight=weight, max_in_flight=max_in_flight, max_held=max_held,
+                                            max_queued_bytes=max_queued_bytes,
+                                            max_pending_webhooks=max_pending_webhooks))
     click.echo(f"limits set for {workspace_id}")
 
 
@@ -114,7 +129,8 @@ def list_workspaces() -> None:
     for ws in _accounts().list():
         click.echo(f"{ws.id}\t{'queue-on' if ws.queue_enabled else 'queue-off'}\t{ws.credits}\t"
                    f"held={ws.held}\tqueued={ws.queued}\tweight={ws.weight}\t"
-                   f"max_in_flight={ws.max_in_flight or '-'}\t{ws.name}")
+                   f"max_in_flight={ws.max_in_flight or '-'}\tqueued_bytes={ws.queued_bytes}\t"
+                   f"webhooks_pending={ws.webhooks_pending}\t{ws.name}")
 
 
 @workspace.command("ledger")

@@ -31,6 +31,10 @@ def is_legacy_namespace(workspace: str) -> bool:
     return workspace == NO_WORKSPACE
 
 
+def _optional_int(raw: str | None) -> int | None:
+    return int(raw) if raw else None
+
+
 def hash_key(api_key: str) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest()
 
@@ -52,6 +56,15 @@ class Workspace:
     weight: int = 1
     #: Its own cap on requests in flight per provider; None: only the provider's.
     max_in_flight: int | None = None
+    #: Body bytes stored for its requests not yet completed, and its own quota
+    #: on them (None: ``quotas.DEFAULT_MAX_QUEUED_BYTES``).
+    queued_bytes: int = 0
+    max_queued_bytes: int | None = None
+    #: Webhook events pending (owed or to be owed), and its own cap on them.
+    webhooks_pending: int = 0
+    max_pending_webhooks: int | None = None
+    #: Its own cap on synchronous calls and event streams held open at once.
+    max_held: int | None = None
 
     @property
     def available(self) -> int:
@@ -106,6 +119,11 @@ class Accounts:
             rate_limit=row.get("rate_limit") or None,
             weight=int(row.get("weight") or 1),
             max_in_flight=int(row["max_in_flight"]) if row.get("max_in_flight") else None,
+            queued_bytes=int(row.get("queued_bytes") or 0),
+            max_queued_bytes=_optional_int(row.get("max_queued_bytes")),
+            webhooks_pending=int(row.get("webhooks_pending") or 0),
+            max_pending_webhooks=_optional_int(row.get("max_pending_webhooks")),
+            max_held=_optional_int(row.get("max_held")),
         )
 
     def any_exist(self) -> bool:
@@ -144,10 +162,13 @@ class Accounts:
         self.client.hset(keys.workspace(workspace_id), "credits", int(credits))
 
     def set_limits(self, workspace_id: str, *, max_queued: int | None = None, rate_limit: str | None = None,
-                   weight: int | None = None, max_in_flight: int | None = None) -> None:
+                   weight: int | None = None, max_in_flight: int | None = None, max_held: int | None = None,
+                   max_queued_bytes: int | None = None, max_pending_webhooks: int | None = None) -> None:
         """The workspace's own backlog cap, request rate (Flask-Limiter
-        notation), fair-share weight (new requests are scheduled by it) and
-        cap on requests in flight per provider (0: none)."""
+        notation), fair-share weight (new requests are scheduled by it), cap
+        on requests in flight per provider (0: none), and its quotas
+        (``quotas.py``): connections held open, stored body bytes, webhook
+        events pending. None leaves a limit as it is."""
         self._require(workspace_id)
         mapping: dict[str, str | int] = {}
         if max_queued is not None:
@@ -158,6 +179,10 @@ class Accounts:
             mapping["weight"] = int(weight)
         if max_in_flight is not None:
             mapping["max_in_flight"] = int(max_in_flight)
+        for name, value in (("max_held", max_held), ("max_queued_bytes", max_queued_bytes),
+                            ("max_pending_webhooks", max_pending_webhooks)):
+            if value is not None:
+                mapping[name] = int(value)
         if mapping:
             self.client.hset(keys.workspace(workspace_id), mapping=mapping)
 

@@ -43,6 +43,8 @@ rq:webhooks:log:{workspace}    list    none (its last attempts)        webhook_r
 rq:webhooks:failing            hash    none ("{ws}|{url}": failures    webhook_record.lua
                                        in a row)
 rq:metrics:webhooks            hash    none (counters, histogram)      metrics.py
+rq:held:{workspace}            zset    a lease (slots lapse unless     quotas.py (HeldSlots),
+                                       renewed)                        held_take.lua
 rq:events:{id}                 pubsub  (a channel, not a key)          lua/lib.lua
                                                                        (announce): claim,
                                                                        progress, completion
@@ -52,7 +54,17 @@ rq:events:provider:{provider}  pubsub  (positions moved: a grant or a  lua/lib.l
 
 Workspace hash fields: ``name queue_enabled credits held queued max_queued
 rate_limit weight max_in_flight created_at`` (``credits`` is the balance; ``held`` the sum of
-open holds; ``queued`` how many of its requests wait IN_QUEUE).
+open holds; ``queued`` how many of its requests wait IN_QUEUE), and its quotas
+(``store/quotas.py``): ``queued_bytes`` (the bodies stored for its requests not
+yet completed; admit.lua adds, lib.lua's ``drop_body`` gives back) under
+``max_queued_bytes``; ``webhooks_pending`` (events owed, or to be owed by a
+request admitted with a webhook, not yet delivered or given up; admit.lua adds,
+webhook_record.lua gives back) under ``max_pending_webhooks``; ``max_held``
+(the cap on ``rq:held:{workspace}``, its synchronous calls and event streams
+held open, whose members are slot ids scored by when their lease lapses).
+Request hash fields for them: ``body_bytes`` (counted in ``queued_bytes``,
+zeroed when given back) and ``webhook_counted`` (copied to its event as
+``counted``, dropped when the event ends).
 
 Request hash fields: ``id workspace model provider status body seq
 created_at started_at completed_at error_type detail content_type
@@ -198,6 +210,11 @@ def sweeper_metrics() -> str:
 
 def draining() -> str:
     return f"{PREFIX}:draining"
+
+
+def held(workspace_id: str) -> str:
+    """The workspace's slots for synchronous calls and event streams held open."""
+    return f"{PREFIX}:held:{workspace_id}"
 
 
 def webhook_event(request_id: str) -> str:

@@ -19,6 +19,8 @@ class Admit(StrEnum):
     IDEM_CONFLICT = "IDEM_CONFLICT"  #: the key is held by a different request
     NOT_ENABLED = "NOT_ENABLED"  #: queued delivery is off for the workspace
     BACKLOG_FULL = "BACKLOG_FULL"  #: the workspace has as many waiting as it may
+    QUEUED_BYTES_FULL = "QUEUED_BYTES_FULL"  #: the body would put the workspace over its byte quota
+    PENDING_WEBHOOKS_FULL = "PENDING_WEBHOOKS_FULL"  #: the workspace has as many webhook events pending as it may
     INSUFFICIENT_CREDITS = "INSUFFICIENT_CREDITS"
     DRAINING = "DRAINING"  #: the provider admits nothing new
     #: a webhook is named (``source``: "header" or the workspace's "default")

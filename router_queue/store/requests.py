@@ -9,16 +9,16 @@ from __future__ import annotations
 
 import logging
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import redis
 
 from . import keys
 from .connect import bounded
 from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
+from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -217,13 +217,19 @@ class RequestStore:
     def __init__(self, client: redis.Redis, *, retention_s: int, idempotency_ttl_s: int,
                  republish_after_s: float = 30.0, max_queued: int = 1000,
                  max_in_flight: Callable[[str], int] = lambda provider: 100,
-                 write_deadline_s: float | None = None, replication: Replication = Replication()):
+                 write_deadline_s: float | None = None, replication: Replication = Replication(),
+                 max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
+                 max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS):
         self.client = client
         self.replication = replication
         #: Writes answered before ``replication.replicas`` replicas had them.
         self.unreplicated = 0
         #: Requests a workspace may have waiting unless it sets its own cap.
         self.max_queued = max_queued
+        #: Body bytes and webhook events pending a workspace may have unless
+        #: it sets its own (``quotas.py``).
+        self.max_queued_bytes = max_queued_bytes
+        self.max_pending_webhooks = max_pending_webhooks
         self.retention_s = retention_s
         self.idempotency_ttl_s = idempotency_ttl_s
         #: Seconds a granted request may wait for its delivery before the
@@ -291,7 +297,7 @@ class RequestStore:
                 fingerprint if idempotency_key_hash else "", self.idempotency_ttl_s,
                 "1" if require_enabled else "0", grant_until, int(price),
                 self.max_queued, template, cap, priority, self._deadline(now), webhook_url, response_url,
-                *rate_args,
+                self.max_queued_bytes, self.max_pending_webhooks, *rate_args,
             ],
         )
         code = Admit(_text(reply[0]))
@@ -408,20 +414,10 @@ class RequestStore:
             record["body"] = body.decode(errors="replace")
         return record, int(ttl)
 
-    @contextmanager
-    def completions(self, request_id: str) -> Iterator[Any]:
-        """A subscription to the request's change notices (``announce`` in
-        ``lib.lua``), closed on exit; ``get_message(timeout=...)`` waits on it."""
-        pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        pubsub.subscribe(keys.events_channel(request_id))
-        try:
-            yield pubsub
-        finally:
-            pubsub.close()
-
     def event_feed(self) -> Any:
         """A subscription to every request's and provider's change notices (one
-        per front-door process: the event streams share it). Each message's
+        per front-door process: the event streams and held synchronous calls
+        share it, ``web/events.py``). Each message's
         channel is ``events_channel(id)`` or ``PROVIDER_EVENTS + provider``."""
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         pubsub.psubscribe(keys.EVENTS_PATTERN)

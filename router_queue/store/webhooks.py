@@ -113,7 +113,7 @@ class WebhookStore:
                            separators=(",", ":"))
         reply = self._record(
             keys=[keys.webhook_event(event.request_id), keys.webhooks_due(), keys.webhook_log(event.workspace),
-                  keys.webhooks_failing()],
+                  keys.webhooks_failing(), keys.workspace(event.workspace)],
             args=[event.request_id, token, repr(now), outcome, "" if status is None else status, error[:300],
                   "" if next_at is None else repr(next_at), self.keep_s, entry, LOG_LENGTH],
         )

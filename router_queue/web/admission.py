@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..catalog import ModelEntry
-from ..errors import (IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, QueueBacklogFull,
-                      ServiceUnavailable, ValidationFailed)
+from ..errors import (IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, PendingWebhooksFull,
+                      QueueBacklogFull, QueuedBytesFull, ServiceUnavailable, ValidationFailed)
 from ..schemas import validation_detail
 from ..services import Services
 from ..store.accounts import is_legacy_namespace
@@ -27,6 +27,9 @@ from .views import response_url
 
 #: Longest Idempotency-Key accepted, in characters.
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
+#: Seconds a submit refused for its pending webhook events is told to wait:
+#: about when a first retry of a failed event has come and gone.
+PENDING_WEBHOOKS_RETRY_AFTER_S = 30
 #: Headers that carry the provider's own credentials (bring your own key):
 #: such a request is the caller's to run synchronously, never ours to queue.
 BYOK_HEADERS = ("X-Provider-Api-Key", "X-Provider-Authorization")
@@ -174,6 +177,15 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         hint = pacing.backlog_retry_after(services.store.pace(entry.provider))
         raise QueueBacklogFull("this workspace already has as many requests waiting as it may; "
                                "retry when some have started", retry_after=hint)
+    if admission.outcome is Admit.QUEUED_BYTES_FULL:
+        hint = pacing.backlog_retry_after(services.store.pace(entry.provider))
+        raise QueuedBytesFull(f"this body ({len(raw_body)} bytes) would put the bodies this workspace has stored "
+                              "for requests not yet completed over its byte quota; retry when some have "
+                              "completed", retry_after=hint)
+    if admission.outcome is Admit.PENDING_WEBHOOKS_FULL:
+        raise PendingWebhooksFull("this workspace has as many webhook events pending (owed and not yet delivered, "
+                                  "or owed once its running requests complete) as it may; retry once some are "
+                                  "delivered, or submit without a webhook", retry_after=PENDING_WEBHOOKS_RETRY_AFTER_S)
     if admission.outcome is Admit.DRAINING:
         raise ServiceUnavailable(f"{entry.provider} is draining for maintenance and admits nothing new; "
                                  "retry shortly", retry_after=30)

@@ -11,6 +11,7 @@ from ..broker.dispatch import Dispatcher
 from ..errors import RateLimited, RouterError
 from ..services import Services
 from ..settings import Settings
+from ..store.held import HeldSlots
 from .auth import KeyResolver
 from .catalog_routes import discovery
 from .events import EventHub
@@ -35,7 +36,8 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     app = Flask(__name__, static_folder=None, template_folder="templates")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     keys = KeyResolver(services.accounts)
-    front = app.extensions[EXTENSION] = FrontDoor(services, dispatcher, keys, EventHub(services.store))
+    front = app.extensions[EXTENSION] = FrontDoor(services, dispatcher, keys, EventHub(services.store),
+                                                  HeldSlots(services.redis))
     app.register_blueprint(queue)
     app.register_blueprint(discovery)
     _register_error_handlers(app)

@@ -48,10 +48,11 @@ LISTEN_S = 1.0
 
 
 class Follower:
-    """One stream's wake-up call: its request changed, or its provider's
-    queue moved (``moved``: only a waiting request's position can have)."""
+    """One stream's (or held synchronous call's) wake-up call: its request
+    changed, or its provider's queue moved (only a waiting request's position
+    can have; ``provider`` None: not woken for that)."""
 
-    def __init__(self, request_id: str, provider: str):
+    def __init__(self, request_id: str, provider: str | None):
         self.request_id = request_id
         self.provider = provider
         self.event = threading.Event()
@@ -70,8 +71,8 @@ class Follower:
 
 class EventHub:
     """The process's one subscription to every change notice, fanned out to the
-    streams that follow a request (or its provider). Started by the first
-    stream, let go when the last one ends."""
+    event streams and held synchronous calls that follow a request (or its
+    provider). Started by the first follower, let go when the last one ends."""
 
     def __init__(self, store: RequestStore):
         self.store = store
@@ -80,11 +81,13 @@ class EventHub:
         self._by_provider: dict[str, set[Follower]] = defaultdict(set)
         self._thread: threading.Thread | None = None
 
-    def follow(self, request_id: str, provider: str) -> Follower:
+    def follow(self, request_id: str, provider: str | None = None) -> Follower:
+        """Wake on the request's changes, and with ``provider`` on its queue's moves too."""
         follower = Follower(request_id, provider)
         with self._lock:
             self._by_request[request_id].add(follower)
-            self._by_provider[provider].add(follower)
+            if provider is not None:
+                self._by_provider[provider].add(follower)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._listen, name="event-hub", daemon=True)
                 self._thread.start()

@@ -9,6 +9,7 @@ from flask import current_app
 
 from ..broker.dispatch import Dispatcher
 from ..services import Services
+from ..store.held import HeldSlots
 from .auth import KeyResolver
 from .events import EventHub
 
@@ -21,8 +22,11 @@ class FrontDoor:
     services: Services
     dispatcher: Dispatcher
     keys: KeyResolver
-    #: The process's one subscription to change notices, for event streams.
+    #: The process's one subscription to change notices, for event streams
+    #: and held synchronous calls.
     events: EventHub
+    #: This process's slots in its workspaces' caps on held connections.
+    held: HeldSlots
 
 
 def front_door() -> FrontDoor:

@@ -22,7 +22,7 @@ from .front import FrontDoor, front_door
 from .ratelimit import Allowance, carried_allowance
 from .refusals import NOT_FOUND
 from .views import Answer, json_response, request_urls, status_body
-from .waiting import wait_until_completed
+from .waiting import HeldFrames, holding, take_slot, wait_until_completed
 
 log = logging.getLogger(__name__)
 queue = Blueprint("queue", __name__)
@@ -167,13 +167,15 @@ def status(provider: str, model: str, request_id: str) -> Response:
 @queue.get("/v2/models/<provider>/<model>/requests/<request_id>/events")
 def events(provider: str, model: str, request_id: str) -> Response:
     """Server-sent events, one per change, until COMPLETED (``events.py``).
-    Found, authorized and counted like a status read: one stream is one call."""
+    Found, authorized and counted like a status read: one stream is one call.
+    It holds one of the workspace's held-connection slots until it is closed."""
     front = front_door()
     view = _caller_request(front, provider, model, request_id)
-    frames = stream(front.services.store, front.events, view, base=_base_url(front),
+    slot = take_slot(front.held, view.record.workspace)
+    frames = stream(front.services.store, front.events, view, base=_base_url(front),  # a generator: runs nothing yet
                     retention_s=front.services.settings.result_retention_s,
                     last_event_id=request.headers.get("Last-Event-ID"))
-    return Response(frames, 200, mimetype="text/event-stream",
+    return Response(HeldFrames(frames, lambda: front.held.release(slot)), 200, mimetype="text/event-stream",
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
@@ -202,19 +204,23 @@ def _finished(front: FrontDoor, record: RequestRecord) -> Response:
 @queue.post("/v2/models/<provider>/<model>")
 def run(provider: str, model: str) -> Response:
     """The synchronous route: the same admission and workers as the queue,
-    holding the connection until the request completes or the deadline."""
+    holding the connection until the request completes or the deadline. It
+    holds one of the workspace's held-connection slots from before its
+    admission (refused: nothing admitted) to its answer."""
     front = front_door()
     caller = front.keys.caller(request)
     entry = model_entry(provider, model, front.services.catalog)
-    admitted = admission.admit(
-        front.services, workspace=caller.workspace, entry=entry, raw_body=read_body(request),
-        raw_idempotency_key=request.headers.get("Idempotency-Key"),
-        raw_priority=request.headers.get("X-Comfy-Priority"), queued=False, rate=carried_allowance,
-        raw_webhook_url=request.headers.get(admission.WEBHOOK_HEADER), base_url=_base_url(front),
-    )
-    g.call_id = admitted.request_id
     settings = front.services.settings
-    view = wait_until_completed(front.services.store, admitted.request_id, entry.provider, settings.sync_hold_s)
+    with holding(front.held, caller.workspace):
+        admitted = admission.admit(
+            front.services, workspace=caller.workspace, entry=entry, raw_body=read_body(request),
+            raw_idempotency_key=request.headers.get("Idempotency-Key"),
+            raw_priority=request.headers.get("X-Comfy-Priority"), queued=False, rate=carried_allowance,
+            raw_webhook_url=request.headers.get(admission.WEBHOOK_HEADER), base_url=_base_url(front),
+        )
+        g.call_id = admitted.request_id
+        view = wait_until_completed(front.services.store, front.events, admitted.request_id, entry.provider,
+                                    settings.sync_hold_s)
     if view.record is None:
         raise Gone(f"request {admitted.request_id} finished more than its retention window ago")
     if view.record.status != COMPLETED:

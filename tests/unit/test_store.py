@@ -293,7 +293,9 @@ def test_a_change_is_announced_to_whoever_follows_the_request(services, workspac
     if type(services.redis).__module__.startswith("fakeredis"):
         pytest.skip("fakeredis's pub/sub inside Lua is not what this test is about")
     request_id, _ = admit(services, workspace)
-    with services.store.completions(request_id) as notices:
+    notices = services.store.event_feed()
+    try:
+        notices.get_message(timeout=1)  # the psubscribe's own answer
         services.store.claim(record_of(services, request_id, "bfl"), lease("t"))
         services.store.record_progress(request_id, "t", 0.5)
         services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
@@ -301,8 +303,10 @@ def test_a_change_is_announced_to_whoever_follows_the_request(services, workspac
         deadline = time.monotonic() + 5
         while len(seen) < 3 and time.monotonic() < deadline:
             message = notices.get_message(timeout=0.5)
-            if message:
+            if message and message["channel"] == keys.events_channel(request_id).encode():
                 seen.append(message["data"])
+    finally:
+        notices.close()
     assert seen == [b"IN_PROGRESS", b"PROGRESS", b"COMPLETED"]
 
 

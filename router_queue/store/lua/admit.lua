@@ -10,7 +10,7 @@
 -- KEYS[7] rq:ledger:{workspace}  KEYS[8] rq:metrics:{provider}  KEYS[9] rq:draining
 -- KEYS[10] rq:running:{provider} KEYS[11] the broker's list for the provider
 -- KEYS[12..] the caller's rate-window counters, with a (limit, window
---          seconds) pair each in ARGV[19..] (ratelimit.py): counted first
+--          seconds) pair each in ARGV[21..] (ratelimit.py): counted first
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] provider
 -- ARGV[5] body (JSON text)       ARGV[6] now (unix seconds)
 -- ARGV[7] fingerprint of (model, canonical body); "" when no Idempotency-Key
@@ -30,9 +30,15 @@
 -- ARGV[17] the request's webhook URL (X-Comfy-Webhook-Url, checked by the
 --          front door), or "" for the workspace's default, if it has one
 -- ARGV[18] the request's response_url, for the webhook's event
+-- ARGV[19] most body bytes the workspace may have stored for requests not
+--          yet completed, unless it sets its own max_queued_bytes
+-- ARGV[20] most webhook events the workspace may have pending (owed, or to
+--          be owed by a request not yet completed), unless it sets its own
+--          max_pending_webhooks
 -- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}
 --       | {"IDEM_CONFLICT"} | {"NOT_ENABLED"} | {"BACKLOG_FULL"}
 --       | {"NO_WEBHOOK_SECRET", "header" | "default"}
+--       | {"QUEUED_BYTES_FULL"} | {"PENDING_WEBHOOKS_FULL"}
 --       | {"INSUFFICIENT_CREDITS", available} | {"DRAINING"}
 --       | {"RATE_LIMITED", window index, ms left} | {"EXPIRED"}
 -- Admissions and refusals are counted in rq:metrics:{provider} on the way.
@@ -46,7 +52,7 @@ if past_deadline(ARGV[16]) then
   return {"EXPIRED"}
 end
 
-local spent = spend_rate(12, 19)
+local spent = spend_rate(12, 21)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
@@ -66,7 +72,7 @@ if redis.call("SISMEMBER", KEYS[9], ARGV[4]) == 1 then
   return refused("DRAINING")
 end
 local ws = redis.call("HMGET", KEYS[5], "queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url",
-  "webhook_secret")
+  "webhook_secret", "queued_bytes", "max_queued_bytes", "webhooks_pending", "max_pending_webhooks")
 if ARGV[9] == "1" and ws[1] ~= "1" then
   return refused("NOT_ENABLED")
 end
@@ -74,12 +80,27 @@ end
 -- workspace's signing secret: without one every attempt would fail for a day
 -- and the caller never learn why, so the submit is refused instead.
 local webhook = ARGV[17] ~= "" and ARGV[17] or ws[6]
-if webhook and webhook ~= "" and not ws[7] then
+if webhook == "" then
+  webhook = false
+end
+if webhook and not ws[7] then
   refused("NO_WEBHOOK_SECRET")
   return {"NO_WEBHOOK_SECRET", ARGV[17] ~= "" and "header" or "default"}
 end
 if tonumber(ws[2] or "0") >= tonumber(ws[3] or ARGV[12]) then
   return refused("BACKLOG_FULL")
+end
+-- The body's bytes count against the workspace's quota until it is deleted
+-- (lib.lua, drop_body: its completion, whatever ends it).
+local bytes = #ARGV[5]
+if tonumber(ws[8] or "0") + bytes > tonumber(ws[9] or ARGV[19]) then
+  return refused("QUEUED_BYTES_FULL")
+end
+-- A request with a webhook holds one of the workspace's pending events from
+-- now until its event is delivered or given up (webhook_record.lua), so a
+-- submit-and-cancel flood is bounded however fast its requests end.
+if webhook and tonumber(ws[10] or "0") >= tonumber(ws[11] or ARGV[20]) then
+  return refused("PENDING_WEBHOOKS_FULL")
 end
 local price = tonumber(ARGV[11])
 local available = tonumber(ws[4] or "0") - tonumber(ws[5] or "0")
@@ -92,19 +113,21 @@ local seq = redis.call("INCR", KEYS[3])
 redis.call("HSET", KEYS[1],
   "id", ARGV[1], "workspace", ARGV[2], "model", ARGV[3], "provider", ARGV[4],
   "status", "IN_QUEUE", "seq", seq, "created_at", ARGV[6], "hold", price,
-  "priority", ARGV[15])
+  "priority", ARGV[15], "body_bytes", bytes)
 -- The body apart: every other field is short, so the record stays a compact
 -- listpack while the request waits (keys.py, body()).
 redis.call("SET", "rq:body:" .. ARGV[1], ARGV[5])
 redis.call("ZADD", KEYS[2], seq, ARGV[1])
 redis.call("HINCRBY", KEYS[5], "queued", 1)
+redis.call("HINCRBY", KEYS[5], "queued_bytes", bytes)
 if price > 0 then
   local held = redis.call("HINCRBY", KEYS[5], "held", price)
   redis.call("XADD", KEYS[7], "*", "type", "hold", "request_id", ARGV[1], "amount", price,
     "balance", tonumber(ws[4] or "0"), "held", held, "at", ARGV[6])
 end
-if webhook and webhook ~= "" then
-  redis.call("HSET", KEYS[1], "webhook_url", webhook, "webhook_response_url", ARGV[18])
+if webhook then
+  redis.call("HSET", KEYS[1], "webhook_url", webhook, "webhook_response_url", ARGV[18], "webhook_counted", 1)
+  redis.call("HINCRBY", KEYS[5], "webhooks_pending", 1)
 end
 if ARGV[7] ~= "" then
   -- the key's hash alone (64 characters): the whole key name would push the

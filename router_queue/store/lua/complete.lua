@@ -44,7 +44,7 @@ else
   redis.call("HSET", KEYS[1], "error_type", ARGV[4], "detail", ARGV[5])
 end
 redis.call("EXPIRE", KEYS[1], ARGV[3])
-redis.call("DEL", "rq:body:" .. ARGV[1])
+drop_body(KEYS[1], KEYS[7], ARGV[1])
 owe_webhook(KEYS[1], ARGV[1], ARGV[2])
 announce_completed(ARGV[1])
 redis.call("ZREM", KEYS[3], ARGV[1])

@@ -11,6 +11,23 @@ local function left_queue(ws_key)
   end
 end
 
+-- The request's body is no longer needed (it completed, whatever ended it):
+-- delete it and give its bytes back to the workspace's quota, once. The
+-- record's body_bytes is zeroed in the same step, as settle() zeroes the hold,
+-- so no second ending can give them back twice; a request admitted before
+-- bodies were counted has none and gives back nothing.
+local function drop_body(req_key, ws_key, request_id)
+  redis.call("DEL", "rq:body:" .. request_id)
+  local bytes = tonumber(redis.call("HGET", req_key, "body_bytes") or "0")
+  if bytes <= 0 then
+    return
+  end
+  redis.call("HSET", req_key, "body_bytes", 0)
+  if redis.call("HINCRBY", ws_key, "queued_bytes", -bytes) < 0 then
+    redis.call("HSET", ws_key, "queued_bytes", 0)
+  end
+end
+
 -- Settle the credits held for a request at admission, once: "charge" turns
 -- the hold into a charge (the provider billed us), "release" gives it back.
 -- The record's hold is zeroed in the same step, so retries, duplicate
@@ -341,7 +358,7 @@ end
 -- workers deliver it (workers/webhooks.py); keys.py lists the fields.
 local function owe_webhook(req_key, request_id, now)
   local r = redis.call("HMGET", req_key, "webhook_url", "webhook_response_url", "workspace", "model",
-    "error_type", "created_at", "started_at", "completed_at")
+    "error_type", "created_at", "started_at", "completed_at", "webhook_counted")
   if not r[1] or r[1] == "" then
     return
   end
@@ -353,6 +370,11 @@ local function owe_webhook(req_key, request_id, now)
     "workspace", r[3] or "", "model", r[4] or "", "status", "COMPLETED", "error_type", r[5] or "",
     "created_at", r[6] or now, "started_at", r[7] or "", "completed_at", r[8] or now,
     "state", "pending", "attempts", 0, "next_at", now, "owed_at", now)
+  if r[9] == "1" then
+    -- it holds one of the workspace's pending events (admit.lua) until
+    -- webhook_record.lua ends it
+    redis.call("HSET", event, "counted", 1)
+  end
   redis.call("ZADD", "rq:webhooks:due", now, request_id)
 end
 
@@ -372,7 +394,7 @@ local function finish_unbilled(k, S, request_id, now, retention, was_queued, err
   redis.call("HSET", k.req, "status", "COMPLETED", "completed_at", now, "error_type", error_type, "detail", detail)
   settle(k.req, k.ws, k.ledger, request_id, "release", now)
   redis.call("EXPIRE", k.req, retention)
-  redis.call("DEL", "rq:body:" .. request_id)
+  drop_body(k.req, k.ws, request_id)
   redis.call("ZREM", k.queue, request_id)
   owe_webhook(k.req, request_id, now)
   announce_completed(request_id)

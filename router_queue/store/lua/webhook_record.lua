@@ -9,10 +9,12 @@
 --
 -- An attempt whose lease ran out and was taken by another ("STALE") only
 -- logs, unless it delivered: a 2xx ends the event whoever got it. An event
--- already ended ("DONE") only logs.
+-- already ended ("DONE") only logs. An event that ends gives back the
+-- workspace's pending event it held since its request's admission (admit.lua),
+-- once: its "counted" mark goes in the same step.
 --
 -- KEYS[1] rq:webhook:{id}  KEYS[2] rq:webhooks:due  KEYS[3] rq:webhooks:log:{ws}
--- KEYS[4] rq:webhooks:failing
+-- KEYS[4] rq:webhooks:failing  KEYS[5] rq:ws:{ws} (its pending events count)
 -- ARGV[1] request id  ARGV[2] token of the attempt  ARGV[3] now (s)
 -- ARGV[4] outcome: "delivered" | "gone" | "failed"  ARGV[5] HTTP status or ""
 -- ARGV[6] the error, "" for none  ARGV[7] next attempt at (s), "" to give up
@@ -20,7 +22,7 @@
 -- ARGV[10] attempts kept in the log
 -- returns {"DELIVERED"} | {"GONE"} | {"RETRY"} | {"GAVE_UP"} | {"STALE"} | {"DONE"} | {"MISSING"}
 
-local e = redis.call("HMGET", KEYS[1], "state", "token", "url", "workspace")
+local e = redis.call("HMGET", KEYS[1], "state", "token", "url", "workspace", "counted")
 if not e[1] then
   return {"MISSING"}
 end
@@ -40,6 +42,12 @@ local function finish(state)
   redis.call("HSET", KEYS[1], "state", state, "done_at", ARGV[3])
   redis.call("ZREM", KEYS[2], ARGV[1])
   redis.call("EXPIRE", KEYS[1], ARGV[8])
+  if e[5] == "1" then
+    redis.call("HDEL", KEYS[1], "counted")
+    if redis.call("HINCRBY", KEYS[5], "webhooks_pending", -1) < 0 then
+      redis.call("HSET", KEYS[5], "webhooks_pending", 0)
+    end
+  end
 end
 
 if outcome == "delivered" then
