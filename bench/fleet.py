@@ -152,7 +152,8 @@ class Fleet:
         self.client = self.services.redis
         accounts = self.services.accounts
         self.workspace = accounts.create_workspace("bench-fleet", queue_enabled=True, credits=10**12)
-        accounts.set_limits(self.workspace, max_queued=10**7, rate_limit="100000/second")
+        accounts.set_limits(self.workspace, max_queued=10**7, rate_limit="100000/second", max_held=10**6,
+                            max_queued_bytes=10**12)
         self.api_key = accounts.mint_key(self.workspace)
         self.log_prefix = log_prefix
         self.stack = BenchStack(env, children, log_prefix)

@@ -352,9 +352,10 @@ def _measure(args, children, tmp, wrk, redis_url, side_urls, client, keys, Servi
         raise SystemExit(f"{MODEL_ID} is not in the catalog")
     workspace = services.accounts.create_workspace("bench", queue_enabled=True, credits=10**12)
     # The workspace's own limits, far above what a run reaches: every call still pays for the
-    # rate-limit check and the backlog cap, none is refused by them (the defaults, 50/second
-    # and 1000 waiting, would refuse most of a run's calls and the 100k seeded requests)
-    services.accounts.set_limits(workspace, max_queued=10**9, rate_limit="10000000/second")
+    # rate-limit check, the backlog cap and the byte quota, none is refused by them (the defaults,
+    # 50/second, 1000 waiting and 256 MiB of bodies, would refuse most of a run's calls and the 100k
+    # seeded requests)
+    services.accounts.set_limits(workspace, max_queued=10**9, rate_limit="10000000/second", max_queued_bytes=10**12)
     api_key = services.accounts.mint_key(workspace)
     log(f"seeded workspace {workspace} with queued delivery on, limits out of reach, and a key")
 

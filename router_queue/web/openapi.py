@@ -120,7 +120,8 @@ def _errors(*codes: int) -> dict[str, Any]:
                     retry_after=False),
         413: _error("invalid_input: body over the size limit"),
         422: _error("invalid_input: the model's schema rejected the input; detail is per field"),
-        429: _error("queue_backlog_full or rate_limited", retry_after=True),
+        429: _error("queue_backlog_full, rate_limited, queued_bytes_full, pending_webhooks_full or "
+                    "held_calls_full (the workspace's quotas)", retry_after=True),
         500: _error("internal_error"),
         502: _error("provider_error"),
         503: _error("service_unavailable: a dependency is briefly down", retry_after=True),
