@@ -28,7 +28,9 @@ import redis
 from . import keys
 
 #: What an id we minted looks like; anything else is answered 404 unread.
-ID_PATTERN = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+#: Always matched whole (``fullmatch``): ``$`` alone would let a trailing
+#: newline through, and ``uuid.UUID`` would then raise on it.
+ID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 
 
 class RequestIds:
@@ -58,7 +60,7 @@ class RequestIds:
 
     def is_ours(self, request_id: str, workspace: str, model: str) -> bool:
         """Whether ``request_id`` was minted for this workspace and model."""
-        if not ID_PATTERN.match(request_id):
+        if not well_formed(request_id):
             return False
         random_part = uuid.UUID(request_id).bytes[:8]
         expected = self._compose(random_part, workspace, model)
@@ -66,4 +68,5 @@ class RequestIds:
 
 
 def well_formed(request_id: str) -> bool:
-    return bool(ID_PATTERN.match(request_id))
+    """Whether ``request_id`` is, whole, an id we could have minted."""
+    return ID_PATTERN.fullmatch(request_id) is not None

@@ -58,6 +58,9 @@ class RecordingDispatcher:
     """Stands in for Celery in front-door tests: remembers what was published
     (the store's grants included: it attaches itself as ``Dispatcher`` does)."""
 
+    #: As in a default deployment, the broker is the request store's Redis.
+    broker_is_store = True
+
     def __init__(self, store):
         self.store = store
         self.published: list[tuple[str, str]] = []

@@ -25,6 +25,15 @@ def test_ids_verify_only_for_the_workspace_and_model_they_were_minted_for():
     assert not well_formed("../etc") and not well_formed("A" * 36)
 
 
+@pytest.mark.parametrize("tail", ["\n", "\r\n", "\x00", " ", "0"])
+def test_an_id_is_matched_whole_so_no_trailing_byte_passes(tail):
+    """``$`` alone lets a trailing newline through; ``uuid.UUID`` then raised (a 500)."""
+    ids = RequestIds(fakeredis.FakeRedis())
+    request_id = ids.mint("ws_a", "bfl/flux-2-pro")
+    assert not well_formed(request_id + tail) and not well_formed(tail + request_id)
+    assert not ids.is_ours(request_id + tail, "ws_a", "bfl/flux-2-pro")
+
+
 def test_every_process_of_a_deployment_shares_the_id_secret():
     server = fakeredis.FakeServer()
     first = RequestIds(fakeredis.FakeRedis(server=server))
