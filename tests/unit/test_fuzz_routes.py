@@ -173,7 +173,8 @@ def _sync_calls_finish_at_once(monkeypatch, world):
     as the route starts to wait, as a worker would finish it."""
     services = world["services"]
 
-    def finished(store, request_id, provider, hold_s):
+    def finished(store, *args):
+        request_id, provider, _hold_s = args[-3:]  # (store, [events,] request_id, provider, hold_s)
         record = record_of(services, request_id, provider)
         if record.status != COMPLETED:
             store.claim(record, LEASE)
