@@ -62,3 +62,33 @@ def configure(level: str = "INFO") -> None:
         logger = logging.getLogger(name)
         logger.handlers[:] = [handler]
         logger.propagate = False
+
+
+#: The logger of operator changes (keys minted, revoked, rotated).
+AUDIT_LOGGER = "router_queue.audit"
+
+
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is when a line is logged."""
+
+    @property  # type: ignore[override]
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value) -> None:
+        pass
+
+
+def configure_audit() -> None:
+    """For a CLI command that changes something: its audit lines go to stderr
+    as JSON even though the command configures no other logging (idempotent;
+    the lines still propagate to whatever else is configured)."""
+    logger = logging.getLogger(AUDIT_LOGGER)
+    logger.setLevel(logging.INFO)
+    if not any(isinstance(h, _CurrentStderr) for h in logger.handlers):
+        handler = _CurrentStderr()
+        handler.setFormatter(JsonFormatter("%(asctime)s %(levelname)s %(name)s %(message)s",
+                                           rename_fields={"asctime": "time", "levelname": "level",
+                                                          "name": "logger"}))
+        logger.addHandler(handler)

@@ -9,8 +9,12 @@
     router-queue workspace ledger WS_ID
     router-queue workspace set-webhook WS_ID URL | --off
     router-queue workspace webhook-secret WS_ID [--rotate]
-    router-queue key mint WS_ID
-    router-queue key mint-legacy
+    router-queue key mint WS_ID [--label TEXT]
+    router-queue key mint-legacy [--label TEXT]
+    router-queue key list WS_ID             # "-": the legacy keys
+    router-queue key revoke KEY_OR_ID
+    router-queue key rotate KEY_OR_ID [--overlap SECONDS]
+    router-queue key audit WS_ID [--count N]
     router-queue ops depths | inspect ID | cancel ID | requeue ID | drain PROVIDER [--off] | purge-expired
     router-queue ops webhooks WS_ID
     router-queue dev                # the whole stack on this machine
@@ -18,15 +22,20 @@
 
 from __future__ import annotations
 
+import time
+
 import click
 from flask.cli import FlaskGroup
 from limits import parse_many
 
+from .. import logs
 from ..dev.stack import dev
 from ..store import quotas
+from ..store.apikeys import DEFAULT_OVERLAP_S, NO_WORKSPACE
 from ..webhooks import event as webhook_event
 from ..webhooks import safety
 from ..web.app import create_app
+from ..web.auth import CACHE_TTL_S
 from ..web.front import front_door
 from .ops import ops, require_router_queue_data
 
@@ -191,20 +200,88 @@ def webhook_secret(workspace_id: str, rotate: bool) -> None:
 
 @main.group()
 def key() -> None:
-    """Mint API keys."""
+    """Mint, list, revoke and rotate API keys. Every change is audited."""
+    logs.configure_audit()
 
 
 @key.command("mint")
 @click.argument("workspace_id")
-def mint_key(workspace_id: str) -> None:
-    """Mint an API key for a workspace. It is printed once and stored only hashed."""
-    click.echo(_or_fail(lambda: _accounts().mint_key(workspace_id)))
+@click.option("--label", default="", help="What the key is for, shown by key list.")
+def mint_key(workspace_id: str, label: str) -> None:
+    """Mint an API key for a workspace. It is printed once (its id goes to
+    stderr) and stored only hashed."""
+    api_key, info = _or_fail(lambda: _api_keys().mint(workspace_id, label=label))
+    click.echo(api_key)
+    click.echo(f"minted {info.id} for {workspace_id}", err=True)
 
 
 @key.command("mint-legacy")
-def mint_legacy_key() -> None:
+@click.option("--label", default="", help="What the key is for, shown by key list -.")
+def mint_legacy_key(label: str) -> None:
     """Mint a key that belongs to no workspace (queued delivery answers 403 for it)."""
-    click.echo(_accounts().mint_legacy_key())
+    api_key, info = _api_keys().mint(None, label=label)
+    click.echo(api_key)
+    click.echo(f"minted {info.id} (no workspace; its own namespace {info.namespace})", err=True)
+
+
+@key.command("list")
+@click.argument("workspace_id")
+def list_keys(workspace_id: str) -> None:
+    """A workspace's live keys ("-": the legacy keys): id, label, created,
+    last used, until when it works; never the key itself."""
+    require_router_queue_data()
+    if workspace_id != NO_WORKSPACE and _accounts().get(workspace_id) is None:
+        raise click.ClickException(f"no workspace {workspace_id!r}")
+    api_keys = _api_keys()
+    api_keys.index_unrecorded()
+    click.echo("id\tlabel\tcreated\tlast used\tworks until\tnote")
+    for info in api_keys.list(workspace_id):
+        note = "; ".join(filter(None, [f"rotated from {info.rotated_from}" if info.rotated_from else "",
+                                       f"rotated to {info.rotated_to}" if info.rotated_to else ""]))
+        click.echo(f"{info.id}\t{info.label or '-'}\t{_when(info.created_at)}\t{_when(info.last_used_at, 'never')}\t"
+                   f"{_when(info.expires_at, 'no end')}\t{note or '-'}")
+
+
+@key.command("revoke")
+@click.argument("key_or_id")
+def revoke_key(key_or_id: str) -> None:
+    """Revoke a key, named by its id (key_…) or by the key itself. Every front
+    door refuses it (401) within a few seconds."""
+    info = _or_fail(lambda: _api_keys().revoke(key_or_id))
+    click.echo(f"revoked {info.id} of {info.workspace}; every front door refuses it within "
+               f"{CACHE_TTL_S:g} s")
+
+
+@key.command("rotate")
+@click.argument("key_or_id")
+@click.option("--overlap", "overlap_s", type=click.IntRange(min=0), default=DEFAULT_OVERLAP_S, show_default=True,
+              help="Seconds the old key keeps working beside the new one; 0 stops it now.")
+def rotate_key(key_or_id: str, overlap_s: int) -> None:
+    """Mint a successor for a key (same workspace and label) and print it,
+    once; the old key works beside it for the overlap, then stops."""
+    api_key, old, new = _or_fail(lambda: _api_keys().rotate(key_or_id, overlap_s=overlap_s))
+    click.echo(api_key)
+    click.echo(f"minted {new.id} to succeed {old.id}, which works until {_when(old.expires_at, 'now')}", err=True)
+
+
+@key.command("audit")
+@click.argument("workspace_id")
+@click.option("--count", type=click.IntRange(min=1), default=100, show_default=True)
+def key_audit(workspace_id: str, count: int) -> None:
+    """A workspace's last key changes, newest first: when, what, which key, by whom."""
+    require_router_queue_data()
+    for line in _api_keys().audit(workspace_id, count):
+        more = " ".join(f"{k}={line[k]}" for k in ("successor", "overlap_s") if k in line)
+        click.echo(f"{_when(line['at'])}\t{line['action']}\t{line['key_id']}\t{line.get('label') or '-'}\t"
+                   f"by={line.get('by', '?')}\t{more}".rstrip())
+
+
+def _api_keys():
+    return _accounts().keys
+
+
+def _when(at: float | None, absent: str = "-") -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)) if at else absent
 
 
 def _or_fail(action):

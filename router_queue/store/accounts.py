@@ -1,13 +1,7 @@
-"""Workspaces and their API keys, kept in Redis.
-
-An API key is shown once, when minted, and stored only as its SHA-256: keys
-are 256-bit random tokens, so a fast hash is enough (nothing to brute-force)
-and the lookup by hash never compares secret bytes in Python at all.
-"""
+"""Workspaces and their API keys (``apikeys.py``), kept in Redis."""
 
 from __future__ import annotations
 
-import hashlib
 import secrets
 import time
 from dataclasses import dataclass
@@ -15,28 +9,16 @@ from dataclasses import dataclass
 import redis
 
 from . import keys
+from .apikeys import ApiKeys
 from .requests import load_script
 
-KEY_PREFIX = "rq_"
 #: Seconds a rotated-out webhook secret keeps signing beside the new one, so
 #: receivers can switch to the new one without missing an event.
 WEBHOOK_SECRET_OVERLAP_S = 86_400
-#: What a legacy key (one that belongs to no workspace) maps to.
-NO_WORKSPACE = "-"
-
-
-def is_legacy_namespace(workspace: str) -> bool:
-    """Whether ``workspace`` is what a legacy key's caller is admitted under,
-    not a workspace of its own."""
-    return workspace == NO_WORKSPACE
 
 
 def _optional_int(raw: str | None) -> int | None:
     return int(raw) if raw else None
-
-
-def hash_key(api_key: str) -> str:
-    return hashlib.sha256(api_key.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -85,6 +67,7 @@ class LedgerEntry:
 class Accounts:
     def __init__(self, client: redis.Redis):
         self.client = client
+        self.keys = ApiKeys(client)
         self._webhook_secret = load_script(client, "webhook_secret")
 
     def create_workspace(self, name: str, *, queue_enabled: bool = False, credits: int = 0) -> str:
@@ -139,22 +122,17 @@ class Accounts:
         if not self.client.exists(keys.workspace(workspace_id)):
             raise LookupError(f"no workspace {workspace_id!r}")
 
-    def mint_key(self, workspace_id: str) -> str:
+    def mint_key(self, workspace_id: str, label: str = "") -> str:
         """A new API key for the workspace; the only time the key is visible."""
-        self._require(workspace_id)
-        api_key = KEY_PREFIX + secrets.token_urlsafe(32)
-        self.client.set(keys.api_key(hash_key(api_key)), workspace_id)
-        return api_key
+        return self.keys.mint(workspace_id, label=label)[0]
 
     def set_queue_enabled(self, workspace_id: str, enabled: bool) -> None:
         self._require(workspace_id)
         self.client.hset(keys.workspace(workspace_id), "queue_enabled", "1" if enabled else "0")
 
-    def mint_legacy_key(self) -> str:
+    def mint_legacy_key(self, label: str = "") -> str:
         """A key that belongs to no workspace (the kind issued before workspaces)."""
-        api_key = KEY_PREFIX + secrets.token_urlsafe(32)
-        self.client.set(keys.api_key(hash_key(api_key)), NO_WORKSPACE)
-        return api_key
+        return self.keys.mint(None, label=label)[0]
 
     def set_credits(self, workspace_id: str, credits: int) -> None:
         """Set the balance. Open holds stay held against it."""
@@ -238,7 +216,3 @@ class Accounts:
         if previous and until and float(until) > (now or time.time()):
             out.append(previous.decode())
         return out
-
-    def workspace_for_key(self, api_key: str) -> str | None:
-        value = self.client.get(keys.api_key(hash_key(api_key)))
-        return value.decode() if value is not None else None

@@ -27,7 +27,18 @@ rq:ws:{workspace}              hash    none                            cli (acco
 rq:workspaces                  set     none (all workspace ids)        cli (accounts.py)
 rq:ledger:{workspace}          stream  none (append-only)              lua/lib.lua (settle),
                                                                        admit.lua (hold)
-rq:apikey:{sha256(key)}        string  none (value: workspace id)      cli (accounts.py)
+rq:apikey:{sha256(key)}        string  none; a rotated-out key's ends  key_*.lua (apikeys.py)
+                                       with its overlap (value: the
+                                       workspace id, "-" for a legacy key)
+rq:key:{key id}                hash    as its rq:apikey (what an       key_*.lua; key_resolve
+                                       operator sees of a key)         .lua (last_used_at)
+rq:keys:{workspace}            zset    none (its key ids, scored by    key_*.lua
+                                       when each stops: +inf, or its
+                                       rotation's end)
+rq:keyaudit:{workspace}        list    none (its last key changes,     key_*.lua
+                                       JSON, newest first, capped)
+rq:config:keys-indexed         string  none (keys minted before the    apikeys.py
+                                       index are indexed: done)
 rq:config:id-secret            string  none                            ids.py (SET NX)
 rq:metrics:{provider}          hash    none (counters)                 admit.lua, metrics.py
 rq:metrics:sweeper             hash    none (counters)                 metrics.py
@@ -51,6 +62,15 @@ rq:events:{id}                 pubsub  (a channel, not a key)          lua/lib.l
 rq:events:provider:{provider}  pubsub  (positions moved: a grant or a  lua/lib.lua
                                        claim)                          (announce_moved)
 =============================  ======  ==============================  ==================
+
+Key record fields (``rq:key:{key id}``; the id is ``key_`` and the first 16
+hex digits of the key's SHA-256): ``workspace`` (as the rq:apikey value),
+``hash`` (the SHA-256), ``label``, ``created_at``, ``last_used_at`` (written at
+most once a minute), ``expires_at`` and ``rotated_to`` (a rotated-out key: when it stops, its successor),
+``rotated_from`` (the key it succeeded), ``namespace`` (a legacy key's own
+pseudo-workspace, ``legacy:{key id}``, kept across its rotations).
+``-`` and ``legacy:{key id}`` are pseudo-workspaces: they appear where a
+workspace id does (rq:keys:-, rq:idem:legacy:…, the schedule), never in rq:workspaces.
 
 Workspace hash fields: ``name queue_enabled credits held queued max_queued
 rate_limit weight max_in_flight created_at`` (``credits`` is the balance; ``held`` the sum of
@@ -171,6 +191,25 @@ def workspaces() -> str:
 
 def api_key(key_hash: str) -> str:
     return f"{PREFIX}:apikey:{key_hash}"
+
+
+def key_record(key_id: str) -> str:
+    return f"{PREFIX}:key:{key_id}"
+
+
+def workspace_keys(workspace_id: str) -> str:
+    """A workspace's key ids by when each stops working (+inf: no end)."""
+    return f"{PREFIX}:keys:{workspace_id}"
+
+
+def key_audit(workspace_id: str) -> str:
+    """A workspace's last key changes (mint, revoke, rotate), newest first."""
+    return f"{PREFIX}:keyaudit:{workspace_id}"
+
+
+def keys_indexed() -> str:
+    """Set once every key minted before the key index was indexed."""
+    return f"{PREFIX}:config:keys-indexed"
 
 
 def id_secret() -> str:

@@ -18,7 +18,7 @@ from ..errors import (IdempotencyKeyConflict, InsufficientCredits, InvalidInput,
                       QueueBacklogFull, QueuedBytesFull, ServiceUnavailable, ValidationFailed)
 from ..schemas import validation_detail
 from ..services import Services
-from ..store.accounts import is_legacy_namespace
+from ..store.apikeys import is_legacy_namespace
 from ..store.outcomes import Admit
 from ..store.requests import PRIORITIES
 from ..webhooks import safety

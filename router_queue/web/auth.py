@@ -1,22 +1,29 @@
 """Who is calling: the API key from ``X-API-Key`` or ``Authorization: Bearer``.
 
-Key -> caller lookups are cached in-process for a few seconds, because every
-status poll authenticates and the mapping almost never changes; a revoked key
-or a changed rate limit takes effect within ``CACHE_TTL_S`` on every process.
+Key -> caller lookups are cached in-process for ``CACHE_TTL_S`` seconds,
+because every status poll authenticates and the mapping almost never changes:
+a revoked key, a rotated-out key past its overlap or a changed rate limit
+takes effect within that on every process (a rotated-out key's entry never
+outlives the key itself). A lookup is one script (``key_resolve.lua``) that
+also notes, at most once a minute, that the key was used; a workspace key's
+rate limit is a second read.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from flask import Request
 
 from ..errors import NotEnabled, Unauthorized
-from ..store.accounts import NO_WORKSPACE, Accounts, hash_key
+from ..store.accounts import Accounts
+from ..store.apikeys import hash_key
 
-#: Seconds a key -> workspace lookup is reused.
-CACHE_TTL_S = 5.0
+#: Seconds a key -> caller lookup is reused: a revoked key is refused by
+#: every front door within this (the contract promises 5 s).
+CACHE_TTL_S = 2.0
 #: Longest key we look up; longer is refused unread (keys we mint are 46 chars).
 MAX_KEY_LENGTH = 256
 #: Entries kept before the cache is cleared wholesale (bounds memory).
@@ -37,19 +44,19 @@ def presented_key(request: Request) -> str | None:
 
 @dataclass(frozen=True)
 class Caller:
-    #: The workspace id; ``NO_WORKSPACE`` for a legacy key.
+    #: The workspace id; for a legacy key, its own pseudo-workspace
+    #: (``legacy:{key id}``): its Idempotency-Keys, backlog and fair-share turn.
     workspace: str
     #: The workspace's own request rate, if it sets one.
     rate_limit: str | None = None
-
-    @property
-    def legacy(self) -> bool:
-        return self.workspace == NO_WORKSPACE
+    #: A key that belongs to no workspace: no queued delivery.
+    legacy: bool = False
 
 
 class KeyResolver:
-    def __init__(self, accounts: Accounts):
+    def __init__(self, accounts: Accounts, clock: Callable[[], float] = time.monotonic):
         self.accounts = accounts
+        self.clock = clock
         self._cache: dict[str, tuple[float, Caller | None]] = {}
 
     def caller(self, request: Request) -> Caller:
@@ -73,26 +80,28 @@ class KeyResolver:
         if len(key) > MAX_KEY_LENGTH or not key.isascii():
             raise Unauthorized("the API key is not valid")
         digest = hash_key(key)
-        now = time.monotonic()
+        now = self.clock()
         cached = self._cache.get(digest)
         if cached is not None and cached[0] > now:
             caller = cached[1]
         else:
             if len(self._cache) >= CACHE_MAX_ENTRIES:
                 self._cache.clear()
-            caller = self._lookup(key)
-            self._cache[digest] = (now + CACHE_TTL_S, caller)
+            caller, valid_s = self._lookup(key)
+            self._cache[digest] = (now + valid_s, caller)
         if caller is None:
             raise Unauthorized("the API key is not valid")
         return caller
 
-    def _lookup(self, key: str) -> Caller | None:
-        workspace = self.accounts.workspace_for_key(key)
-        if not workspace:
-            return None
-        if workspace == NO_WORKSPACE:
-            return Caller(workspace)
-        return Caller(workspace, self.accounts.rate_limit(workspace))
+    def _lookup(self, key: str) -> tuple[Caller | None, float]:
+        """The caller, and for how long the answer may be reused."""
+        found = self.accounts.keys.resolve(key)
+        if found is None:
+            return None, CACHE_TTL_S
+        valid_s = CACHE_TTL_S if found.left_s is None else min(CACHE_TTL_S, found.left_s)
+        if found.legacy:
+            return Caller(found.workspace, legacy=True), valid_s
+        return Caller(found.workspace, self.accounts.rate_limit(found.workspace)), valid_s
 
     def workspace(self, request: Request) -> str:
         """The caller's workspace, for the queue routes: a legacy key belongs to

@@ -18,7 +18,6 @@ the allowance is spent after it, and a spent window still answers 429.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from limits import RateLimitItem, parse_many
 
 from ..errors import RateLimited, Unauthorized
 from ..store.requests import RequestStore
-from .auth import Caller, KeyResolver, presented_key
+from .auth import Caller, KeyResolver
 
 log = logging.getLogger(__name__)
 
@@ -93,10 +92,7 @@ class RateLimits:
             caller = self.keys.caller(request)
         except Unauthorized:
             return self._checked(f"unknown:{request.remote_addr}", self.default_limit)
-        if caller.legacy:
-            key = presented_key(request) or ""
-            return self._checked("legacy:" + hashlib.sha256(key.encode()).hexdigest()[:32], self.default_limit)
-        return self.for_workspace(caller)
+        return self.for_workspace(caller)  # a legacy key's own namespace is its bucket
 
     def for_workspace(self, caller: Caller) -> Allowance:
         """A workspace caller's allowance: its own limit, else the default."""

@@ -1,20 +1,38 @@
 """Keys and webhook secrets against the real processes: gunicorn with two
 workers, the Celery worker, beat, the stub, a private redis-server.
 
+* A key revoked with ``router-queue key revoke`` is refused (401) by every
+  front-door worker within 5 s (the contract's bound; the resolver's cache
+  lasts 2 s).
+* A key rotated with ``router-queue key rotate --overlap`` works beside its
+  successor for the overlap, and stops when it ends.
 * A submit naming a webhook for a workspace with no signing secret is refused
   at once (never 201), on both routes, and nothing is admitted or charged.
+
+Which gunicorn worker answers a call cannot be seen from outside, so the
+"every worker" checks send each read on a fresh connection, four at a time,
+and wait for a long run of answers in a row that agree.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import requests
 
 from router_queue.dev.stack import ROOT
 
 from .harness import FLUX, RunningStack, make_caller, unique_prompt
+
+#: A well-formed request id nobody minted: a valid key reads 404 for it, a refused key 401.
+NOBODYS = "00000000-0000-8000-8000-000000000000"
+#: Reads in a row, on fresh connections, that must all agree.
+AGREEING = 40
+#: The contract's bound on a revoked key being refused everywhere, in seconds.
+REVOKED_WITHIN_S = 5.0
 
 #: A public address given as a literal (no DNS); never contacted: every submit naming it is refused.
 PUBLIC_HOOK = "https://8.8.8.8/hook"
@@ -30,6 +48,72 @@ def cli_ok(env: dict[str, str], *args: str) -> str:
     done = cli(env, *args)
     assert done.returncode == 0, f"router-queue {' '.join(args)} exited {done.returncode}\n{done.stdout}\n{done.stderr}"
     return done.stdout
+
+
+def _reads(stack: RunningStack, api_key: str, count: int) -> list[int]:
+    """``count`` status reads with ``api_key``, each on a connection of its own, four at a time."""
+    url = f"{stack.base_url}/v2/models/{FLUX}/requests/{NOBODYS}/status"
+
+    def read(_: int) -> int:
+        return requests.get(url, headers={"X-API-Key": api_key, "Connection": "close"}, timeout=10).status_code
+
+    with ThreadPoolExecutor(4) as pool:
+        return list(pool.map(read, range(count)))
+
+
+def _refused_everywhere_at(stack: RunningStack, api_key: str, *, give_up_s: float = 15.0) -> float:
+    """When (``time.monotonic()``) the reads with ``api_key`` started being
+    401 on every worker: the start of the first run of :data:`AGREEING` 401s."""
+    ends = time.monotonic() + give_up_s
+    run_started = None
+    while time.monotonic() < ends:
+        at = time.monotonic()
+        answers = _reads(stack, api_key, 8)
+        assert set(answers) <= {401, 404}, answers
+        if 404 in answers:
+            run_started = None
+            continue
+        run_started = run_started or at
+        if set(_reads(stack, api_key, AGREEING)) == {401}:
+            return run_started
+        run_started = None
+    raise AssertionError(f"the key was still accepted {give_up_s:.0f} s later")
+
+
+# -- key lifecycle ---------------------------------------------------------------------------
+
+
+def test_a_revoked_key_is_refused_by_every_front_door_worker_within_5_s(stack: RunningStack) -> None:
+    with make_caller(stack, "key-revoke") as caller:
+        kept = stack.services.accounts.mint_key(caller.workspace, "kept")
+        assert set(_reads(stack, caller.api_key, AGREEING)) == {404}  # cached by both workers
+        assert cli(stack.env, "key", "revoke", caller.api_key).returncode == 0
+        revoked_at = time.monotonic()
+        refused_at = _refused_everywhere_at(stack, caller.api_key)
+        assert refused_at - revoked_at <= REVOKED_WITHIN_S, refused_at - revoked_at
+        assert set(_reads(stack, kept, AGREEING)) == {404}  # the workspace's other key works on
+        listed = cli_ok(stack.env, "key", "list", caller.workspace)
+        assert "kept" in listed and caller.api_key not in listed
+        assert cli_ok(stack.env, "key", "audit", caller.workspace).splitlines()[0].split("\t")[1] == "revoke"
+
+
+def test_a_rotated_pair_both_work_during_the_overlap_then_the_old_one_stops(stack: RunningStack) -> None:
+    overlap_s = 6
+    with make_caller(stack, "key-rotate") as caller:
+        old = caller.api_key
+        assert set(_reads(stack, old, AGREEING)) == {404}
+        started = time.monotonic()
+        new = cli_ok(stack.env, "key", "rotate", old, "--overlap", str(overlap_s)).strip()
+        ends = started + overlap_s  # the overlap ends a little after this (it started once the CLI ran)
+        assert new.startswith("rq_") and new != old
+        while time.monotonic() < ends - 1.0:  # during the overlap, both work on every worker
+            assert set(_reads(stack, old, 8)) == {404}
+            assert set(_reads(stack, new, 8)) == {404}
+        refused_at = _refused_everywhere_at(stack, old)
+        assert ends - 1.0 <= refused_at <= ends + REVOKED_WITHIN_S, (refused_at - started)
+        assert set(_reads(stack, new, AGREEING)) == {404}
+        assert caller.submit(FLUX, {"prompt": unique_prompt("rotated key")},
+                             headers={"X-API-Key": new}).status_code == 201
 
 
 # -- webhook secrets ---------------------------------------------------------------------------
