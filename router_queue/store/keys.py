@@ -54,7 +54,7 @@ rq:webhooks:log:{workspace}    list    none (its last attempts)        webhook_r
 rq:webhooks:failing            hash    none ("{ws}|{url}": failures    webhook_record.lua
                                        in a row)
 rq:metrics:webhooks            hash    none (counters, histogram)      metrics.py
-rq:held:{workspace}            zset    a lease (slots lapse unless     quotas.py (HeldSlots),
+rq:held:{workspace}            zset    a lease (slots lapse unless     held.py (HeldSlots),
                                        renewed)                        held_take.lua
 rq:events:{id}                 pubsub  (a channel, not a key)          lua/lib.lua
                                                                        (announce): claim,

@@ -9,6 +9,7 @@ import dataclasses
 import json
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -139,6 +140,16 @@ def test_body_bytes_never_drift_whatever_ends_the_requests(services, workspace):
     assert all(services.redis.exists(keys.body(i)) == 0 for i in ids)
 
 
+def test_racing_admissions_never_pass_the_byte_quota(services, workspace):
+    body = json.dumps({"prompt": "r" * 86})  # 100 bytes
+    assert len(body) == 100
+    services.accounts.set_limits(workspace, max_queued_bytes=1000)
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(lambda _: admit(services, workspace, body)[1], range(30)))
+    assert outcomes.count("ADMITTED") == 10 and outcomes.count("QUEUED_BYTES_FULL") == 20
+    assert counters(services, workspace)[0] == 1000
+
+
 # -- pending webhook events -----------------------------------------------------------
 
 
@@ -251,6 +262,19 @@ def test_held_slots_are_one_cap_across_processes_and_lapse_unless_renewed(servic
     assert two.take(workspace) is None
     services.accounts.set_limits(workspace, max_held=4)  # the workspace's own cap wins
     assert two.take(workspace) is not None
+
+
+def test_racing_takes_never_pass_the_held_cap(services, workspace):
+    services.accounts.set_limits(workspace, max_held=5)
+    doors = [HeldSlots(services.redis) for _ in range(3)]
+    with ThreadPoolExecutor(8) as pool:
+        slots = list(pool.map(lambda n: doors[n % 3].take(workspace), range(30)))
+    assert sum(1 for slot in slots if slot) == 5
+    assert services.redis.zcard(keys.held(workspace)) == 5
+    for n, slot in enumerate(slots):
+        if slot:
+            doors[n % 3].release(slot)
+    assert services.redis.zcard(keys.held(workspace)) == 0
 
 
 def test_the_renewer_runs_while_slots_are_held(services, workspace):
