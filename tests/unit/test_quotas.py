@@ -262,6 +262,10 @@ def test_held_slots_are_one_cap_across_processes_and_lapse_unless_renewed(servic
     assert two.take(workspace) is None
     services.accounts.set_limits(workspace, max_held=4)  # the workspace's own cap wins
     assert two.take(workspace) is not None
+    for door in (one, two):  # so their renewers end
+        for held in list(door._held):
+            door.release(held)
+    assert one.holding() == two.holding() == 0
 
 
 def test_racing_takes_never_pass_the_held_cap(services, workspace):
@@ -310,6 +314,7 @@ def test_a_sync_call_past_the_cap_is_429_and_admits_nothing(held_app, services, 
     answered = http.post(FLUX, json={"prompt": "x"}, headers=auth)
     assert answered.status_code == 504  # held until the deadline, then its slot given back
     assert held_app.extensions[EXTENSION].held.holding() == 0 and other.held(workspace) == 1
+    other.release(slots[1])
 
 
 def test_a_refused_sync_admission_gives_its_slot_back(held_app, services, workspace, auth):
