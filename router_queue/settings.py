@@ -88,6 +88,21 @@ def _bool(name: str, raw: str) -> bool:
     raise SettingsError(f"{name} must be 1 or 0 (true or false), got {raw!r}")
 
 
+def _names(name: str, raw: str) -> tuple[str, ...]:
+    """Comma-separated host names (or patterns), lower-cased, none empty."""
+    values = tuple(part.strip().lower() for part in raw.split(","))
+    if not all(values):
+        raise SettingsError(f"{name} must be host names, comma-separated, got {raw!r}")
+    return values
+
+
+def _port(name: str, raw: str) -> int:
+    value = _int(name, raw)
+    if value > 65535:
+        raise SettingsError(f"{name} must be a TCP port (0 to 65535), got {value}")
+    return value
+
+
 def _floats(name: str, raw: str) -> tuple[float, ...]:
     """Comma-separated seconds, at least one, each above 0."""
     values = tuple(_float(name, part) for part in raw.split(","))
@@ -102,6 +117,9 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "REDIS_URL": ("redis_url", _redis_url),
     "CELERY_BROKER_URL": ("broker_url", _redis_url),
     "PUBLIC_BASE_URL": ("public_base_url", _url),
+    "TRUSTED_HOSTS": ("trusted_hosts", _names),
+    "OPS_PORT": ("ops_port", _port),
+    "PROVIDER_HOSTS": ("provider_hosts", _names),
     "RESULT_RETENTION_SECONDS": ("result_retention_s", _int),
     "IDEMPOTENCY_TTL_SECONDS": ("idempotency_ttl_s", _int),
     "MAX_BODY_BYTES": ("max_body_bytes", _int),
@@ -134,9 +152,27 @@ class Settings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     #: Celery broker; empty means the same Redis as ``redis_url``.
     broker_url: str = ""
-    #: Origin the absolute status/response/cancel URLs are built on; empty
-    #: means the origin the caller used (``request.host_url``).
+    #: Origin the absolute status/response/cancel URLs (and a webhook's
+    #: ``response_url``) are built on. Empty: the origin the caller used, when
+    #: its Host is one of ``trusted_hosts``. The web process needs one of the
+    #: two (:meth:`require_public_origin`): never a caller's Host echoed blindly.
     public_base_url: str = ""
+    #: Hosts the front door answers for when ``public_base_url`` is empty
+    #: (werkzeug's patterns: ``example.com``, ``.example.com`` for it and its
+    #: subdomains; a port is ignored). A call naming another gets 400.
+    trusted_hosts: tuple[str, ...] = ()
+    #: The operator listener's port: ``/metrics``, ``/ops`` and
+    #: ``/ops/summary.json`` answer only on connections gunicorn accepted on it
+    #: (the Procfile binds it, on ``OPS_HOST``), and 404 on every other port.
+    #: 0: nowhere.
+    ops_port: int = 8900
+    #: Hosts provider calls may go to (``fnmatch`` patterns on the host name),
+    #: over https; plus the origin of ``provider_origin_override`` when set. A
+    #: catalog URL or a provider-given URL (BFL's ``polling_url``) elsewhere is
+    #: refused as a provider error and never sent our key.
+    provider_hosts: tuple[str, ...] = ("api.bfl.ai", "*.bfl.ai", "api.bfl.ml", "*.bfl.ml",
+                                       "aiplatform.googleapis.com", "*-aiplatform.googleapis.com",
+                                       "api.openai.com")
     #: Seconds a finished request and its result are kept; then ``410``.
     result_retention_s: int = 86_400
     #: Seconds an ``Idempotency-Key`` stays bound to its request.
@@ -224,6 +260,16 @@ class Settings:
     @property
     def effective_broker_url(self) -> str:
         return self.broker_url or self.redis_url
+
+    def require_public_origin(self) -> None:
+        """The web process's check at start: absolute URLs need an origin that
+        is not whatever ``Host`` a caller sends (``router-queue dev`` and the
+        tests set ``TRUSTED_HOSTS`` to loopback)."""
+        if not self.public_base_url and not self.trusted_hosts:
+            raise SettingsError("PUBLIC_BASE_URL (the origin callers reach, e.g. https://router.example.com) "
+                                "or TRUSTED_HOSTS (the host names the front door answers for) must be set: "
+                                "without either, a caller's Host header would be echoed into status_url and "
+                                "into signed webhooks' response_url")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":

@@ -125,12 +125,15 @@ class Stack:
         wait_for_port(port, proc=proc)
         return proc
 
-    def start_web(self, port: int, workers: int = 2) -> subprocess.Popen:
+    def start_web(self, port: int, workers: int = 2, ops_port: int | None = None) -> subprocess.Popen:
         """gunicorn as the Procfile runs it (:data:`WEB_SERVING`): gevent workers,
-        so held synchronous calls cost a greenlet each rather than a whole worker."""
+        so held synchronous calls cost a greenlet each rather than a whole worker;
+        with ``ops_port``, the operator listener too (the environment's
+        ``OPS_PORT`` must name the same port for the app to serve it there)."""
+        binds = ["--bind", f"127.0.0.1:{port}"] + (["--bind", f"127.0.0.1:{ops_port}"] if ops_port else [])
         proc = self._spawn("web", [
             sys.executable, "-m", "gunicorn", "--workers", str(workers), *WEB_SERVING, "--timeout", "660",
-            "--bind", f"127.0.0.1:{port}", "--access-logfile", "-", "router_queue.wsgi:app",
+            *binds, "--access-logfile", "-", "router_queue.wsgi:app",
         ])
         wait_for_port(port, proc=proc)
         return proc
@@ -184,6 +187,10 @@ router-queue is up.
   redis        {redis}
   logs         {logs}
 
+The operator listener (not the front door's port; see the README's "Operating it"):
+  ops page     {ops}/ops
+  metrics      {ops}/metrics
+
 export COMFY_API_KEY={key}
 export COMFY_ROUTER_BASE_URL={base}
 BASE="$COMFY_ROUTER_BASE_URL/v2/models/bfl/flux-2-pro"
@@ -234,13 +241,15 @@ def _supervise(stack: Stack) -> None:
 @click.command("dev")
 @click.option("--port", type=int, default=8000, show_default=True, help="Front door port.")
 @click.option("--stub-port", type=int, default=8300, show_default=True, help="Stub provider port.")
-def dev(port: int, stub_port: int) -> None:
+@click.option("--ops-port", type=int, default=8900, show_default=True,
+              help="Operator listener port (/ops, /metrics).")
+def dev(port: int, stub_port: int, ops_port: int) -> None:
     """Run the front door, a worker, beat and the stub providers, and seed a demo key."""
     from ..catalog import Catalog
     from ..services import Services
     from ..settings import DEFAULT_CATALOG, Settings
 
-    for option, wanted in (("--port", port), ("--stub-port", stub_port)):
+    for option, wanted in (("--port", port), ("--stub-port", stub_port), ("--ops-port", ops_port)):
         if not port_free(wanted):
             raise click.ClickException(f"port {wanted} on 127.0.0.1 is already in use; pass {option} N "
                                        "with a free one")
@@ -252,6 +261,9 @@ def dev(port: int, stub_port: int) -> None:
         env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
     env.setdefault("PROVIDER_ORIGIN_OVERRIDE", f"http://127.0.0.1:{stub_port}")
     env.setdefault("WEBHOOK_ALLOW_LOOPBACK_HTTP", "1")  # a receiver of your own on this machine
+    if not env.get("PUBLIC_BASE_URL"):
+        env.setdefault("TRUSTED_HOSTS", "127.0.0.1,localhost")  # absolute URLs on the origin you call
+    env["OPS_PORT"] = str(ops_port)
     for name in Catalog.credential_variables(env.get("CATALOG_PATH") or DEFAULT_CATALOG):
         env.setdefault(name, "stub-key")  # the stub takes any key, for every provider the catalog names
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
@@ -270,8 +282,9 @@ def dev(port: int, stub_port: int) -> None:
         stack.start_stub(stub_port)
         stack.start_worker(services.catalog.providers())
         stack.start_beat()
-        stack.start_web(port)
+        stack.start_web(port, ops_port=ops_port)
         click.echo(WALKTHROUGH.format(base=f"http://127.0.0.1:{port}", stub=f"http://127.0.0.1:{stub_port}",
+                                      ops=f"http://127.0.0.1:{ops_port}",
                                       redis=env["REDIS_URL"], logs=stack.log_dir, key=api_key))
         _supervise(stack)
     except KeyboardInterrupt:

@@ -16,6 +16,7 @@ from .auth import KeyResolver
 from .catalog_routes import discovery
 from .events import EventHub
 from .front import EXTENSION, FrontDoor
+from .headers import EVERY_ANSWER
 from .lane import Lane
 from .operations import operations
 from .ratelimit import CARRIED_ENDPOINTS, RateLimits
@@ -70,6 +71,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
             except RateLimited as exc:
                 response = _render(exc)
         response.headers["X-Comfy-Request-Id"] = g.get("call_id") or str(uuid.uuid4())
+        response.headers.update(EVERY_ANSWER)
         return response
     return app
 

@@ -7,11 +7,12 @@ import base64
 import binascii
 import json
 
-from flask import Blueprint, Response, render_template, request
+from flask import Blueprint, Response, request
 
 from ..catalog import Catalog
 from ..errors import InvalidInput
 from .front import front_door
+from .headers import page
 from .openapi import api_document, model_document, serialized
 from .routes import model_entry
 from .views import json_response
@@ -87,6 +88,6 @@ def openapi() -> Response:
 
 
 @discovery.get("/v2/docs")
-def docs() -> str:
+def docs() -> Response:
     document = api_document(_catalog())
-    return render_template("docs.html", doc=document, dumps=lambda value: json.dumps(value, indent=2))
+    return page("docs.html", doc=document, dumps=lambda value: json.dumps(value, indent=2))

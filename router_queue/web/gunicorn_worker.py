@@ -86,7 +86,7 @@ def refusal(exc: Exception) -> bytes | None:
     body = json.dumps(error.body(), separators=(",", ":")).encode()
     head = [f"HTTP/1.1 {status.value} {status.phrase}", "Connection: close", "Content-Type: application/json",
             f"Content-Length: {len(body)}", *(f"{name}: {value}" for name, value in error.headers().items()),
-            f"X-Comfy-Request-Id: {uuid.uuid4()}"]
+            f"X-Comfy-Request-Id: {uuid.uuid4()}", "X-Content-Type-Options: nosniff"]
     return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body
 
 

@@ -38,6 +38,7 @@ from ..errors import RateLimited, Unauthorized
 from ..store.ids import well_formed
 from .auth import Caller
 from .front import FrontDoor
+from .headers import EVERY_ANSWER
 from .ratelimit import Allowance, RateLimits
 from .refusals import as_router_error
 from .routes import base_url, status_answer, submit_answer, visible_view
@@ -134,6 +135,6 @@ class Lane:
         data = json_text(answer.body).encode()
         start_response(_STATUS_LINES[answer.status], [
             *answer.headers.items(), ("Content-Type", "application/json"), ("Content-Length", str(len(data))),
-            ("X-Comfy-Request-Id", answer.call_id or str(uuid.uuid4())),
+            ("X-Comfy-Request-Id", answer.call_id or str(uuid.uuid4())), *EVERY_ANSWER.items(),
         ])
         return [data]

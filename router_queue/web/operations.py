@@ -1,19 +1,46 @@
 """What operators read: liveness, readiness, Prometheus metrics, and an
-operations page that refreshes itself."""
+operations page that refreshes itself.
+
+Liveness and readiness answer on every port (probes, load balancers). The
+metrics, the page and its JSON show every tenant's figures, so they answer
+only on the operator listener: the port ``OPS_PORT`` names, which gunicorn
+binds beside the public one (the Procfile's second ``--bind``, on
+``OPS_HOST``) and which no proxy, Service or published port leads to. On any
+other port they answer 404 like a path that does not exist. gunicorn sets
+``SERVER_PORT`` from the socket that accepted the connection, never from the
+``Host`` header, so a caller cannot claim the operator port.
+"""
 
 from __future__ import annotations
 
 import time
 
-from flask import Blueprint, Response, render_template
+from flask import Blueprint, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from werkzeug.exceptions import NotFound
 
 from ..errors import ServiceUnavailable
 from ..store.metrics import RedisCollector
 from .front import front_door
+from .headers import page
 from .views import json_response
 
 operations = Blueprint("operations", __name__)
+
+#: Answered on the operator listener only.
+OPERATOR_ENDPOINTS = frozenset({"operations.metrics", "operations.ops_summary", "operations.ops_page"})
+
+
+def on_operator_listener(environ: dict, ops_port: int) -> bool:
+    """Whether the server accepted this call on the operator port (0: none)."""
+    return ops_port != 0 and environ.get("SERVER_PORT") == str(ops_port)
+
+
+@operations.before_request
+def _operators_only() -> None:
+    if request.endpoint in OPERATOR_ENDPOINTS and \
+            not on_operator_listener(request.environ, front_door().services.settings.ops_port):
+        raise NotFound()
 
 
 @operations.get("/healthz")
@@ -82,5 +109,5 @@ def ops_summary() -> Response:
 
 
 @operations.get("/ops")
-def ops_page() -> str:
-    return render_template("ops.html", summary=summary())
+def ops_page() -> Response:
+    return page("ops.html", summary=summary())

@@ -8,6 +8,7 @@ from typing import Callable
 
 from flask import Blueprint, Request, Response, g, request
 from gunicorn.http.errors import NoMoreData, ParseException
+from werkzeug.sansio.utils import host_is_trusted
 
 from ..catalog import Catalog, ModelEntry
 from ..errors import (CompletedWithError, DeadlineExceeded, Gone, InvalidInput, ModelNotFound, PayloadTooLarge,
@@ -33,8 +34,16 @@ BODY_FRAMING_ERRORS: tuple[type[BaseException], ...] = (ParseException, NoMoreDa
 
 def base_url(front: FrontDoor, req: Request) -> str:
     """``PUBLIC_BASE_URL``, else the origin the caller used (scheme and Host;
-    not ``request.host_url``, whose IRI decoding costs a tenth of a status read)."""
-    return front.services.settings.public_base_url or f"{req.scheme}://{req.host}"
+    not ``request.host_url``, whose IRI decoding costs a tenth of a status read)
+    when its Host is one of ``TRUSTED_HOSTS``: a forged Host is refused, never
+    echoed into the URLs we answer or sign. Called before anything is written."""
+    settings = front.services.settings
+    if settings.public_base_url:
+        return settings.public_base_url
+    host = req.host
+    if settings.trusted_hosts and not host_is_trusted(host, settings.trusted_hosts):
+        raise InvalidInput("the Host header names a host this server does not answer for")
+    return f"{req.scheme}://{host}"
 
 
 def _base_url(front: FrontDoor) -> str:
@@ -239,6 +248,7 @@ def cancel(provider: str, model: str, request_id: str) -> Response:
     entry = model_entry(provider, model, front.services.catalog)
     if not well_formed(request_id):
         raise RequestNotFound(NOT_FOUND)
+    base = _base_url(front)
     outcome = front.services.store.cancel(
         request_id=request_id, workspace=workspace, model=entry.id, provider=entry.provider
     )
@@ -259,6 +269,5 @@ def cancel(provider: str, model: str, request_id: str) -> Response:
              "detail": "the request had already finished; there was nothing to cancel"},
             409, {"X-Comfy-Error-Type": "already_completed"},
         )
-    body = {"request_id": request_id, "status": "CANCELLATION_REQUESTED",
-            **request_urls(_base_url(front), entry.id, request_id)}
+    body = {"request_id": request_id, "status": "CANCELLATION_REQUESTED", **request_urls(base, entry.id, request_id)}
     return json_response(body, 202)

@@ -215,6 +215,8 @@ def stack_env(redis_url: str, *, stub_port: int, broker_url: str | None = None, 
         # Tests poll faster than a client honouring Retry-After would; the
         # rate-limit tests set a workspace's own, tighter limit.
         "DEFAULT_RATE_LIMIT": "2000/second",
+        # Absolute URLs on the origin each test calls (127.0.0.1:its port), never a forged Host.
+        "TRUSTED_HOSTS": "127.0.0.1,localhost",
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         **settings,
     })
@@ -238,6 +240,8 @@ class RunningStack:
     label: str
     #: Byte offset of each worker's log where its current process began.
     log_starts: dict[str, int] = field(default_factory=dict)
+    #: The front door's operator listener: /metrics, /ops ("" without gunicorn).
+    ops_url: str = ""
     _services: Services | None = field(default=None, repr=False)
 
     @classmethod
@@ -249,8 +253,14 @@ class RunningStack:
         queue), beat, and gunicorn with ``web_workers`` workers, as the Procfile
         runs them; returns once :meth:`wait_ready` does, stops them all if it fails."""
         port = free_port() if web else None
+        ops_port = free_port() if web else None
+        while ops_port is not None and ops_port == port:
+            ops_port = free_port()
+        if ops_port is not None:
+            env = {**env, "OPS_PORT": str(ops_port)}
         running = cls(Stack(env, log_dir=log_dir), env, f"http://127.0.0.1:{port}" if web else "",
-                      Stub(env["PROVIDER_ORIGIN_OVERRIDE"]), label, **fields)
+                      Stub(env["PROVIDER_ORIGIN_OVERRIDE"]), label,
+                      ops_url=f"http://127.0.0.1:{ops_port}" if web else "", **fields)
         _RUNNING.append(running)
         try:
             if stub:
@@ -260,7 +270,7 @@ class RunningStack:
             if beat:
                 running.stack.start_beat()
             if port is not None:
-                running.stack.start_web(port, workers=web_workers)
+                running.stack.start_web(port, workers=web_workers, ops_port=ops_port)
             running.wait_ready()
         except BaseException:
             print(f"{label} logs in {log_dir}")

@@ -48,8 +48,9 @@ class Scrape:
         return {name for name, _ in self.samples}
 
 
-def scrape(base_url: str) -> Scrape:
-    response = requests.get(f"{base_url}/metrics", timeout=10)
+def scrape(ops_url: str) -> Scrape:
+    """``/metrics`` read on the operator listener."""
+    response = requests.get(f"{ops_url}/metrics", timeout=10)
     assert response.status_code == 200, (response.status_code, response.text[:500])
     assert response.headers["Content-Type"].startswith("text/plain"), response.headers["Content-Type"]
     samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}

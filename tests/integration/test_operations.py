@@ -68,14 +68,14 @@ def test_metrics_match_known_traffic(stack: RunningStack, caller: Caller) -> Non
     n_ok, n_refused, n_failing = 3, 2, 1  # a failing one retries with backoff (about 7 s): keep it to one
     attempts = stack.services.catalog.by_id(FLUX).policy.max_attempts
     _quiet(stack)
-    before = scrape(stack.base_url)
+    before = scrape(stack.ops_url)
     assert {"router_queue_depth", "router_queue_in_flight", "router_queue_in_flight_limit",
             "router_queue_draining", "router_queue_admissions_total"} <= before.names()
 
     # A cancel of a queued request, behind a saturated worker.
     with saturated_worker(caller) as saturating:
         queued = caller.submit_ok(FLUX, {"prompt": unique_prompt("metrics cancelled while queued")})
-        during = scrape(stack.base_url)
+        during = scrape(stack.ops_url)
         assert during.get("router_queue_depth", provider=BFL) == before.get("router_queue_depth", provider=BFL) + 1
         # the queued one is granted a slot (the cap is far) and waits for a worker thread
         assert during.get("router_queue_in_flight", provider=BFL) == (
@@ -101,7 +101,7 @@ def test_metrics_match_known_traffic(stack: RunningStack, caller: Caller) -> Non
     assert [outcomes[r] for r in failing] == ["provider_error"] * n_failing
 
     _quiet(stack)
-    after = scrape(stack.base_url)
+    after = scrape(stack.ops_url)
 
     def delta(name: str, **labels: str) -> float:
         return after.get(name, **labels) - before.get(name, **labels)
@@ -214,7 +214,7 @@ def test_a_hung_redis_never_hangs_the_front_door(private: tuple[PrivateRedis, Ru
     submit_url = f"{running.base_url}/v2/models/{FLUX}/requests"
     calls = {
         "submit without a key": lambda: requests.post(submit_url, json={"prompt": "x"}, timeout=CLIENT_TIMEOUT_S),
-        "operations summary": lambda: requests.get(f"{running.base_url}/ops/summary.json",
+        "operations summary": lambda: requests.get(f"{running.ops_url}/ops/summary.json",
                                                    timeout=CLIENT_TIMEOUT_S),
     }
     server.pause()
@@ -320,7 +320,7 @@ def _outage_under_load(running: RunningStack, fault: Fault) -> None:
                 started = time.monotonic()
                 readyz = requests.get(f"{running.base_url}/readyz", timeout=CLIENT_TIMEOUT_S)
                 elapsed = time.monotonic() - started
-                metrics = requests.get(f"{running.base_url}/metrics", timeout=CLIENT_TIMEOUT_S)
+                metrics = requests.get(f"{running.ops_url}/metrics", timeout=CLIENT_TIMEOUT_S)
                 checked_at = time.monotonic()
                 if fault.healed and fault.healed():
                     break  # the samples just taken may have reached the promoted replica
@@ -414,6 +414,51 @@ def _outage_under_load(running: RunningStack, fault: Fault) -> None:
         caller.session.close()
 
 
+# -- 2b. the operator surfaces: on the operator listener only ----------------------------------
+
+OPERATOR_PATHS = ("/metrics", "/ops", "/ops/summary.json")
+
+
+def test_operator_surfaces_answer_only_on_the_operator_listener(stack: RunningStack, caller: Caller) -> None:
+    """The public port answers 404 in the contract's shape for each, whatever
+    Host it is sent, with or without a key; the operator port (OPS_PORT, the
+    Procfile's second bind) serves them, the pages with their security headers."""
+    ops_host = stack.ops_url.removeprefix("http://")
+    for path in OPERATOR_PATHS:
+        for headers in ({}, caller.headers(), {"Host": ops_host}, {**caller.headers(), "Host": ops_host}):
+            public = requests.get(f"{stack.base_url}{path}", headers=headers, timeout=10)
+            assert public.status_code == 404, (path, headers, public.status_code, public.text[:300])
+            assert public.headers["X-Comfy-Error-Type"] == public.json()["error_type"] == "model_not_found"
+            assert public.headers["X-Content-Type-Options"] == "nosniff"
+        served = requests.get(f"{stack.ops_url}{path}", timeout=10)
+        assert served.status_code == 200, (path, served.status_code, served.text[:300])
+        assert served.headers["X-Content-Type-Options"] == "nosniff"
+    page = requests.get(f"{stack.ops_url}/ops", timeout=10)
+    policy = page.headers["Content-Security-Policy"]
+    nonce = re.search(r"script-src 'nonce-([^']+)'", policy).group(1)
+    assert f'<script nonce="{nonce}">' in page.text and "unsafe-inline" not in policy
+    assert page.headers["X-Frame-Options"] == "DENY" and page.headers["Referrer-Policy"] == "no-referrer"
+    # The public API is unchanged on the public port; probes answer on both.
+    for base in (stack.base_url, stack.ops_url):
+        assert requests.get(f"{base}/healthz", timeout=10).status_code == 200
+    assert requests.get(f"{stack.base_url}/v2/models", headers=caller.headers(), timeout=10).status_code == 200
+
+
+def test_a_forged_host_is_refused_not_echoed(stack: RunningStack, caller: Caller) -> None:
+    """TRUSTED_HOSTS (the harness's 127.0.0.1, localhost): absolute URLs follow
+    a trusted Host and a forged one is 400 before anything is admitted."""
+    submit = f"{stack.base_url}/v2/models/{FLUX}/requests"
+    body = {"prompt": unique_prompt("forged host")}
+    refused = requests.post(submit, json=body, headers=caller.headers({"Host": "evil.example"}), timeout=10)
+    assert refused.status_code == 400, refused.text
+    assert refused.headers["X-Comfy-Error-Type"] == "invalid_input"
+    assert "evil.example" not in refused.text
+    port = stack.base_url.rsplit(":", 1)[1]
+    admitted = requests.post(submit, json=body, headers=caller.headers({"Host": f"localhost:{port}"}), timeout=10)
+    assert admitted.status_code == 201, admitted.text
+    assert admitted.json()["status_url"].startswith(f"http://localhost:{port}/v2/models/{FLUX}/requests/")
+
+
 # -- 3. the operations page in headless Chromium -------------------------------------------------
 
 
@@ -421,7 +466,7 @@ def test_operations_page_in_headless_chromium(stack: RunningStack, caller: Calle
     binary = chromium()
     waiting = 3
     _quiet(stack)
-    url = f"{stack.base_url}/ops"
+    url = f"{stack.ops_url}/ops"
     with saturated_worker(caller) as saturating:
         queued = [caller.submit_ok(FLUX, {"prompt": unique_prompt(f"ops page {n}")}) for n in range(waiting)]
 
@@ -501,18 +546,18 @@ def test_operator_cli_end_to_end(stack: RunningStack, caller: Caller) -> None:
     # drain: bfl answers 503 while vertexai admits, and bfl work in flight completes.
     in_flight = caller.submit_ok(FLUX, {"prompt": unique_prompt("cli drain in flight", "[stub:latency=2]")})
     caller.wait_status(FLUX, in_flight, "IN_PROGRESS")
-    before_drain = scrape(stack.base_url)
+    before_drain = scrape(stack.ops_url)
     try:
         assert ops_ok(env, "drain", BFL).strip() == "bfl draining"
         assert depths_table(ops_ok(env, "depths"))[BFL]["draining"] == "yes"
         _assert_503(caller.submit(FLUX, {"prompt": unique_prompt("cli drained")}))
-        drained = scrape(stack.base_url)
+        drained = scrape(stack.ops_url)
         assert drained.get("router_queue_draining", provider=BFL) == 1
         assert drained.get("router_queue_draining", provider="vertexai") == 0
         refused_draining = {"provider": BFL, "model": FLUX, "reason": "draining"}
         assert (drained.get("router_queue_refusals_total", **refused_draining)
                 - before_drain.get("router_queue_refusals_total", **refused_draining)) == 1
-        assert 'class="draining"' in requests.get(f"{stack.base_url}/ops", timeout=10).text
+        assert 'class="draining"' in requests.get(f"{stack.ops_url}/ops", timeout=10).text
         gemini = caller.submit_ok(GEMINI, {"contents": [{"role": "user", "parts": [{"text": unique_prompt("g")}]}]})
         assert "error_type" not in caller.wait_status(FLUX, in_flight)
         assert "error_type" not in caller.wait_status(GEMINI, gemini)
@@ -556,9 +601,9 @@ def test_cli_cancel_is_counted_as_a_completion(stack: RunningStack, caller: Call
     labels = {"provider": BFL, "model": FLUX, "outcome": "cancelled"}
     with saturated_worker(caller):
         request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("cli cancel counted")})
-        before = scrape(stack.base_url)
+        before = scrape(stack.ops_url)
         assert ops_ok(env, "cancel", request_id).strip() == "cancelled"
-        after = scrape(stack.base_url)
+        after = scrape(stack.ops_url)
         assert caller.status_body(FLUX, request_id)["error_type"] == "cancelled"
         assert after.get("router_queue_depth", provider=BFL) == before.get("router_queue_depth", provider=BFL) - 1
         assert (after.get("router_queue_completions_total", **labels)

@@ -92,6 +92,23 @@ def http(app):
     return app.test_client()
 
 
+class OperatorClient:
+    """The app's test client on the operator listener: calls arrive with
+    ``SERVER_PORT`` = ``OPS_PORT``, as gunicorn sets it for that socket."""
+
+    def __init__(self, app, port: int):
+        self.client = app.test_client()
+        self.base_url = f"http://localhost:{port}"
+
+    def get(self, path: str, **kwargs):
+        return self.client.get(path, base_url=self.base_url, **kwargs)
+
+
+@pytest.fixture
+def ops_http(app, settings) -> OperatorClient:
+    return OperatorClient(app, settings.ops_port)
+
+
 @pytest.fixture
 def workspace(services) -> str:
     return services.accounts.create_workspace("acme", queue_enabled=True, credits=1000)

@@ -16,8 +16,8 @@ from tests.unit.support import record_of
 FLUX = "/v2/models/bfl/flux-2-pro"
 
 
-def scrape(http) -> dict[tuple[str, tuple], float]:
-    response = http.get("/metrics")
+def scrape(ops_http) -> dict[tuple[str, tuple], float]:
+    response = ops_http.get("/metrics")
     assert response.status_code == 200
     samples = {}
     for family in text_string_to_metric_families(response.get_data(as_text=True)):
@@ -31,7 +31,7 @@ def submit(http, auth, prompt):
                      headers={**auth, "Content-Type": "application/json"})
 
 
-def test_metrics_match_known_traffic(http, auth, services, workspace):
+def test_metrics_match_known_traffic(http, ops_http, auth, services, workspace):
     ids = [submit(http, auth, f"p{n}").json["request_id"] for n in range(4)]
     poor = services.accounts.create_workspace("poor", queue_enabled=True, credits=0)
     assert submit(http, {"X-API-Key": services.accounts.mint_key(poor)}, "x").status_code == 402
@@ -47,7 +47,7 @@ def test_metrics_match_known_traffic(http, auth, services, workspace):
     http.put(f"{FLUX}/requests/{ids[2]}/cancel", headers=auth)
     metrics.swept(republished=2, reaped=1, timed_out=0)
 
-    samples = scrape(http)
+    samples = scrape(ops_http)
     bfl = (("provider", "bfl"),)
     model = (("model", "bfl/flux-2-pro"), ("provider", "bfl"))
     assert samples[("router_queue_depth", bfl)] == 1
@@ -79,12 +79,12 @@ def test_a_draining_provider_admits_nothing_and_says_so(http, auth, services):
     assert submit(http, auth, "after it").status_code == 201
 
 
-def test_the_operations_page_shows_the_queues(http, auth):
+def test_the_operations_page_shows_the_queues(http, ops_http, auth):
     submit(http, auth, "waiting")
-    page = http.get("/ops").get_data(as_text=True)
+    page = ops_http.get("/ops").get_data(as_text=True)
     assert '<tr data-provider="bfl">' in page
     assert '<td class="queued">1</td>' in page
-    summary = http.get("/ops/summary.json").json
+    summary = ops_http.get("/ops/summary.json").json
     assert {row["provider"]: row["queued"] for row in summary["providers"]}["bfl"] == 1
 
 
@@ -105,19 +105,19 @@ def test_log_lines_are_json_with_the_bound_context(capsys):
         "r-1", "ws_1", "bfl/flux-2-pro", "claimed")
 
 
-def test_the_operations_page_shows_the_workspaces_waiting_for_a_slot(http, auth, services, workspace):
+def test_the_operations_page_shows_the_workspaces_waiting_for_a_slot(http, ops_http, auth, services, workspace):
     services.store.max_in_flight = lambda provider: 1
     other = services.accounts.create_workspace("other", queue_enabled=True, credits=1000)
     other_auth = {"X-API-Key": services.accounts.mint_key(other)}
     for n in range(4):  # the first takes the one slot; three wait
         submit(http, auth, f"mine {n}")
     submit(http, other_auth, "theirs")
-    row = {r["provider"]: r for r in http.get("/ops/summary.json").json["providers"]}["bfl"]
+    row = {r["provider"]: r for r in ops_http.get("/ops/summary.json").json["providers"]}["bfl"]
     assert (row["queued"], row["in_flight"], row["waiting_workspaces"]) == (5, 1, 2)
     assert row["largest"] == [{"workspace": workspace, "waiting": 3}, {"workspace": other, "waiting": 1}]
-    page = http.get("/ops").get_data(as_text=True)
+    page = ops_http.get("/ops").get_data(as_text=True)
     assert '<td class="waiting_workspaces">2</td>' in page
-    assert scrape(http)[("router_queue_waiting_workspaces", (("provider", "bfl"),))] == 2
+    assert scrape(ops_http)[("router_queue_waiting_workspaces", (("provider", "bfl"),))] == 2
     assert f"{workspace} (3), {other} (1)" in page
 
 
@@ -157,11 +157,11 @@ def test_gunicorns_own_log_lines_are_json_too(capsys):
     assert "Logging error" not in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_per_minute_counts_what_completed_in_the_last_minute(http, services):
+def test_per_minute_counts_what_completed_in_the_last_minute(http, ops_http, services):
     """It read 639.8 after one completion: it was 60 / the pace estimate's gap,
     which is capped at the run time. Now it is a count."""
     def per_minute() -> int:
-        return {r["provider"]: r for r in http.get("/ops/summary.json").json["providers"]}["bfl"]["per_minute"]
+        return {r["provider"]: r for r in ops_http.get("/ops/summary.json").json["providers"]}["bfl"]["per_minute"]
 
     assert per_minute() == 0
     services.metrics.completed("bfl", "bfl/flux-2-pro", "success", ran_s=0.09)

@@ -356,11 +356,11 @@ def test_the_sweeper_publishes_due_events(hooked, http, auth):
     assert report.webhooks == 1 and (request_id, "webhook") in context.dispatcher.published
 
 
-def test_metrics_count_webhook_attempts(hooked, http, auth, workspace, receiver):
+def test_metrics_count_webhook_attempts(hooked, http, ops_http, auth, workspace, receiver):
     hooked.accounts.webhook_secret(workspace, wire.new_secret())
     request_id = owe(hooked, http, auth, receiver().url)
     deliver_webhook(context_of(hooked), request_id)
-    text = http.get("/metrics").get_data(as_text=True)
+    text = ops_http.get("/metrics").get_data(as_text=True)
     assert 'router_queue_webhook_deliveries_total{outcome="delivered"} 1.0' in text
     assert "router_queue_webhook_delivery_seconds_count 1.0" in text
 
@@ -382,7 +382,7 @@ def test_the_secret_is_shown_once_and_rotated_by_the_cli(app, services, workspac
     assert "whsec_" not in caplog.text
 
 
-def test_set_webhook_checks_the_url_and_ops_webhooks_reports(app, hooked, http, auth, workspace):
+def test_set_webhook_checks_the_url_and_ops_webhooks_reports(app, hooked, http, ops_http, auth, workspace):
     from router_queue.cli import main
     runner = app.test_cli_runner()
     refused = runner.invoke(main, ["workspace", "set-webhook", workspace, "https://10.0.0.1/"])
@@ -394,5 +394,5 @@ def test_set_webhook_checks_the_url_and_ops_webhooks_reports(app, hooked, http, 
     shown = runner.invoke(main, ["ops", "webhooks", workspace])
     assert shown.exit_code == 0, shown.output
     assert "1\thttp://127.0.0.1:9/hook" in shown.output and request_id in shown.output and "HTTP 503" in shown.output
-    page = http.get("/ops").get_data(as_text=True)
+    page = ops_http.get("/ops").get_data(as_text=True)
     assert "http://127.0.0.1:9/hook" in page
