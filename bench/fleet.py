@@ -139,6 +139,7 @@ class Fleet:
             "VERTEXAI_ACCESS_TOKEN": "stub",
             "OPENAI_API_KEY": "stub",
             "DEFAULT_RATE_LIMIT": "100000/second",
+            "TRUSTED_HOSTS": "127.0.0.1,localhost",
             "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         })
         # vertexai capped at 1 for the capped figures (bench/capped.py); no other figure uses it

@@ -361,6 +361,7 @@ def _measure(args, children, tmp, wrk, redis_url, side_urls, client, keys, Servi
 
     env = {k: v for k, v in os.environ.items() if k not in ("CELERY_BROKER_URL", "PUBLIC_BASE_URL")}
     env["REDIS_URL"] = redis_url
+    env["TRUSTED_HOSTS"] = "127.0.0.1,localhost"  # the web process needs it or PUBLIC_BASE_URL
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
     front, front_proc = start_gunicorn(children, "frontdoor", "router_queue.wsgi:app", env, args.workers)
     hello, hello_proc = start_gunicorn(children, "hello", "bench.hello:app", env, args.workers)

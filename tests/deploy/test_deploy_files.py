@@ -25,6 +25,7 @@ Nothing here needs Docker, a cluster or the network:
 from __future__ import annotations
 
 import importlib.util
+import ipaddress
 import json
 import math
 import os
@@ -65,6 +66,9 @@ KEDA_SCHEMA = DEPLOY / "schemas" / "keda-scaledobject.schema.json"
 NGINX_CONF = DEPLOY / "nginx" / "nginx.conf"
 #: kustomize's copy of NGINX_CONF (it reads no file outside the kustomization's directory).
 K8S_NGINX_CONF = K8S / "base" / "nginx.conf"
+#: Whose X-Forwarded-For nginx believes: each deployment's own file, which NGINX_CONF includes.
+TRUSTED_PROXIES = {"compose": DEPLOY / "nginx" / "trusted-proxies.conf",
+                   "kubernetes": K8S / "base" / "trusted-proxies.conf"}
 PROCFILE = ROOT / "Procfile"
 CATALOG = json.loads((ROOT / "router_queue" / "catalog.json").read_text())
 PROVIDERS = sorted(CATALOG["providers"])
@@ -424,7 +428,7 @@ def test_pods_run_as_the_image_user_without_privileges() -> None:
         container = _container(deployment)
         refs = [e.get("configMapRef", {}).get("name") or e.get("secretRef", {}).get("name")
                 for e in container["envFrom"]]
-        assert refs[0] == "router-queue", f"{name}: the ConfigMap first, the optional Secret after it wins"
+        assert refs[0] == "router-queue", f"{name}: the ConfigMap first, the Secret after it wins"
 
 
 def _autoscaled_provider(target: str) -> str:
@@ -607,7 +611,7 @@ def test_compose_web_is_healthchecked_and_providers_point_at_the_stub() -> None:
             assert env["PROVIDER_ORIGIN_OVERRIDE"] == f"http://stub:{stub_port}", name
             assert service["depends_on"]["stub"]["condition"] == "service_healthy"
         if "REDIS_URL" in env:
-            assert env["REDIS_URL"].startswith("redis://redis:6379/"), name
+            assert re.match(r"redis://:\$\{REDIS_PASSWORD:\?[^}]*\}@redis:6379/", env["REDIS_URL"]), name
             assert service["depends_on"]["redis"]["condition"] == "service_healthy", name
 
 
@@ -662,7 +666,7 @@ def test_kubernetes_serves_the_same_nginx_conf() -> None:
         f"run: cp {NGINX_CONF.relative_to(ROOT)} {K8S_NGINX_CONF.relative_to(ROOT)}"
     (base,) = [d for d in DOCS if _is_kustomization(d) and d.path.parent == K8S / "base"]
     generators = {g["name"]: g for g in base.body["configMapGenerator"]}
-    assert generators["web-proxy"]["files"] == [K8S_NGINX_CONF.name]
+    assert generators["web-proxy"]["files"] == [K8S_NGINX_CONF.name, TRUSTED_PROXIES["kubernetes"].name]
     web = _deployments()["web"]
     volumes = {v["name"]: v for v in web["spec"]["template"]["spec"]["volumes"]}
     proxy = _sidecar(web, "proxy")
@@ -747,6 +751,147 @@ def test_nginx_limits_agree_with_the_app() -> None:
     grace = _deployments()["web"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
     assert 5 + _seconds(_nginx_one("worker_shutdown_timeout")) < grace
     assert _seconds(_nginx_one("worker_shutdown_timeout")) > settings.sync_deadline_s
+
+
+# -- what is exposed, and to whom --------------------------------------------------------
+
+
+def _network_policies() -> dict[str, dict]:
+    return {d.name: d.body["spec"] for d in _of_kind("NetworkPolicy")}
+
+
+def test_the_operator_listener_is_scraped_and_published_nowhere() -> None:
+    """/metrics and /ops answer on OPS_PORT only (router_queue/web/operations.py):
+    the Procfile binds it, Prometheus scrapes it, no Service, Ingress, proxy or
+    published port leads to it, and the NetworkPolicy opens it to monitoring only."""
+    from router_queue.web.operations import OPERATOR_ENDPOINTS
+
+    cm = _configmap()
+    web_words = _shell_words(_procfile()["web"])
+    binds = [web_words[i + 1] for i, word in enumerate(web_words) if word == "--bind"]
+    assert binds == ["0.0.0.0:8000", f"127.0.0.1:{Settings().ops_port}"], "loopback unless OPS_HOST says otherwise"
+    assert _shell_words(_procfile()["web"], {"OPS_HOST": cm["OPS_HOST"], "OPS_PORT": cm["OPS_PORT"]})[-4] == \
+        f"{cm['OPS_HOST']}:{cm['OPS_PORT']}"
+    ops_port = Settings.from_env(cm).ops_port
+    assert ops_port not in (0, int(cm["PORT"]))
+
+    web = _deployments()["web"]
+    ports = {p["name"]: p["containerPort"] for p in _container(web)["ports"]}
+    assert ports["ops"] == ops_port and ports["app"] == int(cm["PORT"])
+    assert web["spec"]["template"]["metadata"]["annotations"]["prometheus.io/port"] == str(ops_port)
+    for service in _of_kind("Service"):
+        targets = {p.get("targetPort") for p in service.body["spec"]["ports"]}
+        assert not targets & {"ops", ops_port, "app", int(cm["PORT"])}, service.name
+    policy = _network_policies()["web"]
+    assert policy["podSelector"]["matchLabels"].items() <= web["spec"]["template"]["metadata"]["labels"].items()
+    rules = {tuple(p["port"] for p in rule["ports"]): rule.get("from") for rule in policy["ingress"]}
+    assert set(rules) == {("http",), ("ops",)}, "gunicorn's own port is reached through nginx in the pod only"
+    assert rules[("http",)] is None
+    assert rules[("ops",)] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}]
+
+    services = _compose()["services"]
+    assert services["web"]["environment"]["OPS_PORT"] == str(ops_port) and "ports" not in services["web"]
+    published = [str(p) for service in services.values() for p in service.get("ports", [])]
+    assert not [p for p in published if p.rsplit(":", 1)[-1] == str(ops_port)], published
+
+    # nginx answers the operator paths itself (404), never passing them on.
+    text = NGINX_CONF.read_text()
+    for prefix in ("/ops", "/metrics"):
+        block = _nginx_block(f"location ^~ {prefix}")
+        assert block.split() == ["return", "404;"], block
+    assert "error_page 404 =404 /_front_door/not_found;" in text
+    assert 'add_header X-Comfy-Error-Type model_not_found always;' in _nginx_block("location = /_front_door/not_found")
+    routes = _app_routes()
+    for endpoint in OPERATOR_ENDPOINTS:
+        assert routes[endpoint].startswith(("/ops", "/metrics")), endpoint
+
+
+def _trusted(path: Path) -> tuple[list[str], list[str]]:
+    """(set_real_ip_from values, the geo block's trusted entries) of ``path``."""
+    text = path.read_text()
+    geo = re.search(r"geo \$realip_remote_addr \$from_a_proxy \{(.*?)\}", text, flags=re.S).group(1)
+    entries = [line.split()[0] for line in geo.strip().splitlines() if line.strip() and line.split()[0] != "default"]
+    assert re.search(r"^\s*default 0;", geo, flags=re.M)
+    return _nginx("set_real_ip_from", text), entries
+
+
+def test_nginx_believes_forwarded_addresses_from_one_configured_range_only() -> None:
+    """Not every private address: loopback and, in Kubernetes, one range (the
+    ingress controller's), the same for X-Forwarded-For and X-Forwarded-Proto."""
+    assert not _nginx("set_real_ip_from") and not re.search(r"^\s*geo\s", NGINX_CONF.read_text(), flags=re.M)
+    assert _nginx("include") == ["trusted-proxies.conf"] and _nginx_one("real_ip_header") == "X-Forwarded-For"
+    loopback = {"127.0.0.1", "::1"}
+    private = [ipaddress.ip_network(n) for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7")]
+    for where, path in TRUSTED_PROXIES.items():
+        real_ip, geo = _trusted(path)
+        assert real_ip == geo, f"{path}: set_real_ip_from and the geo block must list the same addresses"
+        assert loopback <= set(real_ip), path
+        others = [ipaddress.ip_network(n) for n in real_ip if n not in loopback]
+        assert len(others) <= 1, f"{path}: one load balancer range, got {others}"
+        for network in others:
+            assert network.prefixlen >= (16 if network.version == 4 else 48), f"{path}: {network} is too wide"
+            assert not any(network == wide or wide.subnet_of(network) for wide in private
+                           if wide.version == network.version), f"{path}: {network} is a whole private range"
+        assert bool(others) == (where == "kubernetes"), f"{path}: compose has no load balancer in front"
+    (proxy_volume,) = [v for v in _compose()["services"]["proxy"]["volumes"] if "trusted-proxies.conf" in v]
+    assert (COMPOSE_FILE.parent / proxy_volume.split(":")[0]).resolve() == TRUSTED_PROXIES["compose"]
+    assert proxy_volume.endswith(":/etc/nginx/trusted-proxies.conf:ro")
+    mounts = {m["mountPath"]: m for m in _sidecar(_deployments()["web"], "proxy")["volumeMounts"]}
+    assert mounts["/etc/nginx/trusted-proxies.conf"]["subPath"] == TRUSTED_PROXIES["kubernetes"].name
+
+
+def test_redis_asks_for_a_password_and_admits_only_our_pods() -> None:
+    services = _compose()["services"]
+    command = services["redis"]["command"]
+    assert command[command.index("--requirepass") + 1].startswith("${REDIS_PASSWORD:?"), "no default password"
+    assert "ports" not in services["redis"]
+    assert "PONG" in " ".join(services["redis"]["healthcheck"]["test"])
+    assert services["redis"]["environment"]["REDISCLI_AUTH"].startswith("${REDIS_PASSWORD:?")
+
+    assert "REDIS_URL" not in _configmap(), "it carries the password: the Secret router-queue-redis holds it"
+    (template,) = [d.body for d in _of_kind("Secret") if d.name == "router-queue-redis"]
+    assert re.match(r"rediss?://:[^@]+@", template["stringData"]["REDIS_URL"])
+    for name, deployment in _deployments().items():
+        (ref,) = [e["secretRef"] for e in _container(deployment)["envFrom"] if "secretRef" in e]
+        assert ref["name"] == "router-queue-redis" and not ref.get("optional"), name
+    (redis_set,) = [d.body for d in _of_kind("StatefulSet") if d.name == "redis"]
+    (container,) = redis_set["spec"]["template"]["spec"]["containers"]
+    assert container["args"][-2:] == ["--requirepass", "$(REDIS_PASSWORD)"]
+    secret_env = {e["name"]: e["valueFrom"]["secretKeyRef"] for e in container["env"]}
+    assert secret_env["REDIS_PASSWORD"] == secret_env["REDISCLI_AUTH"] == {"name": "redis-auth", "key": "password"}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert "PONG" in " ".join(container[probe]["exec"]["command"]), probe
+
+    policies = _network_policies()
+    redis_policy = policies["redis"]
+    assert _selects(redis_policy["podSelector"], redis_set["spec"]["template"]["metadata"]["labels"])
+    (rule,) = redis_policy["ingress"]
+    assert rule["from"] == [{"podSelector": {"matchLabels": {"app.kubernetes.io/name": "router-queue"}}}]
+    assert rule["ports"] == [{"port": 6379, "protocol": "TCP"}]
+    for name, deployment in _deployments().items():
+        labels = deployment["spec"]["template"]["metadata"]["labels"]
+        assert labels["app.kubernetes.io/name"] == "router-queue", f"{name} would be refused by Redis"
+        covering = [p for p, spec in policies.items() if _selects(spec["podSelector"], labels)]
+        assert len(covering) == 1, f"{name}: one NetworkPolicy decides who reaches it, got {covering}"
+    assert policies["workers-and-beat"]["ingress"] == []
+
+
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        present = labels.get(expression["key"])
+        if expression["operator"] == "In" and present not in expression["values"]:
+            return False
+        if expression["operator"] == "NotIn" and present in expression["values"]:
+            return False
+    return True
+
+
+def test_flower_is_published_only_behind_basic_auth() -> None:
+    flower = _compose()["services"]["flower"]
+    assert flower["environment"]["FLOWER_BASIC_AUTH"].startswith("${FLOWER_BASIC_AUTH:?"), "no default credentials"
+    assert all(str(p).startswith("127.0.0.1:") for p in flower.get("ports", [])), flower.get("ports")
 
 
 def _kustomize_command() -> list[str] | None:
@@ -1038,10 +1183,11 @@ def _get(url: str) -> tuple[int, str]:
 @pytest.mark.integration
 def test_procfile_web_answers_the_probes_and_serves_the_metrics_the_autoscalers_use(
         tmp_path: Path, redis_url: str, started: list[Process]) -> None:
-    port = free_port()
-    web = Process.start("web", _clean_env(tmp_path, redis_url, PORT=str(port)))
+    port, ops_port = free_port(), free_port()
+    web = Process.start("web", _clean_env(tmp_path, redis_url, PORT=str(port), OPS_PORT=str(ops_port),
+                                          PUBLIC_BASE_URL="https://router.example.com"))
     started.append(web)
-    base = f"http://127.0.0.1:{port}"
+    base, ops = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{ops_port}"
 
     def healthy() -> bool:
         try:
@@ -1052,7 +1198,11 @@ def test_procfile_web_answers_the_probes_and_serves_the_metrics_the_autoscalers_
     web.wait_for(healthy, 20, "200 from /healthz")
     assert any(f"Using worker: {WEB_WORKER_CLASS}" in line for line in web.lines), web.log()
     assert _get(f"{base}/readyz")[0] == 200, web.log()
-    status, metrics = _get(f"{base}/metrics")
+    # The operator surfaces: on OPS_PORT (the Procfile's second bind) only.
+    for path in ("/metrics", "/ops", "/ops/summary.json"):
+        assert _get(f"{base}{path}")[0] == 404, path
+        assert _get(f"{ops}{path}")[0] == 200, path
+    status, metrics = _get(f"{ops}/metrics")
     assert status == 200
     families = set(re.findall(r"^# TYPE (\S+) ", metrics, flags=re.M))
     for provider in PROVIDERS:
@@ -1062,6 +1212,20 @@ def test_procfile_web_answers_the_probes_and_serves_the_metrics_the_autoscalers_
                if name not in families and re.sub(r"_(bucket|sum|count|created)$", "", name) not in families}
     assert not unknown, f"deploy/ refers to metrics /metrics does not serve: {sorted(unknown)}"
     assert web.stop(), f"web did not stop on SIGTERM:\n{web.log()}"
+
+
+@pytest.mark.integration
+def test_procfile_web_refuses_to_start_without_a_public_origin(tmp_path: Path, redis_url: str,
+                                                              started: list[Process]) -> None:
+    """Neither PUBLIC_BASE_URL nor TRUSTED_HOSTS: gunicorn exits, and says which to set."""
+    web = Process.start("web", _clean_env(tmp_path, redis_url, PORT=str(free_port()), OPS_PORT=str(free_port())))
+    started.append(web)
+    try:
+        web.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"web started without PUBLIC_BASE_URL or TRUSTED_HOSTS:\n{web.log()}")
+    assert web.proc.returncode != 0
+    assert web.logged(r"PUBLIC_BASE_URL .* or TRUSTED_HOSTS .* must be set")(), web.log()
 
 
 @pytest.mark.integration

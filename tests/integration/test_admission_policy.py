@@ -716,7 +716,7 @@ def test_what_gunicorn_refuses_before_the_app_is_still_a_contract_error(rig: Rig
 
 def test_a_malformed_chunked_body_is_invalid_input_and_admits_nothing(rig: Rig) -> None:
     caller = rig.caller()
-    request = (f"POST /v2/models/{FLUX}/requests HTTP/1.1\r\nHost: x\r\nX-API-Key: {caller.api_key}\r\n"
+    request = (f"POST /v2/models/{FLUX}/requests HTTP/1.1\r\nHost: 127.0.0.1\r\nX-API-Key: {caller.api_key}\r\n"
                "Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
                "zz\r\n{\"prompt\": \"x\"}\r\n0\r\n\r\n").encode()
     status_line, headers, body = _raw_exchange(caller.base_url, request)

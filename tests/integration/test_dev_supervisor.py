@@ -39,23 +39,29 @@ def _child(dev: subprocess.Popen, needle: str) -> int | None:
 
 def test_dev_starts_a_killed_worker_again_and_work_resumes() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("REDIS_URL", "CELERY_BROKER_URL")}
-    port, stub_port = free_port(), free_port()
+    port, stub_port, ops_port = free_port(), free_port(), free_port()
     dev = subprocess.Popen(
         [sys.executable, "-c", "from router_queue.cli import main; main()", "dev", "--port", str(port),
-         "--stub-port", str(stub_port)],
+         "--stub-port", str(stub_port), "--ops-port", str(ops_port)],
         cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )
     try:
-        key, redis_url, deadline = None, None, time.monotonic() + UP_S
+        key, redis_url, ops_page, deadline = None, None, None, time.monotonic() + UP_S
         while (key is None or redis_url is None) and time.monotonic() < deadline:
             line = dev.stdout.readline()
             assert line or dev.poll() is None, f"router-queue dev exited: {dev.stderr.read()[-2000:]}"
+            if match := re.match(r"\s*ops page\s+(\S+)", line):
+                ops_page = match.group(1)
             if match := re.match(r"export COMFY_API_KEY=(\S+)", line):
                 key = match.group(1)
             if match := re.match(r"export REDIS_URL=(\S+)", line):
                 redis_url = match.group(1)
         assert key, "router-queue dev printed no key"
         base = f"http://127.0.0.1:{port}"
+        # The operator page where dev says it is, and not on the front door's port.
+        assert ops_page == f"http://127.0.0.1:{ops_port}/ops", ops_page
+        assert requests.get(ops_page, timeout=10).status_code == 200
+        assert requests.get(f"{base}/ops", timeout=10).status_code == 404
         # The operator CLI, in another shell, reaches the embedded Redis it printed.
         depths = subprocess.run([sys.executable, "-c", "from router_queue.cli import main; main()", "ops", "depths"],
                                 cwd=ROOT, env={**env, "REDIS_URL": redis_url}, capture_output=True, text=True,

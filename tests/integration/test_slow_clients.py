@@ -71,6 +71,7 @@ OPEN_BATCH = 250
 #: last header never ends.
 TRICKLE_HEAD = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Trickle: "
 NGINX_CONF = ROOT / "deploy" / "nginx" / "nginx.conf"
+TRUSTED_PROXIES = NGINX_CONF.with_name("trusted-proxies.conf")
 
 
 # -- the flood -------------------------------------------------------------------
@@ -408,6 +409,8 @@ class Nginx:
         port = free_port()
         conf = prefix / "nginx.conf"
         conf.write_text(nginx_conf_for_test(listen_port=port, upstream_port=upstream_port, prefix=prefix))
+        # compose's: loopback (this test's client) is the one trusted proxy
+        (prefix / TRUSTED_PROXIES.name).write_bytes(TRUSTED_PROXIES.read_bytes())
         # As root, nginx's workers would switch to an unprivileged user that
         # cannot enter pytest's temporary directory; in production nginx is
         # not root and keeps its own user.
@@ -481,7 +484,7 @@ def _length(answer: bytes) -> int:
 
 def _post(path: str, body: bytes, headers: dict[str, str]) -> bytes:
     head = "".join(f"{name}: {value}\r\n" for name, value in headers.items())
-    return (f"POST {path} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\n"
+    return (f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
             f"Content-Length: {len(body)}\r\nConnection: close\r\n{head}\r\n").encode() + body
 
 
@@ -519,6 +522,15 @@ def test_nginx_answers_its_own_refusals_in_the_contracts_shape(nginx: Nginx, doo
         orphan.stop()
     assert status == 503 and headers["x-comfy-error-type"] == "service_unavailable", (status, body)
     assert headers["retry-after"] == "5"
+
+
+def test_nginx_never_proxies_the_operator_surfaces(nginx: Nginx) -> None:
+    """/ops, its JSON and /metrics answer 404 at nginx, in the contract's shape."""
+    for path in ("/ops", "/ops/summary.json", "/metrics", "/metrics/"):
+        status, headers, body = _raw(nginx.port, f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                                                 "Connection: close\r\n\r\n".encode())
+        assert status == 404 and headers["x-comfy-error-type"] == "model_not_found", (path, status, body)
+        assert json.loads(body)["error_type"] == "model_not_found" and headers["x-content-type-options"] == "nosniff"
 
 
 def test_nginx_passes_on_the_host_and_scheme_the_client_used(nginx: Nginx, caller: Caller,
