@@ -24,6 +24,7 @@ from router_queue.store.requests import Lease, RequestRecord
 
 from .context import WorkerContext
 from .providers import ADAPTERS, HandBack, ProviderCall, ProviderFailure
+from .providers.hosts import ProviderHosts
 from .webhooks import nudge as nudge_webhook
 
 log = logging.getLogger(__name__)
@@ -200,6 +201,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         progressed=progressed,
         started_at=record.started_at or time.time(),
         timed=lambda seconds: metrics.provider_call(entry.provider, entry.id, seconds),
+        hosts=ProviderHosts.of(services.settings),
     )
     started = time.monotonic()
     try:

@@ -28,6 +28,7 @@ from router_queue.catalog import DEFAULT_MAX_IN_FLIGHT, Catalog, CatalogError
 from router_queue.settings import DEFAULT_CATALOG, Settings, SettingsError
 from workers.credentials import GOOGLE_SCOPES, Credentials
 from workers.providers import ProviderCall, ProviderFailure, vertexai
+from workers.providers.hosts import ProviderHosts
 
 GEMINI = "vertexai/gemini-3.1-flash-image"
 GOOGLE_TOKEN_AUDIENCE = "https://oauth2.googleapis.com/token"
@@ -159,7 +160,8 @@ def vertex_call(credentials: Credentials, origin: str, session: requests.Session
     entry = Catalog.load(DEFAULT_CATALOG).by_id(GEMINI)
     return ProviderCall(entry=entry, body=json.dumps({"contents": [{"parts": [{"text": "a teapot"}]}]}).encode(),
                         url=entry.upstream(origin), credential=credentials.for_provider("vertexai"),
-                        session=session, interruption=lambda: None)
+                        session=session, interruption=lambda: None,
+                        hosts=ProviderHosts((), ("http", origin.removeprefix("http://"))))
 
 
 # -- configuration ------------------------------------------------------------------

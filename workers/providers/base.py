@@ -12,11 +12,15 @@ import json
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import requests
 
 from router_queue import states
 from router_queue.catalog import ModelEntry
+from router_queue.settings import Settings
+
+from .hosts import ProviderHosts
 
 
 @dataclass(frozen=True)
@@ -44,6 +48,8 @@ class ProviderCall:
     started_at: float = 0.0
     #: Told how long each HTTP exchange with the provider took (metrics).
     timed: Callable[[float], None] = lambda seconds: None
+    #: Where calls may go (``PROVIDER_HOSTS``, the override's origin).
+    hosts: ProviderHosts = ProviderHosts(Settings().provider_hosts)
 
     @property
     def api_key(self) -> str:
@@ -90,10 +96,18 @@ class HandBack(Exception):
 
 
 def send(call: ProviderCall, method: str, url: str, **kwargs) -> requests.Response:
-    """One HTTP exchange; transport failures become retryable provider failures."""
+    """One HTTP exchange; transport failures become retryable provider failures.
+
+    Only to an allowed host (``call.hosts``), and never following a redirect:
+    requests would carry our ``x-key`` header along to wherever a 3xx points
+    (it drops only ``Authorization`` on a change of host). A 3xx is answered
+    to the adapter like any other status, so it ends as a provider error."""
+    refused = call.hosts.refusal(url)
+    if refused is not None:
+        raise ProviderFailure(states.PROVIDER_ERROR, f"refused to call {call.entry.provider}: {refused}")
     started = time.monotonic()
     try:
-        return call.session.request(method, url, timeout=call.timeout, **kwargs)
+        return call.session.request(method, url, timeout=call.timeout, allow_redirects=False, **kwargs)
     except requests.Timeout as exc:
         raise ProviderFailure(states.PROVIDER_TIMEOUT, f"{call.entry.provider} did not answer in time: {exc}",
                               retryable=True) from exc
@@ -115,8 +129,12 @@ def unexpected(call: ProviderCall, response: requests.Response) -> ProviderFailu
     """A failure for an answer the adapter has no better reading of.
 
     429 and 5xx are worth another attempt (a 429 at the provider's own pace);
-    any other status is final.
+    any other status is final, a redirect (never followed) among them.
     """
+    if response.is_redirect:
+        where = urlsplit(response.headers.get("Location", "")).hostname or "nowhere"
+        return ProviderFailure(states.PROVIDER_ERROR, f"{call.entry.provider} answered HTTP {response.status_code}, "
+                                                      f"a redirect to {where}, which is not followed")
     excerpt = response.text[:300].replace("\n", " ")
     detail = f"{call.entry.provider} answered HTTP {response.status_code}: {excerpt}"
     if response.status_code == 429:

@@ -8,6 +8,10 @@ The handle is remembered in the request's record the moment BFL answers the
 submit, so a delivery that takes over (the first worker died, or handed the
 request back on shutdown) resumes polling instead of paying for a second
 generation.
+
+The ``polling_url`` BFL names is pinned to BFL's own site (the catalog URL's
+domain, ``hosts.same_site``) as well as to ``PROVIDER_HOSTS``: a submit
+answer cannot send our key to a host of another provider, or anywhere else.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from router_queue import states
 
 from .base import (HandBack, ProviderCall, ProviderFailure, ProviderOutput, cancelled, json_or_empty, output_of, send,
                    unexpected)
+from .hosts import same_site
 
 #: Poll answers that mean "not finished yet".
 _RUNNING = {"Pending", "Queued", "Processing"}
@@ -41,11 +46,23 @@ def _submit(call: ProviderCall) -> dict[str, Any]:
         if not payload.get("polling_url") or not payload.get("id"):
             raise ProviderFailure(states.PROVIDER_ERROR, "bfl accepted the request but named no id/polling_url")
         ref = {"id": payload["id"], "polling_url": payload["polling_url"]}
+        _check_polling_url(call, ref)
         call.remember(ref)
         return ref
     if response.status_code in (400, 422):
         raise ProviderFailure(states.INVALID_INPUT, f"bfl rejected the input: {response.text[:500]}")
     raise unexpected(call, response)
+
+
+def _check_polling_url(call: ProviderCall, ref: dict[str, Any]) -> None:
+    """BFL's handle must point at BFL: its site, and an allowed host."""
+    url = str(ref["polling_url"])
+    if not same_site(call.url, url):
+        raise ProviderFailure(states.PROVIDER_ERROR, f"bfl named a polling_url outside its own site "
+                                                     f"({urlsplit(url).hostname or url[:100]!r}); not called")
+    refused = call.hosts.refusal(url)
+    if refused is not None:
+        raise ProviderFailure(states.PROVIDER_ERROR, f"bfl named a polling_url we may not call: {refused}")
 
 
 def _cancel_upstream(call: ProviderCall, ref: dict[str, Any]) -> bool:
@@ -66,7 +83,11 @@ def _cancel_upstream(call: ProviderCall, ref: dict[str, Any]) -> bool:
 
 
 def run(call: ProviderCall) -> ProviderOutput:
-    ref = call.upstream_ref if call.upstream_ref and call.upstream_ref.get("polling_url") else _submit(call)
+    if call.upstream_ref and call.upstream_ref.get("polling_url"):
+        ref = call.upstream_ref
+        _check_polling_url(call, ref)  # kept by an earlier delivery, perhaps before this check existed
+    else:
+        ref = _submit(call)
     policy = call.entry.policy
     deadline = (call.started_at or time.time()) + policy.max_run_s
     interval = policy.poll_interval_s
