@@ -64,7 +64,7 @@ def test_a_webhook_header_without_a_secret_is_refused_saying_how_to_make_one(
         assert services.redis.hget(f"rq:req:{again.json['request_id']}", "webhook_url").decode() == HOOK
 
 
-def test_the_workspace_default_without_a_secret_is_refused_too(http, auth, services, workspace):
+def test_the_workspace_default_without_a_secret_is_refused_too(http, ops_http, auth, services, workspace):
     services.accounts.set_webhook_url(workspace, HOOK)
     for route in (_queued, _synchronous):
         response = route(http, auth)
@@ -72,7 +72,7 @@ def test_the_workspace_default_without_a_secret_is_refused_too(http, auth, servi
         assert response.json["detail"].startswith("the workspace has a default webhook URL")
         assert f"webhook-secret {workspace}" in response.json["detail"]
     _nothing_admitted(services, workspace)
-    metrics = http.get("/metrics").get_data(as_text=True)
+    metrics = ops_http.get("/metrics").get_data(as_text=True)
     assert 'reason="no_webhook_secret"' in metrics
 
 
