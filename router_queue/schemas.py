@@ -2,23 +2,25 @@
 
 A schema only validates: the body that passes is forwarded to the provider
 unchanged, byte for byte as the caller's JSON parsed, never reshaped by
-``load``'s output. Unknown top-level fields are refused so a typo is a clear
-``422`` rather than a silently ignored option.
+``load``'s output. Unknown fields are refused so a typo is a clear ``422``
+rather than a silently ignored option. Every input object is a
+``StrictSchema`` and every list a ``BoundedList`` (``validation.py``), so what
+a body costs to validate, and its 422, is bounded whatever it holds.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from marshmallow import INCLUDE, RAISE, Schema, ValidationError, fields, validate, validates_schema
+from marshmallow import INCLUDE, Schema, ValidationError, fields, pre_load, validate, validates_schema
+
+from .validation import BoundedList, StrictSchema
 
 # -- bfl/flux-2-pro: BFL's own request body ------------------------------------
+# No lists: the reference images are the named fields input_image, _2, _3.
 
 
-class Flux2ProInput(Schema):
-    class Meta:
-        unknown = RAISE
-
+class Flux2ProInput(StrictSchema):
     prompt = fields.String(required=True, validate=validate.Length(min=1, max=10_000))
     input_image = fields.String()
     input_image_2 = fields.String()
@@ -32,22 +34,40 @@ class Flux2ProInput(Schema):
 
 
 # -- vertexai/gemini-3.1-flash-image: generateContent ---------------------------
+# Vertex AI documents for Gemini 3.1 Flash Image "Maximum images per prompt: 14"
+# and 131,072 input tokens, and no count of contents or parts (only the token
+# window bounds them; https://docs.cloud.google.com/vertex-ai/generative-ai/docs/
+# models/gemini/3-1-flash-image). The counts below are therefore ours, far
+# above what an image prompt uses within our 1 MiB body: they bound what
+# validating one body costs.
+
+#: Images a request may carry (inlineData or fileData of an image/* type): Vertex's documented maximum.
+MAX_IMAGES = 14
+#: Turns in ``contents`` (ours: Vertex documents none).
+MAX_CONTENTS = 64
+#: Parts in one turn (ours: Vertex documents none).
+MAX_PARTS = 64
+#: Parts in all turns together, counted before any part is read (ours).
+MAX_PARTS_IN_ALL = 256
+#: Safety settings: one per harm category, and Vertex's HarmCategory has fewer than this.
+MAX_SAFETY_SETTINGS = 16
+#: ``fileData.fileUri``: https only. A ``gs://`` URI is read by Vertex with the
+#: deployment's own service agent, i.e. with our access to our buckets.
+HTTPS_URL = validate.Regexp(r"^https://[^\s/]", error="Must be an https URL (https://host/path): gs:// and other "
+                                                       "schemes are not accepted.")
 
 
-class _Blob(Schema):
+class _Blob(StrictSchema):
     mimeType = fields.String(required=True)
     data = fields.String(required=True)
 
 
-class _FileData(Schema):
+class _FileData(StrictSchema):
     mimeType = fields.String(required=True)
-    fileUri = fields.String(required=True)
+    fileUri = fields.String(required=True, validate=HTTPS_URL)
 
 
-class _Part(Schema):
-    class Meta:
-        unknown = RAISE
-
+class _Part(StrictSchema):
     text = fields.String()
     inlineData = fields.Nested(_Blob)
     fileData = fields.Nested(_FileData)
@@ -58,26 +78,20 @@ class _Part(Schema):
             raise ValidationError("a part holds exactly one of text, inlineData, fileData")
 
 
-class _Content(Schema):
-    class Meta:
-        unknown = RAISE
-
+class _Content(StrictSchema):
     role = fields.String(validate=validate.OneOf(["user", "model"]))
-    parts = fields.List(fields.Nested(_Part), required=True, validate=validate.Length(min=1))
+    parts = BoundedList(fields.Nested(_Part), required=True, min_length=1, max_length=MAX_PARTS)
 
 
-class _ImageConfig(Schema):
+class _ImageConfig(StrictSchema):
     aspectRatio = fields.String(
         validate=validate.OneOf(["1:1", "2:3", "3:2", "3:4", "4:3", "4:5", "5:4", "9:16", "16:9", "21:9"])
     )
     imageSize = fields.String(validate=validate.OneOf(["1K", "2K", "4K"]))
 
 
-class _GenerationConfig(Schema):
-    class Meta:
-        unknown = RAISE
-
-    responseModalities = fields.List(fields.String(validate=validate.OneOf(["TEXT", "IMAGE"])))
+class _GenerationConfig(StrictSchema):
+    responseModalities = BoundedList(fields.String(validate=validate.OneOf(["TEXT", "IMAGE"])), max_length=2)
     temperature = fields.Float(validate=validate.Range(min=0, max=2))
     topP = fields.Float(validate=validate.Range(min=0, max=1))
     candidateCount = fields.Integer(validate=validate.Range(min=1, max=1))
@@ -85,25 +99,54 @@ class _GenerationConfig(Schema):
     imageConfig = fields.Nested(_ImageConfig)
 
 
-class GeminiGenerateContentInput(Schema):
-    class Meta:
-        unknown = RAISE
+class _SafetySetting(StrictSchema):
+    """Vertex's SafetySetting: a harm category and the threshold to block it at."""
 
-    contents = fields.List(fields.Nested(_Content), required=True, validate=validate.Length(min=1))
+    category = fields.String(required=True)
+    threshold = fields.String(required=True)
+    method = fields.String()
+
+
+def _image_count(contents: list[dict[str, Any]]) -> int:
+    media = (part.get("inlineData") or part.get("fileData") or {} for content in contents
+             for part in content["parts"])
+    return sum(1 for blob in media if blob.get("mimeType", "").startswith("image/"))
+
+
+class GeminiGenerateContentInput(StrictSchema):
+    contents = BoundedList(fields.Nested(_Content), required=True, min_length=1, max_length=MAX_CONTENTS)
     generationConfig = fields.Nested(_GenerationConfig)
     systemInstruction = fields.Nested(_Content)
-    safetySettings = fields.List(fields.Dict(keys=fields.String(), values=fields.String()))
+    safetySettings = BoundedList(fields.Nested(_SafetySetting), max_length=MAX_SAFETY_SETTINGS)
+
+    @pre_load
+    def _parts_in_all(self, data: Any, **_: Any) -> Any:
+        """Refuses too many parts in all from the lists' lengths alone, before any part is read."""
+        contents = data.get("contents") if isinstance(data, dict) else None
+        if isinstance(contents, list) and len(contents) <= MAX_CONTENTS:
+            total = sum(len(content["parts"]) for content in contents
+                        if isinstance(content, dict) and isinstance(content.get("parts"), list))
+            if total > MAX_PARTS_IN_ALL:
+                raise ValidationError({"contents": [f"Longer than maximum length: {total} parts in all turns, "
+                                                    f"at most {MAX_PARTS_IN_ALL}."]})
+        return data
+
+    @validates_schema
+    def _images(self, data: dict[str, Any], **_: Any) -> None:
+        count = _image_count(data["contents"])
+        if count > MAX_IMAGES:
+            raise ValidationError(f"Longer than maximum length: {count} images, at most {MAX_IMAGES} per request "
+                                  "(Vertex AI's limit for this model).", "contents")
 
 
 # -- openai/gpt-4o-mini-tts: the audio/speech body -----------------------------
+# No lists; OpenAI documents input as at most 4096 characters
+# (https://platform.openai.com/docs/api-reference/audio/createSpeech).
 
 VOICES = ["alloy", "ash", "ballad", "coral", "echo", "fable", "nova", "onyx", "sage", "shimmer", "verse"]
 
 
-class SpeechInput(Schema):
-    class Meta:
-        unknown = RAISE
-
+class SpeechInput(StrictSchema):
     input = fields.String(required=True, validate=validate.Length(min=1, max=4096))
     voice = fields.String(required=True, validate=validate.OneOf(VOICES))
     model = fields.String(validate=validate.OneOf(["gpt-4o-mini-tts"]))
@@ -177,55 +220,3 @@ SCHEMAS: dict[str, type[Schema]] = {
     cls.__name__: cls
     for cls in (Flux2ProInput, GeminiGenerateContentInput, SpeechInput, Flux2ProOutput, GenerateContentOutput)
 }
-
-# -- per-field errors ------------------------------------------------------------
-
-#: marshmallow's message texts -> the machine-readable ``type`` of a detail entry.
-_TYPES = (
-    ("Missing data for required field", "missing"),
-    ("Unknown field", "extra_forbidden"),
-    ("Field may not be null", "null_not_allowed"),
-    ("Not a valid string", "string_type"),
-    ("Not a valid integer", "int_type"),
-    ("Not a valid number", "float_type"),
-    ("Not a valid boolean", "bool_type"),
-    ("Not a valid list", "list_type"),
-    ("Invalid input type", "object_type"),
-    ("Not a valid mapping", "object_type"),
-    ("Must be one of", "enum"),
-    ("Must be greater than", "out_of_range"),
-    ("Must be less than", "out_of_range"),
-    ("Shorter than minimum length", "too_short"),
-    ("Longer than maximum length", "too_long"),
-    ("Length must be", "length"),
-)
-
-
-def _type_of(message: str) -> str:
-    for prefix, kind in _TYPES:
-        if message.startswith(prefix):
-            return kind
-    return "value_error"
-
-
-def _walk(errors: Any, loc: list[Any]) -> list[dict[str, Any]]:
-    if isinstance(errors, dict):
-        out: list[dict[str, Any]] = []
-        for key, value in errors.items():
-            path = loc if key == "_schema" else loc + [key]
-            out.extend(_walk(value, path))
-        return out
-    if isinstance(errors, list):
-        out = []
-        for item in errors:
-            if isinstance(item, str):
-                out.append({"loc": loc, "msg": item, "type": _type_of(item)})
-            else:
-                out.extend(_walk(item, loc))
-        return out
-    return [{"loc": loc, "msg": str(errors), "type": _type_of(str(errors))}]
-
-
-def validation_detail(messages: dict[str, Any]) -> list[dict[str, Any]]:
-    """marshmallow's nested error dict as the contract's ``detail`` array."""
-    return _walk(messages, ["body"])

@@ -16,11 +16,11 @@ from typing import Any, Callable
 from ..catalog import ModelEntry
 from ..errors import (IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, PendingWebhooksFull,
                       QueueBacklogFull, QueuedBytesFull, ServiceUnavailable, ValidationFailed)
-from ..schemas import validation_detail
 from ..services import Services
 from ..store.apikeys import is_legacy_namespace
 from ..store.outcomes import Admit
 from ..store.requests import PRIORITIES
+from ..validation import too_many_items, validate
 from ..webhooks import safety
 from . import pacing
 from .views import response_url
@@ -46,8 +46,12 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
     JSON on the wire is UTF-8 (RFC 8259); ``json.loads`` would also take UTF-16
     and UTF-32 bytes, which we would then store and forward as they came, so the
-    bytes are decoded strictly first.
+    bytes are decoded strictly first. A body of more items than any model's
+    input holds is ``422`` unparsed (``validation.too_many_items``).
     """
+    too_many = too_many_items(raw)
+    if too_many:
+        raise ValidationFailed([{"loc": ["body"], "msg": too_many, "type": "too_long"}])
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -64,10 +68,11 @@ def parse_body(raw: bytes) -> dict[str, Any]:
 
 
 def validate_body(entry: ModelEntry, body: dict[str, Any]) -> None:
-    """``422 invalid_input`` with the per-field ``detail`` array when the schema refuses."""
-    errors = entry.schema().validate(body)
-    if errors:
-        raise ValidationFailed(validation_detail(errors))
+    """``422 invalid_input`` with the per-field ``detail`` array (bounded:
+    ``validation.py``) when the schema refuses."""
+    detail = validate(entry.schema(), body)
+    if detail:
+        raise ValidationFailed(detail)
 
 
 def idempotency_key(raw: str | None) -> str | None:
