@@ -1,13 +1,16 @@
 """What a hostile caller can send costs little and breaks nothing, against the
 real stack (gunicorn, workers, stub, redis-server): a malformed id is 404 on
-every request route, never 500."""
+every request route, never 500; a hostile 1 MB body is refused with a small
+answer, and the next caller is served as usual."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import requests
 
-from .harness import FLUX, Caller, unique_prompt
+from .harness import FLUX, GEMINI, Caller, unique_prompt, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -26,3 +29,33 @@ def test_an_id_with_a_trailing_byte_is_404_on_every_request_route(caller: Caller
         assert response.headers["X-Comfy-Error-Type"] == "request_not_found"
     assert caller.session.get(caller.url(FLUX, request_id, "/status"), headers=caller.headers(),
                               timeout=10).status_code == 200
+
+
+def _compact(body: object) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def test_a_hostile_body_is_refused_small_and_the_next_request_is_served(caller: Caller) -> None:
+    prompt = {"contents": [{"role": "user", "parts": [{"text": unique_prompt("a cat")}]}]}
+    hostile = {**prompt, **{f"k{i}": 1 for i in range(90_000)}}  # the report's 1 MB body
+    many_bad = {"contents": [{"role": "robot", "parts": [{"text": 1}] * 4}] * 64}
+    gs = {"contents": [{"parts": [{"fileData": {"mimeType": "image/png", "fileUri": "gs://our-bucket/x.png"}}]}]}
+    headers = caller.headers({"Content-Type": "application/json"})
+    for body, first_type in ((hostile, "too_long"), (many_bad, "enum"), (gs, "url_scheme")):
+        raw = _compact(body)
+        assert len(raw) < 1_048_576
+        response = caller.session.post(caller.url(GEMINI), data=raw, headers=headers, timeout=30)
+        assert response.status_code == 422, response.text[:500]
+        assert len(response.content) < 16 * 1024
+        assert response.headers["X-Comfy-Error-Type"] == "invalid_input"
+        detail = response.json()["detail"]
+        assert detail[0]["type"] == first_type and len(detail) <= 11
+    request_id = caller.submit_ok(GEMINI, prompt)
+
+    def completed() -> bool:
+        status = caller.session.get(caller.url(GEMINI, request_id, "/status"), headers=caller.headers(), timeout=10)
+        return status.json().get("status") == "COMPLETED"
+
+    wait_for(completed, what="the next request completed")
+    result = caller.session.get(caller.url(GEMINI, request_id), headers=caller.headers(), timeout=10)
+    assert result.status_code == 200, result.text[:300]

@@ -1,0 +1,123 @@
+"""Phase ``hostile_body_ratio``: what refusing a hostile 1 MB body costs the
+front door, against accepting a plain 1 MB prompt of the same model.
+
+One keep-alive connection to the running front door (gunicorn, gevent, real
+Redis); plain and hostile submits to ``vertexai/gemini-3.1-flash-image``
+interleaved (plain, each hostile kind, plain, …) over ``--hostile-rounds``
+rounds, so the machine's drifts weigh on every side alike. Each request is
+timed from the first byte sent to the last byte of the answer read. Prints,
+per hostile kind, the median ms against the plain submit's median::
+
+    BENCH hostile_body_ratio_<kind> value=<ms> ms baseline=<plain ms> ratio=...
+
+then the worst of them as ``hostile_body_ratio`` (the issue's target: at most
+3), and stderr shows each answer's status and size.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import time
+from typing import Callable
+from urllib.parse import urlsplit
+
+MODEL = "vertexai/gemini-3.1-flash-image"
+#: Body size the figures compare, in bytes (under the front door's 1 MiB limit).
+SIZE = 1_000_000
+
+
+def _compact(body: object) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _fill(make: Callable[[int], object], size: int = SIZE) -> bytes:
+    """``make(n)`` for the largest n (doubling, then bisecting) whose JSON fits ``size`` bytes."""
+    low, high = 1, 2
+    while len(_compact(make(high))) <= size:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if len(_compact(make(middle))) <= size else (low, middle)
+    return _compact(make(low))
+
+
+def _turn(*parts: dict) -> dict:
+    return {"role": "user", "parts": list(parts)}
+
+
+def bodies() -> dict[str, bytes]:
+    """The plain body first, then each hostile kind, each about ``SIZE`` bytes."""
+    plain = _compact({"contents": [_turn({"text": ""})]})
+    return {
+        "plain": _compact({"contents": [_turn({"text": "a" * (SIZE - len(plain))})]}),
+        # the report's body: a valid prompt and 90,000 unknown keys
+        "unknown_keys": _fill(lambda n: {"contents": [_turn({"text": "a cat"})], **{f"k{i}": 1 for i in range(n)}}),
+        # lists nested as deep as the JSON parser goes, where a part's text belongs
+        "deeply_nested": b'{"contents":[{"parts":[{"text":' + b"[" * (SIZE // 2 - 40) + b"]" * (SIZE // 2 - 40)
+                         + b"}]}]}",
+        # every list at its maximum length (64 turns, 4 parts each: 256 in all), every item wrong
+        # (a role no turn has, a mimeType that is no string), each part's data filling the megabyte
+        "max_length_lists": _fill(lambda n: {"contents": [
+            {"role": "robot", "parts": [{"inlineData": {"mimeType": 1, "data": "a" * n}}] * 4}] * 64}),
+        # as many small parts as fit in a megabyte
+        "many_small_parts": _fill(lambda n: {"contents": [_turn(*[{"text": "a"}] * n)]}),
+        # one key of a megabyte
+        "huge_key": _fill(lambda n: {"contents": [_turn({"text": "a cat"})], "k" * n: 1}),
+    }
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection, each call timed."""
+
+    def __init__(self, base_url: str):
+        parts = urlsplit(base_url)
+        self._conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+
+    def post(self, path: str, headers: dict[str, str], body: bytes) -> tuple[float, int, int]:
+        """(ms, status, answer bytes)."""
+        started = time.perf_counter()
+        self._conn.request("POST", path, body=body, headers={**headers, "Content-Length": str(len(body))})
+        response = self._conn.getresponse()
+        data = response.read()
+        return (time.perf_counter() - started) * 1000, response.status, len(data)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def measure(front_url: str, headers: dict[str, str], rounds: int, emit: Callable[..., None],
+            log: Callable[[str], None], error_type: type[Exception]) -> None:
+    path = f"/v2/models/{MODEL}/requests"
+    cases = bodies()
+    for name, body in cases.items():
+        log(f"hostile_body_ratio: {name}: {len(body)} bytes")
+    connection = _Connection(front_url)
+    timings: dict[str, list[float]] = {name: [] for name in cases}
+    answers: dict[str, tuple[int, int]] = {}
+    try:
+        for name, body in cases.items():  # warm-up: each kind once
+            connection.post(path, headers, body)
+        for _ in range(rounds):
+            for name, body in cases.items():
+                ms, status, size = connection.post(path, headers, body)
+                timings[name].append(ms)
+                answers[name] = (status, size)
+    finally:
+        connection.close()
+    if answers["plain"][0] != 201:
+        raise error_type(f"hostile_body_ratio: the plain 1 MB prompt answered {answers['plain'][0]}, not 201")
+    plain = statistics.median(timings["plain"])
+    worst = 0.0
+    for name, (status, size) in answers.items():
+        log(f"hostile_body_ratio: {name}: HTTP {status}, {size} bytes answered, "
+            f"median {statistics.median(timings[name]):.1f} ms over {rounds}")
+        if name == "plain":
+            continue
+        if status < 400 or status >= 500:
+            raise error_type(f"hostile_body_ratio: the {name} body answered {status}, not a refusal")
+        value = statistics.median(timings[name])
+        emit(f"hostile_body_ratio_{name}", value, "ms", plain)
+        worst = max(worst, value)
+    emit("hostile_body_ratio", worst, "ms", plain)
