@@ -50,6 +50,9 @@ def test_a_hostile_body_is_refused_small_and_the_next_request_is_served(caller: 
         assert response.headers["X-Comfy-Error-Type"] == "invalid_input"
         detail = response.json()["detail"]
         assert detail[0]["type"] == first_type and len(detail) <= 11
+    deep = caller.session.post(caller.url(GEMINI), data=b"[" * 1_000_000, headers=headers, timeout=30)
+    assert deep.status_code == 400, deep.text[:300]  # the parser's recursion limit, answered as input
+    assert deep.json()["error_type"] == "invalid_input"
     request_id = caller.submit_ok(GEMINI, prompt)
 
     def completed() -> bool:
