@@ -55,5 +55,5 @@ class Services:
             ids=RequestIds(client),
             catalog=catalog,
             metrics=MetricsRecorder(client),
-            webhooks=WebhookStore(client, keep_s=settings.result_retention_s),
+            webhooks=WebhookStore(client, keep_s=settings.result_retention_s, limits=settings.webhook_limits),
         )

@@ -19,6 +19,7 @@ from typing import Any, Callable, Mapping
 
 from .catalog import Catalog
 from .store.connect import RedisUrlError, SentinelAddress
+from .store.webhooks import DeliveryLimits
 
 DEFAULT_CATALOG = Path(__file__).with_name("catalog.json")
 
@@ -142,6 +143,10 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "WEBHOOK_LEASE_SECONDS": ("webhook_lease_s", _float),
     "WEBHOOK_RETRY_SCHEDULE": ("webhook_retry_schedule_s", _floats),
     "WEBHOOK_RETRY_FOR_SECONDS": ("webhook_retry_for_s", _float),
+    "WEBHOOK_MAX_IN_FLIGHT_PER_WORKSPACE": ("webhook_max_in_flight_per_workspace", _int),
+    "WEBHOOK_WAIT_SECONDS": ("webhook_wait_s", _float),
+    "WEBHOOK_CIRCUIT_FAILURES": ("webhook_circuit_failures", _int),
+    "WEBHOOK_CIRCUIT_COOLING_SECONDS": ("webhook_circuit_cooling_s", _float),
 }
 
 
@@ -250,12 +255,31 @@ class Settings:
     webhook_retry_schedule_s: tuple[float, ...] = (5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0, 7200.0)
     #: Seconds after a webhook's first attempt past which it is given up.
     webhook_retry_for_s: float = 86_400.0
+    #: Webhook attempts one workspace may have in flight at once, fleet-wide;
+    #: its other events wait their turn (not an attempt, not a failure). 0: no cap.
+    webhook_max_in_flight_per_workspace: int = 4
+    #: Seconds before an event that waited its turn is published again
+    #: (jittered ±50 %; beat's sweep publishes it, so up to a sweep later).
+    webhook_wait_s: float = 1.0
+    #: Failed attempts in a row (timeouts, refused connections, HTTP errors) at
+    #: one of a workspace's endpoints (a URL origin) that open its circuit. 0: none.
+    webhook_circuit_failures: int = 5
+    #: Seconds an open circuit keeps that endpoint's events waiting; then one
+    #: attempt probes it: an answer closes it, a failure opens it again.
+    webhook_circuit_cooling_s: float = 30.0
 
     @property
     def sync_hold_s(self) -> float:
         """How long the synchronous route really holds: the deadline less a
         margin (5 s, or a tenth of a short deadline) for the 504 to arrive."""
         return max(0.5, self.sync_deadline_s - min(5.0, self.sync_deadline_s / 10))
+
+    @property
+    def webhook_limits(self) -> DeliveryLimits:
+        """How the webhook delivery pool is shared (``store/webhooks.py``)."""
+        return DeliveryLimits(max_in_flight_per_workspace=self.webhook_max_in_flight_per_workspace,
+                              wait_s=self.webhook_wait_s, circuit_failures=self.webhook_circuit_failures,
+                              circuit_cooling_s=self.webhook_circuit_cooling_s, window_s=self.webhook_retry_for_s)
 
     @property
     def effective_broker_url(self) -> str:

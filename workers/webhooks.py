@@ -13,13 +13,22 @@ for the workspace now, and POSTed to the very address that was checked (the
 connection is made to it, with the URL's host for ``Host`` and TLS), so a
 name that resolves elsewhere a moment later cannot redirect the attempt.
 ``WEBHOOK_TIMEOUT_SECONDS`` bounds the whole attempt, connect to last byte:
-a watchdog shuts the socket when it runs out, so a receiver that trickles its
-answer a byte at a time cannot hold a worker thread past it (nor outlive the
-attempt's lease and be called twice at once). No redirects are followed, and
+the connect waits at most that long (an address that never answers a SYN),
+and a watchdog started before it shuts the socket when the time runs out, so
+neither a receiver that accepts and never answers nor one that trickles its
+answer a byte at a time holds a worker thread past it (nor outlives the
+attempt's lease and is called twice at once). No redirects are followed, and
 at most :data:`MAX_RESPONSE_BYTES` of the answer are read. A 2xx delivers, a 410 stops
 for good, anything else is tried again on the schedule of
 ``webhooks/schedule.py``. Secrets and signatures are never logged, nor the
 URL's path and query (receivers put tokens there): only its origin.
+
+These attempts run in a worker process of their own (the Procfile's
+``webhooks``, consuming ``router.webhooks`` only), never on a provider
+worker's threads. Within it the pool is shared fairly: ``webhook_take.lua``
+lets a workspace have only ``WEBHOOK_MAX_IN_FLIGHT_PER_WORKSPACE`` attempts
+in flight and keeps an endpoint with an open circuit waiting; an event that
+waits costs a Redis call, not a thread, and is published again shortly.
 """
 
 from __future__ import annotations
@@ -38,6 +47,7 @@ from router_queue.store.requests import RequestRecord
 from router_queue.store.webhooks import WebhookEvent
 from router_queue.webhooks import event as wire
 from router_queue.webhooks import safety, schedule
+from router_queue.webhooks.endpoints import origin
 
 from .context import WorkerContext
 
@@ -47,11 +57,6 @@ log = logging.getLogger(__name__)
 MAX_RESPONSE_BYTES = 64 * 1024
 
 
-def origin(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc.rpartition('@')[2]}"
-
-
 def deliver_webhook(context: WorkerContext, request_id: str) -> str:
     """One attempt at ``request_id``'s event, if it is due and free; returns
     what happened, for logs."""
@@ -59,12 +64,17 @@ def deliver_webhook(context: WorkerContext, request_id: str) -> str:
     token = uuid.uuid4().hex
     taken = services.webhooks.take(request_id, now=time.time(), lease_s=settings.webhook_lease_s, token=token)
     if taken.event is None:
-        log.debug("webhook %s: %s; nothing to do", request_id, taken.outcome)
+        if taken.due_at is not None:
+            log.debug("webhook %s: %s; due again in %.1f s", request_id,
+                      "its endpoint's circuit is open" if taken.outcome == "OPEN" else "its workspace's turn",
+                      taken.due_at - time.time())
+        else:
+            log.debug("webhook %s: %s; nothing to do", request_id, taken.outcome)
         return taken.outcome.lower()
     event = taken.event
     with logs.bound(request_id=request_id, workspace=event.workspace, model=event.model):
         started = time.monotonic()
-        outcome, status, error = attempt(context, event)
+        outcome, status, error, endpoint_failed = attempt(context, event)
         seconds = time.monotonic() - started
         now = time.time()
         next_at = None
@@ -74,7 +84,8 @@ def deliver_webhook(context: WorkerContext, request_id: str) -> str:
                                                window_s=settings.webhook_retry_for_s)
         recorded = services.webhooks.record(event, token=token, now=now,
                                             outcome="failed" if outcome == "refused" else outcome,
-                                            status=status, error=error, seconds=seconds, next_at=next_at)
+                                            status=status, error=error, seconds=seconds, next_at=next_at,
+                                            endpoint_failed=endpoint_failed)
         services.metrics.webhook_attempt(outcome, seconds)
         if recorded == "GAVE_UP":
             services.metrics.webhook_given_up()
@@ -85,16 +96,17 @@ def deliver_webhook(context: WorkerContext, request_id: str) -> str:
         return recorded.lower()
 
 
-def attempt(context: WorkerContext, event: WebhookEvent) -> tuple[str, int | None, str]:
-    """POST the event once: (outcome, HTTP status or None, error or "")."""
+def attempt(context: WorkerContext, event: WebhookEvent) -> tuple[str, int | None, str, bool]:
+    """POST the event once: (outcome, HTTP status or None, error or "",
+    whether the endpoint failed: not when the attempt never reached it)."""
     settings = context.services.settings
     try:
         addresses = safety.check(event.url, allow_loopback_http=settings.webhook_allow_loopback_http)
     except safety.UnsafeWebhookUrl as exc:
-        return "refused", None, f"the URL {exc}"
+        return "refused", None, f"the URL {exc}", False
     signing = context.services.accounts.signing_secrets(event.workspace)
     if not signing:
-        return "failed", None, "the workspace has no webhook secret (router-queue workspace webhook-secret WS)"
+        return "failed", None, "the workspace has no webhook secret (router-queue workspace webhook-secret WS)", False
     body = wire.event_body(request_id=event.request_id, model=event.model, status=event.status,
                            error_type=event.error_type, response_url=event.response_url,
                            created_at=event.created_at, started_at=event.started_at,
@@ -103,36 +115,47 @@ def attempt(context: WorkerContext, event: WebhookEvent) -> tuple[str, int | Non
     timeout = settings.webhook_timeout_s
     try:
         status = post(event.url, str(addresses[0]), body, headers, timeout)
+    except ConnectTimedOut:
+        return "failed", None, f"no connection within {timeout:g} s", True
     except AttemptTimedOut:
-        return "failed", None, f"no answer within {timeout:g} s"
+        return "failed", None, f"no answer within {timeout:g} s", True
     except (OSError, http.client.HTTPException) as exc:
-        return "failed", None, f"{type(exc).__name__}: {str(exc)[:200]}"
+        return "failed", None, f"{type(exc).__name__}: {str(exc)[:200]}", True
     if 200 <= status < 300:
-        return "delivered", status, ""
+        return "delivered", status, "", False
     if status == 410:
-        return "gone", status, "the receiver answered 410 Gone; no more attempts"
-    return "failed", status, f"HTTP {status}"
+        return "gone", status, "the receiver answered 410 Gone; no more attempts", False
+    return "failed", status, f"HTTP {status}", True
 
 
 class AttemptTimedOut(Exception):
     """The attempt's whole time ran out before its answer was read."""
 
 
+class ConnectTimedOut(AttemptTimedOut):
+    """The attempt's whole time ran out before the connection was made."""
+
+
 def post(url: str, address: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int:
     """POST ``body`` to ``url`` over a connection to ``address`` (checked);
     the answer's status, which must arrive with its whole head within
-    ``timeout_s`` of the connect (the body is read while time is left)."""
+    ``timeout_s`` of the start, the connect included (the body is read while
+    time is left)."""
     parts = urlsplit(url)
     https = parts.scheme == "https"
     port = parts.port or (443 if https else 80)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     expired = threading.Event()
-    sock = socket.create_connection((address, port), timeout=timeout_s)
+    sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
+    # Every blocking step (the connect first: an address that drops our SYN
+    # never refuses) waits at most timeout_s, and the watchdog below ends
+    # them all at timeout_s from here.
+    sock.settimeout(timeout_s)
 
     def cut() -> None:
         expired.set()
         try:
-            sock.shutdown(socket.SHUT_RDWR)
+            sock.shutdown(socket.SHUT_RDWR)  # `sock` is the TLS socket once wrapped
         except OSError:
             pass
 
@@ -140,6 +163,14 @@ def post(url: str, address: str, body: bytes, headers: dict[str, str], timeout_s
     watchdog.daemon = True
     watchdog.start()
     try:
+        try:
+            sock.connect((address, port))
+        except OSError as exc:  # the watchdog's shutdown may end the connect first, as another error
+            if isinstance(exc, TimeoutError) or expired.is_set():
+                raise ConnectTimedOut() from None
+            raise
+        if expired.is_set():
+            raise ConnectTimedOut()
         if https:
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
         connection = http.client.HTTPConnection(parts.hostname, port, timeout=timeout_s)
@@ -158,8 +189,8 @@ def post(url: str, address: str, body: bytes, headers: dict[str, str], timeout_s
             return response.status
         finally:
             connection.close()
-    except (OSError, http.client.HTTPException):
-        if expired.is_set():
+    except (OSError, http.client.HTTPException) as exc:
+        if isinstance(exc, (TimeoutError, socket.timeout)) or expired.is_set():
             raise AttemptTimedOut() from None
         raise
     finally:

@@ -39,8 +39,9 @@ DELIVER_TASK = "workers.tasks.deliver"
 SWEEP_TASK = "workers.tasks.sweep"
 #: Queue for housekeeping (the sweeper), consumed by any worker.
 MAINTENANCE_QUEUE = "router.maintenance"
-#: Webhook deliveries: a queue of their own, so a slow receiver never holds a
-#: provider's queue. Each message carries a request id whose event
+#: Webhook deliveries: a queue of their own, consumed only by the webhooks
+#: worker (the Procfile's ``webhooks``), so a slow receiver never holds a
+#: provider's thread or queue. Each message carries a request id whose event
 #: (``rq:webhook:{id}``) is the truth; the message is only a nudge, and beat's
 #: sweeper publishes again every event due whose message was lost.
 WEBHOOK_TASK = "workers.tasks.deliver_webhook"

@@ -11,6 +11,8 @@ from flask.cli import AppGroup, with_appcontext
 
 from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from ..store.outcomes import Cancel
+from ..store.webhooks import FailingEndpoint
+from ..webhooks.endpoints import origin
 from ..web.front import front_door
 from ..web.operations import summary
 
@@ -59,6 +61,8 @@ def inspect(request_id: str) -> None:
     record = _record(request_id)
     body = record.pop("body", "")
     record["body"] = f"<{len(body)} bytes>"
+    if record.get("webhook_url"):  # its path and query may be the receiver's credential
+        record["webhook_url"] = origin(record["webhook_url"]) + "/…"
     record["position"] = front_door().services.store.status_view(request_id, record["provider"]).position
     click.echo(json.dumps(record, indent=2, sort_keys=True))
 
@@ -109,26 +113,42 @@ def drain(provider: str, off: bool) -> None:
     click.echo(f"{provider} {'admitting' if off else 'draining'}")
 
 
+def _circuit(row: FailingEndpoint, now: float) -> str:
+    if row.open_until is None:
+        return "closed"
+    if row.open_until > now:
+        return f"open until {time.strftime('%H:%M:%SZ', time.gmtime(row.open_until))}"
+    return "open, probing"
+
+
 @ops.command("webhooks")
-@click.argument("workspace_id")
+@click.argument("workspace_id", required=False)
 @click.option("--count", type=click.IntRange(min=1), default=20, show_default=True)
-def webhooks(workspace_id: str, count: int) -> None:
-    """A workspace's recent webhook attempts, newest first, and its failing endpoints."""
+def webhooks(workspace_id: str | None, count: int) -> None:
+    """Failing webhook endpoints (URL origins) and their circuits; with a
+    workspace, its own and its recent attempts, newest first."""
     services = front_door().services
-    if services.accounts.get(workspace_id) is None:
+    if workspace_id is not None and services.accounts.get(workspace_id) is None:
         raise click.ClickException(f"no workspace {workspace_id!r}")
+    now = time.time()
+    if workspace_id is None:
+        click.echo(f"pending events: {services.webhooks.pending()}\tattempts in flight: "
+                   f"{services.webhooks.in_flight(now)}")
     click.echo("failing endpoints (failed attempts in a row):")
-    failing = services.webhooks.failing(workspace_id)
-    for _, url, failures in failing:
-        click.echo(f"  {failures}\t{url}")
+    failing = services.webhooks.failing(workspace_id)[:count]
+    for row in failing:
+        who = "" if workspace_id is not None else f"{row.workspace}\t"
+        click.echo(f"  {row.failures}\t{who}{row.origin}\t{_circuit(row, now)}")
     if not failing:
         click.echo("  none")
+    if workspace_id is None:
+        return
     click.echo("recent attempts:")
-    click.echo("  at\trequest_id\tattempt\toutcome\tstatus\tseconds\turl\terror")
+    click.echo("  at\trequest_id\tattempt\toutcome\tstatus\tseconds\torigin\terror")
     for a in services.webhooks.attempts(workspace_id, count):
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(a.at))
         click.echo(f"  {at}\t{a.request_id}\t{a.attempt}\t{a.outcome}\t{a.status or '-'}\t{a.seconds:.3f}\t"
-                   f"{a.url}\t{a.error or '-'}")
+                   f"{a.origin}\t{a.error or '-'}")
 
 
 @ops.command("purge-expired")

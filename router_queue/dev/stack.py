@@ -2,8 +2,9 @@
 integration tests both use ``Stack``.
 
 The stack is real processes: gunicorn serving the front door, a Celery worker
-consuming every provider queue, Celery beat running the sweeper, and the stub
-providers. With no ``REDIS_URL`` set, ``dev`` serves an embedded
+consuming every provider queue, a Celery worker of its own delivering
+webhooks (the Procfile's ``webhooks``), Celery beat running the sweeper, and
+the stub providers. With no ``REDIS_URL`` set, ``dev`` serves an embedded
 Redis-compatible server (fakeredis over TCP) from its own process.
 """
 
@@ -140,10 +141,18 @@ class Stack:
 
     def start_worker(self, providers: list[str], name: str = "worker", pool: str = "threads",
                      concurrency: int = 8, app: str = "workers.main") -> subprocess.Popen:
-        """A Celery worker consuming ``providers``' queues, the maintenance
-        queue and the webhooks' queue; ``app`` is the Celery app module (the
-        bench adds a task of its own)."""
-        queues = ",".join([queue_name(p) for p in providers] + [MAINTENANCE_QUEUE, WEBHOOKS_QUEUE])
+        """A Celery worker consuming ``providers``' queues and the maintenance
+        queue (never the webhooks': :meth:`start_webhooks`); ``app`` is the
+        Celery app module (the bench adds a task of its own)."""
+        queues = ",".join([queue_name(p) for p in providers] + [MAINTENANCE_QUEUE])
+        return self._spawn_worker(name, queues, pool, concurrency, app)
+
+    def start_webhooks(self, name: str = "webhooks", pool: str = "threads", concurrency: int = 32) -> subprocess.Popen:
+        """The webhooks worker, as the Procfile's ``webhooks``: ``router.webhooks``
+        only, on threads of its own, so a slow receiver never holds a provider's."""
+        return self._spawn_worker(name, WEBHOOKS_QUEUE, pool, concurrency, "workers.main")
+
+    def _spawn_worker(self, name: str, queues: str, pool: str, concurrency: int, app: str) -> subprocess.Popen:
         return self._spawn(name, [
             sys.executable, "-m", "celery", "-A", app, "worker", "--queues", queues,
             "--pool", pool, "--concurrency", str(concurrency), "--loglevel", "INFO",
@@ -210,7 +219,7 @@ Ctrl-C stops everything.
 
 #: Children ``router-queue dev`` starts again when they exit (a worker or beat
 #: that died with its broker connection); the web and the stub exiting is fatal.
-RESTARTED = ("worker", "beat")
+RESTARTED = ("worker", "webhooks", "beat")
 #: Seconds before a child is started again, doubling while it keeps exiting
 #: within a minute of its start, up to the last.
 RESTART_BACKOFF_S = (1.0, 30.0)
@@ -244,7 +253,7 @@ def _supervise(stack: Stack) -> None:
 @click.option("--ops-port", type=int, default=8900, show_default=True,
               help="Operator listener port (/ops, /metrics).")
 def dev(port: int, stub_port: int, ops_port: int) -> None:
-    """Run the front door, a worker, beat and the stub providers, and seed a demo key."""
+    """Run the front door, a worker, the webhooks worker, beat and the stub providers, and seed a demo key."""
     from ..catalog import Catalog
     from ..services import Services
     from ..settings import DEFAULT_CATALOG, Settings
@@ -281,6 +290,7 @@ def dev(port: int, stub_port: int, ops_port: int) -> None:
     try:
         stack.start_stub(stub_port)
         stack.start_worker(services.catalog.providers())
+        stack.start_webhooks()
         stack.start_beat()
         stack.start_web(port, ops_port=ops_port)
         click.echo(WALKTHROUGH.format(base=f"http://127.0.0.1:{port}", stub=f"http://127.0.0.1:{stub_port}",

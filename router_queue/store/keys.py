@@ -51,8 +51,17 @@ rq:webhook:{id}                hash    none while pending; retention   lua/lib.l
 rq:webhooks:due                zset    none (events owed, scored by    lua/lib.lua,
                                        when to publish them next)      webhook_*.lua
 rq:webhooks:log:{workspace}    list    none (its last attempts)        webhook_record.lua
-rq:webhooks:failing            hash    none ("{ws}|{url}": failures    webhook_record.lua
-                                       in a row)
+rq:webhooks:failing-origins    zset    none; trimmed to the 1,000      webhook_record.lua
+                                       most recent in the last 24 h
+                                       ("{ws}|{origin}" by its last
+                                       failure)
+rq:webhooks:circuit:{ws}|{o}   hash    24 h from its last failure;     webhook_take.lua,
+                                       deleted at a success            webhook_record.lua
+rq:webhooks:inflight:{ws}      zset    a lease (attempts running:      webhook_take.lua,
+                                       token by lease end)             webhook_record.lua
+rq:webhooks:inflight           zset    none (every workspace's;        webhook_take.lua,
+                                       members leave at the record     webhook_record.lua
+                                       or their lease's end)
 rq:metrics:webhooks            hash    none (counters, histogram)      metrics.py
 rq:held:{workspace}            zset    a lease (slots lapse unless     held.py (HeldSlots),
                                        renewed)                        held_take.lua
@@ -119,6 +128,14 @@ before it), ``lease_until`` and ``token`` (the attempt running now),
 pending event's request id scored by when beat's sweeper publishes it: its
 next attempt, or the end of a running attempt's lease (a killed worker's
 event comes back then).
+Webhook endpoints are a workspace's URL origins (``scheme://host[:port]``: never a
+path or query, which often carry a receiver's token). ``rq:webhooks:circuit:{ws}|{o}``
+(``{o}`` the origin) fields: ``failures`` (in a row), ``open_until`` (no attempt
+before it once ``failures`` reached ``WEBHOOK_CIRCUIT_FAILURES``), ``probe_until`` (the lease of the one attempt let
+through to probe it), ``last_failure_at``. ``rq:webhooks:inflight:{ws}`` holds the tokens
+of the workspace's attempts running now, at most ``WEBHOOK_MAX_IN_FLIGHT_PER_WORKSPACE``;
+``rq:webhooks:inflight`` the same tokens for every workspace (the in-flight gauge). The
+hash ``rq:webhooks:failing`` of earlier versions (whole URLs) is no longer written.
 ``rq:sched:{provider}`` and the keys under it are the fair schedule of the
 requests waiting for a slot (the policy is written down in ``lua/lib.lua``).
 Its hash fields: ``vtime`` (the tag granted last), ``slotseq`` and ``grantseq``
@@ -271,7 +288,23 @@ def webhook_log(workspace_id: str) -> str:
 
 
 def webhooks_failing() -> str:
-    return f"{PREFIX}:webhooks:failing"
+    """Failing endpoints, "{ws}|{origin}" by their last failure (trimmed)."""
+    return f"{PREFIX}:webhooks:failing-origins"
+
+
+def webhook_circuit(workspace_id: str, origin: str) -> str:
+    """One workspace's circuit on one URL origin."""
+    return f"{PREFIX}:webhooks:circuit:{workspace_id}|{origin}"
+
+
+def webhook_in_flight(workspace_id: str) -> str:
+    """The workspace's webhook attempts running now (its fair share's slots)."""
+    return f"{PREFIX}:webhooks:inflight:{workspace_id}"
+
+
+def webhooks_in_flight() -> str:
+    """Every webhook attempt running now."""
+    return f"{PREFIX}:webhooks:inflight"
 
 
 def webhook_metrics() -> str:

@@ -230,11 +230,15 @@ class RedisCollector(Collector):
             pipe.zcard(keys.schedule_workspaces(provider))
         pipe.hgetall(keys.sweeper_metrics())
         pipe.smembers(keys.draining())
+        now = time.time()
+        pipe.zcount(keys.webhooks_due(), "-inf", repr(now))
+        pipe.zcount(keys.webhooks_in_flight(), f"({now!r}", "+inf")
         pipe.hgetall(keys.webhook_metrics())
         replies = pipe.execute()
         webhooks = {k.decode(): float(v) for k, v in replies[-1].items()}
-        draining = {d.decode() for d in replies[-2]}
-        sweeper = {k.decode(): int(v) for k, v in replies[-3].items()}
+        webhooks_due, webhooks_in_flight = replies[-3], replies[-2]
+        draining = {d.decode() for d in replies[-4]}
+        sweeper = {k.decode(): int(v) for k, v in replies[-5].items()}
 
         depth = GaugeMetricFamily("router_queue_depth", "Requests waiting IN_QUEUE.", labels=["provider"])
         in_flight = GaugeMetricFamily("router_queue_in_flight", "Requests holding a provider slot: IN_PROGRESS, or granted one and not yet started.",
@@ -257,7 +261,6 @@ class RedisCollector(Collector):
         histograms = {name: HistogramMetricFamily(f"router_queue_{name}_seconds", text, labels=["provider", "model"])
                       for name, text in HISTOGRAMS.items()}
 
-        now = time.time()
         oldest_ids = []
         for index, provider in enumerate(providers):
             queued, running, head, fields, waiting_workspaces = replies[index * 5: index * 5 + 5]
@@ -277,10 +280,10 @@ class RedisCollector(Collector):
             sweeps.add_metric([action], sweeper.get(action, 0))
         yield from (depth, in_flight, cap, workspaces, oldest, drain, admitted, refused, completed, retries, sweeps)
         yield from histograms.values()
-        yield from self._webhooks(webhooks)
+        yield from self._webhooks(webhooks, webhooks_due, webhooks_in_flight)
 
     @staticmethod
-    def _webhooks(fields: dict[str, float]) -> Iterable:
+    def _webhooks(fields: dict[str, float], due: int, running: int) -> Iterable:
         deliveries = CounterMetricFamily("router_queue_webhook_deliveries",
                                          "Webhook attempts by outcome (delivered, failed, gone, refused), and "
                                          "events given up (given_up).", labels=["outcome"])
@@ -293,8 +296,17 @@ class RedisCollector(Collector):
             cumulative += int(fields.get(f"seconds_bucket|{bound}", 0))
             rows.append((bound, cumulative))
         latency.add_metric([], rows, fields.get("seconds_sum", 0.0))
+        # The webhooks Deployment's autoscaler reads these two (deploy/k8s).
+        due_now = GaugeMetricFamily("router_queue_webhooks_due",
+                                    "Webhook events due now and not yet published to router.webhooks.")
+        due_now.add_metric([], due)
+        in_flight = GaugeMetricFamily("router_queue_webhook_attempts_in_flight",
+                                      "Webhook attempts running now (each holds a thread of the webhooks worker).")
+        in_flight.add_metric([], running)
         yield deliveries
         yield latency
+        yield due_now
+        yield in_flight
 
     def _created_at(self, request_ids: list[str]) -> dict[str, float]:
         if not request_ids:

@@ -7,21 +7,34 @@ script: an attempt takes the event under a lease (``webhook_take.lua``), its
 outcome is recorded with the next attempt's time (``webhook_record.lua``),
 and the sweeper picks what is due (``webhook_due.lua``). The key layout is in
 ``keys.py``.
+
+Taking is fair and spares a dead endpoint (:class:`DeliveryLimits`): a
+workspace has at most a few attempts in flight, the rest wait their turn, and
+an endpoint (the workspace's URL origin) that failed several times in a row
+has its circuit opened: its events wait out a cooling interval, then one
+attempt probes it, and an answer closes it. Waiting is not an attempt.
 """
 
 from __future__ import annotations
 
 import json
+import random
 from dataclasses import dataclass
 from typing import Any
 
 import redis
 
+from ..webhooks.endpoints import origin
 from . import keys
 from .requests import load_script
 
 #: Attempts kept per workspace for ``router-queue ops webhooks``.
 LOG_LENGTH = 200
+#: Failing endpoints kept (the most recently failed), whatever their number.
+FAILING_KEPT = 1000
+#: A wait is multiplied by a random factor in [1 - WAIT_JITTER, 1 + WAIT_JITTER],
+#: so the events that waited together do not all come back together.
+WAIT_JITTER = 0.5
 
 
 def _text(value: Any) -> str:
@@ -64,11 +77,43 @@ class WebhookEvent:
 
 
 @dataclass(frozen=True)
+class DeliveryLimits:
+    """How the delivery pool is shared (the ``WEBHOOK_*`` settings)."""
+
+    #: Attempts one workspace may have in flight at once; 0 for no cap.
+    max_in_flight_per_workspace: int = 4
+    #: Seconds before an event that waited (its workspace at its cap, its
+    #: endpoint being probed) is published again, jittered.
+    wait_s: float = 1.0
+    #: Failures in a row that open an endpoint's circuit; 0 for no circuit.
+    circuit_failures: int = 5
+    #: Seconds an open circuit keeps its endpoint's events waiting before one probes it.
+    circuit_cooling_s: float = 30.0
+    #: Seconds after an event's first attempt (or, never tried, since it was
+    #: owed) past which it is given up; failing endpoints are kept this long.
+    window_s: float = 86_400.0
+
+
+@dataclass(frozen=True)
 class Taken:
-    """What ``take`` came to: "TAKEN" with the event, or why not."""
+    """What ``take`` came to: "TAKEN" with the event, or why not ("WAIT" and
+    "OPEN" with when it is due again)."""
 
     outcome: str
     event: WebhookEvent | None = None
+    due_at: float | None = None
+
+
+@dataclass(frozen=True)
+class FailingEndpoint:
+    """A workspace's endpoint (a URL origin) whose last attempts failed."""
+
+    workspace: str
+    origin: str
+    failures: int
+    last_failure_at: float
+    #: Until when its circuit keeps its events waiting; None while closed.
+    open_until: float | None
 
 
 @dataclass(frozen=True)
@@ -77,7 +122,8 @@ class Attempt:
 
     at: float
     request_id: str
-    url: str
+    #: The URL's origin only.
+    origin: str
     attempt: int
     outcome: str
     status: int | None
@@ -86,36 +132,63 @@ class Attempt:
 
 
 class WebhookStore:
-    def __init__(self, client: redis.Redis, *, keep_s: int):
+    def __init__(self, client: redis.Redis, *, keep_s: int, limits: DeliveryLimits = DeliveryLimits(),
+                 rand: random.Random | None = None):
         self.client = client
         #: Seconds an event is kept once delivered or given up.
         self.keep_s = keep_s
+        self.limits = limits
+        self._rand = rand or random.Random()
         self._take = load_script(client, "webhook_take")
         self._record = load_script(client, "webhook_record")
         self._due = load_script(client, "webhook_due")
 
     def take(self, request_id: str, *, now: float, lease_s: float, token: str) -> Taken:
-        reply = self._take(keys=[keys.webhook_event(request_id), keys.webhooks_due()],
-                           args=[request_id, repr(now), lease_s, token])
+        """Take the event for one attempt, in its workspace's turn and past its
+        endpoint's circuit (``webhook_take.lua``)."""
+        # An event's workspace and URL never change once owed: reading them
+        # first races with nothing.
+        workspace, url = (_text(v) if v is not None else None
+                          for v in self.client.hmget(keys.webhook_event(request_id), "workspace", "url"))
+        limits = self.limits
+        wait_s = limits.wait_s * self._rand.uniform(1 - WAIT_JITTER, 1 + WAIT_JITTER)
+        reply = self._take(
+            keys=[keys.webhook_event(request_id), keys.webhooks_due(), keys.webhook_in_flight(workspace or ""),
+                  keys.webhook_circuit(workspace or "", origin(url or "")), keys.webhooks_in_flight(),
+                  keys.workspace(workspace or "")],
+            args=[request_id, repr(now), lease_s, token, limits.max_in_flight_per_workspace, repr(wait_s),
+                  limits.circuit_failures, repr(limits.window_s), self.keep_s])
         outcome = _text(reply[0])
+        if outcome in ("WAIT", "OPEN"):
+            return Taken(outcome, due_at=float(_text(reply[1])))
         if outcome != "TAKEN":
             return Taken(outcome)
         flat = [_text(v) for v in reply[1:]]
         return Taken(outcome, WebhookEvent.from_fields(dict(zip(flat[::2], flat[1::2]))))
 
     def record(self, event: WebhookEvent, *, token: str, now: float, outcome: str, status: int | None,
-               error: str, seconds: float, next_at: float | None) -> str:
+               error: str, seconds: float, next_at: float | None, endpoint_failed: bool | None = None) -> str:
         """Record an attempt's ``outcome`` ("delivered", "gone", "failed");
-        ``next_at`` None after a failure gives the event up. Returns what
+        ``next_at`` None after a failure gives the event up. ``endpoint_failed``
+        says whether a failure was the endpoint's (it counts towards its
+        circuit): by default, every failure is. Returns what
         ``webhook_record.lua`` answered."""
-        entry = json.dumps({"at": now, "request_id": event.request_id, "url": event.url, "attempt": event.attempt,
-                            "outcome": outcome, "status": status, "error": error[:300], "seconds": round(seconds, 3)},
-                           separators=(",", ":"))
+        if endpoint_failed is None:
+            endpoint_failed = outcome == "failed"
+        endpoint = origin(event.url)
+        entry = json.dumps({"at": now, "request_id": event.request_id, "origin": endpoint,
+                            "attempt": event.attempt, "outcome": outcome, "status": status, "error": error[:300],
+                            "seconds": round(seconds, 3)}, separators=(",", ":"))
+        limits = self.limits
         reply = self._record(
             keys=[keys.webhook_event(event.request_id), keys.webhooks_due(), keys.webhook_log(event.workspace),
-                  keys.webhooks_failing(), keys.workspace(event.workspace)],
+                  keys.webhooks_failing(), keys.webhook_circuit(event.workspace, endpoint),
+                  keys.webhook_in_flight(event.workspace), keys.webhooks_in_flight(),
+                  keys.workspace(event.workspace)],
             args=[event.request_id, token, repr(now), outcome, "" if status is None else status, error[:300],
-                  "" if next_at is None else repr(next_at), self.keep_s, entry, LOG_LENGTH],
+                  "" if next_at is None else repr(next_at), self.keep_s, entry, LOG_LENGTH,
+                  f"{event.workspace}|{endpoint}", "1" if endpoint_failed else "0", limits.circuit_failures,
+                  repr(limits.circuit_cooling_s), FAILING_KEPT, int(limits.window_s)],
         )
         return _text(reply[0])
 
@@ -134,18 +207,38 @@ class WebhookStore:
     def pending(self) -> int:
         return int(self.client.zcard(keys.webhooks_due()))
 
-    def attempts(self, workspace: str, count: int = 50) -> list[Attempt]:
-        """The workspace's last ``count`` attempts, newest first."""
-        rows = [json.loads(raw) for raw in self.client.lrange(keys.webhook_log(workspace), 0, count - 1)]
-        return [Attempt(r["at"], r["request_id"], r["url"], r["attempt"], r["outcome"], r["status"], r["error"],
-                        r["seconds"]) for r in rows]
+    def in_flight(self, now: float) -> int:
+        """Attempts running now, every workspace's (leases not yet run out)."""
+        return int(self.client.zcount(keys.webhooks_in_flight(), f"({now!r}", "+inf"))
 
-    def failing(self, workspace: str | None = None) -> list[tuple[str, str, int]]:
-        """Endpoints whose last attempts failed: (workspace, url, failures in a
-        row), most failures first; one workspace's, or every one's."""
+    def attempts(self, workspace: str, count: int = 50) -> list[Attempt]:
+        """The workspace's last ``count`` attempts, newest first (origins only,
+        lines written before origins were kept included)."""
+        rows = [json.loads(raw) for raw in self.client.lrange(keys.webhook_log(workspace), 0, count - 1)]
+        return [Attempt(r["at"], r["request_id"], origin(r.get("origin") or r.get("url") or ""), r["attempt"],
+                        r["outcome"], r["status"], r["error"], r["seconds"]) for r in rows]
+
+    def failing(self, workspace: str | None = None, *, now: float | None = None) -> list[FailingEndpoint]:
+        """Endpoints whose last attempts failed, most failures first; one
+        workspace's, or every one's (at most :data:`FAILING_KEPT`)."""
+        members = [_text(m) for m in self.client.zrevrange(keys.webhooks_failing(), 0, FAILING_KEPT - 1)]
+        if workspace is not None:
+            members = [m for m in members if m.partition("|")[0] == workspace]
+        pipe = self.client.pipeline(transaction=False)
+        for member in members:
+            ws, _, endpoint = member.partition("|")
+            pipe.hmget(keys.webhook_circuit(ws, endpoint), "failures", "open_until", "last_failure_at")
         rows = []
-        for field, count in self.client.hgetall(keys.webhooks_failing()).items():
-            ws, _, url = _text(field).partition("|")
-            if workspace is None or ws == workspace:
-                rows.append((ws, url, int(count)))
-        return sorted(rows, key=lambda row: (-row[2], row[0], row[1]))
+        for member, (failures, open_until, last_at) in zip(members, pipe.execute() if members else []):
+            if not failures:
+                continue  # its circuit expired; the member goes at the next trim
+            ws, _, endpoint = member.partition("|")
+            failures = int(failures)
+            is_open = self.limits.circuit_failures and failures >= self.limits.circuit_failures
+            rows.append(FailingEndpoint(ws, endpoint, failures, float(last_at or 0),
+                                        float(open_until) if is_open and open_until else None))
+        return sorted(rows, key=lambda row: (-row.failures, row.workspace, row.origin))
+
+    def open_circuits(self) -> list[FailingEndpoint]:
+        """The failing endpoints whose circuit is open (its events waiting)."""
+        return [row for row in self.failing() if row.open_until is not None]

@@ -21,6 +21,7 @@ from werkzeug.exceptions import NotFound
 
 from ..errors import ServiceUnavailable
 from ..store.metrics import RedisCollector
+from ..store.webhooks import WebhookStore
 from .front import front_door
 from .headers import page
 from .views import json_response
@@ -29,6 +30,8 @@ operations = Blueprint("operations", __name__)
 
 #: Answered on the operator listener only.
 OPERATOR_ENDPOINTS = frozenset({"operations.metrics", "operations.ops_summary", "operations.ops_page"})
+#: Failing webhook endpoints listed on the page, most failures first.
+FAILING_SHOWN = 20
 
 
 def on_operator_listener(environ: dict, ops_port: int) -> bool:
@@ -99,8 +102,22 @@ def summary() -> dict:
             "waiting_workspaces": waiting_workspaces,
             "largest": [{"workspace": ws, "waiting": n} for ws, n in largest],
         })
-    failing = [{"workspace": ws, "url": url, "failures": n} for ws, url, n in services.webhooks.failing()[:20]]
-    return {"providers": rows, "at": now, "webhooks": {"pending": services.webhooks.pending(), "failing": failing}}
+    return {"providers": rows, "at": now, "webhooks": webhook_summary(services.webhooks, now)}
+
+
+def webhook_summary(webhooks: WebhookStore, now: float) -> dict:
+    """Webhook deliveries for the page: pending, in flight, the failing
+    endpoints (origins only: a URL's path and query may be its receiver's
+    credential) and which of them have an open circuit."""
+    failing = webhooks.failing()
+    return {
+        "pending": webhooks.pending(),
+        "in_flight": webhooks.in_flight(now),
+        "failing": [{"workspace": row.workspace, "origin": row.origin, "failures": row.failures,
+                     "circuit": "closed" if row.open_until is None else "open",
+                     "open_until": row.open_until} for row in failing[:FAILING_SHOWN]],
+        "open_circuits": sum(1 for row in failing if row.open_until is not None),
+    }
 
 
 @operations.get("/ops/summary.json")

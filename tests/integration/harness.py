@@ -46,6 +46,10 @@ TTS = "openai/gpt-4o-mini-tts"
 
 #: Threads of each test worker (``Stack.start_worker``'s default).
 WORKER_CONCURRENCY = 8
+#: Threads of the webhooks worker (the Procfile's ``webhooks``), where a stack runs one.
+WEBHOOKS_CONCURRENCY = 16
+#: Worker names that start the webhooks worker rather than a provider worker.
+WEBHOOKS_WORKER = "webhooks"
 #: Seconds any single wait below may take before the test fails.
 DEFAULT_WAIT_S = 20.0
 #: Seconds a stack may take to be ready (each worker consuming, a request done end to end).
@@ -247,11 +251,13 @@ class RunningStack:
     @classmethod
     def start(cls, env: dict[str, str], log_dir: Path, *, label: str, stub: bool = True,
               workers: Iterable[str] = ("worker",), beat: bool = True, web: bool = True, web_workers: int = 2,
-              **fields: Any) -> "RunningStack":
+              webhooks: bool = False, **fields: Any) -> "RunningStack":
         """The stub (if ``stub``; on the port ``env`` names), a Celery worker per
         name in ``workers`` (threads, :data:`WORKER_CONCURRENCY`, every provider
-        queue), beat, and gunicorn with ``web_workers`` workers, as the Procfile
-        runs them; returns once :meth:`wait_ready` does, stops them all if it fails."""
+        queue), the webhooks worker (if ``webhooks``: ``router.webhooks`` only,
+        :data:`WEBHOOKS_CONCURRENCY` threads), beat, and gunicorn with
+        ``web_workers`` workers, as the Procfile runs them; returns once
+        :meth:`wait_ready` does, stops them all if it fails."""
         port = free_port() if web else None
         ops_port = free_port() if web else None
         while ops_port is not None and ops_port == port:
@@ -265,7 +271,7 @@ class RunningStack:
         try:
             if stub:
                 running.stack.start_stub(urlsplit(env["PROVIDER_ORIGIN_OVERRIDE"]).port)
-            for name in workers:
+            for name in (*workers, *((WEBHOOKS_WORKER,) if webhooks else ())):
                 running.start_worker(name)
             if beat:
                 running.stack.start_beat()
@@ -317,10 +323,14 @@ class RunningStack:
 
     # -- workers -------------------------------------------------------------------
     def start_worker(self, name: str) -> None:
-        """A Celery worker called ``name`` (its log goes on where it was)."""
+        """A Celery worker called ``name`` (its log goes on where it was): the
+        webhooks worker if ``name`` is :data:`WEBHOOKS_WORKER`, else a provider worker."""
         path = self.log_path(name)
         self.log_starts[name] = path.stat().st_size if path.exists() else 0
-        self.stack.start_worker(self.services.catalog.providers(), name=name, concurrency=WORKER_CONCURRENCY)
+        if name == WEBHOOKS_WORKER:
+            self.stack.start_webhooks(name, concurrency=WEBHOOKS_CONCURRENCY)
+        else:
+            self.stack.start_worker(self.services.catalog.providers(), name=name, concurrency=WORKER_CONCURRENCY)
 
     def workers(self) -> list[str]:
         """Names of every worker started (alive or not)."""

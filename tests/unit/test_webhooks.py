@@ -213,7 +213,8 @@ def test_one_attempt_at_a_time_and_the_outcomes(hooked, http, auth, workspace):
     assert webhooks.due(now=now + 10, again_at=now + 40) == [request_id]
     second = webhooks.take(request_id, now=now + 11, lease_s=30, token="d")
     assert second.event.attempt == 2 and second.event.first_attempt_at == pytest.approx(now)
-    assert webhooks.failing(workspace) == [(workspace, "http://127.0.0.1:9/hook", 1)]
+    assert [(f.workspace, f.origin, f.failures) for f in webhooks.failing(workspace)] == [
+        (workspace, "http://127.0.0.1:9", 1)]
     assert webhooks.record(second.event, token="d", now=now + 12, outcome="delivered", status=204, error="",
                            seconds=0.1, next_at=None) == "DELIVERED"
     assert webhooks.failing(workspace) == [] and webhooks.pending() == 0
@@ -393,6 +394,7 @@ def test_set_webhook_checks_the_url_and_ops_webhooks_reports(app, hooked, http, 
                            error="HTTP 503", seconds=0.25, next_at=time.time() + 5)
     shown = runner.invoke(main, ["ops", "webhooks", workspace])
     assert shown.exit_code == 0, shown.output
-    assert "1\thttp://127.0.0.1:9/hook" in shown.output and request_id in shown.output and "HTTP 503" in shown.output
+    assert "1\thttp://127.0.0.1:9\tclosed" in shown.output and request_id in shown.output
+    assert "HTTP 503" in shown.output and "/hook" not in shown.output
     page = ops_http.get("/ops").get_data(as_text=True)
-    assert "http://127.0.0.1:9/hook" in page
+    assert "http://127.0.0.1:9" in page and "/hook" not in page

@@ -1,20 +1,38 @@
 -- webhook_take.lua: an attempt takes a pending webhook event to deliver it,
--- one attempt at a time. The attempt holds it for a lease: the event's due
--- score moves to the lease's end, so if the worker dies mid-delivery the
--- sweeper publishes the event again then (at least once, same webhook-id).
+-- one attempt at a time, in its workspace's turn and past its endpoint's
+-- circuit. The attempt holds the event for a lease: the event's due score
+-- moves to the lease's end, so if the worker dies mid-delivery the sweeper
+-- publishes the event again then (at least once, same webhook-id). It holds
+-- one of its workspace's in-flight slots for the same lease, so a killed
+-- worker's slot frees itself.
 --
 --   missing                     -> "MISSING" (and out of the due set)
 --   delivered / gone / given up -> "DONE" (and out of the due set)
 --   an attempt's lease is alive -> "BUSY": a duplicate message; nothing changes
 --   before its next attempt     -> "NOT_DUE": an early message; nothing changes
---   else                        -> "TAKEN" with the event's fields
+--   its endpoint's circuit open -> "OPEN", at: due again after the cooling
+--     (or, while another attempt probes the endpoint, after a short wait)
+--   its workspace at its cap    -> "WAIT", at: due again after a short wait
+--   a wait past the retry window (counted from the first attempt, or from
+--     when the event was owed if none was made) -> "GAVE_UP"
+--   else                        -> "TAKEN" with the event's fields; when the
+--     circuit was open and its cooling over, this attempt is the probe
+--
+-- Waiting (OPEN, WAIT) is not an attempt: nothing is counted or logged.
 --
 -- KEYS[1] rq:webhook:{id}   KEYS[2] rq:webhooks:due
+-- KEYS[3] rq:webhooks:inflight:{ws}  KEYS[4] rq:webhooks:circuit:{ws}|{origin}
+-- KEYS[5] rq:webhooks:inflight  KEYS[6] rq:ws:{ws} (its pending events count)
 -- ARGV[1] request id  ARGV[2] now (s)  ARGV[3] lease (s)  ARGV[4] token of this attempt
--- returns {"TAKEN", field, value, ...} | {"BUSY"} | {"NOT_DUE"} | {"DONE"} | {"MISSING"}
+-- ARGV[5] attempts in flight per workspace (0: no cap)  ARGV[6] wait (s, jittered)
+-- ARGV[7] failures in a row that open a circuit (0: no circuit)
+-- ARGV[8] retry window (s)  ARGV[9] seconds an ended event is kept
+-- returns {"TAKEN", field, value, ...} | {"BUSY"} | {"NOT_DUE"} | {"OPEN", at} | {"WAIT", at}
+--   | {"GAVE_UP"} | {"DONE"} | {"MISSING"}
 
 local now = tonumber(ARGV[2])
-local e = redis.call("HMGET", KEYS[1], "state", "next_at", "lease_until", "first_attempt_at")
+local e = redis.call("HMGET", KEYS[1], "state", "next_at", "lease_until", "first_attempt_at", "owed_at",
+  "counted")
 if not e[1] then
   redis.call("ZREM", KEYS[2], ARGV[1])
   return {"MISSING"}
@@ -30,13 +48,68 @@ if tonumber(e[2] or "0") > now then
   redis.call("ZADD", KEYS[2], e[2], ARGV[1])  -- the sweeper publishes it at its time
   return {"NOT_DUE"}
 end
-local until_ = now + tonumber(ARGV[3])
+
+local lease_until = now + tonumber(ARGV[3])
+local wait = tonumber(ARGV[6])
+
+local function defer(code, at)
+  local began = tonumber(e[4] or e[5] or ARGV[2])
+  if at > began + tonumber(ARGV[8]) then
+    redis.call("HSET", KEYS[1], "state", "given_up", "done_at", ARGV[2],
+      "last_error", "still waiting its turn when the retry window ended")
+    redis.call("ZREM", KEYS[2], ARGV[1])
+    redis.call("EXPIRE", KEYS[1], ARGV[9])
+    if e[6] == "1" then  -- gives back its workspace's pending event, as webhook_record.lua's finish does
+      redis.call("HDEL", KEYS[1], "counted")
+      if redis.call("HINCRBY", KEYS[6], "webhooks_pending", -1) < 0 then
+        redis.call("HSET", KEYS[6], "webhooks_pending", 0)
+      end
+    end
+    return {"GAVE_UP"}
+  end
+  redis.call("ZADD", KEYS[2], at, ARGV[1])
+  return {code, tostring(at)}
+end
+
+-- The endpoint's circuit: open once its failures in a row reach the threshold.
+local probe = false
+if tonumber(ARGV[7]) > 0 then
+  local c = redis.call("HMGET", KEYS[4], "failures", "open_until", "probe_until")
+  if tonumber(c[1] or "0") >= tonumber(ARGV[7]) then
+    local open_until = tonumber(c[2] or "0")
+    if open_until > now then
+      return defer("OPEN", open_until + wait)
+    end
+    if tonumber(c[3] or "0") > now then
+      return defer("OPEN", now + wait)  -- another attempt is probing it
+    end
+    probe = true
+  end
+end
+
+-- The workspace's turn: at most ARGV[5] attempts in flight; a dead worker's
+-- slot leaves at its lease's end.
+local cap = tonumber(ARGV[5])
+if cap > 0 then
+  redis.call("ZREMRANGEBYSCORE", KEYS[3], "-inf", ARGV[2])
+  if redis.call("ZCARD", KEYS[3]) >= cap then
+    return defer("WAIT", now + wait)
+  end
+end
+redis.call("ZADD", KEYS[3], lease_until, ARGV[4])
+redis.call("EXPIRE", KEYS[3], math.ceil(tonumber(ARGV[3])) + 1)
+redis.call("ZREMRANGEBYSCORE", KEYS[5], "-inf", ARGV[2])
+redis.call("ZADD", KEYS[5], lease_until, ARGV[4])
+if probe then
+  redis.call("HSET", KEYS[4], "probe_until", tostring(lease_until))
+end
+
 redis.call("HINCRBY", KEYS[1], "attempts", 1)
-redis.call("HSET", KEYS[1], "token", ARGV[4], "lease_until", tostring(until_), "last_attempt_at", ARGV[2])
+redis.call("HSET", KEYS[1], "token", ARGV[4], "lease_until", tostring(lease_until), "last_attempt_at", ARGV[2])
 if not e[4] then
   redis.call("HSET", KEYS[1], "first_attempt_at", ARGV[2])
 end
-redis.call("ZADD", KEYS[2], until_, ARGV[1])
+redis.call("ZADD", KEYS[2], lease_until, ARGV[1])
 local reply = redis.call("HGETALL", KEYS[1])
 table.insert(reply, 1, "TAKEN")
 return reply
