@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs a Procfile process by name (web, worker, beat), so the image and the
+# Runs a Procfile process by name (web, worker, webhooks, beat), so the image and the
 # Procfile can never disagree about a command line; anything else is executed
 # as given (python -m stub_provider ..., celery ... flower, bash).
 #

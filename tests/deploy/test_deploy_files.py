@@ -314,7 +314,7 @@ def test_one_worker_deployment_per_provider_queue() -> None:
     assert len(consuming_maintenance) == 1, "exactly one worker Deployment runs the sweeper's queue"
     consuming_webhooks = [p for p, d in workers.items()
                           if WEBHOOKS_QUEUE in _env(_container(d))["WORKER_QUEUES"]["value"].split(",")]
-    assert len(consuming_webhooks) == 1, "exactly one worker Deployment delivers webhooks"
+    assert consuming_webhooks == [], "webhooks never share a provider worker's threads"
     for provider, deployment in workers.items():
         assert deployment["metadata"]["name"] == f"worker-{provider}"
         assert queue_name(provider) in _env(_container(deployment))["WORKER_QUEUES"]["value"].split(",")
@@ -345,6 +345,42 @@ def test_worker_liveness_asks_this_node() -> None:
     for provider, deployment in _worker_deployments().items():
         command = " ".join(_container(deployment)["livenessProbe"]["exec"]["command"])
         assert "inspect ping" in command and "celery@$HOSTNAME" in command, provider
+
+
+def test_webhooks_have_a_process_and_a_deployment_of_their_own() -> None:
+    """The Procfile's ``webhooks`` consumes router.webhooks only, on a pool
+    and concurrency of its own; the Deployment runs it, with no provider key,
+    its liveness asking its own node, its grace covering an attempt."""
+    words = _shell_words(_procfile()["webhooks"])
+    assert words[:4] == ["celery", "-A", "workers.main", "worker"]
+    assert _option(words, "--queues") == WEBHOOKS_QUEUE
+    assert _option(words, "--pool") == "threads" and int(_option(words, "--concurrency")) > 0
+    assert _option(words, "--hostname") == "webhooks@%h"
+    assert WEBHOOKS_QUEUE not in _option(_shell_words(_procfile()["worker"]), "--queues").split(",")
+    tuned = _shell_words(_procfile()["webhooks"], {"WEBHOOKS_POOL": "gevent", "WEBHOOKS_CONCURRENCY": "7"})
+    assert (_option(tuned, "--pool"), _option(tuned, "--concurrency")) == ("gevent", "7")
+    deployment = _deployments()["webhooks"]
+    container = _container(deployment)
+    assert container["args"] == ["webhooks"] and "WORKER_QUEUES" not in _env(container)
+    assert not set(PROVIDER_KEYS.values()) & set(_env(container))
+    assert "webhooks@$HOSTNAME" in " ".join(container["livenessProbe"]["exec"]["command"])
+    cm = _configmap()
+    assert deployment["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] \
+        >= float(cm["WEBHOOK_TIMEOUT_SECONDS"]) + 15
+    assert int(cm["WEBHOOKS_CONCURRENCY"]) > int(cm["WEBHOOK_MAX_IN_FLIGHT_PER_WORKSPACE"])
+
+
+def test_webhooks_are_scaled_on_their_own_figures() -> None:
+    (hpa,) = [d.body["spec"] for d in _of_kind("HorizontalPodAutoscaler")
+              if d.body["spec"]["scaleTargetRef"]["name"] == "webhooks"]
+    names = {m["external"]["metric"]["name"] for m in hpa["metrics"]}
+    assert names == {"router_queue_webhook_attempts_in_flight", "router_queue_webhooks_due"}
+    (scaled,) = [d.body["spec"] for d in _of_kind("ScaledObject") if d.body["spec"]["scaleTargetRef"]["name"] == "webhooks"]
+    queries = [t["metadata"]["query"].replace(" ", "") for t in scaled["triggers"]]
+    assert sorted(queries) == ["max(router_queue_webhook_attempts_in_flight)", "max(router_queue_webhooks_due)"]
+    assert (scaled["minReplicaCount"], scaled["maxReplicaCount"]) == (hpa["minReplicas"], hpa["maxReplicas"])
+    adapter = yaml.safe_load((DEPLOY / "monitoring" / "prometheus-adapter-values.yaml").read_text())
+    assert names <= {rule["name"]["as"] for rule in adapter["rules"]["external"]}
 
 
 def test_web_deployment_probes_and_timeouts_nest() -> None:
@@ -445,6 +481,8 @@ def test_hpas_scale_each_worker_on_its_own_backlog() -> None:
     for doc in hpas:
         assert doc.body["apiVersion"] == "autoscaling/v2"
         ref = doc.body["spec"]["scaleTargetRef"]
+        if ref["name"] == "webhooks":
+            continue  # test_webhooks_are_scaled_on_their_own_figures
         assert ref["kind"] == "Deployment" and ref["apiVersion"] == "apps/v1"
         provider = _autoscaled_provider(ref["name"])
         targets.append(ref["name"])
@@ -470,6 +508,8 @@ def test_scaledobjects_mirror_the_hpas_on_the_prometheus_trigger() -> None:
         spec = doc.body["spec"]
         assert spec["scaleTargetRef"].get("kind", "Deployment") == "Deployment"
         name = spec["scaleTargetRef"]["name"]
+        if name == "webhooks":
+            continue  # test_webhooks_are_scaled_on_their_own_figures
         provider = _autoscaled_provider(name)
         targets.append(name)
         assert {t["type"] for t in spec["triggers"]} == {"prometheus"}, "not redis: LLEN misses unacked messages"
@@ -549,7 +589,7 @@ def _module_of(argv: list[str]) -> str:
 
 def test_compose_services_run_modules_that_exist() -> None:
     services = _compose()["services"]
-    expected = {"redis", "stub", "web", "beat", "flower"} | {f"worker-{p}" for p in PROVIDERS}
+    expected = {"redis", "stub", "web", "webhooks", "beat", "flower"} | {f"worker-{p}" for p in PROVIDERS}
     assert expected <= set(services)
     assert services["proxy"]["image"].split(":")[0] == "nginx"
     for name, service in services.items():
@@ -581,7 +621,13 @@ def test_compose_workers_each_consume_one_provider() -> None:
         # Same warm-shutdown allowance as the Kubernetes Deployment.
         k8s_grace = _worker_deployments()[providers[0]]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
         assert _seconds(service["stop_grace_period"]) == k8s_grace, name
-    assert sorted(seen) == PROVIDERS and maintenance == 1 and webhooks == 1
+    assert sorted(seen) == PROVIDERS and maintenance == 1 and webhooks == 0
+    hooks = services["webhooks"]
+    assert _service_argv(hooks)[:4] == ["celery", "-A", "workers.main", "worker"]
+    assert _option(_service_argv(hooks), "--queues") == WEBHOOKS_QUEUE
+    assert "webhooks@$$HOSTNAME" in " ".join(hooks["healthcheck"]["test"])
+    assert _seconds(hooks["stop_grace_period"]) == \
+        _deployments()["webhooks"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"]
 
 
 def test_compose_redis_is_durable_and_healthchecked() -> None:
@@ -1039,7 +1085,7 @@ def test_entrypoint_runs_procfile_processes_by_name() -> None:
 
 def test_procfile_commands() -> None:
     procfile = _procfile()
-    assert {"web", "worker", "beat"} <= set(procfile)
+    assert {"web", "worker", "webhooks", "beat"} <= set(procfile)
     web = _shell_words(procfile["web"])
     assert web[0] == "gunicorn" and _option(web, "--worker-class") == WEB_WORKER_CLASS
     assert web[-1] == "router_queue.wsgi:app"
@@ -1056,7 +1102,7 @@ def test_procfile_commands() -> None:
     assert _option(worker, "--pool") == "threads"
     assert int(_option(worker, "--concurrency")) == 64
     assert {"--without-gossip", "--without-mingle"} <= set(worker)
-    assert set(_option(worker, "--queues").split(",")) == {queue_name(p) for p in PROVIDERS} | {MAINTENANCE_QUEUE, WEBHOOKS_QUEUE}
+    assert set(_option(worker, "--queues").split(",")) == {queue_name(p) for p in PROVIDERS} | {MAINTENANCE_QUEUE}
     assert _option(_shell_words(procfile["worker"], {"WORKER_QUEUES": "provider.bfl"}), "--queues") == "provider.bfl"
     beat = _shell_words(procfile["beat"], {"BEAT_SCHEDULE_FILE": "/x/schedule"})
     assert beat[:4] == ["celery", "-A", "workers.main", "beat"] and _option(beat, "--schedule") == "/x/schedule"
