@@ -1,8 +1,9 @@
 """Signed webhooks against real processes (issue 14, item 6).
 
 A stack of our own (``harness.RunningStack`` on a private ``redis-server``:
-the stub, one Celery worker that consumes ``router.webhooks`` beside the
-provider queues, beat sweeping every second, gunicorn) with loopback http
+the stub, one Celery worker for the provider queues, the webhooks worker
+(the Procfile's ``webhooks``, consuming ``router.webhooks`` only), beat
+sweeping every second, gunicorn) with loopback http
 allowed and the webhook clock shortened (:data:`WEBHOOK_SETTINGS`), and a
 receiver process of the tests (``webhook_receiver.py``) that verifies every
 attempt with the ``standardwebhooks`` package, each secret on its own, and
@@ -15,7 +16,9 @@ workspace default URL against a request's own, URLs refused at submit, and a
 receiver that trickles its answer byte by byte (cut at the attempt's timeout:
 before the watchdog in workers/webhooks.py it held a thread 12 s against a
 2 s timeout, and its lease ran out, so a second attempt ran beside it).
-The operator's view is ``router-queue ops webhooks WS`` run as a process.
+The operator's view is ``router-queue ops webhooks WS`` run as a process; it
+names endpoints by origin only. The flood of a blackhole is in
+``test_webhook_flood.py``.
 """
 
 from __future__ import annotations
@@ -56,6 +59,9 @@ WEBHOOK_SETTINGS = {
     "WEBHOOK_LEASE_SECONDS": f"{LEASE_S:g}",
     "WEBHOOK_RETRY_SCHEDULE": ",".join(f"{s:g}" for s in SCHEDULE_S),
     "WEBHOOK_RETRY_FOR_SECONDS": "120",
+    # Every test here has a workspace of its own, so circuits (per workspace
+    # and origin) never carry over; none fails 5 times in a row.
+    "WEBHOOK_CIRCUIT_FAILURES": "5",
 }
 #: Slack on top of a computed bound: process scheduling, a publish, a Redis round trip.
 SLACK_S = 1.5
@@ -142,7 +148,7 @@ def cli_ok(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 
 
 def ops_webhooks(env: dict[str, str], workspace: str) -> tuple[list[tuple[int, str]], list[dict[str, str]]]:
-    """``router-queue ops webhooks WS``: (failing endpoints as (failures, url),
+    """``router-queue ops webhooks WS``: (failing endpoints as (failures, origin),
     recent attempts as dicts by the header's columns, newest first)."""
     text = cli_ok(env, "ops", "webhooks", workspace).stdout
     lines = text.splitlines()
@@ -151,7 +157,7 @@ def ops_webhooks(env: dict[str, str], workspace: str) -> tuple[list[tuple[int, s
     failing = [] if lines[1:split] == ["  none"] else [
         (int(line.split("\t")[0]), line.split("\t")[1]) for line in lines[1:split]]
     header = lines[split + 1].strip().split("\t")
-    assert header == ["at", "request_id", "attempt", "outcome", "status", "seconds", "url", "error"], text
+    assert header == ["at", "request_id", "attempt", "outcome", "status", "seconds", "origin", "error"], text
     rows = [dict(zip(header, line.strip().split("\t"))) for line in lines[split + 2:]]
     return failing, rows
 
@@ -167,7 +173,8 @@ def hook_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStac
     server.start()
     try:
         env = stack_env(server.url, stub_port=free_port(), **WEBHOOK_SETTINGS)
-        with RunningStack.start(env, tmp_path_factory.mktemp("webhook-logs"), label="webhook stack") as running:
+        with RunningStack.start(env, tmp_path_factory.mktemp("webhook-logs"), label="webhook stack",
+                                webhooks=True) as running:
             yield running
     finally:
         server.stop()
@@ -284,7 +291,7 @@ def test_a_receiver_that_fails_twice_then_succeeds_gets_each_event_delivered_onc
             mine = sorted((r for r in rows if r["request_id"] == request_id), key=lambda r: int(r["attempt"]))
             assert [(r["attempt"], r["outcome"], r["status"], r["error"]) for r in mine] == [
                 ("1", "failed", "500", "HTTP 500"), ("2", "failed", "500", "HTTP 500"), ("3", "delivered", "204", "-")]
-            assert {r["url"] for r in mine} == {url}
+            assert {r["origin"] for r in mine} == {receiver.base_url}  # never the path
 
 
 @pytest.mark.slow
@@ -344,7 +351,7 @@ def test_a_410_stops_the_retries(hook_stack: RunningStack, receiver: Receiver) -
         assert [(r["attempt"], r["outcome"], r["status"]) for r in mine] == [("1", "failed", "500"),
                                                                             ("2", "gone", "410")]
         assert "410 Gone" in mine[1]["error"]
-        assert failing == [(2, url)]
+        assert failing == []  # a 410 is an answer: the endpoint is not failing, its circuit closed
 
 
 @pytest.mark.slow
@@ -358,7 +365,7 @@ def test_a_worker_killed_mid_delivery_leaves_the_event_to_be_delivered_after_its
         request_id, _ = submit(caller, "webhook worker killed", url=url)
 
         first = receiver.wait_attempts(name, 1, timeout_s=20)[0]
-        worker = hook_stack.stack.procs["worker"]
+        worker = hook_stack.stack.procs["webhooks"]
         os.kill(worker.pid, signal.SIGKILL)
         killed_at = time.time()
         assert worker.wait(5) == -signal.SIGKILL
@@ -367,8 +374,8 @@ def test_a_worker_killed_mid_delivery_leaves_the_event_to_be_delivered_after_its
         event = hook_stack.services.webhooks.event(request_id)
         assert event["state"] == "pending" and event["attempts"] == "1", event  # taken, never recorded
 
-        hook_stack.start_worker("worker")
-        hook_stack.wait_ready(["worker"], serving=False)
+        hook_stack.start_worker("webhooks")
+        hook_stack.wait_ready(["webhooks"], serving=False)
         restarted_at = time.time()
         wait_for(lambda: hook_stack.services.webhooks.event(request_id).get("state") == "delivered",
                  timeout_s=LEASE_S + 15, what="the event delivered by the new worker")
