@@ -120,12 +120,23 @@ def attempt(context: WorkerContext, event: WebhookEvent) -> tuple[str, int | Non
     except AttemptTimedOut:
         return "failed", None, f"no answer within {timeout:g} s", True
     except (OSError, http.client.HTTPException) as exc:
-        return "failed", None, f"{type(exc).__name__}: {str(exc)[:200]}", True
+        return "failed", None, f"{type(exc).__name__}: {without_path(str(exc), event.url)[:200]}", True
     if 200 <= status < 300:
         return "delivered", status, "", False
     if status == 410:
         return "gone", status, "the receiver answered 410 Gone; no more attempts", False
     return "failed", status, f"HTTP {status}", True
+
+
+def without_path(text: str, url: str) -> str:
+    """``text`` with ``url``'s path and query cut out (http.client names a bad
+    path in its error; the error is logged and shown to operators)."""
+    parts = urlsplit(url)
+    for secret in sorted({parts.path + (f"?{parts.query}" if parts.query else ""), parts.path, parts.query},
+                         key=len, reverse=True):
+        if len(secret) > 1:
+            text = text.replace(secret, "…")
+    return text
 
 
 class AttemptTimedOut(Exception):

@@ -171,6 +171,12 @@ def test_a_410_is_an_answer_and_closes_the_circuit(hooked, http):
 # -- origins only, and bounded ------------------------------------------------------------------
 
 
+def test_an_error_naming_the_path_is_cut():
+    from workers.webhooks import without_path
+    error = "URL can't contain control characters. '/services/T0/s3cr3t path?sig=x' (found at least ' ')"
+    assert "s3cr3t" not in without_path(error, "http://h.example/services/T0/s3cr3t path?sig=x")
+
+
 def test_origin_keeps_scheme_host_and_port_only():
     assert origin(SECRET_URL) == "http://127.0.0.1:9"
     assert origin("https://Hooks.Example.com/T/B/x?token=1#f") == "https://hooks.example.com"
