@@ -39,6 +39,7 @@ def hooked(services, settings):
 def owing(services, http, name: str):
     """A new workspace and a function that makes it owe one event to a URL."""
     workspace = services.accounts.create_workspace(name, queue_enabled=True, credits=10_000)
+    services.accounts.webhook_secret(workspace, wire.new_secret())
     headers = {"X-API-Key": services.accounts.mint_key(workspace)}
 
     def owe(url: str) -> str:
@@ -291,7 +292,6 @@ def test_a_worker_attempt_at_a_blackhole_fails_at_the_timeout_and_counts_for_the
     try:
         hooked.settings = dataclasses.replace(hooked.settings, webhook_timeout_s=0.5)
         workspace, owe = owing(hooked, http, "blackholed")
-        hooked.accounts.webhook_secret(workspace, wire.new_secret())
         request_id = owe(f"http://127.0.0.1:{port}/hook")
         started = time.monotonic()
         assert deliver_webhook(context_of(hooked), request_id) == "retry"
