@@ -258,8 +258,9 @@ class Settings:
     #: Webhook attempts one workspace may have in flight at once, fleet-wide;
     #: its other events wait their turn (not an attempt, not a failure). 0: no cap.
     webhook_max_in_flight_per_workspace: int = 4
-    #: Seconds before an event that waited its turn is published again
-    #: (jittered ±50 %; beat's sweep publishes it, so up to a sweep later).
+    #: Seconds before an event that waited its turn is published again: a
+    #: random point of twice this, doubling with each wait in a row up to x64
+    #: (beat's sweep publishes it, so up to a sweep later).
     webhook_wait_s: float = 1.0
     #: Failed attempts in a row (timeouts, refused connections, HTTP errors) at
     #: one of a workspace's endpoints (a URL origin) that open its circuit. 0: none.

@@ -124,7 +124,8 @@ started_at completed_at owed_at`` (what the body is built from), and the
 delivery's state: ``state`` (pending, delivered, gone: the receiver answered
 410, given_up), ``attempts``, ``first_attempt_at``, ``next_at`` (no attempt
 before it), ``lease_until`` and ``token`` (the attempt running now),
-``last_status``, ``last_error``, ``done_at``. ``rq:webhooks:due`` holds every
+``last_status``, ``last_error``, ``done_at``, ``waits`` (times in a row it waited its
+workspace's turn or an open circuit; its next wait doubles). ``rq:webhooks:due`` holds every
 pending event's request id scored by when beat's sweeper publishes it: its
 next attempt, or the end of a running attempt's lease (a killed worker's
 event comes back then).

@@ -32,9 +32,6 @@ from .requests import load_script
 LOG_LENGTH = 200
 #: Failing endpoints kept (the most recently failed), whatever their number.
 FAILING_KEPT = 1000
-#: A wait is multiplied by a random factor in [1 - WAIT_JITTER, 1 + WAIT_JITTER],
-#: so the events that waited together do not all come back together.
-WAIT_JITTER = 0.5
 
 
 def _text(value: Any) -> str:
@@ -83,11 +80,14 @@ class DeliveryLimits:
     #: Attempts one workspace may have in flight at once; 0 for no cap.
     max_in_flight_per_workspace: int = 4
     #: Seconds before an event that waited (its workspace at its cap, its
-    #: endpoint being probed) is published again, jittered.
+    #: endpoint being probed) is published again: a random point of twice
+    #: this, doubling with each wait in a row up to x64.
     wait_s: float = 1.0
     #: Failures in a row that open an endpoint's circuit; 0 for no circuit.
     circuit_failures: int = 5
-    #: Seconds an open circuit keeps its endpoint's events waiting before one probes it.
+    #: Seconds an open circuit keeps its endpoint's events waiting before one
+    #: probes it; each waiting event comes back at a random point of the
+    #: cooling after that (doubling with each wait in a row, up to x64).
     circuit_cooling_s: float = 30.0
     #: Seconds after an event's first attempt (or, never tried, since it was
     #: owed) past which it is given up; failing endpoints are kept this long.
@@ -151,13 +151,13 @@ class WebhookStore:
         workspace, url = (_text(v) if v is not None else None
                           for v in self.client.hmget(keys.webhook_event(request_id), "workspace", "url"))
         limits = self.limits
-        wait_s = limits.wait_s * self._rand.uniform(1 - WAIT_JITTER, 1 + WAIT_JITTER)
         reply = self._take(
             keys=[keys.webhook_event(request_id), keys.webhooks_due(), keys.webhook_in_flight(workspace or ""),
                   keys.webhook_circuit(workspace or "", origin(url or "")), keys.webhooks_in_flight(),
                   keys.workspace(workspace or "")],
-            args=[request_id, repr(now), lease_s, token, limits.max_in_flight_per_workspace, repr(wait_s),
-                  limits.circuit_failures, repr(limits.window_s), self.keep_s])
+            args=[request_id, repr(now), lease_s, token, limits.max_in_flight_per_workspace, repr(limits.wait_s),
+                  limits.circuit_failures, repr(limits.window_s), self.keep_s, repr(limits.circuit_cooling_s),
+                  repr(self._rand.random())])
         outcome = _text(reply[0])
         if outcome in ("WAIT", "OPEN"):
             return Taken(outcome, due_at=float(_text(reply[1])))

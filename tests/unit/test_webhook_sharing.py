@@ -71,7 +71,7 @@ def test_a_workspace_at_its_cap_waits_and_another_is_not_delayed(hooked, http):
     assert first.outcome == second.outcome == "TAKEN"
     waiting = take(store, flooded[2], now)
     assert waiting.outcome == "WAIT" and waiting.event is None
-    assert now + 0.5 <= waiting.due_at <= now + 1.5  # jittered wait, then published again
+    assert now <= waiting.due_at < now + 2  # a random point of twice WEBHOOK_WAIT_SECONDS, then published again
     assert hooked.redis.zscore(keys.webhooks_due(), flooded[2]) == pytest.approx(waiting.due_at)
     # Waiting is not an attempt: nothing counted, nothing logged.
     assert hooked.webhooks.event(flooded[2]).get("attempts") == "0"
@@ -88,6 +88,25 @@ def test_a_workspace_at_its_cap_waits_and_another_is_not_delayed(hooked, http):
     # A killed worker's slot (``second``'s, never recorded) frees itself at its lease's end.
     assert take(store, flooded[3], now + 29.5).outcome == "WAIT"
     assert take(store, flooded[3], now + 30.5).outcome == "TAKEN"
+
+
+def test_an_event_that_keeps_waiting_waits_longer_each_time(hooked, http):
+    store, now = hooked.webhooks, time.time() + 5
+    _, flood = owing(hooked, http, "patient")
+    held = [take(store, flood("http://127.0.0.1:9/x"), now) for _ in range(2)]
+    assert all(t.outcome == "TAKEN" for t in held)
+    late = flood("http://127.0.0.1:9/x")
+    spans = []
+    for n in range(9):
+        waited = take(store, late, now + n * 0.01)
+        assert waited.outcome == "WAIT"
+        spans.append(waited.due_at - (now + n * 0.01))
+        assert 0 <= spans[-1] < 2 * LIMITS.wait_s * 2 ** min(n, 6), (n, spans)
+    assert hooked.webhooks.event(late)["waits"] == "9"
+    assert max(spans[5:]) > 2 * LIMITS.wait_s  # not all of the later waits fell short (seeded)
+    # Taken at last: its waits start again from the first.
+    assert take(store, late, now + 31).outcome == "TAKEN"
+    assert hooked.webhooks.event(late)["waits"] == "0"
 
 
 def test_no_cap_when_set_to_zero(hooked, http):
@@ -134,9 +153,9 @@ def test_the_circuit_opens_after_failures_in_a_row_spaces_attempts_and_a_success
     assert (row.origin, row.failures, row.open_until) == ("http://127.0.0.1:9", 3, pytest.approx(now + 4 + 10))
     assert store.open_circuits() == [row]
 
-    # Open: its events wait out the cooling (not attempts), jittered past its end.
+    # Open: its events wait out the cooling (not attempts), then a random point of another.
     waiting = take(store, events[3], now + 5)
-    assert waiting.outcome == "OPEN" and now + 14 < waiting.due_at <= now + 15.5
+    assert waiting.outcome == "OPEN" and now + 14 <= waiting.due_at < now + 24
     assert hooked.webhooks.event(events[3])["attempts"] == "0"
     # Another workspace's endpoint at the same origin has a circuit of its own.
     assert take(store, neighbour("http://127.0.0.1:9/fine"), now + 5).outcome == "TAKEN"

@@ -10,23 +10,29 @@
 --   delivered / gone / given up -> "DONE" (and out of the due set)
 --   an attempt's lease is alive -> "BUSY": a duplicate message; nothing changes
 --   before its next attempt     -> "NOT_DUE": an early message; nothing changes
---   its endpoint's circuit open -> "OPEN", at: due again after the cooling
---     (or, while another attempt probes the endpoint, after a short wait)
---   its workspace at its cap    -> "WAIT", at: due again after a short wait
+--   its endpoint's circuit open -> "OPEN", at: due again at a random point of
+--     the cooling after it ends (or, while another attempt probes the
+--     endpoint, after a wait)
+--   its workspace at its cap    -> "WAIT", at: due again after a wait
 --   a wait past the retry window (counted from the first attempt, or from
 --     when the event was owed if none was made) -> "GAVE_UP"
 --   else                        -> "TAKEN" with the event's fields; when the
 --     circuit was open and its cooling over, this attempt is the probe
 --
--- Waiting (OPEN, WAIT) is not an attempt: nothing is counted or logged.
+-- Waiting (OPEN, WAIT) is not an attempt: nothing is counted or logged. An
+-- event that waits again and again waits longer each time (x2, up to x64:
+-- its "waits" count, reset when it is taken), so a workspace's thousand
+-- waiting events cost the webhooks worker a trickle of messages, not a
+-- thousand every wait.
 --
 -- KEYS[1] rq:webhook:{id}   KEYS[2] rq:webhooks:due
 -- KEYS[3] rq:webhooks:inflight:{ws}  KEYS[4] rq:webhooks:circuit:{ws}|{origin}
 -- KEYS[5] rq:webhooks:inflight  KEYS[6] rq:ws:{ws} (its pending events count)
 -- ARGV[1] request id  ARGV[2] now (s)  ARGV[3] lease (s)  ARGV[4] token of this attempt
--- ARGV[5] attempts in flight per workspace (0: no cap)  ARGV[6] wait (s, jittered)
+-- ARGV[5] attempts in flight per workspace (0: no cap)  ARGV[6] the first wait (s)
 -- ARGV[7] failures in a row that open a circuit (0: no circuit)
 -- ARGV[8] retry window (s)  ARGV[9] seconds an ended event is kept
+-- ARGV[10] an open circuit's cooling (s)  ARGV[11] a random number in [0, 1) (the jitter)
 -- returns {"TAKEN", field, value, ...} | {"BUSY"} | {"NOT_DUE"} | {"OPEN", at} | {"WAIT", at}
 --   | {"GAVE_UP"} | {"DONE"} | {"MISSING"}
 
@@ -50,9 +56,13 @@ if tonumber(e[2] or "0") > now then
 end
 
 local lease_until = now + tonumber(ARGV[3])
-local wait = tonumber(ARGV[6])
+local spread = tonumber(ARGV[11])
 
-local function defer(code, at)
+-- code, and when the event is due again given how long from now (or from
+-- after, for an open circuit) and the span its waits spread over
+local function defer(code, after, span)
+  local waits = redis.call("HINCRBY", KEYS[1], "waits", 1)
+  local at = after + span * 2 ^ math.min(waits - 1, 6) * spread
   local began = tonumber(e[4] or e[5] or ARGV[2])
   if at > began + tonumber(ARGV[8]) then
     redis.call("HSET", KEYS[1], "state", "given_up", "done_at", ARGV[2],
@@ -78,10 +88,10 @@ if tonumber(ARGV[7]) > 0 then
   if tonumber(c[1] or "0") >= tonumber(ARGV[7]) then
     local open_until = tonumber(c[2] or "0")
     if open_until > now then
-      return defer("OPEN", open_until + wait)
+      return defer("OPEN", open_until, tonumber(ARGV[10]))
     end
     if tonumber(c[3] or "0") > now then
-      return defer("OPEN", now + wait)  -- another attempt is probing it
+      return defer("OPEN", now, 2 * tonumber(ARGV[6]))  -- another attempt is probing it
     end
     probe = true
   end
@@ -93,7 +103,7 @@ local cap = tonumber(ARGV[5])
 if cap > 0 then
   redis.call("ZREMRANGEBYSCORE", KEYS[3], "-inf", ARGV[2])
   if redis.call("ZCARD", KEYS[3]) >= cap then
-    return defer("WAIT", now + wait)
+    return defer("WAIT", now, 2 * tonumber(ARGV[6]))
   end
 end
 redis.call("ZADD", KEYS[3], lease_until, ARGV[4])
@@ -105,7 +115,8 @@ if probe then
 end
 
 redis.call("HINCRBY", KEYS[1], "attempts", 1)
-redis.call("HSET", KEYS[1], "token", ARGV[4], "lease_until", tostring(lease_until), "last_attempt_at", ARGV[2])
+redis.call("HSET", KEYS[1], "token", ARGV[4], "lease_until", tostring(lease_until), "last_attempt_at", ARGV[2],
+  "waits", 0)
 if not e[4] then
   redis.call("HSET", KEYS[1], "first_attempt_at", ARGV[2])
 end
