@@ -48,6 +48,9 @@ QUOTA_SETTINGS = {
     "WEBHOOK_LEASE_SECONDS": "4",
     "WEBHOOK_RETRY_SCHEDULE": "1",
     "WEBHOOK_RETRY_FOR_SECONDS": "120",
+    # The receiver answers 503 until it recovers: its circuit opens after 5;
+    # a short cooling lets the events through soon after it recovers.
+    "WEBHOOK_CIRCUIT_COOLING_SECONDS": "2",
 }
 
 
@@ -58,7 +61,7 @@ def quota_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningSta
     try:
         env = stack_env(server.url, stub_port=free_port(), **QUOTA_SETTINGS)
         with RunningStack.start(env, tmp_path_factory.mktemp("quota-logs"), label="quota stack",
-                                web_workers=WEB_PROCESSES) as running:
+                                web_workers=WEB_PROCESSES, webhooks=True) as running:
             yield running
     finally:
         server.stop()
