@@ -50,6 +50,15 @@ def test_every_answer_says_nosniff(http, auth, ops_http):
         assert response.headers["X-Content-Type-Options"] == "nosniff", response.request.path
 
 
+def test_gunicorns_own_refusals_say_nosniff_too():
+    from gunicorn.http.errors import InvalidHeader
+
+    from router_queue.web.gunicorn_worker import refusal
+
+    head = refusal(InvalidHeader("No-Colon-Here")).partition(b"\r\n\r\n")[0].decode()
+    assert "\r\nX-Content-Type-Options: nosniff" in head
+
+
 @pytest.mark.parametrize("page", ["/v2/docs", "/ops"])
 def test_the_pages_allow_only_their_own_nonced_inline_code(http, ops_http, page):
     response = (ops_http if page == "/ops" else http).get(page)
