@@ -117,7 +117,7 @@ def test_no_cap_when_set_to_zero(hooked, http):
 
 
 def test_an_event_that_waits_past_the_retry_window_is_given_up(hooked, http):
-    _, flood = owing(hooked, http, "late")
+    workspace, flood = owing(hooked, http, "late")
     now = time.time() + 5
     # two attempts hang on for longer than the window (their leases, too)
     held = [hooked.webhooks.take(flood("http://127.0.0.1:9/x"), now=now, lease_s=2 * LIMITS.window_s, token=f"h{n}")
@@ -126,6 +126,8 @@ def test_an_event_that_waits_past_the_retry_window_is_given_up(hooked, http):
     late = flood("http://127.0.0.1:9/x")
     assert take(hooked.webhooks, late, now + LIMITS.window_s).outcome == "GAVE_UP"
     assert hooked.webhooks.event(late)["state"] == "given_up" and not hooked.webhooks.owed(late)
+    # it gives back its workspace's pending event (the quota), as an attempt that gives up does
+    assert hooked.accounts.get(workspace).webhooks_pending == 2
 
 
 # -- the circuit per endpoint ----------------------------------------------------------------
