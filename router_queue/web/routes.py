@@ -89,10 +89,11 @@ def visible_view(front: FrontDoor, workspace: str, entry: ModelEntry, request_id
 
 
 def status_answer(front: FrontDoor, view: StatusView, base: str, status: int = 200) -> Answer:
-    """A status read's JSON body, with ``Retry-After``."""
+    """A status read's JSON body, with ``Retry-After`` unless it is finished."""
     record = view.record
     body = status_body(record, view.position, base, front.services.settings.result_retention_s)
-    return Answer(status, body, {"Retry-After": str(pacing.retry_after(record, view.position, view.pace))})
+    hint = pacing.retry_after(record, view.position, view.pace)
+    return Answer(status, body, {} if hint is None else {"Retry-After": str(hint)})
 
 
 def _status_response(front: FrontDoor, view: StatusView, status: int = 200) -> Response:

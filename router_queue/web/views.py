@@ -53,9 +53,10 @@ def status_body(record: RequestRecord, position: int | None, base: str, retentio
     if record.completed_at is not None:
         body["completed_at"] = iso(record.completed_at)
         body["expires_at"] = iso(record.completed_at + retention_s)
-    if record.progress is not None:
-        # Only grows: a success ends at 1 whatever the provider last said.
-        body["progress"] = 1.0 if record.status == COMPLETED and not record.error_type else record.progress
+    if record.status == COMPLETED and not record.error_type:
+        body["progress"] = 1.0  # a success is whole, whatever (or whether) the provider reported
+    elif record.progress is not None:
+        body["progress"] = record.progress  # only grows
     if record.error_type:
         body["error_type"] = record.error_type
         body["detail"] = record.detail or ""

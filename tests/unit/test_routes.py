@@ -175,6 +175,28 @@ def test_status_carries_progress_from_its_first_report_and_it_never_falls(http, 
     assert finished["progress"] == (1.0 if outcome == "success" else 0.4)
 
 
+@pytest.mark.parametrize("outcome", ["success", "provider_error", "cancelled"])
+def test_a_completed_status_says_nothing_to_wait_for_and_a_fast_success_is_whole(http, auth, services, outcome):
+    """A request the provider finished before it ever reported progress is
+    still at 1 when it succeeded, and no finished request names a Retry-After:
+    it never changes again."""
+    request_id = submit(http, auth).json["request_id"]
+    url = f"{FLUX}/requests/{request_id}/status"
+    if outcome == "cancelled":
+        assert http.put(f"{FLUX}/requests/{request_id}/cancel", headers=auth).status_code == 202
+    else:
+        services.store.claim(record_of(services, request_id, "bfl"), LEASE)
+        services.store.complete(record_of(services, request_id, "bfl"), output=b"{}",
+                                content_type="application/json", error_type="" if outcome == "success" else outcome)
+    finished = http.get(url, headers=auth)
+    assert finished.json["status"] == "COMPLETED"
+    assert "Retry-After" not in finished.headers
+    if outcome == "success":
+        assert finished.json["progress"] == 1.0
+    else:
+        assert "progress" not in finished.json
+
+
 def test_result_is_202_while_unfinished_then_the_native_bytes(http, auth, services):
     request_id = submit(http, auth).json["request_id"]
     pending = http.get(f"{FLUX}/requests/{request_id}", headers=auth)
