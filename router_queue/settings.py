@@ -13,6 +13,7 @@ configuration. Their values are still read here, once, with the rest.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
@@ -67,6 +68,11 @@ def _redis_url(name: str, raw: str) -> str:
     except RedisUrlError as exc:
         raise SettingsError(f"{name}: {exc}") from None
     return raw
+
+
+def without_password(url: str) -> str:
+    """``url`` fit to print: any user and password replaced by ``***``."""
+    return re.sub(r"://[^@/;]*@", "://***@", url)
 
 
 class Secret(str):

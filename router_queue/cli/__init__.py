@@ -25,11 +25,13 @@ from __future__ import annotations
 import time
 
 import click
+import redis
 from flask.cli import FlaskGroup
 from limits import parse_many
 
 from .. import logs
 from ..dev.stack import dev
+from ..settings import Settings, SettingsError, without_password
 from ..store import quotas
 from ..store.apikeys import DEFAULT_OVERLAP_S, NO_WORKSPACE
 from ..webhooks import event as webhook_event
@@ -53,6 +55,22 @@ class RouterQueueGroup(FlaskGroup):
         super().__init__(create_app=lambda: create_app(), add_default_commands=False, add_version_option=False,
                          **kwargs)
         self.params = [p for p in self.params if p.name not in ("env_file", "app", "debug")]
+
+    def invoke(self, ctx: click.Context):
+        """Every command, with an unreachable Redis said in one line that
+        names it (never its password), exiting 1, instead of a traceback."""
+        try:
+            return super().invoke(ctx)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            raise click.ClickException(f"cannot reach the Redis at {_redis_where()}: {exc}") from None
+
+
+def _redis_where() -> str:
+    """The Redis the commands use, fit to print."""
+    try:
+        return without_password(Settings.from_env().redis_url)
+    except SettingsError:
+        return "REDIS_URL"
 
 
 @click.group(cls=RouterQueueGroup)
@@ -133,13 +151,14 @@ def set_limits(workspace_id: str, max_queued: int | None, rate_limit: str | None
 
 @workspace.command("list")
 def list_workspaces() -> None:
-    """List workspaces: id, queue switch, balance, held, waiting, name."""
+    """List workspaces under a header row: id, queue switch, balance, credits
+    held, requests waiting, weight, in-flight cap, stored body bytes, pending
+    webhook events, name."""
     require_router_queue_data()
+    click.echo("id\tqueue\tcredits\theld\tqueued\tweight\tmax_in_flight\tqueued_bytes\twebhooks_pending\tname")
     for ws in _accounts().list():
-        click.echo(f"{ws.id}\t{'queue-on' if ws.queue_enabled else 'queue-off'}\t{ws.credits}\t"
-                   f"held={ws.held}\tqueued={ws.queued}\tweight={ws.weight}\t"
-                   f"max_in_flight={ws.max_in_flight or '-'}\tqueued_bytes={ws.queued_bytes}\t"
-                   f"webhooks_pending={ws.webhooks_pending}\t{ws.name}")
+        click.echo(f"{ws.id}\t{'on' if ws.queue_enabled else 'off'}\t{ws.credits}\t{ws.held}\t{ws.queued}\t"
+                   f"{ws.weight}\t{ws.max_in_flight or '-'}\t{ws.queued_bytes}\t{ws.webhooks_pending}\t{ws.name}")
 
 
 @workspace.command("ledger")

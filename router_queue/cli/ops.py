@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import json
-import re
 import time
 
 import click
 from flask.cli import AppGroup, with_appcontext
 
+from ..settings import without_password
 from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from ..store.outcomes import Cancel
 from ..store.webhooks import FailingEndpoint
@@ -22,7 +22,7 @@ def require_router_queue_data() -> None:
     "no request" from the wrong server read like a healthy empty queue."""
     services = front_door().services
     if not services.accounts.any_exist():
-        where = re.sub(r"://[^@/;]*@", "://***@", services.settings.redis_url)
+        where = without_password(services.settings.redis_url)
         raise click.ClickException(
             f"the Redis at {where} holds no "
             "router-queue data (no workspace was ever created there). Set REDIS_URL to the Redis the service "

@@ -3,9 +3,11 @@ version, and a clear refusal when pointed at a Redis with no router-queue data."
 
 from __future__ import annotations
 
+import socket
 from importlib.metadata import version
 
 import pytest
+from click.testing import CliRunner
 
 from router_queue.cli import main
 
@@ -46,7 +48,25 @@ def test_with_data_the_same_commands_report(app, services, workspace):
     assert depths.exit_code == 0 and depths.output.startswith("provider\twaiting")
     listed = runner.invoke(main, ["workspace", "list"])
     assert listed.exit_code == 0 and workspace in listed.output
+    header, *rows = [line.split("\t") for line in listed.output.splitlines()]
+    assert header == ["id", "queue", "credits", "held", "queued", "weight", "max_in_flight", "queued_bytes",
+                      "webhooks_pending", "name"]
+    assert [len(row) for row in rows] == [len(header)] * len(rows)
+    assert workspace in [row[0] for row in rows]
     unknown = runner.invoke(main, ["workspace", "ledger", "ws_nope"])
     assert unknown.exit_code == 1 and "no workspace 'ws_nope'" in unknown.output
     created = runner.invoke(main, ["workspace", "create", "another"])  # creating needs no data first
     assert created.exit_code == 0 and created.output.startswith("ws_")
+
+
+@pytest.mark.parametrize("command", [["workspace", "list"], ["workspace", "create", "x"], ["ops", "depths"],
+                                     ["key", "mint", "ws_x"]])
+def test_an_unreachable_redis_is_one_line_naming_it_without_its_password(command):
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    shown = CliRunner().invoke(main, command, env={"REDIS_URL": f"redis://:hunter2@127.0.0.1:{port}/0"})
+    assert shown.exit_code == 1
+    assert shown.output.strip().splitlines() == [shown.output.strip()], shown.output
+    assert f"cannot reach the Redis at redis://***@127.0.0.1:{port}/0" in shown.output
+    assert "hunter2" not in shown.output and "Traceback" not in shown.output
