@@ -189,11 +189,37 @@ class Stack:
         return None
 
 
+#: The cURL walkthrough's steps, as the README's "Walkthrough (cURL)" has them
+#: (a test holds the two equal). The prompt asks the stub for a 20 s generation,
+#: so the poll, the 202 collect and the 202 cancel can all be seen by hand.
+CURL_STEPS = """\
+BASE="$COMFY_ROUTER_BASE_URL/v2/models/bfl/flux-2-pro"
+
+# 1. Submit. 201 with request_id, status_url, response_url and cancel_url (printed), and
+#    REQUEST_ID set from it. [stub:latency=20] asks the stub for a 20 s generation.
+REQUEST_ID=$(curl -sS "$BASE/requests" \\
+  -H "X-API-Key: $COMFY_API_KEY" \\
+  -H "Idempotency-Key: $(python3 -c 'import uuid; print(uuid.uuid4())')" \\
+  -H "Content-Type: application/json" \\
+  -d '{"prompt": "a red teapot on a windowsill, morning light [stub:latency=20]"}' \\
+  | tee /dev/stderr | python3 -c 'import json, sys; print(json.load(sys.stdin)["request_id"])')
+
+# 2. Poll until COMPLETED, waiting the Retry-After each answer names (a finished one names none).
+curl -i "$BASE/requests/$REQUEST_ID/status" -H "X-API-Key: $COMFY_API_KEY"
+
+# 3. Collect: 202 with the status body while it runs; 200 with the model's native output once done.
+curl -i "$BASE/requests/$REQUEST_ID" -H "X-API-Key: $COMFY_API_KEY"
+
+# 4. Cancel: 202 CANCELLATION_REQUESTED within its 20 s, 409 ALREADY_COMPLETED after.
+curl -i -X PUT "$BASE/requests/$REQUEST_ID/cancel" -H "X-API-Key: $COMFY_API_KEY"
+"""
+
 WALKTHROUGH = """
 router-queue is up.
   front door   {base}
   stub         {stub}   (stands in for bfl, vertexai, openai)
   redis        {redis}
+  workspace    {workspace}   (the demo workspace, for the workspace and key commands)
   logs         {logs}
 
 The operator listener (not the front door's port; see the README's "Operating it"):
@@ -202,16 +228,12 @@ The operator listener (not the front door's port; see the README's "Operating it
 
 export COMFY_API_KEY={key}
 export COMFY_ROUTER_BASE_URL={base}
-BASE="$COMFY_ROUTER_BASE_URL/v2/models/bfl/flux-2-pro"
-curl "$BASE/requests" -H "X-API-Key: $COMFY_API_KEY" \\
-  -H "Idempotency-Key: $(python3 -c 'import uuid; print(uuid.uuid4())')" \\
-  -H "Content-Type: application/json" -d '{{"prompt": "a red teapot on a windowsill, morning light"}}'
-curl -i "$BASE/requests/$REQUEST_ID/status" -H "X-API-Key: $COMFY_API_KEY"
-curl "$BASE/requests/$REQUEST_ID" -H "X-API-Key: $COMFY_API_KEY"
-
+{steps}
 The operator commands reach this stack's Redis with:
 export REDIS_URL={redis}
+export WORKSPACE_ID={workspace}
 router-queue ops depths
+router-queue workspace webhook-secret "$WORKSPACE_ID"   # before a submit names a webhook
 
 Ctrl-C stops everything.
 """
@@ -294,8 +316,9 @@ def dev(port: int, stub_port: int, ops_port: int) -> None:
         stack.start_beat()
         stack.start_web(port, ops_port=ops_port)
         click.echo(WALKTHROUGH.format(base=f"http://127.0.0.1:{port}", stub=f"http://127.0.0.1:{stub_port}",
-                                      ops=f"http://127.0.0.1:{ops_port}",
-                                      redis=env["REDIS_URL"], logs=stack.log_dir, key=api_key))
+                                      ops=f"http://127.0.0.1:{ops_port}", workspace=workspace_id,
+                                      redis=env["REDIS_URL"], logs=stack.log_dir, key=api_key,
+                                      steps=CURL_STEPS))
         _supervise(stack)
     except KeyboardInterrupt:
         click.echo("stopping")

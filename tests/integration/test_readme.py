@@ -31,18 +31,26 @@ def _env(stack: RunningStack, caller: Caller) -> dict[str, str]:
     return env
 
 
-def test_the_curl_walkthrough_submits_with_an_idempotency_key_on_any_machine(stack: RunningStack,
-                                                                              caller: Caller) -> None:
+def test_the_curl_walkthrough_runs_as_written_showing_each_step(stack: RunningStack, caller: Caller) -> None:
+    """All four steps, pasted into a shell: the submit sends a fresh
+    Idempotency-Key (no uuidgen needed) and sets REQUEST_ID from its answer,
+    and the slow stub prompt leaves time to see the poll, the 202 collect and
+    the 202 cancel."""
     walkthrough = _block("## Walkthrough (cURL)", "sh")
-    submit = walkthrough.split("# 1. Submit", 1)[1].split("\n# 2.", 1)[0].split("\n", 1)[1]
-    preamble = "\n".join(line for line in walkthrough.splitlines() if line.startswith("BASE="))
-    script = f"{preamble}\n{submit.replace('curl ', 'curl -sS -v ', 1)}"
-    done = subprocess.run(["bash", "-euo", "pipefail", "-c", script], env=_env(stack, caller),
-                          capture_output=True, text=True, timeout=30)
+    script = "\n".join(line for line in walkthrough.splitlines() if not line.startswith("export "))
+    script = script.replace("REQUEST_ID=$(curl -sS ", "REQUEST_ID=$(curl -sS -v ", 1)
+    done = subprocess.run(["bash", "-euo", "pipefail", "-c", f"{script}\necho \"REQUEST_ID=$REQUEST_ID\""],
+                          env=_env(stack, caller), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     sent = [line for line in done.stderr.splitlines() if line.lower().startswith("> idempotency-key:")]
-    assert len(sent) == 1 and UUID.search(sent[0]), done.stderr  # no uuidgen needed, never an empty key
-    assert '"request_id"' in done.stdout and '"IN_QUEUE"' in done.stdout, done.stdout
+    assert len(sent) == 1 and UUID.search(sent[0]), done.stderr  # never an empty key
+    handle = re.search(r'\{"request_id":"([^"]+)","status":"IN_QUEUE".*?\}', done.stderr)
+    assert handle, done.stderr  # the 201's body, printed
+    assert done.stdout.endswith(f"REQUEST_ID={handle.group(1)}\n"), done.stdout  # set from the 201
+    statuses = re.findall(r"HTTP/1.1 (\d+)", done.stdout)  # answers end without a newline
+    assert statuses == ["200", "202", "202"], done.stdout  # poll, collect while running, cancel
+    assert re.search(r"^Retry-After: \d+", done.stdout, re.MULTILINE | re.IGNORECASE), done.stdout
+    assert '"status":"CANCELLATION_REQUESTED"' in done.stdout, done.stdout
 
 
 def test_the_comfy_sdk_example_runs_as_written_and_closes_what_it_opens(stack: RunningStack, caller: Caller) -> None:

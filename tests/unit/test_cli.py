@@ -10,6 +10,7 @@ import pytest
 from click.testing import CliRunner
 
 from router_queue.cli import main
+from router_queue.dev.stack import CURL_STEPS, ROOT, WALKTHROUGH
 
 
 @pytest.fixture
@@ -70,3 +71,12 @@ def test_an_unreachable_redis_is_one_line_naming_it_without_its_password(command
     assert shown.output.strip().splitlines() == [shown.output.strip()], shown.output
     assert f"cannot reach the Redis at redis://***@127.0.0.1:{port}/0" in shown.output
     assert "hunter2" not in shown.output and "Traceback" not in shown.output
+
+
+def test_dev_prints_the_readmes_walkthrough_and_the_demo_workspace():
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("\n## Walkthrough (cURL)\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
+    assert block.endswith(CURL_STEPS), "README's walkthrough and router-queue dev's printed one differ"
+    printed = WALKTHROUGH.format(base="B", stub="S", ops="O", workspace="ws_demo", redis="R", logs="L", key="K",
+                                 steps=CURL_STEPS)
+    assert "export WORKSPACE_ID=ws_demo" in printed and "REQUEST_ID=$(" in printed and "-X PUT" in printed
