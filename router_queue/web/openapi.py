@@ -110,8 +110,9 @@ def _error(description: str, *, retry_after: bool = False) -> dict[str, Any]:
 
 def _errors(*codes: int) -> dict[str, Any]:
     known = {
-        400: _error("invalid_input: not JSON, not an object; content_policy_violation on a result"),
-        401: _error("unauthorized: no key or an unknown key"),
+        400: _error("invalid_input: not JSON, not an object, a bad header, a webhook named while the workspace "
+                    "has no signing secret; content_policy_violation on a result"),
+        401: _error("unauthorized: no key, or an unknown, revoked or rotated-out key"),
         402: _error("insufficient_credits: nothing queued or charged"),
         403: _error("not_enabled: queued delivery is off for this caller or model"),
         404: _error("model_not_found or request_not_found"),
@@ -159,7 +160,8 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                 "schema": {"type": "string", "enum": list(PRIORITIES), "default": "normal"}}
     webhook = {"name": "X-Comfy-Webhook-Url", "in": "header", "required": False,
                "description": "Where the completion's signed event is POSTed (Standard Webhooks); https, public "
-                              "addresses only. Without it, the workspace's default, if any.",
+                              "addresses only. Without it, the workspace's default, if any. Either is refused "
+                              "(400) while the workspace has no signing secret.",
                "schema": {"type": "string", "format": "uri", "maxLength": 2048}}
     root = f"/v2/models/{entry.id}"
     spec.path(path=root, operations={"post": {
