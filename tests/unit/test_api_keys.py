@@ -171,7 +171,7 @@ def round_trips(monkeypatch) -> list[int]:
     return sent
 
 
-def test_a_status_poll_costs_one_round_trip_and_a_cache_miss_two(http, services, workspace, auth, clock,
+def test_a_warm_poll_or_submit_costs_one_round_trip_and_a_cache_miss_two_more(http, services, workspace, auth, clock,
                                                                   round_trips):
     request_id = http.post(f"{FLUX}/requests", json={"prompt": "p"}, headers=auth).json["request_id"]
     poll = f"{FLUX}/requests/{request_id}/status"
@@ -180,6 +180,10 @@ def test_a_status_poll_costs_one_round_trip_and_a_cache_miss_two(http, services,
     for _ in range(50):
         assert http.get(poll, headers=auth).status_code == 200
     assert round_trips[0] - before == 50
+    before = round_trips[0]
+    for i in range(10):  # a submit: admit.lua alone (the test's dispatcher publishes nothing)
+        assert http.post(f"{FLUX}/requests", json={"prompt": f"p{i}"}, headers=auth).status_code == 201
+    assert round_trips[0] - before == 10
     clock.now += auth_module.CACHE_TTL_S  # the entry is stale: key_resolve.lua, the rate limit, the poll
     before = round_trips[0]
     assert http.get(poll, headers=auth).status_code == 200
