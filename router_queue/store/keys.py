@@ -6,7 +6,11 @@ key                            type    TTL                             written b
 rq:req:{id}                    hash    none; retention once COMPLETED  admit/claim/cancel/
                                                                        complete.lua
 rq:result:{id}                 string  retention                       complete.lua
-rq:body:{id}                   string  none; deleted once COMPLETED    admit.lua (its native body)
+rq:body:{id}                   string  none; deleted once it succeeded admit.lua (its native body)
+                                       retention once it failed (a
+                                       retry submits it again)
+rq:deadlines:{provider}        zset    none (members leave when the    admit.lua; claim/cancel/
+                                       request no longer needs them)   complete/expire_queued
 rq:queue:{provider}            zset    none (members leave on claim,   admit/claim/cancel
                                        cancel or completion)           .lua
 rq:seq:{provider}              string  none (INCR counter)             admit.lua
@@ -98,8 +102,12 @@ zeroed when given back) and ``webhook_counted`` (copied to its event as
 Request hash fields: ``id workspace model provider status body seq
 created_at started_at completed_at error_type detail content_type
 cancel_requested idem token holder successor handed_back lease_until takeovers
-attempts upstream_ref priority granted_at
-hold charged`` (``hold``: credits held at admission, zeroed when settled;
+attempts upstream_ref priority granted_at start_deadline_at deadline_at
+retry_of cancel_detail hold charged`` (``start_deadline_at``, ``deadline_at``: the
+caller's X-Comfy-Start-Deadline and X-Comfy-Deadline as Unix seconds, each also
+a member of ``rq:deadlines:{provider}``, "start|{id}" or "run|{id}", scored by
+it; ``retry_of``: the failed request it submits again; ``cancel_detail``: what
+a running request's cancellation will say, the first cancel's reason; ``hold``: credits held at admission, zeroed when settled;
 ``charged``: what was charged)
 (timestamps are Unix seconds as decimal strings; ``token`` is unique to the
 execution holding the lease, ``holder`` its "{Celery task id}:{retries}";
@@ -185,6 +193,12 @@ def schedule_workspaces(provider: str) -> str:
 
 def running(provider: str) -> str:
     return f"{PREFIX}:running:{provider}"
+
+
+def deadlines(provider: str) -> str:
+    """The caller deadlines of a provider's requests ("start|{id}", "run|{id}")
+    by when each falls (lua/lib.lua)."""
+    return f"{PREFIX}:deadlines:{provider}"
 
 
 def stats(provider: str) -> str:

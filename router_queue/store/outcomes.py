@@ -28,6 +28,9 @@ class Admit(StrEnum):
     NO_WEBHOOK_SECRET = "NO_WEBHOOK_SECRET"
     RATE_LIMITED = "RATE_LIMITED"  #: the caller's rate window is spent
     EXPIRED = "EXPIRED"  #: reached Redis past its deadline; changed nothing
+    RETRY_MISSING = "RETRY_MISSING"  #: a retry of no request of this caller and model (or past retention)
+    NOT_RETRYABLE = "NOT_RETRYABLE"  #: a retry of a request not COMPLETED with an error_type
+    RETRY_BODY_GONE = "RETRY_BODY_GONE"  #: a retry of a failed request whose body is no longer kept
 
 
 class Cancel(StrEnum):
@@ -47,7 +50,8 @@ class Claim(StrEnum):
     RESUMED = "RESUMED"  #: this delivery resumes a lease its holder kept for it
     WAITING = "WAITING"  #: not granted a slot: a stray message; nothing starts
     LEASED = "LEASED"  #: another execution holds a live lease
-    QUEUE_TIMEOUT = "QUEUE_TIMEOUT"  #: waited past its queue timeout; ended
+    QUEUE_TIMEOUT = "QUEUE_TIMEOUT"  #: waited past its queue timeout or start deadline; ended
+    DEADLINE = "DEADLINE"  #: claimed past its caller's deadline; ended cancelled, never run
     EXHAUSTED = "EXHAUSTED"  #: taken over too often; ended provider_error
     COMPLETED = "COMPLETED"  #: already finished
     MISSING = "MISSING"  #: gone (past retention)

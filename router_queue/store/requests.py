@@ -25,7 +25,7 @@ log = logging.getLogger(__name__)
 _FIELDS = (
     "id", "workspace", "model", "provider", "status", "created_at", "started_at",
     "completed_at", "error_type", "detail", "content_type", "cancel_requested",
-    "attempts", "upstream_ref", "progress", "webhook_url",
+    "attempts", "upstream_ref", "progress", "webhook_url", "start_deadline_at", "deadline_at", "retry_of",
 )
 
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
@@ -94,13 +94,20 @@ class RequestRecord:
     progress: float | None = None
     #: Where its completion's event goes (its own or its workspace's default), if anywhere.
     webhook_url: str | None = None
+    #: The caller's deadlines (Unix s): not started by the first, it ends
+    #: queue_timeout; not completed by the second, it is cancelled.
+    start_deadline_at: float | None = None
+    deadline_at: float | None = None
+    #: The failed request this one submits again (the retry route).
+    retry_of: str | None = None
 
     @classmethod
     def from_values(cls, values: list[Any], ttl: int | None = None) -> "RequestRecord | None":
         """From an ``HMGET`` of :data:`_FIELDS` (bytes or None each). Every
         status poll makes one, so the fields are unpacked by position."""
         (id_, workspace, model, provider, status, created_at, started_at, completed_at, error_type, detail,
-         content_type, cancel_requested, attempts, upstream_ref, progress, webhook_url) = values
+         content_type, cancel_requested, attempts, upstream_ref, progress, webhook_url, start_deadline_at,
+         deadline_at, retry_of) = values
         if status is None:
             return None
         return cls(
@@ -121,6 +128,9 @@ class RequestRecord:
             ttl_s=ttl if ttl is not None and ttl >= 0 else None,
             progress=float(progress) if progress else None,
             webhook_url=webhook_url.decode() if webhook_url else None,
+            start_deadline_at=float(start_deadline_at) if start_deadline_at else None,
+            deadline_at=float(deadline_at) if deadline_at else None,
+            retry_of=retry_of.decode() if retry_of else None,
         )
 
 
@@ -152,6 +162,8 @@ class Admission:
     #: Which webhook lacked a signing secret: "header" (the request's own) or
     #: "default" (the workspace's), on NO_WEBHOOK_SECRET.
     webhook_source: str | None = None
+    #: The retried request's status, on NOT_RETRYABLE: IN_QUEUE, IN_PROGRESS or SUCCEEDED.
+    original_status: str | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +208,18 @@ class QueuedRequest:
     model: str
     workspace: str
     created_at: float
+
+
+@dataclass(frozen=True)
+class DeadlineDue:
+    """A caller's deadline that has passed (``rq:deadlines:{provider}``)."""
+
+    #: "start" (X-Comfy-Start-Deadline) or "run" (X-Comfy-Deadline).
+    kind: str
+    request_id: str
+    #: None when the request's record has expired.
+    workspace: str | None
+    model: str | None
 
 
 @dataclass(frozen=True)
@@ -274,13 +298,18 @@ class RequestStore:
         priority: str = "normal",
         webhook_url: str = "",
         response_url: str = "",
+        retry_of: str = "",
+        start_deadline_at: float | None = None,
+        deadline_at: float | None = None,
     ) -> Admission:
         """One atomic admission (``admit.lua``): the record, its place in the
         provider's schedule, and a slot with its Celery message when one is
         free. ``rate`` (a ``ratelimit.Allowance``) is counted first; a spent
         window raises the refusal it makes. ``webhook_url`` (checked by the
         caller; "" for the workspace's default, if any) gets the completion's
-        event, which names ``response_url``."""
+        event, which names ``response_url``. ``retry_of``: this request submits
+        that failed request's kept body again (``body`` is ignored).
+        ``start_deadline_at`` and ``deadline_at`` (Unix s) are the caller's."""
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         idem_key = keys.idempotency(workspace, idempotency_key_hash or "-")
         now = now or time.time()
@@ -290,14 +319,18 @@ class RequestStore:
             keys=[
                 keys.request(request_id), keys.queue(provider), keys.sequence(provider),
                 keys.schedule(provider), keys.workspace(workspace), idem_key, keys.ledger(workspace),
-                keys.metrics(provider), keys.draining(), keys.running(provider), list_key, *rate_keys,
+                keys.metrics(provider), keys.draining(), keys.running(provider), list_key,
+                keys.request(retry_of or request_id), keys.body(retry_of or request_id), keys.deadlines(provider),
+                *rate_keys,
             ],
             args=[
                 request_id, workspace, model, provider, body, repr(now),
                 fingerprint if idempotency_key_hash else "", self.idempotency_ttl_s,
                 "1" if require_enabled else "0", grant_until, int(price),
                 self.max_queued, template, cap, priority, self._deadline(now), webhook_url, response_url,
-                self.max_queued_bytes, self.max_pending_webhooks, *rate_args,
+                self.max_queued_bytes, self.max_pending_webhooks, retry_of,
+                "" if start_deadline_at is None else repr(start_deadline_at),
+                "" if deadline_at is None else repr(deadline_at), *rate_args,
             ],
         )
         code = Admit(_text(reply[0]))
@@ -312,6 +345,8 @@ class RequestStore:
             return Admission(code, available=int(float(_text(reply[1]))))
         if code is Admit.NO_WEBHOOK_SECRET:
             return Admission(code, webhook_source=_text(reply[1]))
+        if code is Admit.NOT_RETRYABLE:
+            return Admission(code, original_status=_text(reply[1]))
         return Admission(code)
 
     def _acknowledged(self, script, *, keys: list, args: list) -> Any:
@@ -430,16 +465,18 @@ class RequestStore:
     def result(self, request_id: str) -> bytes | None:
         return self.client.get(keys.result(request_id))
 
-    def cancel(self, *, request_id: str, workspace: str, model: str, provider: str) -> Cancel:
-        """What cancel.lua did (see :class:`~router_queue.store.outcomes.Cancel`)."""
+    def cancel(self, *, request_id: str, workspace: str, model: str, provider: str,
+               by_deadline: bool = False) -> Cancel:
+        """What cancel.lua did (see :class:`~router_queue.store.outcomes.Cancel`).
+        ``by_deadline``: the sweeper cancels for the caller's X-Comfy-Deadline."""
         now = time.time()
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
         reply = self._acknowledged(
             self._cancel,
             keys=[keys.request(request_id), keys.queue(provider), keys.schedule(provider), keys.workspace(workspace),
-                  keys.ledger(workspace), running, list_key],
+                  keys.ledger(workspace), running, list_key, keys.deadlines(provider)],
             args=[request_id, workspace, model, repr(now), self.retention_s, cap, grant_until, template,
-                  self._deadline(now)],
+                  self._deadline(now), "deadline" if by_deadline else ""],
         )
         self._publish_granted(provider, reply[1:])
         return Cancel(_text(reply[0]))
@@ -461,7 +498,8 @@ class RequestStore:
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
         reply = self._claim(
             keys=[keys.request(request_id), keys.queue(provider), keys.schedule(provider), running,
-                  keys.workspace(record.workspace), keys.ledger(record.workspace), list_key],
+                  keys.workspace(record.workspace), keys.ledger(record.workspace), list_key,
+                  keys.deadlines(provider)],
             args=[request_id, repr(now), lease.lease_s, cap, lease.queue_timeout_s, self.retention_s,
                   lease.token, lease.max_takeovers, lease.resume_key, grant_until, template],
         )
@@ -523,6 +561,7 @@ class RequestStore:
                 keys.request(request_id), keys.result(request_id), keys.queue(provider),
                 keys.stats(provider), keys.schedule(provider), running,
                 keys.workspace(record.workspace), keys.ledger(record.workspace), list_key,
+                keys.deadlines(provider),
             ],
             args=[
                 request_id, repr(now), self.retention_s, error_type, detail,
@@ -563,11 +602,29 @@ class RequestStore:
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
         reply = self._expire_queued(
             keys=[keys.request(request_id), keys.queue(provider), keys.schedule(provider), keys.workspace(workspace),
-                  keys.ledger(workspace), running, list_key],
+                  keys.ledger(workspace), running, list_key, keys.deadlines(provider)],
             args=[request_id, repr(now), queue_timeout_s, self.retention_s, workspace, cap, grant_until, template],
         )
         self._publish_granted(provider, reply[1:])
         return ExpireQueued(_text(reply[0])) is ExpireQueued.TIMED_OUT
+
+    def deadlines_due(self, provider: str, now: float, limit: int = 500) -> list[DeadlineDue]:
+        """The caller deadlines of ``provider`` that have passed by ``now``,
+        earliest first, with each request's workspace and model (none: its
+        record expired). The scripts that act on them drop them from the index."""
+        members = [_text(m) for m in self.client.zrangebyscore(keys.deadlines(provider), "-inf", repr(now),
+                                                               start=0, num=limit)]
+        if not members:
+            return []
+        pipe = self.client.pipeline(transaction=False)
+        for member in members:
+            pipe.hmget(keys.request(member.split("|", 1)[1]), ("workspace", "model"))
+        return [DeadlineDue(kind, request_id, _text(workspace), _text(model))
+                for (kind, request_id), (workspace, model) in zip((m.split("|", 1) for m in members), pipe.execute())]
+
+    def forget_deadline(self, provider: str, due: "DeadlineDue") -> None:
+        """Drop a deadline whose request expired (nothing is left to end)."""
+        self.client.zrem(keys.deadlines(provider), f"{due.kind}|{due.request_id}")
 
     def set_draining(self, provider: str, draining: bool) -> None:
         """Stop (or resume) admitting requests for ``provider``; in-flight work goes on."""

@@ -137,7 +137,11 @@ def test_body_bytes_never_drift_whatever_ends_the_requests(services, workspace):
     statuses = {store.status_view(i, "bfl").record.status for i in ids}
     assert statuses == {"COMPLETED"}
     assert counters(services, workspace)[0] == 0
-    assert all(services.redis.exists(keys.body(i)) == 0 for i in ids)
+    # successes delete their body; a failed request keeps it (no longer
+    # counted) for its retention, so that it can be retried
+    assert [services.redis.exists(keys.body(i)) for i in (done, late)] == [0, 0]
+    for request_id in (failed, cancel_granted, cancel_running, timed_out, exhausted, expired):
+        assert 0 < services.redis.ttl(keys.body(request_id)) <= services.settings.result_retention_s
 
 
 def test_racing_admissions_never_pass_the_byte_quota(services, workspace):

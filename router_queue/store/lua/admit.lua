@@ -9,10 +9,15 @@
 -- KEYS[5] rq:ws:{workspace}      KEYS[6] rq:idem:{workspace}:{keyhash}
 -- KEYS[7] rq:ledger:{workspace}  KEYS[8] rq:metrics:{provider}  KEYS[9] rq:draining
 -- KEYS[10] rq:running:{provider} KEYS[11] the broker's list for the provider
--- KEYS[12..] the caller's rate-window counters, with a (limit, window
---          seconds) pair each in ARGV[21..] (ratelimit.py): counted first
+-- KEYS[12] rq:req:{original}  KEYS[13] rq:body:{original}: the failed
+--          request a retry submits again (the new request's own keys when
+--          this is no retry: not read)
+-- KEYS[14] rq:deadlines:{provider} (lib.lua: the caller's deadlines)
+-- KEYS[15..] the caller's rate-window counters, with a (limit, window
+--          seconds) pair each in ARGV[24..] (ratelimit.py): counted first
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] provider
--- ARGV[5] body (JSON text)       ARGV[6] now (unix seconds)
+-- ARGV[5] body (JSON text; "" for a retry, whose body is the original's)
+-- ARGV[6] now (unix seconds)
 -- ARGV[7] fingerprint of (model, canonical body); "" when no Idempotency-Key
 -- ARGV[8] idempotency TTL (s)    ARGV[9] "1" when the workspace must have
 --                                        queued delivery switched on
@@ -35,12 +40,18 @@
 -- ARGV[20] most webhook events the workspace may have pending (owed, or to
 --          be owed by a request not yet completed), unless it sets its own
 --          max_pending_webhooks
+-- ARGV[21] the id of the request this one retries, or ""
+-- ARGV[22] start deadline (Unix seconds: X-Comfy-Start-Deadline), or ""
+-- ARGV[23] deadline (Unix seconds: X-Comfy-Deadline), or ""
 -- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}
 --       | {"IDEM_CONFLICT"} | {"NOT_ENABLED"} | {"BACKLOG_FULL"}
 --       | {"NO_WEBHOOK_SECRET", "header" | "default"}
 --       | {"QUEUED_BYTES_FULL"} | {"PENDING_WEBHOOKS_FULL"}
 --       | {"INSUFFICIENT_CREDITS", available} | {"DRAINING"}
 --       | {"RATE_LIMITED", window index, ms left} | {"EXPIRED"}
+--       | {"RETRY_MISSING"} (no such request of this caller and model)
+--       | {"NOT_RETRYABLE", its status} (not COMPLETED with an error_type)
+--       | {"RETRY_BODY_GONE"} (its body is no longer kept)
 -- Admissions and refusals are counted in rq:metrics:{provider} on the way.
 
 local function refused(reason)
@@ -52,7 +63,7 @@ if past_deadline(ARGV[16]) then
   return {"EXPIRED"}
 end
 
-local spent = spend_rate(12, 21)
+local spent = spend_rate(15, 24)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
@@ -65,6 +76,23 @@ if ARGV[7] ~= "" then
       return {"IDEM_CONFLICT"}
     end
     return {"REPLAY", string.sub(held, sep + 1)}
+  end
+end
+
+-- A retry submits the body of a request of this caller and model that
+-- failed (COMPLETED with an error_type), kept until its retention ends.
+local body = ARGV[5]
+if ARGV[21] ~= "" then
+  local original = redis.call("HMGET", KEYS[12], "status", "workspace", "model", "error_type", "body")
+  if not original[1] or original[2] ~= ARGV[2] or original[3] ~= ARGV[3] then
+    return {"RETRY_MISSING"}
+  end
+  if original[1] ~= "COMPLETED" or not original[4] or original[4] == "" then
+    return {"NOT_RETRYABLE", original[1] == "COMPLETED" and "SUCCEEDED" or original[1]}
+  end
+  body = redis.call("GET", KEYS[13]) or original[5]
+  if not body then
+    return {"RETRY_BODY_GONE"}
   end
 end
 
@@ -92,7 +120,7 @@ if tonumber(ws[2] or "0") >= tonumber(ws[3] or ARGV[12]) then
 end
 -- The body's bytes count against the workspace's quota until it is deleted
 -- (lib.lua, drop_body: its completion, whatever ends it).
-local bytes = #ARGV[5]
+local bytes = #body
 if tonumber(ws[8] or "0") + bytes > tonumber(ws[9] or ARGV[19]) then
   return refused("QUEUED_BYTES_FULL")
 end
@@ -116,7 +144,18 @@ redis.call("HSET", KEYS[1],
   "priority", ARGV[15], "body_bytes", bytes)
 -- The body apart: every other field is short, so the record stays a compact
 -- listpack while the request waits (keys.py, body()).
-redis.call("SET", "rq:body:" .. ARGV[1], ARGV[5])
+redis.call("SET", "rq:body:" .. ARGV[1], body)
+if ARGV[21] ~= "" then
+  redis.call("HSET", KEYS[1], "retry_of", ARGV[21])
+end
+if ARGV[22] ~= "" then
+  redis.call("HSET", KEYS[1], "start_deadline_at", ARGV[22])
+  redis.call("ZADD", KEYS[14], ARGV[22], "start|" .. ARGV[1])
+end
+if ARGV[23] ~= "" then
+  redis.call("HSET", KEYS[1], "deadline_at", ARGV[23])
+  redis.call("ZADD", KEYS[14], ARGV[23], "run|" .. ARGV[1])
+end
 redis.call("ZADD", KEYS[2], seq, ARGV[1])
 redis.call("HINCRBY", KEYS[5], "queued", 1)
 redis.call("HINCRBY", KEYS[5], "queued_bytes", bytes)

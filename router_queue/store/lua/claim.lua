@@ -6,6 +6,10 @@
 --                                         is put in it now)
 --   IN_QUEUE, granted, past its queue  -> COMPLETED queue_timeout, never run;
 --   timeout                               its slot goes to the next
+--   IN_QUEUE, granted, past the        -> COMPLETED queue_timeout, never run
+--   caller's start deadline
+--   IN_QUEUE, granted, past the        -> COMPLETED cancelled, never run (as
+--   caller's deadline                     the sweeper's cancel would have)
 --   IN_QUEUE, granted                  -> IN_PROGRESS under a lease held by token
 --   IN_PROGRESS, resume key matches    -> resumed: the retry its holder scheduled
 --                                         (the holder kept the lease for it)
@@ -19,7 +23,7 @@
 --
 -- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:sched:{provider}
 -- KEYS[4] rq:running:{provider}  KEYS[5] rq:ws:{workspace}  KEYS[6] rq:ledger:{workspace}
--- KEYS[7] the broker's list for the provider
+-- KEYS[7] the broker's list for the provider  KEYS[8] rq:deadlines:{provider}
 -- ARGV[1] id  ARGV[2] now (s)  ARGV[3] lease (s)  ARGV[4] provider's cap on
 -- requests in flight  ARGV[5] queue timeout (s)  ARGV[6] retention (s)
 -- ARGV[7] token: unique to this execution   ARGV[8] most takeovers allowed
@@ -27,11 +31,11 @@
 --         matches the record's "successor" only for the retry a holder left
 -- ARGV[10] grant lease end (s)  ARGV[11] message template or ""
 -- returns {code, granted ids to publish...}, code one of "CLAIMED" | "RESUMED"
---       | "WAITING" | "LEASED" | "QUEUE_TIMEOUT" | "EXHAUSTED" | "COMPLETED" | "MISSING"
+--       | "WAITING" | "LEASED" | "QUEUE_TIMEOUT" | "DEADLINE" | "EXHAUSTED" | "COMPLETED" | "MISSING"
 
 local now = tonumber(ARGV[2])
 local rec = redis.call("HMGET", KEYS[1], "status", "created_at", "successor", "lease_until", "takeovers",
-  "handed_back", "workspace", "seq", "priority")
+  "handed_back", "workspace", "seq", "priority", "start_deadline_at", "deadline_at")
 local status = rec[1]
 if not status then
   return {"MISSING"}
@@ -45,7 +49,8 @@ local S = sched_ctx(KEYS[3], KEYS[4], KEYS[7], ARGV[4], ARGV[2], ARGV[10], ARGV[
 -- the provider billed nothing we know of, so the hold is released, and its
 -- slot goes to the next in the schedule.
 local function finish(code, error_type, detail)
-  finish_unbilled({req = KEYS[1], queue = KEYS[2], ws = KEYS[5], ledger = KEYS[6], ws_id = rec[7]}, S,
+  finish_unbilled({req = KEYS[1], queue = KEYS[2], ws = KEYS[5], ledger = KEYS[6], deadlines = KEYS[8],
+    ws_id = rec[7]}, S,
     ARGV[1], ARGV[2], ARGV[6], status == "IN_QUEUE", error_type, detail)
   return with_granted(code, grant(S))
 end
@@ -69,7 +74,14 @@ if status == "IN_QUEUE" then
     return finish("QUEUE_TIMEOUT", "queue_timeout",
       "waited in the queue longer than the model's queue timeout; never run, never billed")
   end
+  if passed(rec[10], now) then
+    return finish("QUEUE_TIMEOUT", "queue_timeout", START_DEADLINE_DETAIL)
+  end
+  if passed(rec[11], now) then
+    return finish("DEADLINE", "cancelled", DEADLINE_DETAIL)
+  end
   redis.call("HSET", KEYS[1], "status", "IN_PROGRESS", "started_at", ARGV[2])
+  redis.call("ZREM", KEYS[8], "start|" .. ARGV[1])
   left_queue(KEYS[5])
   redis.call("ZREM", KEYS[2], ARGV[1])
   redis.call("ZREM", S.base .. ":granted", ARGV[1])

@@ -10,9 +10,10 @@
 -- KEYS[1] rq:req:{id}   KEYS[2] rq:result:{id}   KEYS[3] rq:queue:{provider}
 -- KEYS[4] rq:stats:{provider}   KEYS[5] rq:sched:{provider}   KEYS[6] rq:running:{provider}
 -- KEYS[7] rq:ws:{workspace}     KEYS[8] rq:ledger:{workspace}
--- KEYS[9] the broker's list for the provider
+-- KEYS[9] the broker's list for the provider  KEYS[10] rq:deadlines:{provider}
 -- ARGV[1] id   ARGV[2] now (unix seconds)   ARGV[3] retention (s)
--- ARGV[4] error_type ("" on success)        ARGV[5] detail
+-- ARGV[4] error_type ("" on success)        ARGV[5] detail (a cancel's own
+--         reason, cancel.lua's cancel_detail, wins over it for "cancelled")
 -- ARGV[6] content type                      ARGV[7] output bytes
 -- ARGV[8] "1" when the provider bills this outcome
 -- ARGV[9] the provider's cap  ARGV[10] grant lease end (s)  ARGV[11] message template or ""
@@ -41,10 +42,16 @@ if ARGV[4] == "" then
   redis.call("HSET", KEYS[1], "content_type", ARGV[6])
   redis.call("SET", KEYS[2], ARGV[7], "EX", ARGV[3])
 else
-  redis.call("HSET", KEYS[1], "error_type", ARGV[4], "detail", ARGV[5])
+  local detail = ARGV[5]
+  if ARGV[4] == "cancelled" then
+    detail = redis.call("HGET", KEYS[1], "cancel_detail") or detail
+  end
+  redis.call("HSET", KEYS[1], "error_type", ARGV[4], "detail", detail)
 end
 redis.call("EXPIRE", KEYS[1], ARGV[3])
-drop_body(KEYS[1], KEYS[7], ARGV[1])
+-- a failed request's body is kept for its retention: it may be retried
+drop_body(KEYS[1], KEYS[7], ARGV[1], ARGV[4] ~= "" and ARGV[3] or nil)
+forget_deadlines(KEYS[10], ARGV[1])
 owe_webhook(KEYS[1], ARGV[1], ARGV[2])
 announce_completed(ARGV[1])
 redis.call("ZREM", KEYS[3], ARGV[1])

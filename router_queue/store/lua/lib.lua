@@ -11,13 +11,19 @@ local function left_queue(ws_key)
   end
 end
 
--- The request's body is no longer needed (it completed, whatever ended it):
--- delete it and give its bytes back to the workspace's quota, once. The
--- record's body_bytes is zeroed in the same step, as settle() zeroes the hold,
--- so no second ending can give them back twice; a request admitted before
--- bodies were counted has none and gives back nothing.
-local function drop_body(req_key, ws_key, request_id)
-  redis.call("DEL", "rq:body:" .. request_id)
+-- The request's body is no longer queued (it completed, whatever ended it):
+-- give its bytes back to the workspace's quota, once, and delete it, or,
+-- given keep_s (a failed request, which its caller may retry), keep it that
+-- many seconds (the retention), no longer counted. The record's body_bytes
+-- is zeroed in the same step, as settle() zeroes the hold, so no second
+-- ending can give them back twice; a request admitted before bodies were
+-- counted has none and gives back nothing.
+local function drop_body(req_key, ws_key, request_id, keep_s)
+  if keep_s then
+    redis.call("EXPIRE", "rq:body:" .. request_id, keep_s)
+  else
+    redis.call("DEL", "rq:body:" .. request_id)
+  end
   local bytes = tonumber(redis.call("HGET", req_key, "body_bytes") or "0")
   if bytes <= 0 then
     return
@@ -26,6 +32,31 @@ local function drop_body(req_key, ws_key, request_id)
   if redis.call("HINCRBY", ws_key, "queued_bytes", -bytes) < 0 then
     redis.call("HSET", ws_key, "queued_bytes", 0)
   end
+end
+
+-- The caller's deadlines (admit.lua records them): X-Comfy-Start-Deadline
+-- ends a request not started by then queue_timeout (claim.lua at once,
+-- expire_queued.lua from the sweeper); X-Comfy-Deadline cancels one not
+-- completed by then, as the cancel route would (cancel.lua from the sweeper,
+-- claim.lua at once). Each is a member of rq:deadlines:{provider} ("start|id",
+-- "run|id") scored by when it falls, until the request no longer needs it.
+local START_DEADLINE_DETAIL =
+  "not started by its start deadline (X-Comfy-Start-Deadline); never run, never billed"
+local DEADLINE_DETAIL = "cancelled: its deadline (X-Comfy-Deadline) passed before it completed"
+
+local function forget_deadlines(deadlines_key, request_id)
+  if deadlines_key then
+    redis.call("ZREM", deadlines_key, "start|" .. request_id, "run|" .. request_id)
+  end
+end
+
+-- Whether a deadline (a record field, Unix seconds, or false) has passed by now.
+local function passed(value, now)
+  if not value then
+    return false
+  end
+  local at = tonumber(value)
+  return at ~= nil and tonumber(now) > at
 end
 
 -- Settle the credits held for a request at admission, once: "charge" turns
@@ -381,8 +412,10 @@ end
 -- End a request that produced no output the provider billed (cancelled while
 -- queued, timed out in the queue, given up after its workers kept dying):
 -- COMPLETED with its bucket, out of the queue, the schedule and its slot, its
--- hold released, kept for the retention window, announced. k holds the keys
--- req, queue, ws, ledger and the workspace id ws_id; S the provider's
+-- hold released, kept (its body too: it may be retried) for the retention
+-- window, announced. k holds the keys
+-- req, queue, ws, ledger, deadlines (rq:deadlines:{provider}, or nil) and the
+-- workspace id ws_id; S the provider's
 -- scheduler context (the caller runs grant(S) after, for the freed slot).
 local function finish_unbilled(k, S, request_id, now, retention, was_queued, error_type, detail)
   if was_queued then
@@ -394,7 +427,8 @@ local function finish_unbilled(k, S, request_id, now, retention, was_queued, err
   redis.call("HSET", k.req, "status", "COMPLETED", "completed_at", now, "error_type", error_type, "detail", detail)
   settle(k.req, k.ws, k.ledger, request_id, "release", now)
   redis.call("EXPIRE", k.req, retention)
-  drop_body(k.req, k.ws, request_id)
+  drop_body(k.req, k.ws, request_id, retention)
+  forget_deadlines(k.deadlines, request_id)
   redis.call("ZREM", k.queue, request_id)
   owe_webhook(k.req, request_id, now)
   announce_completed(request_id)
