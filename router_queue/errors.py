@@ -53,6 +53,12 @@ class IdempotencyKeyConflict(InvalidInput):
     status = 409
 
 
+class NotRetryable(InvalidInput):
+    """A retry of a request that has not failed, or whose body is gone (409)."""
+
+    status = 409
+
+
 class Unauthorized(RouterError):
     status = 401
     error_type = "unauthorized"

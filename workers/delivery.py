@@ -44,6 +44,10 @@ CANCEL_FRESH_S = 0.5
 
 T = TypeVar("T")
 
+#: The claims that end the request unrun, with the outcome each counts as.
+_ENDED_BY_CLAIM = {Claim.QUEUE_TIMEOUT: states.QUEUE_TIMEOUT, Claim.EXHAUSTED: states.PROVIDER_ERROR,
+                   Claim.DEADLINE: states.CANCELLED}
+
 
 class Later(Exception):
     """Deliver this request again in ``countdown`` seconds (a Celery retry)."""
@@ -109,9 +113,8 @@ def _claim_and_run(context: WorkerContext, record: RequestRecord, body: bytes | 
     try:
         if claim is Claim.CLAIMED:
             metrics.claimed(record.provider, record.model, time.time() - record.created_at)
-        elif claim in (Claim.QUEUE_TIMEOUT, Claim.EXHAUSTED):
-            metrics.completed(record.provider, record.model,
-                              states.QUEUE_TIMEOUT if claim is Claim.QUEUE_TIMEOUT else states.PROVIDER_ERROR)
+        elif claim in _ENDED_BY_CLAIM:
+            metrics.completed(record.provider, record.model, _ENDED_BY_CLAIM[claim])
             nudge_webhook(context, record)
         if claim not in (Claim.CLAIMED, Claim.RESUMED):
             log.info("request %s: %s; this delivery does nothing", request_id, claim)

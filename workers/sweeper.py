@@ -7,6 +7,11 @@
   new delivery takes it over and resumes the provider's generation.
 * Queue timeouts: the longest-waiting requests of each queue that waited past
   their model's queue timeout end ``queue_timeout``, never dispatched.
+* Caller deadlines: a request past its ``X-Comfy-Start-Deadline`` that has
+  not started ends ``queue_timeout`` (expire_queued.lua); one past its
+  ``X-Comfy-Deadline`` that has not completed is cancelled through the cancel
+  route's own script (cancel.lua: at once while queued, flagged for its
+  worker while running).
 * Free slots: each provider's free slots are granted (a raised cap heals here).
 * Webhooks: every event due (new, a retry whose time came, or one whose
   attempt's lease ran out: its worker died) is published to
@@ -22,12 +27,17 @@ import logging
 import time
 from dataclasses import dataclass
 
+from router_queue import states
+from router_queue.store.outcomes import Cancel
+
 from .context import WorkerContext
 
 log = logging.getLogger(__name__)
 
 #: How many requests at the head of each queue are checked for queue timeout.
 QUEUE_HEAD = 100
+#: Most caller deadlines of one provider acted on per sweep (the rest: next sweep).
+DEADLINES_PER_SWEEP = 500
 
 
 @dataclass(frozen=True)
@@ -36,6 +46,8 @@ class SweepReport:
     reaped: int
     timed_out: int
     webhooks: int = 0
+    #: Requests cancelled (or flagged, while running) at their caller's deadline.
+    deadline_cancels: int = 0
 
 
 def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
@@ -50,16 +62,44 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
             else:
                 republished += 1
     timed_out = sum(_time_out_queue_head(context, provider, now) for provider in services.catalog.providers())
+    deadline_cancels = 0
+    for provider in services.catalog.providers():
+        expired, cancels = _enforce_deadlines(context, provider, now)
+        timed_out += expired
+        deadline_cancels += cancels
     for provider in services.catalog.providers():
         store.grant(provider, now)
     webhooks = services.webhooks.due(now=now, again_at=now + services.settings.webhook_lease_s)
     for request_id in webhooks:
         context.dispatcher.publish_webhook(request_id)
     services.metrics.swept(republished=republished, reaped=reaped, timed_out=timed_out)
-    if republished or reaped or timed_out:
-        log.warning("sweeper: %d re-published, %d taken from dead workers, %d queue timeouts",
-                    republished, reaped, timed_out)
-    return SweepReport(republished, reaped, timed_out, len(webhooks))
+    if republished or reaped or timed_out or deadline_cancels:
+        log.warning("sweeper: %d re-published, %d taken from dead workers, %d queue timeouts, "
+                    "%d cancels at the caller's deadline", republished, reaped, timed_out, deadline_cancels)
+    return SweepReport(republished, reaped, timed_out, len(webhooks), deadline_cancels)
+
+
+def _enforce_deadlines(context: WorkerContext, provider: str, now: float) -> tuple[int, int]:
+    """Act on the caller deadlines of ``provider`` that have passed: (queue
+    timeouts, cancels). Each script drops the deadline it acted on."""
+    store, catalog, metrics = context.services.store, context.services.catalog, context.services.metrics
+    timed_out = cancels = 0
+    for due in store.deadlines_due(provider, now, DEADLINES_PER_SWEEP):
+        entry = catalog.by_id(due.model) if due.model else None
+        if due.workspace is None or entry is None:
+            store.forget_deadline(provider, due)
+        elif due.kind == "start":
+            if store.expire_queued(due.request_id, provider, due.workspace, entry.policy.queue_timeout_s, now):
+                metrics.completed(provider, entry.id, states.QUEUE_TIMEOUT)
+                timed_out += 1
+        else:
+            outcome = store.cancel(request_id=due.request_id, workspace=due.workspace, model=entry.id,
+                                   provider=provider, by_deadline=True)
+            if outcome is Cancel.CANCELLED:
+                metrics.completed(provider, entry.id, states.CANCELLED)
+            if outcome in (Cancel.CANCELLED, Cancel.REQUESTED):
+                cancels += 1
+    return timed_out, cancels
 
 
 def _time_out_queue_head(context: WorkerContext, provider: str, now: float) -> int:

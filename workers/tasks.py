@@ -57,7 +57,7 @@ def deliver_webhook(self, request_id: str) -> str:
 def sweep(self) -> dict[str, int]:
     report = sweep_once(context_for(self.app))
     return {"republished": report.republished, "reaped": report.reaped, "timed_out": report.timed_out,
-            "webhooks": report.webhooks}
+            "webhooks": report.webhooks, "deadline_cancels": report.deadline_cancels}
 
 
 log = logging.getLogger(__name__)

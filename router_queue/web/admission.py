@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..catalog import ModelEntry
-from ..errors import (IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, PendingWebhooksFull,
-                      QueueBacklogFull, QueuedBytesFull, ServiceUnavailable, ValidationFailed)
+from ..errors import (Gone, IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, NotRetryable,
+                      PendingWebhooksFull, QueueBacklogFull, QueuedBytesFull, RequestNotFound, ServiceUnavailable,
+                      ValidationFailed)
 from ..services import Services
 from ..store.apikeys import is_legacy_namespace
 from ..store.outcomes import Admit
@@ -23,6 +26,7 @@ from ..store.requests import PRIORITIES
 from ..validation import too_many_items, validate
 from ..webhooks import safety
 from . import pacing
+from .refusals import NOT_FOUND
 from .views import response_url
 
 #: Longest Idempotency-Key accepted, in characters.
@@ -124,11 +128,61 @@ def no_webhook_secret(workspace: str, source: str | None) -> str:
             "again; nothing was queued or charged")
 
 
+START_DEADLINE_HEADER = "X-Comfy-Start-Deadline"
+DEADLINE_HEADER = "X-Comfy-Deadline"
+#: A caller's deadline: seconds from the submit, a plain decimal number (no
+#: sign, exponent, "inf" or "nan"), at most 9 digits before the point.
+_SECONDS = re.compile(r"[0-9]{1,9}(\.[0-9]{1,6})?")
+
+
+@dataclass(frozen=True)
+class Deadlines:
+    """The caller's deadlines as Unix seconds, each None when not asked for."""
+
+    start_at: float | None = None
+    run_at: float | None = None
+
+
+def _deadline_seconds(name: str, raw: str, bound_s: float, bound_why: str) -> float:
+    if not _SECONDS.fullmatch(raw):
+        raise InvalidInput(f"{name} must be a number of seconds greater than 0, such as 30 or 2.5, "
+                           f"not {raw[:40]!r}")
+    seconds = float(raw)
+    if seconds <= 0:
+        raise InvalidInput(f"{name} must be greater than 0 seconds")
+    if seconds > bound_s:
+        raise InvalidInput(f"{name} may be at most {bound_s:g} s for this model ({bound_why}), not {raw}")
+    return seconds
+
+
+def deadlines(headers, entry: ModelEntry, now: float) -> Deadlines:
+    """``X-Comfy-Start-Deadline`` and ``X-Comfy-Deadline``: seconds from now.
+    Bounded by the model's own policy, refused (``400 invalid_input``) past
+    it: the start deadline by its queue timeout (it never waits longer), the
+    deadline by its queue timeout plus its longest run (it never lives longer)."""
+    raw_start, raw_run = headers.get(START_DEADLINE_HEADER), headers.get(DEADLINE_HEADER)
+    if raw_start is None and raw_run is None:
+        return Deadlines()
+    policy = entry.policy
+    start = None if raw_start is None else _deadline_seconds(
+        START_DEADLINE_HEADER, raw_start, policy.queue_timeout_s, "its queue timeout")
+    run = None if raw_run is None else _deadline_seconds(
+        DEADLINE_HEADER, raw_run, policy.queue_timeout_s + policy.max_run_s, "its queue timeout plus its longest run")
+    return Deadlines(None if start is None else now + start, None if run is None else now + run)
+
+
 def fingerprint(model_id: str, body: dict[str, Any]) -> str:
     """What an Idempotency-Key is bound to: the model and the canonical body."""
     # ASCII escapes keep a lone surrogate (legal in JSON text) encodable.
     canonical = json.dumps(body, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(f"{model_id}\n{canonical}".encode()).hexdigest()
+
+
+def retry_fingerprint(model_id: str, original_id: str) -> str:
+    """What an Idempotency-Key sent on a retry is bound to: the model and the
+    request retried (never a body: a submit of the same body under the same
+    key is another request)."""
+    return hashlib.sha256(f"{model_id}\nretry of {original_id}".encode()).hexdigest()
 
 
 @dataclass(frozen=True)
@@ -142,28 +196,36 @@ class Admitted:
 def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: bytes,
           raw_idempotency_key: str | None, raw_priority: str | None = None, queued: bool = True,
           rate: Callable[[], Any] = lambda: None, raw_webhook_url: str | None = None,
-          base_url: str = "") -> Admitted:
+          base_url: str = "", headers=None, retry_of: str = "") -> Admitted:
     """Admit a request for the workers. ``queued`` is False for the synchronous
     route, which shares everything but queued delivery's gating. ``rate`` hands
     over the call's rate allowance (``ratelimit.carried_allowance``), taken only
     when the admit script runs to count it in the same atomic step: a body
     refused before that leaves it to the after-request hook. ``base_url``
-    builds the response_url a webhook's event names."""
+    builds the response_url a webhook's event names. ``headers`` carry the
+    caller's deadlines. ``retry_of``: submit that failed request's kept body
+    again (``raw_body`` is not read)."""
     if queued and not entry.queueable:
         raise NotEnabled(f"{entry.id} cannot be queued; use POST /v2/models/{entry.id}")
     key = idempotency_key(raw_idempotency_key)
     rank = priority(raw_priority)
     hook = webhook_url(raw_webhook_url, allow_loopback_http=services.settings.webhook_allow_loopback_http)
-    body = parse_body(raw_body)
-    validate_body(entry, body)
+    now = time.time()
+    due = deadlines(headers, entry, now) if headers is not None else Deadlines()
+    if retry_of:
+        bound_to = retry_fingerprint(entry.id, retry_of) if key else ""
+    else:
+        body = parse_body(raw_body)
+        validate_body(entry, body)
+        bound_to = fingerprint(entry.id, body) if key else ""
     request_id = services.ids.mint(workspace, entry.id)
     admission = services.store.admit(
         request_id=request_id,
         workspace=workspace,
         model=entry.id,
         provider=entry.provider,
-        body=raw_body.decode(),
-        fingerprint=fingerprint(entry.id, body) if key else "",
+        body="" if retry_of else raw_body.decode(),
+        fingerprint=bound_to,
         idempotency_key_hash=hashlib.sha256(key.encode()).hexdigest() if key else "",
         price=entry.price_credits,
         require_enabled=queued,
@@ -171,10 +233,23 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         priority=rank,
         webhook_url=hook,
         response_url=response_url(base_url, entry.id, request_id) if base_url else "",
+        retry_of=retry_of,
+        start_deadline_at=due.start_at,
+        deadline_at=due.run_at,
+        now=now,
     )
     if admission.outcome is Admit.EXPIRED:
         raise ServiceUnavailable("the request store answered too late; nothing was admitted or charged; "
                                  "retry shortly", retry_after=1)
+    if admission.outcome is Admit.RETRY_MISSING:
+        if services.ids.is_ours(retry_of, workspace, entry.id):
+            raise Gone(f"request {retry_of} finished more than its retention window ago")
+        raise RequestNotFound(NOT_FOUND)
+    if admission.outcome is Admit.NOT_RETRYABLE:
+        raise NotRetryable(_not_retryable(retry_of, admission.original_status))
+    if admission.outcome is Admit.RETRY_BODY_GONE:
+        raise NotRetryable(f"request {retry_of} failed before failed requests kept their body, so it cannot be "
+                           "submitted again; submit its body anew")
     if admission.outcome is Admit.INSUFFICIENT_CREDITS:
         raise InsufficientCredits(f"{entry.id} costs {entry.price_credits} credits and the workspace has "
                                   f"{admission.available} available; nothing was queued or charged")
@@ -205,3 +280,10 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     if admission.outcome is Admit.REPLAY:
         return Admitted(admission.request_id, True, None)
     return Admitted(request_id, False, admission.position)
+
+
+def _not_retryable(request_id: str, status: str | None) -> str:
+    if status == "SUCCEEDED":
+        return f"request {request_id} succeeded; only a request that failed (COMPLETED with an error_type) is retried"
+    return (f"request {request_id} is {status} and has not failed; only a request that failed (COMPLETED with an "
+            "error_type) is retried")

@@ -121,11 +121,18 @@ def submit_answer(front: FrontDoor, req: Request, provider: str, model: str,
     admitted = admission.admit(
         front.services, workspace=workspace, entry=entry, raw_body=read_body(req),
         raw_idempotency_key=headers.get("Idempotency-Key"), raw_priority=headers.get("X-Comfy-Priority"),
-        rate=rate, raw_webhook_url=headers.get(admission.WEBHOOK_HEADER), base_url=base,
+        rate=rate, raw_webhook_url=headers.get(admission.WEBHOOK_HEADER), base_url=base, headers=headers,
     )
+    return _handle(front, entry, workspace, admitted, base, "submit")
+
+
+def _handle(front: FrontDoor, entry: ModelEntry, workspace: str, admitted: admission.Admitted, base: str,
+            what: str) -> Answer:
+    """A submit's (or a retry's) 201: the new request's handle, or the
+    original one for an Idempotency-Key sent again."""
     outcome = "replayed" if admitted.replayed else "admitted"
-    log.info("submit: %s", outcome, extra={"request_id": admitted.request_id, "workspace": workspace,
-                                           "model": entry.id, "outcome": outcome, "status": "IN_QUEUE"})
+    log.info("%s: %s", what, outcome, extra={"request_id": admitted.request_id, "workspace": workspace,
+                                             "model": entry.id, "outcome": outcome, "status": "IN_QUEUE"})
     if admitted.replayed:
         return _replayed_handle(front, entry, admitted.request_id, base)
     body = {
@@ -227,6 +234,7 @@ def run(provider: str, model: str) -> Response:
             raw_idempotency_key=request.headers.get("Idempotency-Key"),
             raw_priority=request.headers.get("X-Comfy-Priority"), queued=False, rate=carried_allowance,
             raw_webhook_url=request.headers.get(admission.WEBHOOK_HEADER), base_url=_base_url(front),
+            headers=request.headers,
         )
         g.call_id = admitted.request_id
         view = wait_until_completed(front.services.store, front.events, admitted.request_id, entry.provider,
@@ -240,6 +248,29 @@ def run(provider: str, model: str) -> Response:
             retry_after=pacing.retry_after(view.record, view.position, view.pace),
         )
     return _finished(front, view.record)
+
+
+@queue.post("/v2/models/<provider>/<model>/requests/<request_id>/retry")
+def retry(provider: str, model: str, request_id: str) -> Response:
+    """Submit a failed request's body again as a new request (its status
+    names ``retry_of``), admitted like any submit, with this call's headers."""
+    front = front_door()
+    workspace = front.keys.workspace(request)
+    entry = model_entry(provider, model, front.services.catalog)
+    if not well_formed(request_id):
+        raise RequestNotFound(NOT_FOUND)
+    admission.refuse_bring_your_own_key(request.headers)
+    base = _base_url(front)
+    headers = request.headers
+    admitted = admission.admit(
+        front.services, workspace=workspace, entry=entry, raw_body=b"",
+        raw_idempotency_key=headers.get("Idempotency-Key"), raw_priority=headers.get("X-Comfy-Priority"),
+        rate=carried_allowance, raw_webhook_url=headers.get(admission.WEBHOOK_HEADER), base_url=base,
+        headers=headers, retry_of=request_id,
+    )
+    answer = _handle(front, entry, workspace, admitted, base, "retry")
+    g.call_id = answer.call_id
+    return json_response(answer.body, answer.status, answer.headers)
 
 
 @queue.put("/v2/models/<provider>/<model>/requests/<request_id>/cancel")

@@ -53,6 +53,12 @@ def status_body(record: RequestRecord, position: int | None, base: str, retentio
     if record.completed_at is not None:
         body["completed_at"] = iso(record.completed_at)
         body["expires_at"] = iso(record.completed_at + retention_s)
+    if record.start_deadline_at is not None:
+        body["start_deadline_at"] = iso(record.start_deadline_at)
+    if record.deadline_at is not None:
+        body["deadline_at"] = iso(record.deadline_at)
+    if record.retry_of is not None:
+        body["retry_of"] = record.retry_of
     if record.status == COMPLETED and not record.error_type:
         body["progress"] = 1.0  # a success is whole, whatever (or whether) the provider reported
     elif record.progress is not None:

@@ -205,3 +205,30 @@ def test_a_fault_after_the_read_answers_in_the_contract_shape(http, auth, servic
     down = http.get(status, headers=auth)
     assert_error(down, 503, "service_unavailable")
     assert int(down.headers["Retry-After"]) >= 1
+
+
+def test_deadline_headers_are_answered_alike_by_the_lane_and_flask(http, flask_only, auth, services):
+    good = json.dumps({"prompt": "a red teapot"})
+    cases = [{"X-Comfy-Start-Deadline": "30"}, {"X-Comfy-Deadline": "90.5"},
+             {"X-Comfy-Start-Deadline": "30", "X-Comfy-Deadline": "60"}, {"X-Comfy-Start-Deadline": "nan"},
+             {"X-Comfy-Deadline": "-1"}, {"X-Comfy-Deadline": "0"}, {"X-Comfy-Deadline": "1e9"},
+             {"X-Comfy-Start-Deadline": "86401"}, {"X-Comfy-Deadline": "999999999"}]
+    answers = []
+    for client in (http, flask_only):
+        answers.append([])
+        for extra in cases:
+            response = client.post(f"{FLUX}/requests", data=good,
+                                   headers={"Content-Type": "application/json", **auth, **extra})
+            admitted = {response.headers.get("X-Comfy-Request-Id", "")} if response.status_code == 201 else set()
+            answers[-1].append(_same_shape(response, admitted))
+            if response.status_code == 201:  # the status shows them alike too
+                request_id = response.json["request_id"]
+                polled = [_answer(c.get(f"{FLUX}/requests/{request_id}/status", headers=auth))
+                          for c in (http, flask_only)]
+                assert polled[0] == polled[1]
+                shown = json.loads(polled[0][2])
+                assert ("start_deadline_at" in shown, "deadline_at" in shown) == (
+                    "X-Comfy-Start-Deadline" in extra, "X-Comfy-Deadline" in extra)
+    for case, lane, plain in zip(cases, *answers):
+        assert lane == plain, case
+    assert [status for status, _, _ in answers[0]] == ["201 CREATED"] * 3 + ["400 BAD REQUEST"] * 6
