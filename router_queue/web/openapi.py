@@ -19,6 +19,8 @@ from ..catalog import Catalog, ModelEntry
 from ..store.requests import PRIORITIES
 
 OPENAPI_VERSION = "3.0.3"
+#: X-Comfy-Start-Deadline and X-Comfy-Deadline: seconds, a plain decimal number (admission.py).
+DEADLINE_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,6})?$"
 API_VERSION = "2"
 
 # -- response bodies (documentation; the routes build them in views.py) ---------
@@ -61,6 +63,14 @@ class StatusSchema(HandleSchema):
                        "first report, never decreasing, 1 once the request succeeded."})
     error_type = fields.String(metadata={"description": "present only when the request did not succeed"})
     detail = fields.String()
+    start_deadline_at = fields.String(metadata={
+        "format": "date-time", "description": "the caller's X-Comfy-Start-Deadline, when it set one: not started "
+                                              "by then, it ends COMPLETED queue_timeout, never charged"})
+    deadline_at = fields.String(metadata={
+        "format": "date-time", "description": "the caller's X-Comfy-Deadline, when it set one: not completed by "
+                                              "then, it is cancelled as the cancel route would cancel it"})
+    retry_of = fields.String(metadata={"description": "the failed request this one submits again (the retry "
+                                                      "route); absent otherwise"})
 
 
 class CancelSchema(Schema):
@@ -117,8 +127,8 @@ def _errors(*codes: int) -> dict[str, Any]:
         403: _error("not_enabled: queued delivery is off for this caller or model"),
         404: _error("model_not_found or request_not_found"),
         405: _error("invalid_input: method not allowed"),
-        409: _error("concurrency_limit_exceeded, invalid_input (key held by another request), cancelled",
-                    retry_after=False),
+        409: _error("concurrency_limit_exceeded, invalid_input (key held by another request; a retry of a "
+                    "request that has not failed), cancelled", retry_after=False),
         413: _error("invalid_input: body over the size limit"),
         422: _error("invalid_input: the model's schema rejected the input; detail is per field"),
         429: _error("queue_backlog_full, rate_limited, queued_bytes_full, pending_webhooks_full or "
@@ -163,9 +173,22 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                               "addresses only. Without it, the workspace's default, if any. Either is refused "
                               "(400) while the workspace has no signing secret.",
                "schema": {"type": "string", "format": "uri", "maxLength": 2048}}
+    policy = entry.policy
+    start_deadline = {"name": "X-Comfy-Start-Deadline", "in": "header", "required": False,
+                      "description": "Seconds from now: not started by then, the request ends COMPLETED with "
+                                     f"queue_timeout, never charged. At most the model's queue timeout "
+                                     f"({policy.queue_timeout_s:g} s); more, 0 or not a plain number is 400.",
+                      "schema": {"type": "string", "pattern": DEADLINE_PATTERN}}
+    deadline = {"name": "X-Comfy-Deadline", "in": "header", "required": False,
+                "description": "Seconds from now: not completed by then, the request is cancelled as the cancel "
+                               "route would cancel it (error_type cancelled). At most the model's queue timeout "
+                               f"plus its longest run ({policy.queue_timeout_s + policy.max_run_s:g} s); more, 0 "
+                               "or not a plain number is 400.",
+                "schema": {"type": "string", "pattern": DEADLINE_PATTERN}}
+    submit_headers = [idem, priority, webhook, start_deadline, deadline]
     root = f"/v2/models/{entry.id}"
     spec.path(path=root, operations={"post": {
-        "summary": f"Run {entry.id} synchronously", "tags": [entry.id], "parameters": [idem, priority, webhook],
+        "summary": f"Run {entry.id} synchronously", "tags": [entry.id], "parameters": submit_headers,
         "requestBody": body,
         "responses": {"200": _output(entry, spec, output_name),
                       **_errors(400, 401, 402, 404, 409, 413, 422, 429, 502, 503, 504)},
@@ -175,7 +198,7 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
     handle = {"description": "admitted", "content": {"application/json": {"schema": HandleSchema}},
               "headers": {"X-Comfy-Request-Id": "X-Comfy-Request-Id", "Idempotent-Replayed": "Idempotent-Replayed"}}
     spec.path(path=f"{root}/requests", operations={"post": {
-        "summary": f"Queue a {entry.id} request", "tags": [entry.id], "parameters": [idem, priority, webhook],
+        "summary": f"Queue a {entry.id} request", "tags": [entry.id], "parameters": submit_headers,
         "requestBody": body,
         "responses": {"201": handle, **_errors(400, 401, 402, 403, 404, 409, 413, 422, 429, 503)},
     }})
@@ -215,6 +238,15 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
         "responses": {"200": _output(entry, spec, output_name),
                       "202": {"description": "not finished yet", **status}, "410": gone,
                       **_errors(400, 401, 403, 404, 409, 422, 429, 500, 502, 503, 504)},
+    }})
+    spec.path(path=f"{root}/requests/{{request_id}}/retry", operations={"post": {
+        "summary": "Submit a failed request's body again as a new request", "tags": [entry.id],
+        "description": "Allowed for a request of this caller and model that is COMPLETED with an error_type, "
+                       "within its retention; admitted like a submit (credits, backlog, rate, quotas) with this "
+                       "call's headers. The new request's status names `retry_of`. An Idempotency-Key is bound "
+                       "to the request retried: the same key replays the same new request. No body is read.",
+        "parameters": [rid, *submit_headers],
+        "responses": {"201": handle, "410": gone, **_errors(400, 401, 402, 403, 404, 409, 429, 503)},
     }})
     cancel = {"content": {"application/json": {"schema": CancelSchema}}}
     spec.path(path=f"{root}/requests/{{request_id}}/cancel", operations={"put": {
