@@ -72,7 +72,8 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
     webhooks = services.webhooks.due(now=now, again_at=now + services.settings.webhook_lease_s)
     for request_id in webhooks:
         context.dispatcher.publish_webhook(request_id)
-    services.metrics.swept(republished=republished, reaped=reaped, timed_out=timed_out)
+    services.metrics.swept(republished=republished, reaped=reaped, timed_out=timed_out,
+                           deadline_cancels=deadline_cancels)
     if republished or reaped or timed_out or deadline_cancels:
         log.warning("sweeper: %d re-published, %d taken from dead workers, %d queue timeouts, "
                     "%d cancels at the caller's deadline", republished, reaped, timed_out, deadline_cancels)

@@ -168,9 +168,10 @@ class MetricsRecorder:
     def webhook_given_up(self) -> None:
         self._write("webhook_given_up", lambda pipe: pipe.hincrby(keys.webhook_metrics(), "outcome|given_up", 1))
 
-    def swept(self, *, republished: int, reaped: int, timed_out: int) -> None:
+    def swept(self, *, republished: int, reaped: int, timed_out: int, deadline_cancels: int = 0) -> None:
         def fill(pipe) -> None:
-            for action, count in (("republished", republished), ("reaped", reaped), ("timed_out", timed_out)):
+            for action, count in (("republished", republished), ("reaped", reaped), ("timed_out", timed_out),
+                                  ("deadline_cancels", deadline_cancels)):
                 if count:
                     pipe.hincrby(keys.sweeper_metrics(), action, count)
         self._write("swept", fill)
@@ -276,7 +277,7 @@ class RedisCollector(Collector):
             age = now - created[request_id] if request_id in created else 0.0
             oldest.add_metric([provider], max(0.0, age))
         sweeps = CounterMetricFamily("router_queue_sweeper_actions", "What the sweeper did.", labels=["action"])
-        for action in ("republished", "reaped", "timed_out"):
+        for action in ("republished", "reaped", "timed_out", "deadline_cancels"):
             sweeps.add_metric([action], sweeper.get(action, 0))
         yield from (depth, in_flight, cap, workspaces, oldest, drain, admitted, refused, completed, retries, sweeps)
         yield from histograms.values()

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 
 import pytest
@@ -336,3 +337,26 @@ def test_deadlines_of_expired_requests_are_dropped(http, auth, services):
     services.redis.delete(keys.request(request_id))
     assert sweep(context_of(services), now=created + 3).deadline_cancels == 0
     assert services.redis.zcard(keys.deadlines("bfl")) == 0
+
+
+def test_racing_retries_under_one_key_admit_one_request(app, auth, services, workspace):
+    http = app.test_client()
+    original = failed(http, auth, services)
+
+    def one(_):
+        response = retry(app.test_client(), auth, original, headers={"Idempotency-Key": "raced"})
+        return response.status_code, response.json.get("request_id")
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        answers = list(pool.map(one, range(16)))
+    assert {status for status, _ in answers} == {201}
+    (new,) = {request_id for _, request_id in answers}
+    assert ledger_types(services, workspace, new) == ["hold"]
+    assert services.store.queue_depth("bfl") == 1
+
+
+def test_the_sweeper_counts_what_deadlines_did(http, auth, services):
+    request_id = submit(http, auth, headers={"X-Comfy-Deadline": "2"}).json["request_id"]
+    created = record_of(services, request_id, "bfl").created_at
+    sweep(context_of(services), now=created + 3)
+    assert services.redis.hget(keys.sweeper_metrics(), "deadline_cancels") == b"1"
