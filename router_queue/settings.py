@@ -153,6 +153,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "WEBHOOK_WAIT_SECONDS": ("webhook_wait_s", _float),
     "WEBHOOK_CIRCUIT_FAILURES": ("webhook_circuit_failures", _int),
     "WEBHOOK_CIRCUIT_COOLING_SECONDS": ("webhook_circuit_cooling_s", _float),
+    "OTEL_EXPORTER_OTLP_ENDPOINT": ("otel_endpoint", _url),
 }
 
 
@@ -249,6 +250,10 @@ class Settings:
     #: http too (``router-queue dev`` and the tests). Off in production:
     #: webhooks go to public https URLs only (router_queue/webhooks/safety.py).
     webhook_allow_loopback_http: bool = False
+    #: OpenTelemetry's OTLP/HTTP collector (``router_queue/tracing.py``): set,
+    #: each process exports its spans there; empty, nothing is instrumented.
+    #: The exporter reads the other ``OTEL_*`` variables itself.
+    otel_endpoint: str = ""
     #: Seconds one webhook attempt may take: the connect, each read, and the
     #: (capped) response body in all.
     webhook_timeout_s: float = 10.0

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
 
-from router_queue import logs, states
+from router_queue import logs, states, tracing
 from router_queue.catalog import CallPolicy, ModelEntry
 from router_queue.store.connect import UNREACHABLE
 from router_queue.store.metrics import DeliveryMetrics
@@ -81,9 +81,22 @@ class Execution:
 
 
 def deliver(context: WorkerContext, request_id: str, execution: Execution) -> str:
-    """Run ``request_id`` if this delivery may; returns what happened, for logs."""
+    """Run ``request_id`` if this delivery may; returns what happened, for logs.
+    Traced, it is a ``deliver`` span in the trace its submit left on the
+    record (tracing.py), whoever published its message."""
     with logs.bound(request_id=request_id, task=execution.resume_key):
-        return _deliver(context, request_id, execution)
+        if not tracing.active():
+            return _deliver(context, request_id, execution)
+        with tracing.span("deliver", parent=context.services.store.traceparent(request_id), kind="CONSUMER",
+                          attributes={"router_queue.request_id": request_id,
+                                      "messaging.message.id": execution.resume_key}) as span:
+            try:
+                outcome = _deliver(context, request_id, execution)
+            except Later as later:
+                tracing.note(span, outcome="retry_later", retry_in_s=later.countdown)
+                raise
+            tracing.note(span, outcome=outcome)
+            return outcome
 
 
 def _deliver(context: WorkerContext, request_id: str, execution: Execution) -> str:
@@ -174,8 +187,9 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         # The provider answered: its outcome is written through a Redis
         # restart or stall for as long as the lease would have lasted. If
         # another worker took over meanwhile, the first outcome written wins.
-        return through_store_faults(f"request {request_id}: completion",
-                                    lambda: store.complete(record, **outcome), lease_s)
+        with tracing.span("complete", attributes={"router_queue.error_type": outcome.get("error_type") or ""}):
+            return through_store_faults(f"request {request_id}: completion",
+                                        lambda: store.complete(record, **outcome), lease_s)
 
     def remember(ref: dict[str, Any]) -> None:
         # The provider's handle on the generation it accepted, saved the moment
@@ -208,7 +222,9 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
     )
     started = time.monotonic()
     try:
-        output = ADAPTERS[entry.adapter](call)
+        with tracing.span("provider call", attributes={"router_queue.provider": entry.provider,
+                                                       "router_queue.model": entry.id}):
+            output = ADAPTERS[entry.adapter](call)
     except HandBack:
         store.renew(request_id, record.provider, execution.token, 0, hand_back=True)
         context.dispatcher.publish(request_id, record.provider)

@@ -2,11 +2,12 @@
 
 from celery.signals import setup_logging
 
-from router_queue import logs
+from router_queue import logs, tracing
 from router_queue.broker.celery_app import make_celery
 from router_queue.settings import Settings
 
 settings = Settings.from_env()
+tracing.configure(settings, "router-queue-worker")
 app = make_celery(settings, include=("workers.tasks",))
 
 

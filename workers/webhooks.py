@@ -42,7 +42,7 @@ import time
 import uuid
 from urllib.parse import urlsplit
 
-from router_queue import logs
+from router_queue import logs, tracing
 from router_queue.store.requests import RequestRecord
 from router_queue.store.webhooks import WebhookEvent
 from router_queue.webhooks import event as wire
@@ -74,7 +74,11 @@ def deliver_webhook(context: WorkerContext, request_id: str) -> str:
     event = taken.event
     with logs.bound(request_id=request_id, workspace=event.workspace, model=event.model):
         started = time.monotonic()
-        outcome, status, error, endpoint_failed = attempt(context, event)
+        with _attempt_span(context, event) as span:
+            outcome, status, error, endpoint_failed = attempt(context, event)
+            tracing.note(span, outcome=outcome, attempt=event.attempt)
+            if status is not None and span is not None:
+                span.set_attribute("http.response.status_code", status)
         seconds = time.monotonic() - started
         now = time.time()
         next_at = None
@@ -94,6 +98,16 @@ def deliver_webhook(context: WorkerContext, request_id: str) -> str:
                  f"next at +{next_at - now:.1f} s" if recorded == "RETRY" and next_at else recorded.lower(),
                  extra={"outcome": f"webhook_{outcome}"})
         return recorded.lower()
+
+
+def _attempt_span(context: WorkerContext, event: WebhookEvent):
+    """Traced, the attempt is a span in its request's trace (the record's
+    traceparent, tracing.py); else nothing, not even the record's read."""
+    if not tracing.active():
+        return tracing.span("webhook attempt")
+    return tracing.span("webhook attempt", parent=context.services.store.traceparent(event.request_id),
+                        kind="CLIENT", attributes={"router_queue.request_id": event.request_id,
+                                                   "server.address": urlsplit(event.url).hostname or ""})
 
 
 def attempt(context: WorkerContext, event: WebhookEvent) -> tuple[str, int | None, str, bool]:

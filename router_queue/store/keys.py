@@ -103,7 +103,9 @@ Request hash fields: ``id workspace model provider status body seq
 created_at started_at completed_at error_type detail content_type
 cancel_requested idem token holder successor handed_back lease_until takeovers
 attempts upstream_ref priority granted_at start_deadline_at deadline_at
-retry_of cancel_detail hold charged`` (``start_deadline_at``, ``deadline_at``: the
+retry_of cancel_detail hold charged traceparent`` (``traceparent``: the submit's W3C trace
+context, written by admit.lua only while tracing is on, read by the workers' spans;
+``start_deadline_at``, ``deadline_at``: the
 caller's X-Comfy-Start-Deadline and X-Comfy-Deadline as Unix seconds, each also
 a member of ``rq:deadlines:{provider}``, "start|{id}" or "run|{id}", scored by
 it; ``retry_of``: the failed request it submits again; ``cancel_detail``: what

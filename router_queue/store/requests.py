@@ -301,6 +301,7 @@ class RequestStore:
         retry_of: str = "",
         start_deadline_at: float | None = None,
         deadline_at: float | None = None,
+        traceparent: str = "",
     ) -> Admission:
         """One atomic admission (``admit.lua``): the record, its place in the
         provider's schedule, and a slot with its Celery message when one is
@@ -309,7 +310,9 @@ class RequestStore:
         caller; "" for the workspace's default, if any) gets the completion's
         event, which names ``response_url``. ``retry_of``: this request submits
         that failed request's kept body again (``body`` is ignored).
-        ``start_deadline_at`` and ``deadline_at`` (Unix s) are the caller's."""
+        ``start_deadline_at`` and ``deadline_at`` (Unix s) are the caller's.
+        ``traceparent`` (tracing.py) is kept on the record for its deliveries
+        and webhook attempts."""
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         idem_key = keys.idempotency(workspace, idempotency_key_hash or "-")
         now = now or time.time()
@@ -330,7 +333,7 @@ class RequestStore:
                 self.max_queued, template, cap, priority, self._deadline(now), webhook_url, response_url,
                 self.max_queued_bytes, self.max_pending_webhooks, retry_of,
                 "" if start_deadline_at is None else repr(start_deadline_at),
-                "" if deadline_at is None else repr(deadline_at), *rate_args,
+                "" if deadline_at is None else repr(deadline_at), traceparent, *rate_args,
             ],
         )
         code = Admit(_text(reply[0]))
@@ -482,6 +485,11 @@ class RequestStore:
         return Cancel(_text(reply[0]))
 
     # -- workers -----------------------------------------------------------
+    def traceparent(self, request_id: str) -> str:
+        """The W3C trace context its submit left on the record ("" if none)."""
+        value = self.client.hget(keys.request(request_id), "traceparent")
+        return value.decode() if value else ""
+
     def load(self, request_id: str) -> tuple[RequestRecord | None, bytes | None]:
         """A request's record and its native body."""
         pipe = self.client.pipeline(transaction=False)

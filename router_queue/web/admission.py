@@ -196,7 +196,8 @@ class Admitted:
 def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: bytes,
           raw_idempotency_key: str | None, raw_priority: str | None = None, queued: bool = True,
           rate: Callable[[], Any] = lambda: None, raw_webhook_url: str | None = None,
-          base_url: str = "", headers=None, retry_of: str = "") -> Admitted:
+          base_url: str = "", headers=None, retry_of: str = "",
+          traceparent: str = "") -> Admitted:
     """Admit a request for the workers. ``queued`` is False for the synchronous
     route, which shares everything but queued delivery's gating. ``rate`` hands
     over the call's rate allowance (``ratelimit.carried_allowance``), taken only
@@ -204,7 +205,8 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     refused before that leaves it to the after-request hook. ``base_url``
     builds the response_url a webhook's event names. ``headers`` carry the
     caller's deadlines. ``retry_of``: submit that failed request's kept body
-    again (``raw_body`` is not read)."""
+    again (``raw_body`` is not read). ``traceparent``
+    (``tracing.traceparent()``, "" when off) is kept on the record."""
     if queued and not entry.queueable:
         raise NotEnabled(f"{entry.id} cannot be queued; use POST /v2/models/{entry.id}")
     key = idempotency_key(raw_idempotency_key)
@@ -237,6 +239,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         start_deadline_at=due.start_at,
         deadline_at=due.run_at,
         now=now,
+        traceparent=traceparent,
     )
     if admission.outcome is Admit.EXPIRED:
         raise ServiceUnavailable("the request store answered too late; nothing was admitted or charged; "

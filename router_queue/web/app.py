@@ -6,6 +6,7 @@ import uuid
 
 from flask import Flask, Response, g, request
 
+from .. import tracing
 from ..broker.celery_app import make_celery
 from ..broker.dispatch import Dispatcher
 from ..errors import RateLimited, RouterError
@@ -44,7 +45,12 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     _register_error_handlers(app)
     app.register_blueprint(operations)
     rate_limits = RateLimits(services.store, settings.default_rate_limit, keys)
-    app.wsgi_app = Lane(app, front, rate_limits)  # type: ignore[method-assign]
+    if tracing.active():
+        # Every call through Flask, as a span: the lane steps aside (it would
+        # answer submits and polls outside Flask's instrumentation).
+        tracing.instrument_flask(app)
+    else:
+        app.wsgi_app = Lane(app, front, rate_limits)  # type: ignore[method-assign]
 
     @app.before_request
     def _open_call() -> None:

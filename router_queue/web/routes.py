@@ -10,6 +10,7 @@ from flask import Blueprint, Request, Response, g, request
 from gunicorn.http.errors import NoMoreData, ParseException
 from werkzeug.sansio.utils import host_is_trusted
 
+from .. import tracing
 from ..catalog import Catalog, ModelEntry
 from ..errors import (CompletedWithError, DeadlineExceeded, Gone, InvalidInput, ModelNotFound, PayloadTooLarge,
                       RequestNotFound, ServiceUnavailable)
@@ -103,16 +104,16 @@ def _status_response(front: FrontDoor, view: StatusView, status: int = 200) -> R
 
 @queue.post("/v2/models/<provider>/<model>/requests")
 def submit(provider: str, model: str) -> Response:
-    answer = submit_answer(front_door(), request, provider, model, carried_allowance)
+    answer = submit_answer(front_door(), request, provider, model, carried_allowance, tracing.traceparent())
     g.call_id = answer.call_id
     return json_response(answer.body, answer.status, answer.headers)
 
 
 def submit_answer(front: FrontDoor, req: Request, provider: str, model: str,
-                  rate: Callable[[], Allowance | None]) -> Answer:
+                  rate: Callable[[], Allowance | None], traceparent: str = "") -> Answer:
     """Admit a submit (``admission.py``) and answer its handle; ``rate``
     hands over the call's allowance when the admit script runs. (The lane
-    calls it too.)"""
+    calls it too, only while tracing is off: no ``traceparent``.)"""
     workspace = front.keys.workspace(req)
     entry = model_entry(provider, model, front.services.catalog)
     admission.refuse_bring_your_own_key(req.headers)
@@ -122,6 +123,7 @@ def submit_answer(front: FrontDoor, req: Request, provider: str, model: str,
         front.services, workspace=workspace, entry=entry, raw_body=read_body(req),
         raw_idempotency_key=headers.get("Idempotency-Key"), raw_priority=headers.get("X-Comfy-Priority"),
         rate=rate, raw_webhook_url=headers.get(admission.WEBHOOK_HEADER), base_url=base, headers=headers,
+        traceparent=traceparent,
     )
     return _handle(front, entry, workspace, admitted, base, "submit")
 
@@ -235,6 +237,7 @@ def run(provider: str, model: str) -> Response:
             raw_priority=request.headers.get("X-Comfy-Priority"), queued=False, rate=carried_allowance,
             raw_webhook_url=request.headers.get(admission.WEBHOOK_HEADER), base_url=_base_url(front),
             headers=request.headers,
+            traceparent=tracing.traceparent(),
         )
         g.call_id = admitted.request_id
         view = wait_until_completed(front.services.store, front.events, admitted.request_id, entry.provider,
@@ -266,7 +269,7 @@ def retry(provider: str, model: str, request_id: str) -> Response:
         front.services, workspace=workspace, entry=entry, raw_body=b"",
         raw_idempotency_key=headers.get("Idempotency-Key"), raw_priority=headers.get("X-Comfy-Priority"),
         rate=carried_allowance, raw_webhook_url=headers.get(admission.WEBHOOK_HEADER), base_url=base,
-        headers=headers, retry_of=request_id,
+        headers=headers, retry_of=request_id, traceparent=tracing.traceparent(),
     )
     answer = _handle(front, entry, workspace, admitted, base, "retry")
     g.call_id = answer.call_id

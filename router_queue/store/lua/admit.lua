@@ -14,7 +14,7 @@
 --          this is no retry: not read)
 -- KEYS[14] rq:deadlines:{provider} (lib.lua: the caller's deadlines)
 -- KEYS[15..] the caller's rate-window counters, with a (limit, window
---          seconds) pair each in ARGV[24..] (ratelimit.py): counted first
+--          seconds) pair each in ARGV[25..] (ratelimit.py): counted first
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] provider
 -- ARGV[5] body (JSON text; "" for a retry, whose body is the original's)
 -- ARGV[6] now (unix seconds)
@@ -43,6 +43,7 @@
 -- ARGV[21] the id of the request this one retries, or ""
 -- ARGV[22] start deadline (Unix seconds: X-Comfy-Start-Deadline), or ""
 -- ARGV[23] deadline (Unix seconds: X-Comfy-Deadline), or ""
+-- ARGV[24] the submit's W3C traceparent (tracing.py), or "" when tracing is off
 -- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}
 --       | {"IDEM_CONFLICT"} | {"NOT_ENABLED"} | {"BACKLOG_FULL"}
 --       | {"NO_WEBHOOK_SECRET", "header" | "default"}
@@ -63,7 +64,7 @@ if past_deadline(ARGV[16]) then
   return {"EXPIRED"}
 end
 
-local spent = spend_rate(15, 24)
+local spent = spend_rate(15, 25)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
@@ -142,6 +143,9 @@ redis.call("HSET", KEYS[1],
   "id", ARGV[1], "workspace", ARGV[2], "model", ARGV[3], "provider", ARGV[4],
   "status", "IN_QUEUE", "seq", seq, "created_at", ARGV[6], "hold", price,
   "priority", ARGV[15], "body_bytes", bytes)
+if ARGV[24] ~= "" then
+  redis.call("HSET", KEYS[1], "traceparent", ARGV[24])
+end
 -- The body apart: every other field is short, so the record stays a compact
 -- listpack while the request waits (keys.py, body()).
 redis.call("SET", "rq:body:" .. ARGV[1], body)
