@@ -20,12 +20,13 @@ from router_queue.catalog import CallPolicy, ModelEntry
 from router_queue.store.connect import UNREACHABLE
 from router_queue.store.metrics import DeliveryMetrics
 from router_queue.store.outcomes import Claim, Complete
-from router_queue.store.requests import Lease, RequestRecord
+from router_queue.store.requests import WEBHOOK_DUE, Lease, RequestRecord
 
 from .context import WorkerContext
 from .providers import ADAPTERS, HandBack, ProviderCall, ProviderFailure
 from .providers.hosts import ProviderHosts
 from .webhooks import nudge as nudge_webhook
+from .webhooks import publish_owed as publish_webhook
 
 log = logging.getLogger(__name__)
 
@@ -126,6 +127,7 @@ def _claim_and_run(context: WorkerContext, record: RequestRecord, body: bytes | 
     try:
         if claim is Claim.CLAIMED:
             metrics.claimed(record.provider, record.model, time.time() - record.created_at)
+            nudge_webhook(context, record)  # its "started" event, when it chose one
         elif claim in _ENDED_BY_CLAIM:
             metrics.completed(record.provider, record.model, _ENDED_BY_CLAIM[claim])
             nudge_webhook(context, record)
@@ -202,9 +204,12 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
     def progressed(progress: float) -> None:
         # A side write: a store fault loses this step's figure, never the run.
         try:
-            store.record_progress(request_id, execution.token, progress)
+            kept = store.record_progress(request_id, execution.token, progress)
         except STORE_FAULTS as exc:
             log.warning("request %s: progress %.2f not recorded: %s", request_id, progress, exc)
+            return
+        if kept == WEBHOOK_DUE:
+            publish_webhook(context, request_id)  # its progress event
 
     call = ProviderCall(
         entry=entry,

@@ -64,6 +64,8 @@ def deliver_webhook(context: WorkerContext, request_id: str) -> str:
     token = uuid.uuid4().hex
     taken = services.webhooks.take(request_id, now=time.time(), lease_s=settings.webhook_lease_s, token=token)
     if taken.event is None:
+        if taken.outcome == "GAVE_UP":
+            publish_owed(context, request_id)
         if taken.due_at is not None:
             log.debug("webhook %s: %s; due again in %.1f s", request_id,
                       "its endpoint's circuit is open" if taken.outcome == "OPEN" else "its workspace's turn",
@@ -83,7 +85,7 @@ def deliver_webhook(context: WorkerContext, request_id: str) -> str:
         now = time.time()
         next_at = None
         if outcome in ("failed", "refused"):
-            next_at = schedule.next_attempt_at(event.attempt, now, event.first_attempt_at,
+            next_at = schedule.next_attempt_at(event.attempt, now, min(event.owed_at, event.first_attempt_at),
                                                schedule_s=settings.webhook_retry_schedule_s,
                                                window_s=settings.webhook_retry_for_s)
         recorded = services.webhooks.record(event, token=token, now=now,
@@ -93,7 +95,10 @@ def deliver_webhook(context: WorkerContext, request_id: str) -> str:
         services.metrics.webhook_attempt(outcome, seconds)
         if recorded == "GAVE_UP":
             services.metrics.webhook_given_up()
-        log.info("webhook attempt %d to %s: %s%s in %.2f s; %s", event.attempt, origin(event.url), outcome,
+        if recorded in ("DELIVERED", "GONE", "GAVE_UP"):
+            publish_owed(context, request_id)
+        log.info("webhook %s attempt %d to %s: %s%s in %.2f s; %s", event.event, event.attempt, origin(event.url),
+                 outcome,
                  f" ({error})" if error else "", seconds,
                  f"next at +{next_at - now:.1f} s" if recorded == "RETRY" and next_at else recorded.lower(),
                  extra={"outcome": f"webhook_{outcome}"})
@@ -124,8 +129,8 @@ def attempt(context: WorkerContext, event: WebhookEvent) -> tuple[str, int | Non
     body = wire.event_body(request_id=event.request_id, model=event.model, status=event.status,
                            error_type=event.error_type, response_url=event.response_url,
                            created_at=event.created_at, started_at=event.started_at,
-                           completed_at=event.completed_at)
-    headers = wire.signed_headers(wire.webhook_id(event.request_id), body, signing, int(time.time()))
+                           completed_at=event.completed_at, event=event.event, progress=event.progress)
+    headers = wire.signed_headers(event.msg_id, body, signing, int(time.time()))
     timeout = settings.webhook_timeout_s
     try:
         status = post(event.url, str(addresses[0]), body, headers, timeout)
@@ -223,9 +228,21 @@ def post(url: str, address: str, body: bytes, headers: dict[str, str], timeout_s
         sock.close()
 
 
+def publish_owed(context: WorkerContext, request_id: str) -> None:
+    """Publish the request's webhook delivery when it owes an event now: the
+    next one once an event ended (``lib.lua``'s ``webhook_ended``), a progress
+    event just owed. At once rather than at the next sweep; best effort, as
+    :func:`nudge`."""
+    try:
+        if context.services.webhooks.owed(request_id):
+            context.dispatcher.publish_webhook(request_id)
+    except Exception as exc:  # noqa: BLE001 - the event is due; the sweeper covers this
+        log.warning("webhook %s: next event not published at once (%s); the sweeper publishes it", request_id, exc)
+
+
 def nudge(context: WorkerContext, record: RequestRecord) -> None:
-    """The fast path: a worker that just completed a request publishes its
-    webhook at once when it owes one. Best effort: the sweeper publishes
+    """The fast path: a worker that just started or completed a request
+    publishes its webhook at once when it owes an event. Best effort: the sweeper publishes
     every event due anyway, within a sweep. A record that names no webhook
     URL owes nothing: no round trip is spent asking."""
     if not record.webhook_url:

@@ -50,8 +50,9 @@ rq:completions:{provider}:{t}  string  COMPLETIONS_TTL_S (completions  metrics.p
                                        in the 10 s starting at t*10)
 rq:draining                    set     none (providers not admitting)  cli (ops drain)
 rq:webhook:{id}                hash    none while pending; retention   lua/lib.lua
-                                       once delivered or given up      (owe_webhook),
-                                                                       webhook_*.lua
+                                       once its request's last event   (owe_*),
+                                       is delivered or given up        webhook_*.lua
+rq:webhook:{id}:next           list    none (deleted once empty)       lua/lib.lua
 rq:webhooks:due                zset    none (events owed, scored by    lua/lib.lua,
                                        when to publish them next)      webhook_*.lua
 rq:webhooks:log:{workspace}    list    none (its last attempts)        webhook_record.lua
@@ -90,14 +91,15 @@ rate_limit weight max_in_flight created_at`` (``credits`` is the balance; ``held
 open holds; ``queued`` how many of its requests wait IN_QUEUE), and its quotas
 (``store/quotas.py``): ``queued_bytes`` (the bodies stored for its requests not
 yet completed; admit.lua adds, lib.lua's ``drop_body`` gives back) under
-``max_queued_bytes``; ``webhooks_pending`` (events owed, or to be owed by a
-request admitted with a webhook, not yet delivered or given up; admit.lua adds,
-webhook_record.lua gives back) under ``max_pending_webhooks``; ``max_held``
+``max_queued_bytes``; ``webhooks_pending`` (requests admitted with a webhook
+whose last event is not yet delivered or given up, however many events each
+chose; admit.lua adds, lib.lua's ``webhook_ended`` gives back) under
+``max_pending_webhooks``; ``max_held``
 (the cap on ``rq:held:{workspace}``, its synchronous calls and event streams
 held open, whose members are slot ids scored by when their lease lapses).
 Request hash fields for them: ``body_bytes`` (counted in ``queued_bytes``,
-zeroed when given back) and ``webhook_counted`` (copied to its event as
-``counted``, dropped when the event ends).
+zeroed when given back) and ``webhook_counted`` (at its completion, copied to
+its event being delivered as ``counted``, dropped when its last event ends).
 
 Request hash fields: ``id workspace model provider status body seq
 created_at started_at completed_at error_type detail content_type
@@ -128,9 +130,19 @@ own, else its workspace's default; absent: no webhook) and
 ``webhook_response_url``. Workspace hash fields for them (accounts.py):
 ``webhook_url`` (the default), ``webhook_secret``, ``webhook_secret_previous``
 and ``webhook_previous_until`` (when the previous secret stops signing).
-``rq:webhook:{id}`` is the event owed, snapshotted when the request completed:
-``request_id url response_url workspace model status error_type created_at
-started_at completed_at owed_at`` (what the body is built from), and the
+Request hash fields for the events (admit.lua, lua/lib.lua): ``webhook_events`` (the
+events chosen, canonical "started,progress,completed" or a subset; absent:
+"completed"), ``webhook_progress_n`` and ``webhook_progress_at`` (progress events
+owed so far, and when the last was: the throttle), ``webhook_final`` (it
+completed: no more events will be owed).
+``rq:webhook:{id}`` is the request's event being delivered (a request's events go
+one at a time), snapshotted when it was owed:
+``request_id url response_url workspace model type msg_id status error_type
+created_at started_at completed_at progress owed_at`` (what the body is built
+from; ``type`` started, progress or completed, absent on events owed before there
+were others: completed; ``msg_id`` its webhook-id), ``counted`` (the request
+completed and holds its workspace's pending count until this event, its last,
+ends), and the
 delivery's state: ``state`` (pending, delivered, gone: the receiver answered
 410, given_up), ``attempts``, ``first_attempt_at``, ``next_at`` (no attempt
 before it), ``lease_until`` and ``token`` (the attempt running now),
@@ -138,7 +150,9 @@ before it), ``lease_until`` and ``token`` (the attempt running now),
 workspace's turn or an open circuit; its next wait doubles). ``rq:webhooks:due`` holds every
 pending event's request id scored by when beat's sweeper publishes it: its
 next attempt, or the end of a running attempt's lease (a killed worker's
-event comes back then).
+event comes back then). ``rq:webhook:{id}:next`` holds the request's events owed
+behind the one being delivered, oldest first, each the JSON object of those
+same snapshot fields; the first takes the hash's place when its event ends.
 Webhook endpoints are a workspace's URL origins (``scheme://host[:port]``: never a
 path or query, which often carry a receiver's token). ``rq:webhooks:circuit:{ws}|{o}``
 (``{o}`` the origin) fields: ``failures`` (in a row), ``open_until`` (no attempt
@@ -293,6 +307,11 @@ def held(workspace_id: str) -> str:
 def webhook_event(request_id: str) -> str:
     """The webhook a completed request owes (lua/lib.lua spells it too)."""
     return f"{PREFIX}:webhook:{request_id}"
+
+
+def webhook_next(request_id: str) -> str:
+    """The request's events owed behind the one being delivered (lua/lib.lua spells it too)."""
+    return f"{PREFIX}:webhook:{request_id}:next"
 
 
 def webhooks_due() -> str:

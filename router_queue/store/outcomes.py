@@ -26,6 +26,9 @@ class Admit(StrEnum):
     #: a webhook is named (``source``: "header" or the workspace's "default")
     #: and the workspace has no signing secret to sign its event with
     NO_WEBHOOK_SECRET = "NO_WEBHOOK_SECRET"
+    #: webhook events are chosen and there is no webhook (no URL of the
+    #: request's own, no workspace default) to send them to
+    NO_WEBHOOK = "NO_WEBHOOK"
     RATE_LIMITED = "RATE_LIMITED"  #: the caller's rate window is spent
     EXPIRED = "EXPIRED"  #: reached Redis past its deadline; changed nothing
     RETRY_MISSING = "RETRY_MISSING"  #: a retry of no request of this caller and model (or past retention)

@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import redis
 
+from ..webhooks.event import PROGRESS_EVENT_EVERY_S
 from . import keys
 from .connect import bounded
 from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
@@ -237,6 +238,10 @@ class Replication:
     timeout_ms: int = 100
 
 
+#: What ``record_progress`` answers when the request's webhook has an event due now.
+WEBHOOK_DUE = 2
+
+
 class RequestStore:
     def __init__(self, client: redis.Redis, *, retention_s: int, idempotency_ttl_s: int,
                  republish_after_s: float = 30.0, max_queued: int = 1000,
@@ -302,13 +307,16 @@ class RequestStore:
         start_deadline_at: float | None = None,
         deadline_at: float | None = None,
         traceparent: str = "",
+        webhook_events: str = "",
     ) -> Admission:
         """One atomic admission (``admit.lua``): the record, its place in the
         provider's schedule, and a slot with its Celery message when one is
         free. ``rate`` (a ``ratelimit.Allowance``) is counted first; a spent
         window raises the refusal it makes. ``webhook_url`` (checked by the
-        caller; "" for the workspace's default, if any) gets the completion's
-        event, which names ``response_url``. ``retry_of``: this request submits
+        caller; "" for the workspace's default, if any) gets the request's
+        events, which name ``response_url``: ``webhook_events`` (canonical,
+        ``webhooks.event.parse_events``; "" for the workspace's default, else
+        "completed"). ``retry_of``: this request submits
         that failed request's kept body again (``body`` is ignored).
         ``start_deadline_at`` and ``deadline_at`` (Unix s) are the caller's.
         ``traceparent`` (tracing.py) is kept on the record for its deliveries
@@ -333,7 +341,8 @@ class RequestStore:
                 self.max_queued, template, cap, priority, self._deadline(now), webhook_url, response_url,
                 self.max_queued_bytes, self.max_pending_webhooks, retry_of,
                 "" if start_deadline_at is None else repr(start_deadline_at),
-                "" if deadline_at is None else repr(deadline_at), traceparent, *rate_args,
+                "" if deadline_at is None else repr(deadline_at), traceparent, webhook_events,
+                *rate_args,
             ],
         )
         code = Admit(_text(reply[0]))
@@ -539,10 +548,14 @@ class RequestStore:
         """Keep the provider's handle on a submitted generation, to resume it."""
         self.client.hset(keys.request(request_id), "upstream_ref", ref)
 
-    def record_progress(self, request_id: str, token: str, progress: float) -> bool:
+    def record_progress(self, request_id: str, token: str, progress: float, now: float | None = None) -> int:
         """Keep how far a running generation is (``progress.lua``: only growing,
-        only from the lease's holder); True when it was news."""
-        return bool(self._progress(keys=[keys.request(request_id)], args=[request_id, token, repr(progress)]))
+        only from the lease's holder), and owe its webhook's progress event:
+        0 when it was no news, 1 when kept, :data:`WEBHOOK_DUE` when kept and
+        a webhook event of the request is due now (publish it)."""
+        return int(self._progress(keys=[keys.request(request_id)],
+                                  args=[request_id, token, repr(progress), repr(now or time.time()),
+                                        PROGRESS_EVENT_EVERY_S]))
 
     def cancel_requested(self, request_id: str) -> bool:
         return bool(self.client.hexists(keys.request(request_id), "cancel_requested"))

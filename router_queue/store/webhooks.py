@@ -1,12 +1,15 @@
 """The webhook events requests owe, and their deliveries, in Redis.
 
-An event is written by the script that completes its request (``lib.lua``'s
-``owe_webhook``), so a completed request with a webhook URL always has its
-event: no crash can fall between the two. From there every change is one
-script: an attempt takes the event under a lease (``webhook_take.lua``), its
-outcome is recorded with the next attempt's time (``webhook_record.lua``),
-and the sweeper picks what is due (``webhook_due.lua``). The key layout is in
-``keys.py``.
+An event is written by the script that makes the change it reports
+(``lib.lua``: claim.lua's start, progress.lua's news, the completion), so a
+request with a webhook URL always has the events it chose: no crash can fall
+between the two. A request's events are delivered one at a time, in order:
+``rq:webhook:{id}`` is the one being delivered, the others wait behind it
+(``rq:webhook:{id}:next``) and each takes its place when it ends. Every
+change is one script: an attempt takes the event under a lease
+(``webhook_take.lua``), its outcome is recorded with the next attempt's time
+(``webhook_record.lua``), and the sweeper picks what is due
+(``webhook_due.lua``). The key layout is in ``keys.py``.
 
 Taking is fair and spares a dead endpoint (:class:`DeliveryLimits`): a
 workspace has at most a few attempts in flight, the rest wait their turn, and
@@ -44,7 +47,7 @@ def _float(value: str | None) -> float | None:
 
 @dataclass(frozen=True)
 class WebhookEvent:
-    """The event as the completion snapshotted it, and the attempt taking it."""
+    """The event as the step that owed it snapshotted it, and the attempt taking it."""
 
     request_id: str
     url: str
@@ -55,21 +58,29 @@ class WebhookEvent:
     response_url: str
     created_at: float
     started_at: float | None
-    completed_at: float
+    completed_at: float | None
     attempt: int
     first_attempt_at: float
     owed_at: float
+    #: "started", "progress" or "completed" (an event owed before there were others).
+    event: str = "completed"
+    #: Its ``webhook-id``: stable across its attempts, its own among the request's events.
+    msg_id: str = ""
+    #: How far the generation was, on a progress event.
+    progress: float | None = None
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> "WebhookEvent":
+        owed_at = float(fields.get("owed_at") or fields.get("completed_at") or fields["created_at"])
         return cls(
             request_id=fields["request_id"], url=fields["url"], workspace=fields.get("workspace", ""),
             model=fields.get("model", ""), status=fields.get("status", "COMPLETED"),
             error_type=fields.get("error_type") or None, response_url=fields.get("response_url", ""),
             created_at=float(fields["created_at"]), started_at=_float(fields.get("started_at")),
-            completed_at=float(fields["completed_at"]), attempt=int(fields.get("attempts") or 1),
-            first_attempt_at=float(fields.get("first_attempt_at") or fields["completed_at"]),
-            owed_at=float(fields.get("owed_at") or fields["completed_at"]),
+            completed_at=_float(fields.get("completed_at")), attempt=int(fields.get("attempts") or 1),
+            first_attempt_at=float(fields.get("first_attempt_at") or owed_at), owed_at=owed_at,
+            event=fields.get("type") or "completed", msg_id=fields.get("msg_id") or f"msg_{fields['request_id']}",
+            progress=_float(fields.get("progress")),
         )
 
 
@@ -176,7 +187,7 @@ class WebhookStore:
         if endpoint_failed is None:
             endpoint_failed = outcome == "failed"
         endpoint = origin(event.url)
-        entry = json.dumps({"at": now, "request_id": event.request_id, "origin": endpoint,
+        entry = json.dumps({"at": now, "request_id": event.request_id, "event": event.event, "origin": endpoint,
                             "attempt": event.attempt, "outcome": outcome, "status": status, "error": error[:300],
                             "seconds": round(seconds, 3)}, separators=(",", ":"))
         limits = self.limits
@@ -188,7 +199,7 @@ class WebhookStore:
             args=[event.request_id, token, repr(now), outcome, "" if status is None else status, error[:300],
                   "" if next_at is None else repr(next_at), self.keep_s, entry, LOG_LENGTH,
                   f"{event.workspace}|{endpoint}", "1" if endpoint_failed else "0", limits.circuit_failures,
-                  repr(limits.circuit_cooling_s), FAILING_KEPT, int(limits.window_s)],
+                  repr(limits.circuit_cooling_s), FAILING_KEPT, int(limits.window_s), event.msg_id],
         )
         return _text(reply[0])
 
@@ -197,12 +208,18 @@ class WebhookStore:
         return [_text(i) for i in self._due(keys=[keys.webhooks_due()], args=[repr(now), repr(again_at), limit])]
 
     def owed(self, request_id: str) -> bool:
-        """Whether the request has a webhook event pending (a hint for the fast path)."""
+        """Whether the request has a webhook event pending (a hint for the
+        fast path: whether to publish its delivery now)."""
         return self.client.zscore(keys.webhooks_due(), request_id) is not None
 
     def event(self, request_id: str) -> dict[str, str]:
-        """Every field of a request's event (the operator's and the tests' view)."""
+        """Every field of a request's event being delivered, or its last
+        (the operator's and the tests' view)."""
         return {_text(k): _text(v) for k, v in self.client.hgetall(keys.webhook_event(request_id)).items()}
+
+    def queued(self, request_id: str) -> list[dict[str, str]]:
+        """The request's events owed behind the one being delivered, oldest first."""
+        return [json.loads(raw) for raw in self.client.lrange(keys.webhook_next(request_id), 0, -1)]
 
     def pending(self) -> int:
         return int(self.client.zcard(keys.webhooks_due()))

@@ -24,6 +24,7 @@ from ..store.apikeys import is_legacy_namespace
 from ..store.outcomes import Admit
 from ..store.requests import PRIORITIES
 from ..validation import too_many_items, validate
+from ..webhooks import event as webhook_event
 from ..webhooks import safety
 from . import pacing
 from .refusals import NOT_FOUND
@@ -115,6 +116,21 @@ def webhook_url(raw: str | None, *, allow_loopback_http: bool) -> str:
     return raw
 
 
+WEBHOOK_EVENTS_HEADER = webhook_event.EVENTS_HEADER
+
+
+def webhook_events(raw: str | None) -> str:
+    """``X-Comfy-Webhook-Events``: which of the request's events its webhook
+    gets, canonical; "" when absent (the workspace's default, else
+    ``completed``). ``400 invalid_input`` for an unknown name or none."""
+    if raw is None:
+        return ""
+    try:
+        return webhook_event.parse_events(raw)
+    except webhook_event.UnknownEvents as exc:
+        raise InvalidInput(f"{WEBHOOK_EVENTS_HEADER} {exc}") from None
+
+
 def no_webhook_secret(workspace: str, source: str | None) -> str:
     """Why a submit naming a webhook was refused when the workspace cannot sign
     its events, and how to fix it."""
@@ -204,7 +220,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     when the admit script runs to count it in the same atomic step: a body
     refused before that leaves it to the after-request hook. ``base_url``
     builds the response_url a webhook's event names. ``headers`` carry the
-    caller's deadlines. ``retry_of``: submit that failed request's kept body
+    caller's deadlines and webhook events. ``retry_of``: submit that failed request's kept body
     again (``raw_body`` is not read). ``traceparent``
     (``tracing.traceparent()``, "" when off) is kept on the record."""
     if queued and not entry.queueable:
@@ -212,6 +228,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     key = idempotency_key(raw_idempotency_key)
     rank = priority(raw_priority)
     hook = webhook_url(raw_webhook_url, allow_loopback_http=services.settings.webhook_allow_loopback_http)
+    events = webhook_events(headers.get(WEBHOOK_EVENTS_HEADER) if headers is not None else None)
     now = time.time()
     due = deadlines(headers, entry, now) if headers is not None else Deadlines()
     if retry_of:
@@ -240,6 +257,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         deadline_at=due.run_at,
         now=now,
         traceparent=traceparent,
+        webhook_events=events,
     )
     if admission.outcome is Admit.EXPIRED:
         raise ServiceUnavailable("the request store answered too late; nothing was admitted or charged; "
@@ -275,6 +293,10 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     if admission.outcome is Admit.NOT_ENABLED:
         raise NotEnabled("queued delivery is not switched on for this workspace; "
                          f"POST /v2/models/{entry.id} serves the same body synchronously")
+    if admission.outcome is Admit.NO_WEBHOOK:
+        raise InvalidInput(f"{WEBHOOK_EVENTS_HEADER} chooses webhook events, but there is no webhook to send them "
+                           f"to: name one with {WEBHOOK_HEADER} (or set the workspace's default); nothing was "
+                           "queued or charged")
     if admission.outcome is Admit.NO_WEBHOOK_SECRET:
         raise InvalidInput(no_webhook_secret(workspace, admission.webhook_source))
     if admission.outcome is Admit.IDEM_CONFLICT:

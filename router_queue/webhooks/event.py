@@ -2,11 +2,16 @@
 (https://www.standardwebhooks.com), so a receiver verifies it with any of
 that specification's libraries (``standardwebhooks`` in Python) and a secret.
 
-* The body is the event, JSON, built from the snapshot taken when the request
-  completed (``lib.lua``'s ``owe_webhook``): the same bytes on every attempt.
-* ``webhook-id`` is ``msg_`` + the request id: stable across attempts, so a
-  receiver that gets an event twice (delivery is at least once) drops the
-  second by its id.
+* A request's events are those its caller chose (``X-Comfy-Webhook-Events``,
+  :func:`parse_events`; ``completed`` by default): ``request.started``,
+  ``request.progress`` (a new one at most every :data:`PROGRESS_EVENT_EVERY_S`)
+  and ``request.completed``, delivered one at a time in that order.
+* The body is the event, JSON, built from the snapshot taken in the step that
+  owed it (``lib.lua``: ``owe_started``, ``owe_progress``, ``owe_webhook``):
+  the same bytes on every attempt.
+* ``webhook-id`` is stable across an event's attempts and differs between a
+  request's events (:func:`webhook_id`), so a receiver that gets an event
+  twice (delivery is at least once) drops the second by its id.
 * ``webhook-timestamp`` is the attempt's time, Unix seconds; receivers refuse
   one more than 5 minutes off, so it is signed anew on every attempt.
 * ``webhook-signature`` is ``v1,<base64 HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>``
@@ -28,9 +33,35 @@ from datetime import datetime, timezone
 from typing import Iterable
 
 SECRET_PREFIX = "whsec_"
-#: The event type, in the body's ``type``.
+#: The events a caller may choose, in the order a request owes them.
+EVENTS = ("started", "progress", "completed")
+#: The events of a request that chose none.
+DEFAULT_EVENTS = "completed"
+#: The header that chooses them, on either submit route.
+EVENTS_HEADER = "X-Comfy-Webhook-Events"
+#: Seconds between a request's progress events at least (a newer value
+#: replaces one not yet sent instead).
+PROGRESS_EVENT_EVERY_S = 2.0
+#: The completed event's type, in the body's ``type`` (the others': ``request.{event}``).
 EVENT_TYPE = "request.completed"
 USER_AGENT = "router-queue-webhooks/1"
+
+
+class UnknownEvents(ValueError):
+    """The list of events is empty or names one that does not exist."""
+
+
+def parse_events(raw: str) -> str:
+    """A comma-separated choice of :data:`EVENTS` (whitespace and repeats
+    tolerated), canonical: in :data:`EVENTS`' order, comma-separated."""
+    names = {name.strip() for name in raw.split(",")}
+    names.discard("")
+    unknown = sorted(names - set(EVENTS))
+    if unknown:
+        raise UnknownEvents(f"names an unknown event {unknown[0][:40]!r}; choose among {', '.join(EVENTS)}")
+    if not names:
+        raise UnknownEvents(f"names no event; choose among {', '.join(EVENTS)}")
+    return ",".join(name for name in EVENTS if name in names)
 
 
 def new_secret() -> str:
@@ -41,8 +72,15 @@ def _key(secret: str) -> bytes:
     return base64.b64decode(secret.removeprefix(SECRET_PREFIX))
 
 
-def webhook_id(request_id: str) -> str:
-    return f"msg_{request_id}"
+def webhook_id(request_id: str, event: str = "completed", n: int = 0) -> str:
+    """``msg_{id}`` for the completed event (as before there were others),
+    ``msg_{id}_started``, ``msg_{id}_progress_{n}`` for the n-th progress
+    event. ``lib.lua`` spells them too."""
+    if event == "completed":
+        return f"msg_{request_id}"
+    if event == "progress":
+        return f"msg_{request_id}_progress_{n}"
+    return f"msg_{request_id}_{event}"
 
 
 def _iso(ts: float | None) -> str | None:
@@ -52,10 +90,13 @@ def _iso(ts: float | None) -> str | None:
 
 
 def event_body(*, request_id: str, model: str, status: str, error_type: str | None, response_url: str,
-               created_at: float, started_at: float | None, completed_at: float) -> bytes:
-    """The event, as the bytes every attempt sends (keys sorted, compact)."""
-    event = {
-        "type": EVENT_TYPE,
+               created_at: float, started_at: float | None, completed_at: float | None,
+               event: str = "completed", progress: float | None = None) -> bytes:
+    """The event, as the bytes every attempt sends (keys sorted, compact): the
+    request as it was when the event was owed; ``progress`` on a progress
+    event only."""
+    body = {
+        "type": f"request.{event}",
         "request_id": request_id,
         "model": model,
         "status": status,
@@ -65,7 +106,9 @@ def event_body(*, request_id: str, model: str, status: str, error_type: str | No
         "started_at": _iso(started_at),
         "completed_at": _iso(completed_at),
     }
-    return json.dumps(event, sort_keys=True, separators=(",", ":")).encode()
+    if event == "progress":
+        body["progress"] = progress
+    return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
 def signature(secret: str, msg_id: str, timestamp: int, body: bytes) -> str:

@@ -14,7 +14,7 @@
 --          this is no retry: not read)
 -- KEYS[14] rq:deadlines:{provider} (lib.lua: the caller's deadlines)
 -- KEYS[15..] the caller's rate-window counters, with a (limit, window
---          seconds) pair each in ARGV[25..] (ratelimit.py): counted first
+--          seconds) pair each in ARGV[26..] (ratelimit.py): counted first
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] provider
 -- ARGV[5] body (JSON text; "" for a retry, whose body is the original's)
 -- ARGV[6] now (unix seconds)
@@ -44,9 +44,12 @@
 -- ARGV[22] start deadline (Unix seconds: X-Comfy-Start-Deadline), or ""
 -- ARGV[23] deadline (Unix seconds: X-Comfy-Deadline), or ""
 -- ARGV[24] the submit's W3C traceparent (tracing.py), or "" when tracing is off
+-- ARGV[25] the webhook events the request chose (X-Comfy-Webhook-Events,
+--          checked and canonical: "started,progress,completed" or a subset),
+--          or "" for the workspace's default, else "completed"
 -- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}
 --       | {"IDEM_CONFLICT"} | {"NOT_ENABLED"} | {"BACKLOG_FULL"}
---       | {"NO_WEBHOOK_SECRET", "header" | "default"}
+--       | {"NO_WEBHOOK_SECRET", "header" | "default"} | {"NO_WEBHOOK"}
 --       | {"QUEUED_BYTES_FULL"} | {"PENDING_WEBHOOKS_FULL"}
 --       | {"INSUFFICIENT_CREDITS", available} | {"DRAINING"}
 --       | {"RATE_LIMITED", window index, ms left} | {"EXPIRED"}
@@ -64,7 +67,7 @@ if past_deadline(ARGV[16]) then
   return {"EXPIRED"}
 end
 
-local spent = spend_rate(15, 25)
+local spent = spend_rate(15, 26)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
@@ -101,7 +104,7 @@ if redis.call("SISMEMBER", KEYS[9], ARGV[4]) == 1 then
   return refused("DRAINING")
 end
 local ws = redis.call("HMGET", KEYS[5], "queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url",
-  "webhook_secret", "queued_bytes", "max_queued_bytes", "webhooks_pending", "max_pending_webhooks")
+  "webhook_secret", "queued_bytes", "max_queued_bytes", "webhooks_pending", "max_pending_webhooks", "webhook_events")
 if ARGV[9] == "1" and ws[1] ~= "1" then
   return refused("NOT_ENABLED")
 end
@@ -111,6 +114,10 @@ end
 local webhook = ARGV[17] ~= "" and ARGV[17] or ws[6]
 if webhook == "" then
   webhook = false
+end
+-- Events chosen for no webhook at all would be dropped without a word.
+if ARGV[25] ~= "" and not webhook then
+  return refused("NO_WEBHOOK")
 end
 if webhook and not ws[7] then
   refused("NO_WEBHOOK_SECRET")
@@ -126,8 +133,9 @@ if tonumber(ws[8] or "0") + bytes > tonumber(ws[9] or ARGV[19]) then
   return refused("QUEUED_BYTES_FULL")
 end
 -- A request with a webhook holds one of the workspace's pending events from
--- now until its event is delivered or given up (webhook_record.lua), so a
--- submit-and-cancel flood is bounded however fast its requests end.
+-- now until its last event is delivered or given up (lib.lua, webhook_ended),
+-- however many events it chose, so a submit-and-cancel flood is bounded
+-- however fast its requests end.
 if webhook and tonumber(ws[10] or "0") >= tonumber(ws[11] or ARGV[20]) then
   return refused("PENDING_WEBHOOKS_FULL")
 end
@@ -170,6 +178,10 @@ if price > 0 then
 end
 if webhook then
   redis.call("HSET", KEYS[1], "webhook_url", webhook, "webhook_response_url", ARGV[18], "webhook_counted", 1)
+  local events = ARGV[25] ~= "" and ARGV[25] or ws[12]
+  if events and events ~= "" and events ~= "completed" then
+    redis.call("HSET", KEYS[1], "webhook_events", events)  -- absent: "completed"
+  end
   redis.call("HINCRBY", KEYS[5], "webhooks_pending", 1)
 end
 if ARGV[7] ~= "" then

@@ -86,6 +86,7 @@ if status == "IN_QUEUE" then
   redis.call("ZREM", KEYS[2], ARGV[1])
   redis.call("ZREM", S.base .. ":granted", ARGV[1])
   lease()
+  owe_started(KEYS[1], ARGV[1], ARGV[2])  -- its webhook's "started" event, if chosen (lib.lua)
   announce(ARGV[1], "IN_PROGRESS")
   announce_moved(KEYS[3])
   return {"CLAIMED"}

@@ -52,7 +52,7 @@ redis.call("EXPIRE", KEYS[1], ARGV[3])
 -- a failed request's body is kept for its retention: it may be retried
 drop_body(KEYS[1], KEYS[7], ARGV[1], ARGV[4] ~= "" and ARGV[3] or nil)
 forget_deadlines(KEYS[10], ARGV[1])
-owe_webhook(KEYS[1], ARGV[1], ARGV[2])
+owe_webhook(KEYS[1], KEYS[7], ARGV[1], ARGV[2])
 announce_completed(ARGV[1])
 redis.call("ZREM", KEYS[3], ARGV[1])
 

@@ -381,32 +381,184 @@ local function position(base, ws, request_id)
   return granted + (slot[1] and redis.call("ZRANK", base .. ":slots", slot[1]) or i)
 end
 
--- A request that just completed owes its caller a webhook when its record
--- names a URL (admit.lua wrote it: the request's own X-Comfy-Webhook-Url or
--- its workspace's default). In the same atomic step as the completion, the
--- event is snapshotted into rq:webhook:{id} and put in rq:webhooks:due, due
--- now: "completed" and "event owed" cannot be told apart by any crash. The
--- workers deliver it (workers/webhooks.py); keys.py lists the fields.
-local function owe_webhook(req_key, request_id, now)
+-- ---------------------------------------------------------------------------
+-- Webhook events (keys.py: rq:webhook:{id}, rq:webhook:{id}:next, rq:webhooks:due).
+--
+-- A request whose record names a URL (admit.lua wrote it: the request's own
+-- X-Comfy-Webhook-Url or its workspace's default) owes the events its
+-- webhook_events names ("completed" when absent): "started" when claim.lua
+-- starts it, "progress" when progress.lua records news (at most one new one
+-- per interval), "completed" when it completes. Each is owed in the same
+-- atomic step as the change it reports, snapshotted from the record.
+--
+-- A request's events are delivered one at a time, in the order owed:
+-- rq:webhook:{id} holds the one being delivered (the head, with its delivery
+-- state) and rq:webhooks:due names the request; the events owed behind it
+-- wait in rq:webhook:{id}:next (JSON snapshots, oldest first), each started
+-- only once the one before it ended (delivered, 410 or given up:
+-- webhook_ended). A progress event nobody has attempted yet takes a newer
+-- value instead of another event queuing behind it.
+--
+-- The workspace's pending-webhook quota counts requests: admit.lua counts one
+-- for a request with a webhook ("webhook_counted"), and it is given back once,
+-- when the request has completed and its last owed event ended.
+-- ---------------------------------------------------------------------------
+
+local WEBHOOK_DUE = "rq:webhooks:due"
+--: The fields an attempt writes, cleared when a new event takes the head.
+local WEBHOOK_ATTEMPT_FIELDS = {"attempts", "first_attempt_at", "last_attempt_at", "last_status", "last_error",
+  "done_at", "lease_until", "token", "waits", "progress"}
+
+-- Whether the comma-separated list of chosen events names `kind`.
+local function wants_event(events, kind)
+  return string.find("," .. ((events and events ~= "") and events or "completed") .. ",", "," .. kind .. ",",
+    1, true) ~= nil
+end
+
+-- The snapshot of an event of `kind` ("started" | "progress" | "completed"):
+-- what its body is built from, flat strings. nil when the record names no URL.
+local function webhook_snapshot(req_key, request_id, kind, msg_id, now)
   local r = redis.call("HMGET", req_key, "webhook_url", "webhook_response_url", "workspace", "model",
-    "error_type", "created_at", "started_at", "completed_at", "webhook_counted")
+    "status", "error_type", "created_at", "started_at", "completed_at", "progress")
   if not r[1] or r[1] == "" then
+    return nil
+  end
+  return {request_id = request_id, url = r[1], response_url = r[2] or "", workspace = r[3] or "",
+    model = r[4] or "", type = kind, msg_id = msg_id, status = r[5] or "", error_type = r[6] or "",
+    created_at = r[7] or now, started_at = r[8] or "", completed_at = r[9] or "",
+    progress = kind == "progress" and (r[10] or "") or "", owed_at = now}
+end
+
+-- The head becomes `event` (a snapshot), due now; its workspace's count
+-- ("counted") stays where it is.
+local function webhook_start(event_key, event, now)
+  redis.call("HDEL", event_key, unpack(WEBHOOK_ATTEMPT_FIELDS))
+  redis.call("PERSIST", event_key)
+  local fields = {"state", "pending", "attempts", 0, "next_at", now}
+  for name, value in pairs(event) do
+    fields[#fields + 1] = name
+    fields[#fields + 1] = value
+  end
+  redis.call("HSET", event_key, unpack(fields))
+  redis.call("ZADD", WEBHOOK_DUE, now, event.request_id)
+end
+
+-- Owe `event`: it becomes the head when none is pending ("DUE": publish it),
+-- else it queues behind ("QUEUED"); a progress event takes the place of a
+-- progress event not yet attempted instead ("COALESCED").
+local function owe_event(event, now)
+  local event_key = "rq:webhook:" .. event.request_id
+  local next_key = event_key .. ":next"
+  local head = redis.call("HMGET", event_key, "state", "type", "attempts")
+  if head[1] ~= "pending" then
+    webhook_start(event_key, event, now)
+    return "DUE"
+  end
+  if event.type == "progress" then
+    local tail = redis.call("LINDEX", next_key, -1)
+    if tail then
+      local queued = cjson.decode(tail)
+      if queued.type == "progress" then
+        queued.progress = event.progress
+        redis.call("LSET", next_key, -1, cjson.encode(queued))
+        return "COALESCED"
+      end
+    elseif head[2] == "progress" and tonumber(head[3] or "0") == 0 then
+      redis.call("HSET", event_key, "progress", event.progress)
+      return "COALESCED"
+    end
+  end
+  redis.call("RPUSH", next_key, cjson.encode(event))
+  return "QUEUED"
+end
+
+-- Give back the workspace's pending-webhook count the request holds, once.
+local function webhook_uncount(event_key, ws_key)
+  if redis.call("HDEL", event_key, "counted") == 1 then
+    if redis.call("HINCRBY", ws_key, "webhooks_pending", -1) < 0 then
+      redis.call("HSET", ws_key, "webhooks_pending", 0)
+    end
+  end
+end
+
+-- The head ended as `state` (delivered, gone, given_up): the next event owed
+-- behind it takes its place, due now (the caller publishes it); with none,
+-- the head is kept `keep` seconds and, the request completed, its count given back.
+local function webhook_ended(event_key, ws_key, request_id, state, now, keep)
+  redis.call("HSET", event_key, "state", state, "done_at", now)
+  redis.call("ZREM", WEBHOOK_DUE, request_id)
+  local raw = redis.call("LPOP", event_key .. ":next")
+  if raw then
+    webhook_start(event_key, cjson.decode(raw), now)
+    return true
+  end
+  redis.call("EXPIRE", event_key, keep)
+  webhook_uncount(event_key, ws_key)
+  return false
+end
+
+-- A request that just completed: it owes its "completed" event when it
+-- chose it, and its workspace's count moves to its events, given back when
+-- the last ends (at once when none is pending). Once per request
+-- ("webhook_final"), whichever script completes it.
+local function owe_webhook(req_key, ws_key, request_id, now)
+  local r = redis.call("HMGET", req_key, "webhook_url", "webhook_events", "webhook_counted", "webhook_final")
+  if not r[1] or r[1] == "" or r[4] then
     return
   end
-  local event = "rq:webhook:" .. request_id
-  if redis.call("EXISTS", event) == 1 then
-    return
+  redis.call("HSET", req_key, "webhook_final", 1)
+  local event_key = "rq:webhook:" .. request_id
+  if wants_event(r[2], "completed") then
+    owe_event(webhook_snapshot(req_key, request_id, "completed", "msg_" .. request_id, now), now)
   end
-  redis.call("HSET", event, "request_id", request_id, "url", r[1], "response_url", r[2] or "",
-    "workspace", r[3] or "", "model", r[4] or "", "status", "COMPLETED", "error_type", r[5] or "",
-    "created_at", r[6] or now, "started_at", r[7] or "", "completed_at", r[8] or now,
-    "state", "pending", "attempts", 0, "next_at", now, "owed_at", now)
-  if r[9] == "1" then
-    -- it holds one of the workspace's pending events (admit.lua) until
-    -- webhook_record.lua ends it
-    redis.call("HSET", event, "counted", 1)
+  if r[3] == "1" then
+    redis.call("HSET", event_key, "counted", 1)
+    if redis.call("HGET", event_key, "state") ~= "pending" then
+      webhook_uncount(event_key, ws_key)
+    end
   end
-  redis.call("ZADD", "rq:webhooks:due", now, request_id)
+end
+
+-- A request just started (claim.lua): its "started" event, when chosen.
+-- Returns true when it is due now (publish it).
+local function owe_started(req_key, request_id, now)
+  local r = redis.call("HMGET", req_key, "webhook_url", "webhook_events")
+  if not r[1] or r[1] == "" or not wants_event(r[2], "started") then
+    return false
+  end
+  local event = webhook_snapshot(req_key, request_id, "started", "msg_" .. request_id .. "_started", now)
+  return owe_event(event, now) == "DUE"
+end
+
+-- A running request's progress grew (progress.lua): its "progress" event,
+-- when chosen. A progress event not yet attempted takes the new value; else
+-- a new one is owed, unless one was less than `every` seconds ago. Returns
+-- true when an event is due now (publish it).
+local function owe_progress(req_key, request_id, now, every)
+  local r = redis.call("HMGET", req_key, "webhook_url", "webhook_events", "webhook_progress_at",
+    "webhook_progress_n")
+  if not r[1] or r[1] == "" or not wants_event(r[2], "progress") then
+    return false
+  end
+  local n = tonumber(r[4] or "0") + 1
+  local event = webhook_snapshot(req_key, request_id, "progress", "msg_" .. request_id .. "_progress_" .. n, now)
+  local recent = r[3] and tonumber(now) - tonumber(r[3]) < tonumber(every)
+  if recent then
+    -- only a coalesce: never a new event within the interval
+    local event_key = "rq:webhook:" .. request_id
+    local head = redis.call("HMGET", event_key, "state", "type", "attempts")
+    local tail = redis.call("LINDEX", event_key .. ":next", -1)
+    local pending_progress = (tail and cjson.decode(tail).type == "progress")
+      or (not tail and head[1] == "pending" and head[2] == "progress" and tonumber(head[3] or "0") == 0)
+    if not pending_progress then
+      return false
+    end
+  end
+  local owed = owe_event(event, now)
+  if owed ~= "COALESCED" then
+    redis.call("HSET", req_key, "webhook_progress_at", now, "webhook_progress_n", n)
+  end
+  return owed == "DUE"
 end
 
 -- End a request that produced no output the provider billed (cancelled while
@@ -430,7 +582,7 @@ local function finish_unbilled(k, S, request_id, now, retention, was_queued, err
   drop_body(k.req, k.ws, request_id, retention)
   forget_deadlines(k.deadlines, request_id)
   redis.call("ZREM", k.queue, request_id)
-  owe_webhook(k.req, request_id, now)
+  owe_webhook(k.req, k.ws, request_id, now)
   announce_completed(request_id)
 end
 

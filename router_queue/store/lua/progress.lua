@@ -1,10 +1,14 @@
 -- progress.lua: how far the provider says a running generation is, kept
 -- only while it grows, only from the execution holding the lease, and only
--- while the request runs; a change is announced on the request's event channel.
+-- while the request runs; a change is announced on the request's event
+-- channel, and owes the request's webhook a "progress" event when it chose
+-- one (lib.lua, owe_progress: a new one at most every ARGV[5] seconds).
 --
 -- KEYS[1] rq:req:{id}
 -- ARGV[1] request id  ARGV[2] the execution's lease token  ARGV[3] progress, 0..1
--- returns 1 when recorded, 0 when not (not running, not the holder, not more)
+-- ARGV[4] now (s)  ARGV[5] seconds between a request's progress events
+-- returns 0 when not recorded (not running, not the holder, not more), 1 when
+-- recorded, 2 when recorded and a webhook event of the request is due now
 
 local status, token, current = unpack(redis.call("HMGET", KEYS[1], "status", "token", "progress"))
 local progress = tonumber(ARGV[3])
@@ -16,4 +20,7 @@ if current and tonumber(current) >= progress then
 end
 redis.call("HSET", KEYS[1], "progress", ARGV[3])
 announce_changed(ARGV[1])
+if ARGV[4] and ARGV[4] ~= "" and owe_progress(KEYS[1], ARGV[1], ARGV[4], ARGV[5]) then
+  return 2
+end
 return 1

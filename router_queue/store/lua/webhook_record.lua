@@ -16,9 +16,11 @@
 --
 -- An attempt whose lease ran out and was taken by another ("STALE") only
 -- logs, unless it delivered: a 2xx ends the event whoever got it. An event
--- already ended ("DONE") only logs. An event that ends gives back the
--- workspace's pending event it held since its request's admission (admit.lua),
--- once: its "counted" mark goes in the same step.
+-- already ended ("DONE": its state, or another event of the request holds the
+-- head) only logs. An event that ends makes way for the
+-- request's next event owed, due at once (lib.lua, webhook_ended); the last
+-- of a completed request gives back the workspace's pending count it held
+-- since its admission (admit.lua), once: its "counted" mark goes in the same step.
 --
 -- KEYS[1] rq:webhook:{id}  KEYS[2] rq:webhooks:due  KEYS[3] rq:webhooks:log:{ws}
 -- KEYS[4] rq:webhooks:failing-origins  KEYS[5] rq:webhooks:circuit:{ws}|{origin}
@@ -32,7 +34,9 @@
 -- ARGV[12] "1" when the endpoint failed  ARGV[13] failures in a row that open
 -- its circuit (0: none)  ARGV[14] seconds it stays open
 -- ARGV[15] failing endpoints kept (the most recent)  ARGV[16] seconds one is kept
--- returns {"DELIVERED"} | {"GONE"} | {"RETRY"} | {"GAVE_UP"} | {"STALE"} | {"DONE"} | {"MISSING"}
+-- ARGV[17] the event's webhook-id: an attempt at an event that already ended
+--          (the request's next one holds the head now) only logs
+-- returns {"DELIVERED"} | {"GONE"} | {"GAVE_UP"} | {"RETRY"} | {"STALE"} | {"DONE"} | {"MISSING"}
 
 local now = tonumber(ARGV[3])
 redis.call("ZREM", KEYS[6], ARGV[2])
@@ -58,13 +62,13 @@ elseif redis.call("EXISTS", KEYS[5]) == 1 then
   redis.call("HSET", KEYS[5], "probe_until", 0)
 end
 
-local e = redis.call("HMGET", KEYS[1], "state", "token", "counted")
+local e = redis.call("HMGET", KEYS[1], "state", "token", "msg_id")
 if not e[1] then
   return {"MISSING"}
 end
 redis.call("LPUSH", KEYS[3], ARGV[9])
 redis.call("LTRIM", KEYS[3], 0, tonumber(ARGV[10]) - 1)
-if e[1] ~= "pending" then
+if e[1] ~= "pending" or (e[3] or ("msg_" .. ARGV[1])) ~= ARGV[17] then
   return {"DONE"}
 end
 if e[2] ~= ARGV[2] and outcome ~= "delivered" then
@@ -72,29 +76,20 @@ if e[2] ~= ARGV[2] and outcome ~= "delivered" then
 end
 redis.call("HSET", KEYS[1], "last_status", ARGV[5], "last_error", ARGV[6], "lease_until", 0)
 
-local function finish(state)
-  redis.call("HSET", KEYS[1], "state", state, "done_at", ARGV[3])
-  redis.call("ZREM", KEYS[2], ARGV[1])
-  redis.call("EXPIRE", KEYS[1], ARGV[8])
-  if e[3] == "1" then
-    redis.call("HDEL", KEYS[1], "counted")
-    if redis.call("HINCRBY", KEYS[8], "webhooks_pending", -1) < 0 then
-      redis.call("HSET", KEYS[8], "webhooks_pending", 0)
-    end
-  end
+-- the event ends; the request's next event, if one is owed, takes its place
+local function finish(state, code)
+  webhook_ended(KEYS[1], KEYS[8], ARGV[1], state, ARGV[3], ARGV[8])
+  return {code}
 end
 
 if outcome == "delivered" then
-  finish("delivered")
-  return {"DELIVERED"}
+  return finish("delivered", "DELIVERED")
 end
 if outcome == "gone" then
-  finish("gone")
-  return {"GONE"}
+  return finish("gone", "GONE")
 end
 if ARGV[7] == "" then
-  finish("given_up")
-  return {"GAVE_UP"}
+  return finish("given_up", "GAVE_UP")
 end
 redis.call("HSET", KEYS[1], "next_at", ARGV[7])
 redis.call("ZADD", KEYS[2], ARGV[7], ARGV[1])

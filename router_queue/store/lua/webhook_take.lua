@@ -14,8 +14,9 @@
 --     the cooling after it ends (or, while another attempt probes the
 --     endpoint, after a wait)
 --   its workspace at its cap    -> "WAIT", at: due again after a wait
---   a wait past the retry window (counted from the first attempt, or from
---     when the event was owed if none was made) -> "GAVE_UP"
+--   a wait past the retry window (counted from when the event was owed)
+--     -> "GAVE_UP" (and the request's next event, if one is owed, takes its
+--     place, due now)
 --   else                        -> "TAKEN" with the event's fields; when the
 --     circuit was open and its cooling over, this attempt is the probe
 --
@@ -63,18 +64,10 @@ local spread = tonumber(ARGV[11])
 local function defer(code, after, span)
   local waits = redis.call("HINCRBY", KEYS[1], "waits", 1)
   local at = after + span * 2 ^ math.min(waits - 1, 6) * spread
-  local began = tonumber(e[4] or e[5] or ARGV[2])
+  local began = tonumber(e[5] or e[4] or ARGV[2])
   if at > began + tonumber(ARGV[8]) then
-    redis.call("HSET", KEYS[1], "state", "given_up", "done_at", ARGV[2],
-      "last_error", "still waiting its turn when the retry window ended")
-    redis.call("ZREM", KEYS[2], ARGV[1])
-    redis.call("EXPIRE", KEYS[1], ARGV[9])
-    if e[6] == "1" then  -- gives back its workspace's pending event, as webhook_record.lua's finish does
-      redis.call("HDEL", KEYS[1], "counted")
-      if redis.call("HINCRBY", KEYS[6], "webhooks_pending", -1) < 0 then
-        redis.call("HSET", KEYS[6], "webhooks_pending", 0)
-      end
-    end
+    redis.call("HSET", KEYS[1], "last_error", "still waiting its turn when the retry window ended")
+    webhook_ended(KEYS[1], KEYS[6], ARGV[1], "given_up", ARGV[2], ARGV[9])
     return {"GAVE_UP"}
   end
   redis.call("ZADD", KEYS[2], at, ARGV[1])
