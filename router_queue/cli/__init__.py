@@ -7,7 +7,7 @@
                                            [--max-held N] [--max-queued-bytes N] [--max-pending-webhooks N]
     router-queue workspace list
     router-queue workspace ledger WS_ID
-    router-queue workspace set-webhook WS_ID URL | --off
+    router-queue workspace set-webhook WS_ID [URL] [--events started,progress,completed] | --off
     router-queue workspace webhook-secret WS_ID [--rotate]
     router-queue key mint WS_ID [--label TEXT]
     router-queue key mint-legacy [--label TEXT]
@@ -177,24 +177,38 @@ def ledger(workspace_id: str, count: int) -> None:
 @workspace.command("set-webhook")
 @click.argument("workspace_id")
 @click.argument("url", required=False)
-@click.option("--off", is_flag=True, help="Remove the default instead.")
-def set_webhook(workspace_id: str, url: str | None, off: bool) -> None:
-    """The URL a completed request's event goes to when the request names none
-    (X-Comfy-Webhook-Url). https, public addresses only."""
-    if off == bool(url):
-        raise click.UsageError("give a URL, or --off")
+@click.option("--events", metavar="LIST",
+              help="The events its requests' webhooks get unless a request chooses (X-Comfy-Webhook-Events): "
+                   "started,progress,completed or a subset; default completed.")
+@click.option("--off", is_flag=True, help="Remove the default URL and events instead.")
+def set_webhook(workspace_id: str, url: str | None, events: str | None, off: bool) -> None:
+    """The URL a request's events go to when the request names none
+    (X-Comfy-Webhook-Url), https, public addresses only; and which events."""
+    if off == bool(url or events is not None):
+        raise click.UsageError("give a URL, --events, or --off")
+    if events is not None:
+        try:
+            events = webhook_event.parse_events(events)
+        except webhook_event.UnknownEvents as exc:
+            raise click.BadParameter(str(exc), param_hint="--events") from None
     if url:
         settings = front_door().services.settings
         try:
             safety.check(url, allow_loopback_http=settings.webhook_allow_loopback_http)
         except safety.UnsafeWebhookUrl as exc:
             raise click.BadParameter(str(exc), param_hint="URL") from None
-    _or_fail(lambda: _accounts().set_webhook_url(workspace_id, url))
     if off:
+        _or_fail(lambda: _accounts().set_webhook_url(workspace_id, None))
+        _or_fail(lambda: _accounts().set_webhook_events(workspace_id, None))
         click.echo(f"no default webhook for {workspace_id}")
         return
-    click.echo(f"webhooks of {workspace_id} go to {url} unless a request names its own")
-    if not _accounts().signing_secrets(workspace_id):
+    if url:
+        _or_fail(lambda: _accounts().set_webhook_url(workspace_id, url))
+        click.echo(f"webhooks of {workspace_id} go to {url} unless a request names its own")
+    if events is not None:
+        _or_fail(lambda: _accounts().set_webhook_events(workspace_id, events))
+        click.echo(f"webhooks of {workspace_id} get {events} unless a request chooses its own")
+    if url and not _accounts().signing_secrets(workspace_id):
         click.echo(f"no signing secret yet: submits are refused (400) until it has one; run "
                    f"router-queue workspace webhook-secret {workspace_id}", err=True)
 

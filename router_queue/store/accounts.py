@@ -189,6 +189,20 @@ class Accounts:
         else:
             self.client.hdel(keys.workspace(workspace_id), "webhook_url")
 
+    def set_webhook_events(self, workspace_id: str, events: str | None) -> None:
+        """The events its requests' webhooks get unless a request chooses its
+        own (``X-Comfy-Webhook-Events``), canonical (``webhooks.event.parse_events``);
+        None removes the default: ``completed``."""
+        self._require(workspace_id)
+        if events:
+            self.client.hset(keys.workspace(workspace_id), "webhook_events", events)
+        else:
+            self.client.hdel(keys.workspace(workspace_id), "webhook_events")
+
+    def webhook_events(self, workspace_id: str) -> str | None:
+        value = self.client.hget(keys.workspace(workspace_id), "webhook_events")
+        return value.decode() if value else None
+
     def webhook_url(self, workspace_id: str) -> str | None:
         value = self.client.hget(keys.workspace(workspace_id), "webhook_url")
         return value.decode() if value else None

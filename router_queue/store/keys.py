@@ -128,7 +128,7 @@ the reaper publishes them again.
 Request hash fields for webhooks (admit.lua): ``webhook_url`` (the request's
 own, else its workspace's default; absent: no webhook) and
 ``webhook_response_url``. Workspace hash fields for them (accounts.py):
-``webhook_url`` (the default), ``webhook_secret``, ``webhook_secret_previous``
+``webhook_url`` (the default), ``webhook_events`` (the default events, canonical), ``webhook_secret``, ``webhook_secret_previous``
 and ``webhook_previous_until`` (when the previous secret stops signing).
 Request hash fields for the events (admit.lua, lua/lib.lua): ``webhook_events`` (the
 events chosen, canonical "started,progress,completed" or a subset; absent:
