@@ -113,6 +113,9 @@ def test_every_submit_answer_matches_the_flask_route(http, flask_only, auth, ser
         (FLUX, good, {**auth, "X-Comfy-Priority": "urgent"}),
         (FLUX, good, {**auth, "X-Provider-Api-Key": "sk-mine"}),
         (FLUX, good, {**auth, "X-Comfy-Webhook-Url": "http://10.0.0.1/hook"}),
+        (FLUX, good, {**auth, "X-Comfy-Webhook-Events": "started, bogus"}),
+        (FLUX, good, {**auth, "X-Comfy-Webhook-Events": " , "}),
+        (FLUX, good, {**auth, "X-Comfy-Webhook-Events": "started,completed"}),  # and no webhook
         (FLUX, "not json", auth),
         (FLUX, "[1, 2]", auth),
         (FLUX, b"\xff\xfe", auth),
@@ -142,7 +145,7 @@ def test_every_submit_answer_matches_the_flask_route(http, flask_only, auth, ser
     assert [status for status, _, _ in answers[0]] == [
         "201 CREATED", "201 CREATED", "201 CREATED", "409 CONFLICT", "400 BAD REQUEST", "400 BAD REQUEST",
         "403 FORBIDDEN", "400 BAD REQUEST", "400 BAD REQUEST", "400 BAD REQUEST", "400 BAD REQUEST",
-        "422 UNPROCESSABLE ENTITY", "422 UNPROCESSABLE ENTITY", "413 REQUEST ENTITY TOO LARGE",
+        "400 BAD REQUEST", "400 BAD REQUEST", "400 BAD REQUEST", "422 UNPROCESSABLE ENTITY", "422 UNPROCESSABLE ENTITY", "413 REQUEST ENTITY TOO LARGE",
         "402 PAYMENT REQUIRED", "403 FORBIDDEN", "403 FORBIDDEN", "401 UNAUTHORIZED", "401 UNAUTHORIZED",
         "404 NOT FOUND", "201 CREATED"]
 
