@@ -158,6 +158,10 @@ def _names(entry: ModelEntry) -> tuple[str, str]:
     return f"{stem}Input", f"{stem}Output"
 
 
+#: One name of X-Comfy-Webhook-Events, with the spaces and tabs around it that are tolerated.
+_EVENT = r"[ \t]*(started|progress|completed)[ \t]*"
+
+
 def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> None:
     input_name, output_name = _names(entry)
     if input_name not in spec.components.schemas:
@@ -169,10 +173,17 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                 "description": "Orders this workspace's own requests; never those of other workspaces",
                 "schema": {"type": "string", "enum": list(PRIORITIES), "default": "normal"}}
     webhook = {"name": "X-Comfy-Webhook-Url", "in": "header", "required": False,
-               "description": "Where the completion's signed event is POSTed (Standard Webhooks); https, public "
+               "description": "Where the request's signed events are POSTed (Standard Webhooks); https, public "
                               "addresses only. Without it, the workspace's default, if any. Either is refused "
                               "(400) while the workspace has no signing secret.",
                "schema": {"type": "string", "format": "uri", "maxLength": 2048}}
+    events = {"name": "X-Comfy-Webhook-Events", "in": "header", "required": False,
+              "description": "Which events the webhook gets, comma-separated: started, progress (at most one per "
+                             "2 s), completed; any subset, in any order. Without it, the workspace's default, else "
+                             "completed. An unknown name, none, or no webhook to send them to: 400 invalid_input.",
+              "schema": {"type": "string", "maxLength": 200,
+                         "pattern": rf"^{_EVENT}(,{_EVENT})*$",
+                         "default": "completed"}}
     policy = entry.policy
     start_deadline = {"name": "X-Comfy-Start-Deadline", "in": "header", "required": False,
                       "description": "Seconds from now: not started by then, the request ends COMPLETED with "
@@ -185,7 +196,7 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                                f"plus its longest run ({policy.queue_timeout_s + policy.max_run_s:g} s); more, 0 "
                                "or not a plain number is 400.",
                 "schema": {"type": "string", "pattern": DEADLINE_PATTERN}}
-    submit_headers = [idem, priority, webhook, start_deadline, deadline]
+    submit_headers = [idem, priority, webhook, events, start_deadline, deadline]
     root = f"/v2/models/{entry.id}"
     spec.path(path=root, operations={"post": {
         "summary": f"Run {entry.id} synchronously", "tags": [entry.id], "parameters": submit_headers,
@@ -312,21 +323,25 @@ def api_document(catalog: Catalog) -> dict[str, Any]:
 #: components, since the document's OpenAPI version may predate ``webhooks``.
 WEBHOOK_EVENT = {
     "type": "object",
-    "description": "POSTed to X-Comfy-Webhook-Url when the request completes, signed per Standard Webhooks "
-                   "(webhook-id msg_<request_id>, webhook-timestamp, webhook-signature v1,<base64 HMAC-SHA256>). "
-                   "Answer 2xx; 410 stops retries; anything else is retried for 24 h.",
+    "description": "POSTed to X-Comfy-Webhook-Url for each event the request chose (X-Comfy-Webhook-Events; "
+                   "default completed), one at a time, in order, signed per Standard Webhooks (webhook-id: "
+                   "msg_<request_id> for completed, msg_<request_id>_started, msg_<request_id>_progress_<n>; "
+                   "webhook-timestamp, webhook-signature v1,<base64 HMAC-SHA256>). The request as it was when the "
+                   "event was owed. Answer 2xx; 410 stops retries; anything else is retried for 24 h.",
     "required": ["type", "request_id", "model", "status", "error_type", "response_url", "created_at",
                  "started_at", "completed_at"],
     "properties": {
-        "type": {"type": "string", "enum": ["request.completed"]},
+        "type": {"type": "string", "enum": ["request.started", "request.progress", "request.completed"]},
         "request_id": {"type": "string"},
         "model": {"type": "string"},
-        "status": {"type": "string", "enum": ["COMPLETED"]},
+        "status": {"type": "string", "enum": ["IN_PROGRESS", "COMPLETED"]},
         "error_type": {"type": "string", "nullable": True},
         "response_url": {"type": "string", "format": "uri"},
         "created_at": {"type": "string", "format": "date-time"},
         "started_at": {"type": "string", "format": "date-time", "nullable": True},
-        "completed_at": {"type": "string", "format": "date-time"},
+        "completed_at": {"type": "string", "format": "date-time", "nullable": True,
+                         "description": "null until the completed event"},
+        "progress": {"type": "number", "minimum": 0, "maximum": 1, "description": "on a progress event only"},
     },
 }
 

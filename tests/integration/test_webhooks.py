@@ -511,3 +511,114 @@ def test_an_unsafe_url_is_refused_at_submit_naming_the_header(
             assert reason in body["detail"], body
         # nothing admitted, nothing held
         assert hook_stack.services.accounts.ledger(caller.workspace, count=10) == []
+
+
+# -- webhooks for each step (issue 21, item 5) --------------------------------------------------
+
+#: The events the step tests choose, and the least seconds between two progress
+#: events' arrivals we accept: 2 s (PROGRESS_EVENT_EVERY_S, between the times
+#: they are owed) less 0.5 s of delivery jitter (a publish, a worker's take, a POST).
+ALL_EVENTS = "started, progress,completed"
+PROGRESS_GAP_S = 2.0 - 0.5
+
+
+def submit_steps(caller: Caller, label: str, url: str, *directives: str) -> str:
+    response = caller.submit(FLUX, {"prompt": unique_prompt(label, *directives)},
+                             headers={"X-Comfy-Webhook-Url": url, "X-Comfy-Webhook-Events": ALL_EVENTS})
+    assert response.status_code == 201, (response.status_code, response.text)
+    return response.json()["request_id"]
+
+
+def events_in_order(attempts: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each event's first attempt, in arrival order."""
+    seen: dict[str, dict[str, Any]] = {}
+    for a in attempts:
+        seen.setdefault(a["webhook_id"], a)
+    return list(seen.values())
+
+
+def assert_steps(attempts: list[dict[str, Any]], request_id: str, status: dict[str, Any]) -> list[dict[str, Any]]:
+    """started, then progress events, then completed: each verified, each its own
+    id, stable across its attempts; returns the events' first attempts."""
+    for a in attempts:
+        assert a["verified"], a["errors"]
+    by_id: dict[str, set[str]] = {}
+    for a in attempts:
+        by_id.setdefault(a["webhook_id"], set()).add(a["body_sha256"])
+    assert all(len(bodies) == 1 for bodies in by_id.values()), by_id  # the same bytes on every attempt
+    firsts = events_in_order(attempts)
+    types = [a["event"]["type"] for a in firsts]
+    ids = [a["webhook_id"] for a in firsts]
+    progress_n = len(types) - 2
+    assert types == ["request.started"] + ["request.progress"] * progress_n + ["request.completed"], types
+    assert ids == ([f"msg_{request_id}_started"] + [f"msg_{request_id}_progress_{n}" for n in range(1, progress_n + 1)]
+                   + [f"msg_{request_id}"]), ids
+    # once an event has arrived, no earlier one arrives after it
+    order = {msg_id: n for n, msg_id in enumerate(ids)}
+    positions = [order[a["webhook_id"]] for a in attempts]
+    assert positions == sorted(positions), positions
+    started, *progress, completed = (a["event"] for a in firsts)
+    assert started["status"] == "IN_PROGRESS" and started["started_at"] == status["started_at"]
+    assert started["completed_at"] is None
+    values = [p["progress"] for p in progress]
+    assert all(p["status"] == "IN_PROGRESS" for p in progress) and values == sorted(values), values
+    assert all(0 <= v < 1 for v in values)
+    assert completed["status"] == "COMPLETED" and completed["error_type"] is None
+    assert completed["completed_at"] == status["completed_at"]
+    return firsts
+
+
+@pytest.mark.slow
+def test_each_step_of_a_bfl_request_arrives_in_order_with_its_own_id(
+        hook_stack: RunningStack, receiver: Receiver) -> None:
+    caller, secret = workspace_with_secret(hook_stack, "hooks-steps")
+    with caller:
+        name = hook_name("steps", caller)
+        url = receiver.configure(name, secrets={"current": secret})
+        request_id = submit_steps(caller, "webhook each step", url, "[stub:latency=7]")
+        status = caller.wait_status(FLUX, request_id)
+        wait_for(lambda: hook_stack.services.webhooks.event(request_id).get("type") == "completed"
+                 and hook_stack.services.webhooks.event(request_id).get("state") == "delivered",
+                 what=f"{request_id}'s completed event delivered")
+        attempts = receiver.attempts(name)
+        firsts = assert_steps(attempts, request_id, status)
+        arrivals = [a["arrived_at"] for a in firsts if a["event"]["type"] == "request.progress"]
+        progress_gaps = [round(b - a, 2) for a, b in zip(arrivals, arrivals[1:])]
+        print(f"\nsteps: {[a['event']['type'] for a in firsts]}, progress "
+              f"{[a['event']['progress'] for a in firsts[1:-1]]}, gaps between progress events {progress_gaps} s")
+        assert len(arrivals) >= 2  # 7 s of generation, one progress event every 2 s at most
+        assert all(gap >= PROGRESS_GAP_S for gap in progress_gaps), progress_gaps
+        assert all(a["answered"] == 204 for a in attempts) and len(attempts) == len(firsts)  # each once
+        assert hook_stack.services.accounts.get(caller.workspace).webhooks_pending == 0
+
+
+@pytest.mark.slow
+def test_a_receiver_that_fails_the_started_event_once_still_gets_it_before_completed(
+        hook_stack: RunningStack, receiver: Receiver) -> None:
+    caller, secret = workspace_with_secret(hook_stack, "hooks-steps-fail")
+    with caller:
+        name = hook_name("steps-fail", caller)
+        url = receiver.configure(name, secrets={"current": secret}, plan=["500", "204"])
+        request_id = submit_steps(caller, "webhook each step, started fails once", url, "[stub:latency=3]")
+        status = caller.wait_status(FLUX, request_id)
+        wait_for(lambda: hook_stack.services.webhooks.event(request_id).get("type") == "completed"
+                 and hook_stack.services.webhooks.event(request_id).get("state") == "delivered",
+                 timeout_s=30, what=f"{request_id}'s completed event delivered")
+        attempts = receiver.attempts(name)
+        print(f"\nattempts: {[(a['webhook_id'].removeprefix('msg_' + request_id), a['answered']) for a in attempts]}")
+        assert attempts[0]["webhook_id"] == attempts[1]["webhook_id"] == f"msg_{request_id}_started"
+        assert [a["answered"] for a in attempts[:2]] == [500, 204]
+        low, high = retry_gap_bounds(1)
+        assert low <= attempts[1]["arrived_at"] - attempts[0]["arrived_at"] <= high
+        assert_steps(attempts, request_id, status)
+        assert hook_stack.services.accounts.get(caller.workspace).webhooks_pending == 0
+
+
+def test_the_events_header_is_refused_when_unknown_or_without_a_webhook(hook_stack: RunningStack) -> None:
+    with make_caller(hook_stack, "hooks-events-refused") as caller:
+        for headers, said in (({"X-Comfy-Webhook-Events": "started,logs"}, "unknown event"),
+                              ({"X-Comfy-Webhook-Events": ""}, "names no event"),
+                              ({"X-Comfy-Webhook-Events": "started"}, "no webhook")):
+            response = caller.submit(FLUX, {"prompt": unique_prompt("refused events")}, headers=headers)
+            assert response.status_code == 400 and response.json()["error_type"] == "invalid_input", response.text
+            assert "X-Comfy-Webhook-Events" in response.json()["detail"] and said in response.json()["detail"]
