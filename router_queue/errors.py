@@ -160,7 +160,11 @@ class ServiceUnavailable(RouterError):
 class CompletedWithError(RouterError):
     """The result read of a request that completed with ``error_type``."""
 
-    def __init__(self, status: int, error_type: str, detail: str):
+    def __init__(self, status: int, error_type: str, detail: str, headers: dict[str, str] | None = None):
         super().__init__(detail)
         self.status = status
         self.error_type = error_type
+        self.extra_headers = headers or {}
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), **self.extra_headers}

@@ -129,7 +129,8 @@ def attempt(context: WorkerContext, event: WebhookEvent) -> tuple[str, int | Non
     body = wire.event_body(request_id=event.request_id, model=event.model, status=event.status,
                            error_type=event.error_type, response_url=event.response_url,
                            created_at=event.created_at, started_at=event.started_at,
-                           completed_at=event.completed_at, event=event.event, progress=event.progress)
+                           completed_at=event.completed_at, event=event.event, progress=event.progress,
+                           cost=event.cost)
     headers = wire.signed_headers(event.msg_id, body, signing, int(time.time()))
     timeout = settings.webhook_timeout_s
     try:

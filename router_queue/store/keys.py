@@ -70,6 +70,10 @@ rq:webhooks:inflight           zset    none (every workspace's;        webhook_t
 rq:metrics:webhooks            hash    none (counters, histogram)      metrics.py
 rq:held:{workspace}            zset    a lease (slots lapse unless     held.py (HeldSlots),
                                        renewed)                        held_take.lua
+rq:history:{workspace}         zset    retention (renewed by every     admit.lua
+                                       admission; entries older than
+                                       retention trimmed on admission)
+rq:history:{workspace}:{model} zset    as rq:history:{workspace}       admit.lua
 rq:events:{id}                 pubsub  (a channel, not a key)          lua/lib.lua
                                                                        (announce): claim,
                                                                        progress, completion
@@ -161,6 +165,14 @@ through to probe it), ``last_failure_at``. ``rq:webhooks:inflight:{ws}`` holds t
 of the workspace's attempts running now, at most ``WEBHOOK_MAX_IN_FLIGHT_PER_WORKSPACE``;
 ``rq:webhooks:inflight`` the same tokens for every workspace (the in-flight gauge). The
 hash ``rq:webhooks:failing`` of earlier versions (whole URLs) is no longer written.
+``rq:history:{workspace}`` holds the ids of the workspace's requests admitted
+within the retention window, scored by admission time (``created_at``, Unix
+seconds), for ``GET /v2/requests``; ``rq:history:{workspace}:{model}`` the
+same for one model (``GET /v2/models/{model}/requests``). admit.lua writes
+both with the record, so nothing admitted is missing from the list.
+Request hash fields for the cost (admit.lua, lib.lua's ``settle``): ``price``
+(the credits held at admission, kept) and ``cost_state`` (``held``, then
+``charged`` or ``released`` in the step that writes the ledger's entry).
 ``rq:sched:{provider}`` and the keys under it are the fair schedule of the
 requests waiting for a slot (the policy is written down in ``lua/lib.lua``).
 Its hash fields: ``vtime`` (the tag granted last), ``slotseq`` and ``grantseq``
@@ -280,6 +292,16 @@ def events_channel(request_id: str) -> str:
     """Pub/sub channel announcing a request changed: started, progressed,
     COMPLETED (lua/lib.lua spells it too)."""
     return f"{PREFIX}:events:{request_id}"
+
+
+def history(workspace_id: str) -> str:
+    """The workspace's requests by admission time (``GET /v2/requests``)."""
+    return f"{PREFIX}:history:{workspace_id}"
+
+
+def model_history(workspace_id: str, model_id: str) -> str:
+    """The workspace's requests of one model by admission time."""
+    return f"{history(workspace_id)}:{model_id}"
 
 
 def metrics(provider: str) -> str:

@@ -23,10 +23,15 @@ from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES
 
 log = logging.getLogger(__name__)
 
+#: The record's fields every read takes, in this order. status.lua reads
+#: "workspace" as the second and "status" as the fifth by position (history.lua
+#: is told their places): add new fields at the end, and unpack them in
+#: ``RequestRecord.from_values``.
 _FIELDS = (
     "id", "workspace", "model", "provider", "status", "created_at", "started_at",
     "completed_at", "error_type", "detail", "content_type", "cancel_requested",
     "attempts", "upstream_ref", "progress", "webhook_url", "start_deadline_at", "deadline_at", "retry_of",
+    "price", "cost_state", "hold", "charged",
 )
 
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
@@ -41,6 +46,14 @@ CLOCK_ALLOWANCE_S = 0.2
 PRIORITIES = ("high", "normal", "low")
 #: status.lua's ARGV after the request id: the field count, then the fields.
 _STATUS_FIELD_ARGS = (len(_FIELDS), *_FIELDS)
+#: history.lua's ARGV[9..]: where it finds what it filters on, then the fields
+#: (1-based, as Lua counts).
+_HISTORY_FIELD_ARGS = (*(_FIELDS.index(name) + 1 for name in ("workspace", "provider", "status", "error_type")),
+                       len(_FIELDS), *_FIELDS)
+#: A history page examines at most this many index entries per entry it may
+#: list: a filter on status or error_type that matches little answers a
+#: short page and a cursor rather than reading the whole history.
+HISTORY_EXAMINED_PER_ENTRY = 5
 
 
 def load_script(client: redis.Redis, name: str):
@@ -67,6 +80,39 @@ def _text(value: Any) -> str | None:
 def _seconds(value: Any) -> float | None:
     text = _text(value)
     return float(text) if text else None
+
+
+#: A request's cost as the caller sees it: its credits are held from its
+#: admission, then charged or released with the ledger's entry (lib.lua, settle).
+HELD, CHARGED, RELEASED = "held", "charged", "released"
+
+
+@dataclass(frozen=True)
+class Cost:
+    """What a request costs: ``credits`` and whether they are held, charged or released."""
+
+    credits: int
+    state: str
+
+    def as_json(self) -> dict[str, Any]:
+        return {"credits": self.credits, "state": self.state}
+
+
+def _int(value: Any) -> int:
+    return int(float(value)) if value else 0
+
+
+def _cost(status: str, price: Any, state: Any, hold: Any, charged: Any) -> Cost:
+    """From the record's fields. A request admitted before its price and
+    state were kept reads them from its hold and charge: held while it holds,
+    else charged or released (the amount a release gave back is not kept)."""
+    if state:
+        return Cost(_int(price), state.decode())
+    if status != "COMPLETED":
+        return Cost(_int(hold), HELD)
+    if _int(charged):
+        return Cost(_int(charged), CHARGED)
+    return Cost(0, RELEASED)
 
 
 @dataclass(frozen=True)
@@ -101,6 +147,8 @@ class RequestRecord:
     deadline_at: float | None = None
     #: The failed request this one submits again (the retry route).
     retry_of: str | None = None
+    #: Its credits, held, charged or released (agrees with the ledger).
+    cost: Cost = Cost(0, HELD)
 
     @classmethod
     def from_values(cls, values: list[Any], ttl: int | None = None) -> "RequestRecord | None":
@@ -108,15 +156,16 @@ class RequestRecord:
         status poll makes one, so the fields are unpacked by position."""
         (id_, workspace, model, provider, status, created_at, started_at, completed_at, error_type, detail,
          content_type, cancel_requested, attempts, upstream_ref, progress, webhook_url, start_deadline_at,
-         deadline_at, retry_of) = values
+         deadline_at, retry_of, price, cost_state, hold, charged) = values
         if status is None:
             return None
+        status = status.decode()
         return cls(
             id=id_.decode() if id_ else "",
             workspace=workspace.decode() if workspace else "",
             model=model.decode() if model else "",
             provider=provider.decode() if provider else "",
-            status=status.decode(),
+            status=status,
             created_at=float(created_at or 0),
             started_at=float(started_at) if started_at else None,
             completed_at=float(completed_at) if completed_at else None,
@@ -132,6 +181,7 @@ class RequestRecord:
             start_deadline_at=float(start_deadline_at) if start_deadline_at else None,
             deadline_at=float(deadline_at) if deadline_at else None,
             retry_of=retry_of.decode() if retry_of else None,
+            cost=_cost(status, price, cost_state, hold, charged),
         )
 
 
@@ -149,6 +199,17 @@ class StatusView:
     #: Requests ahead in the provider's queue; None once the request left it.
     position: int | None
     pace: Pace
+
+
+@dataclass(frozen=True)
+class HistoryPage:
+    """One page of a workspace's requests, newest first (``history.lua``)."""
+
+    #: Each listed request's record and its queue position (None unless IN_QUEUE).
+    entries: list[tuple[RequestRecord, int | None]]
+    #: The last index entry examined, (admission time, id), where the next
+    #: page starts; None when the history (within the bounds) ends here.
+    next_after: tuple[float, str] | None
 
 
 @dataclass(frozen=True)
@@ -280,6 +341,7 @@ class RequestStore:
         self._status = load_script(client, "status")
         self._reap = load_script(client, "reap")
         self._progress = load_script(client, "progress")
+        self._history = load_script(client, "history")
         #: A call's rate count outside the hot routes' scripts waits this little
         #: on Redis: the count is let go rather than the call held.
         self._spend_rate = load_script(bounded(client, SPEND_RATE_TIMEOUT_S), "rate")
@@ -332,7 +394,7 @@ class RequestStore:
                 keys.schedule(provider), keys.workspace(workspace), idem_key, keys.ledger(workspace),
                 keys.metrics(provider), keys.draining(), keys.running(provider), list_key,
                 keys.request(retry_of or request_id), keys.body(retry_of or request_id), keys.deadlines(provider),
-                *rate_keys,
+                keys.history(workspace), keys.model_history(workspace, model), *rate_keys,
             ],
             args=[
                 request_id, workspace, model, provider, body, repr(now),
@@ -341,7 +403,7 @@ class RequestStore:
                 self.max_queued, template, cap, priority, self._deadline(now), webhook_url, response_url,
                 self.max_queued_bytes, self.max_pending_webhooks, retry_of,
                 "" if start_deadline_at is None else repr(start_deadline_at),
-                "" if deadline_at is None else repr(deadline_at), traceparent, webhook_events,
+                "" if deadline_at is None else repr(deadline_at), traceparent, webhook_events, self.retention_s,
                 *rate_args,
             ],
         )
@@ -440,6 +502,32 @@ class RequestStore:
             position=rank,
             pace=Pace(_seconds(pace[0]), _seconds(pace[1])),
         )
+
+    def history(self, workspace: str, *, model: str | None = None, since: float, until: float | None = None,
+                after: tuple[float, str] | None = None, limit: int = 20, status: str = "",
+                error_type: str = "", rate=None) -> HistoryPage:
+        """A page of the workspace's requests (of ``model`` only, if named)
+        admitted in [``since``, ``until``), newest first, from just after
+        ``after`` (a page's ``next_after``), in one round trip
+        (``history.lua``). It examines at most ``limit`` ×
+        :data:`HISTORY_EXAMINED_PER_ENTRY` entries, however long the history.
+        ``rate`` is counted in the same step, as in :meth:`status_view`."""
+        rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
+        if after is not None and (until is None or after[0] < until):
+            newest, tie = repr(after[0]), after[1]
+        else:
+            newest, tie = ("(" + repr(until) if until is not None else "+inf"), ""
+        index = keys.model_history(workspace, model) if model else keys.history(workspace)
+        reply = self._history(
+            keys=[index, *rate_keys],
+            args=[workspace, newest, tie, repr(since), limit, limit * HISTORY_EXAMINED_PER_ENTRY, status,
+                  error_type, *_HISTORY_FIELD_ARGS, *rate_args],
+        )
+        if reply[0] == _RATE_LIMITED:
+            raise rate.refusal(reply[1:])
+        more, last_score, last_id = reply[1:4]
+        entries = [(RequestRecord.from_values(values), position) for values, position in reply[4:]]
+        return HistoryPage(entries, (float(last_score), _text(last_id)) if more else None)
 
     def spend_rate(self, rate_keys: list[str], rate_args: list) -> list:
         """Count one call against its rate windows (``rate.lua``); the spent

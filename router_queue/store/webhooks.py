@@ -68,6 +68,9 @@ class WebhookEvent:
     msg_id: str = ""
     #: How far the generation was, on a progress event.
     progress: float | None = None
+    #: The request's cost at this step: {"credits", "state"} (held, or as its
+    #: completion settled it); None for an event owed before costs were kept.
+    cost: dict[str, Any] | None = None
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> "WebhookEvent":
@@ -81,6 +84,8 @@ class WebhookEvent:
             first_attempt_at=float(fields.get("first_attempt_at") or owed_at), owed_at=owed_at,
             event=fields.get("type") or "completed", msg_id=fields.get("msg_id") or f"msg_{fields['request_id']}",
             progress=_float(fields.get("progress")),
+            cost=({"credits": int(float(fields.get("cost_credits") or 0)), "state": fields["cost_state"]}
+                  if fields.get("cost_state") else None),
         )
 
 

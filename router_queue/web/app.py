@@ -18,6 +18,7 @@ from .catalog_routes import discovery
 from .events import EventHub
 from .front import EXTENSION, FrontDoor
 from .headers import EVERY_ANSWER
+from .history import history
 from .lane import Lane
 from .operations import operations
 from .ratelimit import CARRIED_ENDPOINTS, RateLimits
@@ -41,6 +42,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     front = app.extensions[EXTENSION] = FrontDoor(services, dispatcher, keys, EventHub(services.store),
                                                   HeldSlots(services.redis))
     app.register_blueprint(queue)
+    app.register_blueprint(history)
     app.register_blueprint(discovery)
     _register_error_handlers(app)
     app.register_blueprint(operations)

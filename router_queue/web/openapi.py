@@ -16,6 +16,7 @@ from apispec.ext.marshmallow import MarshmallowPlugin
 from marshmallow import Schema, fields
 
 from ..catalog import Catalog, ModelEntry
+from ..states import ORDER, RESULT_STATUS
 from ..store.requests import PRIORITIES
 
 OPENAPI_VERSION = "3.0.3"
@@ -52,6 +53,14 @@ class HandleSchema(Schema):
     cancel_url = fields.String(required=True)
 
 
+class CostSchema(Schema):
+    credits = fields.Integer(required=True, metadata={"minimum": 0, "description": "the price held at admission"})
+    state = fields.String(required=True, metadata={
+        "enum": ["held", "charged", "released"],
+        "description": "held while pending, charged once succeeded (or a failure the provider bills), released "
+                       "when not billed; always as the workspace's ledger has it"})
+
+
 class StatusSchema(HandleSchema):
     created_at = fields.String(required=True, metadata={"format": "date-time"})
     started_at = fields.String(metadata={"format": "date-time"})
@@ -71,6 +80,24 @@ class StatusSchema(HandleSchema):
                                               "then, it is cancelled as the cancel route would cancel it"})
     retry_of = fields.String(metadata={"description": "the failed request this one submits again (the retry "
                                                       "route); absent otherwise"})
+    cost = fields.Nested(CostSchema, required=True)
+
+
+class HistoryEntrySchema(StatusSchema):
+    model = fields.String(required=True, metadata={"description": "the model id, provider/model"})
+
+
+class HistoryPageSchema(Schema):
+    requests = fields.List(fields.Nested(HistoryEntrySchema), required=True, metadata={
+        "description": "newest first; may hold fewer than limit (even none) while next_cursor is not null"})
+    next_cursor = fields.String(required=True, allow_none=True, metadata={
+        "description": "pass as cursor for the next page; null at the end"})
+
+
+class CostQuoteSchema(Schema):
+    model = fields.String(required=True)
+    credits = fields.Integer(required=True, metadata={
+        "minimum": 0, "description": "what a submit of this model would hold now"})
 
 
 class CancelSchema(Schema):
@@ -106,6 +133,11 @@ def _spec(title: str, description: str) -> APISpec:
     spec.components.header("Retry-After", {"schema": {"type": "integer", "minimum": 1},
                                            "description": "seconds before a new call is worth it"})
     spec.components.header("Idempotent-Replayed", {"schema": {"type": "string", "enum": ["true"]}})
+    spec.components.header("X-Comfy-Cost-Credits", {"schema": {"type": "string", "pattern": "^[0-9]+$"},
+                                                    "required": True, "description": "the request's cost.credits"})
+    spec.components.header("X-Comfy-Cost-State", {"schema": {"type": "string",
+                                                            "enum": ["held", "charged", "released"]},
+                                                  "required": True, "description": "the request's cost.state"})
     spec.components.schema("Error", schema=ErrorSchema)
     return spec
 
@@ -141,6 +173,43 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(code): known[code] for code in codes}
 
 
+#: The result's headers naming its cost (views.cost_headers).
+COST_HEADERS = {"X-Comfy-Cost-Credits": "X-Comfy-Cost-Credits", "X-Comfy-Cost-State": "X-Comfy-Cost-State"}
+
+
+def _history_parameters(*, with_model: list[str] | None) -> list[dict[str, Any]]:
+    """The history's filters (web/history.py); ``model`` only on the workspace's list."""
+    params = [
+        {"name": "status", "in": "query", "required": False,
+         "schema": {"type": "string", "enum": list(ORDER)}},
+        {"name": "error_type", "in": "query", "required": False,
+         "schema": {"type": "string", "enum": sorted(RESULT_STATUS)}},
+        {"name": "since", "in": "query", "required": False, "description": "RFC 3339; admitted at or after",
+         "schema": {"type": "string", "format": "date-time"}},
+        {"name": "until", "in": "query", "required": False, "description": "RFC 3339; admitted before",
+         "schema": {"type": "string", "format": "date-time"}},
+        {"name": "limit", "in": "query", "required": False,
+         "schema": {"type": "integer", "minimum": 1, "maximum": 100, "default": 20}},
+        {"name": "cursor", "in": "query", "required": False, "description": "a page's next_cursor",
+         "schema": {"type": "string", "maxLength": 200}},
+    ]
+    if with_model is not None:
+        params.insert(0, {"name": "model", "in": "query", "required": False, "description": "provider/model",
+                          "schema": {"type": "string", "enum": with_model}})
+    return params
+
+
+def _history_operation(summary: str, tag: str, parameters: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        "summary": summary, "tags": [tag], "parameters": parameters,
+        "description": "Newest first, admitted within the retention window. A page examines at most five index "
+                       "entries per entry it may list: a status or error_type filter that matches little answers "
+                       "fewer entries than limit (even none) with a next_cursor to go on from.",
+        "responses": {"200": {"description": "one page", "content": {"application/json": {
+            "schema": HistoryPageSchema}}}, **_errors(400, 401, 429, 503)},
+    }
+
+
 def _output(entry: ModelEntry, spec: APISpec, name: str) -> dict[str, Any]:
     if entry.output_schema is not None:
         if name not in spec.components.schemas:
@@ -149,7 +218,7 @@ def _output(entry: ModelEntry, spec: APISpec, name: str) -> dict[str, Any]:
     else:
         schema = {"type": "string", "format": "binary"}
     return {"description": "the provider's native output, byte for byte",
-            "headers": {"X-Comfy-Request-Id": "X-Comfy-Request-Id"},
+            "headers": {"X-Comfy-Request-Id": "X-Comfy-Request-Id", **COST_HEADERS},
             "content": {media: {"schema": schema} for media in entry.output_media_types}}
 
 
@@ -204,7 +273,15 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
         "responses": {"200": _output(entry, spec, output_name),
                       **_errors(400, 401, 402, 404, 409, 413, 422, 429, 502, 503, 504)},
     }})
+    spec.path(path=f"{root}/cost", operations={"get": {
+        "summary": f"What a submit of {entry.id} would hold now", "tags": [entry.id],
+        "responses": {"200": {"description": "the price in credits", "content": {"application/json": {
+            "schema": CostQuoteSchema}}}, **_errors(401, 404, 429)},
+    }})
+    listing = _history_operation(f"This workspace's {entry.id} requests, newest first", entry.id,
+                                 _history_parameters(with_model=None))
     if not queue_routes:
+        spec.path(path=f"{root}/requests", operations={"get": listing})
         return
     handle = {"description": "admitted", "content": {"application/json": {"schema": HandleSchema}},
               "headers": {"X-Comfy-Request-Id": "X-Comfy-Request-Id", "Idempotent-Replayed": "Idempotent-Replayed"}}
@@ -212,7 +289,7 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
         "summary": f"Queue a {entry.id} request", "tags": [entry.id], "parameters": submit_headers,
         "requestBody": body,
         "responses": {"201": handle, **_errors(400, 401, 402, 403, 404, 409, 413, 422, 429, 503)},
-    }})
+    }, "get": listing})
     rid = {"name": "request_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}
     status = {"content": {"application/json": {"schema": StatusSchema}},
               "headers": {"Retry-After": "Retry-After", "X-Comfy-Request-Id": "X-Comfy-Request-Id"}}
@@ -247,7 +324,8 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
     spec.path(path=f"{root}/requests/{{request_id}}", operations={"get": {
         "summary": "Collect a request's result", "tags": [entry.id], "parameters": [rid],
         "responses": {"200": _output(entry, spec, output_name),
-                      "202": {"description": "not finished yet", **status}, "410": gone,
+                      "202": {"description": "not finished yet", "content": status["content"],
+                              "headers": {**status["headers"], **COST_HEADERS}}, "410": gone,
                       **_errors(400, 401, 403, 404, 409, 422, 429, 500, 502, 503, 504)},
     }})
     spec.path(path=f"{root}/requests/{{request_id}}/retry", operations={"post": {
@@ -290,6 +368,8 @@ def api_document(catalog: Catalog) -> dict[str, Any]:
                  "Authenticate with X-API-Key or Authorization: Bearer.")
     for model_id in catalog.ids():
         _model_paths(spec, catalog.by_id(model_id), queue_routes=catalog.by_id(model_id).queueable)
+    spec.path(path="/v2/requests", operations={"get": _history_operation(
+        "This workspace's requests, newest first", "requests", _history_parameters(with_model=catalog.ids()))})
     spec.path(path="/v2/models", operations={"get": {
         "summary": "The model catalog, a page at a time", "tags": ["catalog"],
         "parameters": [
@@ -342,6 +422,10 @@ WEBHOOK_EVENT = {
         "completed_at": {"type": "string", "format": "date-time", "nullable": True,
                          "description": "null until the completed event"},
         "progress": {"type": "number", "minimum": 0, "maximum": 1, "description": "on a progress event only"},
+        "cost": {"type": "object", "required": ["credits", "state"],
+                 "description": "the request's cost at this step: held until it completed, then as settled",
+                 "properties": {"credits": {"type": "integer", "minimum": 0},
+                                "state": {"type": "string", "enum": ["held", "charged", "released"]}}},
     },
 }
 

@@ -10,8 +10,9 @@ client address, which also slows down key guessing.
 The count is one ``INCR`` per window in ``lua/lib.lua`` (``spend_rate``).
 Most routes spend it from a ``before_request`` hook (``rate.lua``, its own
 round trip). The hot routes (:data:`CARRIED_ENDPOINTS`: submit, the
-synchronous run, status and result reads) pass the allowance into the one
-script they run anyway, so a status poll costs one Redis round trip, not two;
+synchronous run, status and result reads, the history's pages) pass the
+allowance into the one script they run anyway, so a status poll costs one
+Redis round trip, not two;
 when such a route ends before its script ran (a malformed id, a refused body),
 the allowance is spent after it, and a spent window still answers 429.
 """
@@ -36,7 +37,8 @@ log = logging.getLogger(__name__)
 #: Routes no limit applies to (probes must always answer).
 EXEMPT_ENDPOINTS = frozenset({"operations.healthz", "operations.readyz", "operations.metrics"})
 #: Routes that count the call inside their own script (see the module docstring).
-CARRIED_ENDPOINTS = frozenset({"queue.submit", "queue.run", "queue.status", "queue.result"})
+CARRIED_ENDPOINTS = frozenset({"queue.submit", "queue.run", "queue.status", "queue.result", "history.requests",
+                               "history.model_requests"})
 #: Prefix of the counters' keys (``limits``' storage prefix, kept for continuity).
 KEY_PREFIX = "rq:rate:"
 

@@ -23,7 +23,7 @@ from .events import stream
 from .front import FrontDoor, front_door
 from .ratelimit import Allowance, carried_allowance
 from .refusals import NOT_FOUND
-from .views import Answer, json_response, request_urls, status_body
+from .views import Answer, cost_headers, json_response, request_urls, status_body
 from .waiting import HeldFrames, holding, take_slot, wait_until_completed
 
 log = logging.getLogger(__name__)
@@ -203,21 +203,33 @@ def result(provider: str, model: str, request_id: str) -> Response:
     front = front_door()
     view = _caller_request(front, provider, model, request_id)
     if view.record.status != COMPLETED:
-        return _status_response(front, view, 202)
+        response = _status_response(front, view, 202)
+        response.headers.update(cost_headers(view.record))
+        return response
     return _finished(front, view.record)
 
 
 def _finished(front: FrontDoor, record: RequestRecord) -> Response:
     """A completed request as the caller collects it: the native bytes under the
-    provider's Content-Type, or the error response of its bucket."""
+    provider's Content-Type, or the error response of its bucket; either way
+    with its cost on ``X-Comfy-Cost-Credits`` and ``X-Comfy-Cost-State``."""
     if record.error_type:
-        raise CompletedWithError(
-            RESULT_STATUS.get(record.error_type, 502), record.error_type, record.detail or record.error_type
-        )
+        raise CompletedWithError(RESULT_STATUS.get(record.error_type, 502), record.error_type,
+                                 record.detail or record.error_type, cost_headers(record))
     output = front.services.store.result(record.id)
     if output is None:
         raise Gone(f"the result of request {record.id} is past its retention window")
-    return Response(output, 200, content_type=record.content_type or "application/octet-stream")
+    return Response(output, 200, content_type=record.content_type or "application/octet-stream",
+                    headers=cost_headers(record))
+
+
+@queue.get("/v2/models/<provider>/<model>/cost")
+def cost(provider: str, model: str) -> Response:
+    """What a submit of this model would hold now: the price admit.lua holds."""
+    front = front_door()
+    front.keys.workspace(request)
+    entry = model_entry(provider, model, front.services.catalog)
+    return json_response({"model": entry.id, "credits": entry.price_credits})
 
 
 @queue.post("/v2/models/<provider>/<model>")

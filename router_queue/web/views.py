@@ -66,7 +66,22 @@ def status_body(record: RequestRecord, position: int | None, base: str, retentio
     if record.error_type:
         body["error_type"] = record.error_type
         body["detail"] = record.detail or ""
+    body["cost"] = record.cost.as_json()
     return body
+
+
+#: The result's headers naming its cost (the status body's ``cost``).
+COST_CREDITS_HEADER, COST_STATE_HEADER = "X-Comfy-Cost-Credits", "X-Comfy-Cost-State"
+#: The header comfy-sdk reads as a run's ``credits_used``: sent once charged.
+CREDITS_USED_HEADER = "X-Comfy-Credits-Used"
+
+
+def cost_headers(record: RequestRecord) -> dict[str, str]:
+    credits, state = str(record.cost.credits), record.cost.state
+    headers = {COST_CREDITS_HEADER: credits, COST_STATE_HEADER: state}
+    if state == "charged":
+        headers[CREDITS_USED_HEADER] = credits
+    return headers
 
 
 def json_text(body: Any) -> str:

@@ -30,7 +30,7 @@ import hmac
 import json
 import secrets
 from datetime import datetime, timezone
-from typing import Iterable
+from typing import Any, Iterable
 
 SECRET_PREFIX = "whsec_"
 #: The events a caller may choose, in the order a request owes them.
@@ -91,10 +91,13 @@ def _iso(ts: float | None) -> str | None:
 
 def event_body(*, request_id: str, model: str, status: str, error_type: str | None, response_url: str,
                created_at: float, started_at: float | None, completed_at: float | None,
-               event: str = "completed", progress: float | None = None) -> bytes:
+               event: str = "completed", progress: float | None = None,
+               cost: dict[str, Any] | None = None) -> bytes:
     """The event, as the bytes every attempt sends (keys sorted, compact): the
     request as it was when the event was owed; ``progress`` on a progress
-    event only."""
+    event only; ``cost`` its ``{"credits", "state"}`` at that step (held, or as
+    its completion settled it; left out only for an event owed before costs
+    were kept)."""
     body = {
         "type": f"request.{event}",
         "request_id": request_id,
@@ -108,6 +111,8 @@ def event_body(*, request_id: str, model: str, status: str, error_type: str | No
     }
     if event == "progress":
         body["progress"] = progress
+    if cost is not None:
+        body["cost"] = cost
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 

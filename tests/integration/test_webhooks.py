@@ -231,8 +231,9 @@ def assert_event_body(event: dict[str, Any], status: dict[str, Any], submitted: 
     for name in ("created_at", "started_at", "completed_at"):
         assert event[name] == status[name], name
     assert _iso(event["created_at"]) <= _iso(event["started_at"]) <= _iso(event["completed_at"])
+    assert event["cost"] == status["cost"]  # settled with the completion: the event and the status agree
     assert set(event) == {"type", "request_id", "model", "status", "error_type", "response_url", "created_at",
-                          "started_at", "completed_at"}
+                          "started_at", "completed_at", "cost"}
 
 
 def submit(caller: Caller, label: str, *directives: str, url: str | None = None) -> tuple[str, dict[str, Any]]:

@@ -62,9 +62,19 @@ end
 -- Settle the credits held for a request at admission, once: "charge" turns
 -- the hold into a charge (the provider billed us), "release" gives it back.
 -- The record's hold is zeroed in the same step, so retries, duplicate
--- deliveries and racing completions can never settle twice.
+-- deliveries and racing completions can never settle twice. The record's
+-- cost_state (the caller's "cost") moves from "held" to "charged" or
+-- "released" in the same step as the ledger's entry, so the two always
+-- agree; a free request (price 0) moves too, with no ledger entry.
 local function settle(req_key, ws_key, ledger_key, request_id, how, now)
-  local hold = tonumber(redis.call("HGET", req_key, "hold") or "0")
+  local r = redis.call("HMGET", req_key, "hold", "cost_state", "price")
+  local hold = tonumber(r[1] or "0")
+  if r[2] ~= "charged" and r[2] ~= "released" then
+    redis.call("HSET", req_key, "cost_state", how == "charge" and "charged" or "released")
+    if not r[3] then  -- admitted before the price was kept: what it held is its price
+      redis.call("HSET", req_key, "price", hold)
+    end
+  end
   if hold <= 0 then
     return
   end
@@ -419,14 +429,17 @@ end
 -- what its body is built from, flat strings. nil when the record names no URL.
 local function webhook_snapshot(req_key, request_id, kind, msg_id, now)
   local r = redis.call("HMGET", req_key, "webhook_url", "webhook_response_url", "workspace", "model",
-    "status", "error_type", "created_at", "started_at", "completed_at", "progress")
+    "status", "error_type", "created_at", "started_at", "completed_at", "progress", "price", "cost_state")
   if not r[1] or r[1] == "" then
     return nil
   end
   return {request_id = request_id, url = r[1], response_url = r[2] or "", workspace = r[3] or "",
     model = r[4] or "", type = kind, msg_id = msg_id, status = r[5] or "", error_type = r[6] or "",
     created_at = r[7] or now, started_at = r[8] or "", completed_at = r[9] or "",
-    progress = kind == "progress" and (r[10] or "") or "", owed_at = now}
+    progress = kind == "progress" and (r[10] or "") or "", owed_at = now,
+    -- the cost as it stands at this step: held, or as settle() left it (it
+    -- ran before the completion's event); absent on a record from before costs
+    cost_credits = r[12] and (r[11] or "0") or nil, cost_state = r[12] or nil}
 end
 
 -- The head becomes `event` (a snapshot), due now; its workspace's count
