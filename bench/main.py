@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Callable
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-from . import fleet, hostile, schedule
+from . import fleet, history, hostile, schedule
 from .load import Driver, LoadResult, Shot
 from .procs import ROOT, Children, cpu_seconds, ensure_tool, log, start_gunicorn, start_redis
 
@@ -38,7 +38,7 @@ MODEL_ID = "bfl/flux-2-pro"
 SUBMIT_BODY = '{"prompt": "bench"}'
 #: Phases on the front door alone (no Celery worker), on the store alone (Redis, no
 #: server), then phases on the whole stack.
-FRONT_PHASES = ("status_read", "floor", "submit", "replicated", "depth", "hostile_body_ratio")
+FRONT_PHASES = ("status_read", "floor", "submit", "replicated", "depth", "hostile_body_ratio", "history_paging")
 STORE_PHASES = ("dispatch_cost", "waiting_memory")
 PHASES = FRONT_PHASES + STORE_PHASES + fleet.PHASES
 #: Phases that use the two side databases (``--side-dbs``).
@@ -85,6 +85,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                        help="interleaved (1 workspace, many) rounds; the median-ratio round is reported (default 5)")
     parser.add_argument("--hostile-rounds", type=int, default=15,
                         help="interleaved rounds of plain and hostile 1 MB submits (hostile_body_ratio; default 15)")
+    group = parser.add_argument_group("request history (history_paging)")
+    group.add_argument("--history-requests", type=int, default=100_000,
+                       help="requests in the workspace's history (default 100000)")
+    group.add_argument("--history-rounds", type=int, default=15,
+                       help="interleaved rounds of first- and last-page reads (default 15)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp dir with server logs")
     fleet.add_arguments(parser)
     args = parser.parse_args(argv)
@@ -101,8 +106,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             or 0 in args.side_dbs:
         parser.error("--side-dbs takes two distinct database numbers, neither 0 nor --redis-db")
     if min(args.depth_rounds, args.depth_workspaces, args.near, args.depth, args.cost_workspaces, args.cost_queue,
-           args.cost_cycles, args.cost_rounds, args.hostile_rounds) < 1:
-        parser.error("depth-workspaces, near, depth, hostile-rounds and the cost-* options must be at least 1")
+           args.cost_cycles, args.cost_rounds, args.hostile_rounds, args.history_requests,
+           args.history_rounds) < 1:
+        parser.error("depth-workspaces, near, depth, hostile-rounds, the cost-* and history-* options must be at "
+                     "least 1")
     if min(args.workers, args.threads, args.connections, args.duration, args.rounds) < 1:
         parser.error("workers, threads, connections, duration and rounds must be at least 1")
     if args.connections < args.threads:
@@ -526,6 +533,9 @@ def _measure(args, children, tmp, wrk, redis_url, side_urls, client, keys, Servi
     phase("depth", depth)
     phase("hostile_body_ratio", lambda: hostile.measure(front, post_headers, args.hostile_rounds, emit, log,
                                                         MeasurementError))
+    # last of the front-door phases: it leaves 10,000 requests waiting on bfl
+    phase("history_paging", lambda: history.measure(services, front, args.history_requests, args.history_rounds,
+                                                    emit, log, MeasurementError))
     for name, proc in (("front door", front_proc), ("hello world", hello_proc)):
         if proc.poll() is not None:
             log(f"ERROR: the {name} gunicorn exited with {proc.returncode} during the run")

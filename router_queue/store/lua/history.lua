@@ -58,6 +58,15 @@ if room > 0 then
   end
 end
 
+-- Whether a record's (workspace, status, error_type) is listed.
+local function listed(ws, status, error_type)
+  return status and ws == ARGV[1] and (ARGV[7] == "" or status == ARGV[7])
+    and (ARGV[8] == "" or error_type == ARGV[8])
+end
+-- With a filter, most records examined are not listed: their three fields
+-- are read first, and the whole record only for those that are.
+local filtered = ARGV[7] ~= "" or ARGV[8] ~= ""
+
 local page = {}
 local n = #found / 2
 local examined, last_score, last_id = 0, "", ""
@@ -66,13 +75,20 @@ for i = 1, math.min(n, budget) do
     break
   end
   local id = found[2 * i - 1]
+  local key = "rq:req:" .. id
   examined, last_id, last_score = i, id, found[2 * i]
-  local values = redis.call("HMGET", "rq:req:" .. id, unpack(fields))
-  local status = values[at_status]
-  if status and values[at_ws] == ARGV[1] and (ARGV[7] == "" or status == ARGV[7])
-      and (ARGV[8] == "" or values[at_error] == ARGV[8]) then
+  local values = false
+  if filtered then
+    local f = redis.call("HMGET", key, fields[at_ws], fields[at_status], fields[at_error])
+    if listed(f[1], f[2], f[3]) then
+      values = redis.call("HMGET", key, unpack(fields))
+    end
+  else
+    values = redis.call("HMGET", key, unpack(fields))
+  end
+  if values and listed(values[at_ws], values[at_status], values[at_error]) then
     local rank = false
-    if status == "IN_QUEUE" then
+    if values[at_status] == "IN_QUEUE" then
       rank = position("rq:sched:" .. values[at_provider], ARGV[1], id)
     end
     page[#page + 1] = {values, rank}

@@ -1,0 +1,168 @@
+"""Phase ``history_paging``: what the last page of a 100,000-request history
+costs against its first page (``GET /v2/requests``).
+
+A workspace of its own on the running front door. ``--history-requests``
+(100,000) requests are admitted into it through ``RequestStore.admit``
+(admit.lua, pipelined, 2,000 per round trip: the records and the history's
+indexes exactly as a submit writes them), and nine in ten are then cancelled
+the same way (``RequestStore.cancel``), so the list holds what a real one
+does: mostly COMPLETED, some still waiting (whose queue position each page
+computes). Then, over HTTP, every page of ``limit=100`` is walked from the first
+to the last, which must list each request exactly once, newest first; the
+last page's cursor is kept. Then the first and the last page are read on one
+keep-alive connection, interleaved, ``--history-rounds`` (15) rounds of 10
+reads each, and the medians compared::
+
+    BENCH history_paging value=<last page ms> ms baseline=<first page ms> ratio=...
+
+(the issue's target: at most 1.5), and the same for a filter that matches one
+entry in ten (``status=IN_QUEUE``: each page examines its bound of 500 index
+entries and lists about 50)::
+
+    BENCH history_paging_filtered value=<last page ms> ms baseline=<first page ms> ratio=...
+
+stderr: the seeding and the walks, and history.lua's own µs per page (INFO
+commandstats) for the first and the last page read through
+``RequestStore.history`` without HTTP.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import statistics
+import time
+from typing import Any, Callable
+from urllib.parse import urlencode, urlsplit
+
+from . import schedule
+
+MODEL = "bfl/flux-2-pro"
+#: Entries per page (the most the route lists).
+LIMIT = 100
+#: One in this many requests is left waiting; the rest are cancelled.
+WAITING_ONE_IN = 10
+#: Reads of each page per round.
+READS_PER_ROUND = 10
+
+
+class _Connection:
+    """One keep-alive HTTP/1.1 connection; each GET timed to its last byte."""
+
+    def __init__(self, base_url: str, headers: dict[str, str]):
+        parts = urlsplit(base_url)
+        self._conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
+        self._headers = headers
+
+    def get(self, path: str) -> tuple[float, int, Any]:
+        """(ms, status, JSON body)."""
+        started = time.perf_counter()
+        self._conn.request("GET", path, headers=self._headers)
+        response = self._conn.getresponse()
+        data = response.read()
+        return (time.perf_counter() - started) * 1000, response.status, json.loads(data)
+
+    def close(self) -> None:
+        self._conn.close()
+
+
+def _path(query: dict[str, Any]) -> str:
+    return "/v2/requests?" + urlencode(query)
+
+
+def _walk(connection: _Connection, query: dict[str, Any], error_type: type[Exception]) -> tuple[list[str], str, int, float]:
+    """Every page from the first: (ids listed, the last page's cursor, pages, seconds)."""
+    ids: list[str] = []
+    cursor, last_cursor, pages = None, "", 0
+    began = time.perf_counter()
+    while True:
+        _, status, body = connection.get(_path({**query, **({"cursor": cursor} if cursor else {})}))
+        if status != 200:
+            raise error_type(f"history_paging: page {pages + 1} answered {status}: {body}")
+        pages += 1
+        ids += [entry["request_id"] for entry in body["requests"]]
+        if body["next_cursor"] is None:
+            return ids, last_cursor, pages, time.perf_counter() - began
+        last_cursor = cursor = body["next_cursor"]
+
+
+def _compare(connection: _Connection, first: str, last: str, rounds: int,
+             error_type: type[Exception]) -> tuple[float, float, list[float]]:
+    """Medians (ms) of the first and the last page, read interleaved; the per-round ratios."""
+    timings: dict[str, list[float]] = {"first": [], "last": []}
+    ratios = []
+    for path in (first, last):  # warm-up
+        connection.get(path)
+    for _ in range(rounds):
+        this_round: dict[str, list[float]] = {"first": [], "last": []}
+        for _ in range(READS_PER_ROUND):
+            for side, path in (("first", first), ("last", last)):
+                ms, status, body = connection.get(path)
+                if status != 200 or not body["requests"]:
+                    raise error_type(f"history_paging: {path} answered {status} with "
+                                     f"{len(body.get('requests', []))} entries")
+                this_round[side].append(ms)
+        for side in timings:
+            timings[side] += this_round[side]
+        ratios.append(statistics.median(this_round["last"]) / statistics.median(this_round["first"]))
+    return statistics.median(timings["first"]), statistics.median(timings["last"]), ratios
+
+
+def _script_us(services, workspace: str, after: tuple[float, str] | None, since: float, count: int = 300,
+               **filters: Any) -> float:
+    """history.lua's own µs per page (INFO commandstats), read ``count`` times without HTTP."""
+
+    def usec() -> int:
+        stats = services.redis.info("commandstats")
+        return sum(int(v.get("usec", 0)) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+    before = usec()
+    for _ in range(count):
+        services.store.history(workspace, since=since, after=after, limit=LIMIT, **filters)
+    return (usec() - before) / count
+
+
+def measure(services, front_url: str, count: int, rounds: int, emit: Callable[..., None],
+            log: Callable[[str], None], error_type: type[Exception]) -> None:
+    entry = services.catalog.by_id(MODEL)
+    workspace = services.accounts.create_workspace("history-bench", queue_enabled=True, credits=10**12)
+    services.accounts.set_limits(workspace, max_queued=10**9, rate_limit="10000000/second",
+                                 max_queued_bytes=10**12)
+    began = time.perf_counter()
+    ids = schedule.seed_spread(services, [workspace], entry, count, '{"prompt": "history"}')
+    cancelled = [request_id for n, request_id in enumerate(ids) if n % WAITING_ONE_IN]
+    schedule.cancel_all(services, cancelled, workspace, entry)
+    log(f"history_paging: admitted {count} requests (RequestStore.admit, pipelined) and cancelled "
+        f"{len(cancelled)} in {time.perf_counter() - began:.1f} s")
+    from router_queue.store import keys
+
+    indexed = services.redis.zcard(keys.history(workspace))
+    if indexed != count:
+        raise error_type(f"history_paging: the history index holds {indexed} entries, not {count}")
+
+    connection = _Connection(front_url, {"X-API-Key": services.accounts.mint_key(workspace)})
+    try:
+        for name, query, expected in (
+                ("history_paging", {"limit": LIMIT}, ids[::-1]),
+                ("history_paging_filtered", {"limit": LIMIT, "status": "IN_QUEUE"},
+                 [i for n, i in enumerate(ids) if not n % WAITING_ONE_IN][::-1])):
+            listed, last_cursor, pages, seconds = _walk(connection, query, error_type)
+            if listed != expected:
+                raise error_type(f"{name}: the walk listed {len(listed)} requests ({len(set(listed))} distinct), "
+                                 f"not the {len(expected)} expected, newest first")
+            log(f"{name}: walked {pages} pages ({len(listed)} requests, each once, newest first) in "
+                f"{seconds:.1f} s, {1000 * seconds / pages:.2f} ms per page")
+            first, last = _path(query), _path({**query, "cursor": last_cursor})
+            first_ms, last_ms, ratios = _compare(connection, first, last, rounds, error_type)
+            log(f"{name}: per-round ratios (last / first): " + " ".join(f"{r:.3f}" for r in ratios))
+            filters = {"status": query["status"]} if "status" in query else {}
+            from router_queue.web.history import decode_cursor
+
+            since = time.time() - services.settings.result_retention_s
+            script_first = _script_us(services, workspace, None, since, **filters)
+            script_last = _script_us(services, workspace, decode_cursor(last_cursor), since, **filters)
+            log(f"{name}: history.lua alone: {script_first:.0f} us for the first page, {script_last:.0f} us for "
+                f"the last ({script_last / script_first:.3f}x)")
+            emit(name, last_ms, "ms", first_ms)
+    finally:
+        connection.close()
