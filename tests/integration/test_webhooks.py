@@ -566,6 +566,9 @@ def assert_steps(attempts: list[dict[str, Any]], request_id: str, status: dict[s
     assert all(0 <= v < 1 for v in values)
     assert completed["status"] == "COMPLETED" and completed["error_type"] is None
     assert completed["completed_at"] == status["completed_at"]
+    # the cost at each step: held while it ran, then as the completion settled it
+    assert all(e["cost"] == {**status["cost"], "state": "held"} for e in (started, *progress))
+    assert completed["cost"] == status["cost"] and status["cost"]["state"] == "charged"
     return firsts
 
 

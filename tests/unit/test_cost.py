@@ -177,3 +177,13 @@ def test_the_webhook_event_carries_the_settled_cost(http, auth, services, worksp
                                           created_at=event.created_at, started_at=event.started_at,
                                           completed_at=event.completed_at, cost=event.cost))
         assert body["cost"] == http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).json["cost"]
+
+
+def test_a_started_event_carries_the_hold(http, auth, services, workspace, settings):
+    services.settings = dataclasses.replace(settings, webhook_allow_loopback_http=True)
+    services.accounts.webhook_secret(workspace, wire.new_secret())
+    request_id = submit(http, auth, headers={"X-Comfy-Webhook-Url": "http://127.0.0.1:9/hook",
+                                             "X-Comfy-Webhook-Events": "started,completed"}).json["request_id"]
+    start(services, request_id)
+    event = services.webhooks.take(request_id, now=1e12, lease_s=30, token="t").event
+    assert (event.event, event.cost) == ("started", {"credits": price(services), "state": "held"})
