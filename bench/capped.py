@@ -31,17 +31,15 @@ from __future__ import annotations
 import json
 import statistics
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import schedule
+from .core import (CAP, CAPPED_MODEL_ID, CAPPED_PROVIDER, Context, MeasurementError, Fleet, Pinger,
+                   emit, label, phase, spread)
 from .procs import log, precise_cpu_seconds
 
-PROVIDER = "vertexai"
-MODEL_ID = "vertexai/gemini-3.1-flash-image"
-#: The cap the fleet's catalog copy gives PROVIDER.
-CAP = 1
+PROVIDER, MODEL_ID = CAPPED_PROVIDER, CAPPED_MODEL_ID
 #: Stub seconds of the generation holding the slot in waiting_cpu (it outlasts the phase).
 HOLD_S = 600
 #: Stub seconds of the generation holding the slot while the chain is submitted.
@@ -52,11 +50,8 @@ SETTLE_S = 3.0
 PINGS, SUBMITTERS = 20, 8
 
 
-class MeasurementError(RuntimeError):
-    """A figure could not be measured (re-raised by bench.fleet's caller like its own)."""
-
-
-def add_arguments(group) -> None:
+def add_arguments(parser) -> None:
+    group = parser.add_argument_group("behind a cap of 1 (grant_to_start, waiting_cpu)")
     group.add_argument("--grant-chain", type=int, default=40,
                        help="short generations run one after another behind vertexai's cap of 1 for "
                             "grant_to_start (default 40)")
@@ -75,19 +70,8 @@ def body(text: str) -> str:
     return json.dumps({"contents": [{"role": "user", "parts": [{"text": text}]}]})
 
 
-def prompt(label: str, latency: float) -> str:
-    return f"bench {label} {uuid.uuid4().hex} [stub:latency={latency:g}]"
+prompt = Fleet.prompt
 
-
-def _label(count: int) -> str:
-    return f"{count // 1000}k" if count >= 1000 and count % 1000 == 0 else str(count)
-
-
-def _ms(values: list[float]) -> str:
-    ordered = sorted(1000 * v for v in values)
-    pick = lambda q: ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]  # noqa: E731
-    return (f"p50 {pick(0.5):.3f} p90 {pick(0.9):.3f} max {ordered[-1]:.3f} ms (min {ordered[0]:.3f}, "
-            f"n {len(ordered)})")
 
 
 def _counts(fleet) -> dict[str, int]:
@@ -113,9 +97,9 @@ def _hold_slot(fleet, latency: float, what: str) -> str:
 # -- grant_to_start --------------------------------------------------------------------
 
 
-def measure_grant_to_start(fleet, emit) -> None:
-    from .fleet import Pinger
-
+@phase("grant_to_start", "fleet", 20)
+def measure_grant_to_start(ctx: Context) -> None:
+    fleet = ctx.fleet
     count = fleet.args.grant_chain
     _require_idle(fleet, "grant_to_start")
     ping = Pinger(fleet)
@@ -157,10 +141,10 @@ def measure_grant_to_start(fleet, emit) -> None:
                                f"previous one ended: the cap of {CAP} did not hold")
     runs = [float(r["completed_at"]) - float(r["started_at"]) for r in order[1:]]
     span = float(order[-1]["completed_at"]) - float(order[1]["started_at"])
-    log(f"grant_to_start: end -> next start {_ms(gaps)}")
-    log(f"grant_to_start: claimed -> completed (a [stub:latency=0] generation) {_ms(runs)}; the chain of "
+    log(f"grant_to_start: end -> next start {spread(gaps, 'ms', 1000)}")
+    log(f"grant_to_start: claimed -> completed (a [stub:latency=0] generation) {spread(runs, 'ms', 1000)}; the chain of "
         f"{count} took {span:.3f} s ({1000 * span / count:.1f} ms per generation)")
-    log(f"grant_to_start: ping round trip {_ms(pings)}")
+    log(f"grant_to_start: ping round trip {spread(pings, 'ms', 1000)}")
     emit("grant_to_start_latency", 1000 * statistics.median(gaps), "ms", 1000 * statistics.median(pings))
 
 
@@ -209,7 +193,10 @@ def _window(fleet, seconds: float, what: str) -> float:
     return fleet_cpu / wall
 
 
-def measure_waiting_cpu(fleet, emit) -> None:
+# last: it leaves vertexai's one slot held by a long generation
+@phase("waiting_cpu", "fleet", 60)
+def measure_waiting_cpu(ctx: Context) -> None:
+    fleet = ctx.fleet
     args = fleet.args
     count, window = args.waiting, args.waiting_window
     _require_idle(fleet, "waiting_cpu")
@@ -248,4 +235,4 @@ def measure_waiting_cpu(fleet, emit) -> None:
     baseline = (idle_before + idle_after) / 2
     log(f"waiting_cpu: idle {idle_before:.4f} and {idle_after:.4f} cores (baseline: their mean), "
         f"{count} waiting {waiting:.4f} cores; the holder runs on ({HOLD_S} s) until the fleet stops")
-    emit(f"waiting_cpu_{_label(count)}", waiting, "cores", baseline)
+    emit(f"waiting_cpu_{label(count)}", waiting, "cores", baseline)

@@ -1,45 +1,6 @@
-"""``full_cycle``: the whole submit -> poll -> collect loop, router-queue against a minimal loop.
-
-One client drives both loops: ``--cycle-clients`` (32) threads, each on its own keep-alive
-connection, each looping: submit; sleep 10 ms (``--cycle-poll-ms``) and read the status,
-again until it says COMPLETED; collect the result. A delivery is one such cycle, its
-end-to-end latency from the submit being sent to the result read. A run is
-``--cycle-warmup`` (2) s of cycles uncounted, then ``--cycle-seconds`` (10) s counted
-(cycles whose result was read inside the window), then the clients finish the cycle they
-are in and stop.
-
-* ours: the fleet (bench/fleet.py: the real front door, 2 Celery workers x 256 threads,
-  beat, the stub) started for this phase with the shipped catalog's caps (the other fleet
-  phases cap vertexai at 1), ``POST /v2/models/vertexai/gemini-3.1-flash-image/requests``
-  of a ``[stub:latency=0]`` generation, its ``/status`` read, its result collected; each
-  delivery makes one real HTTP call to the stub.
-* minimal: bench/minimal_loop.py, built from the bare parts (Flask under gunicorn with the
-  same serving options, one Lua admission, ``send_task``, a prefork Celery worker with late
-  acks, the provider call, a result write), on its own Redis database (``--minimal-db``)
-  of the same Redis server, with the same client and bodies. Two variants, same
-  processes: ``noop`` (the issue's baseline: no provider call) and ``stub`` (one real HTTP
-  call to the same stub, as ours makes).
-
-Rounds interleave (ours, minimal noop, minimal stub) ``--cycle-rounds`` (3) times; every
-figure reports the round with the median ratio of its own (as ``measure_pair``)::
-
-    BENCH full_cycle_throughput value=<ours deliveries/s> baseline=<minimal noop's> ratio=...
-    BENCH full_cycle_p99 value=<ours ms> baseline=<minimal noop ms> ratio=...
-    BENCH redis_cpu_per_delivery value=<ours ms> baseline=<minimal noop ms> ratio=...
-    BENCH redis_commands_per_delivery value=<ours> baseline=<minimal noop's> ratio=...
-
-and, with the stub variant on (``--minimal-stub on``, the default), the floor under the first
-figure and ours against a minimal loop that makes the same real provider call::
-
-    BENCH full_cycle_floor_throughput value=<minimal stub deliveries/s> baseline=<minimal noop's> ratio=...
-    BENCH full_cycle_throughput_same_call value=<ours deliveries/s> baseline=<minimal stub's> ratio=...
-    BENCH full_cycle_p99_same_call value=<ours ms> baseline=<minimal stub ms> ratio=...
-
-stderr: each run's rate, p50/p99, CPU ms per delivery of each process group (web, workers,
-stub, redis, the bench's client) and the machine's use of its cores; the stub's share of
-ours; the ratio read without the stub (see ``_without_stub``); the minimal stub variant's
-figures; Redis's top commands per delivery by calls and by time (``INFO commandstats``).
-"""
+"""``full_cycle``: 32 clients looping submit -> poll -> collect on a fleet of its own (the shipped
+caps) and on the minimal loop built from the bare parts (bench/minimal_loop.py), in interleaved
+rounds; see bench/README.md for what each figure compares."""
 
 from __future__ import annotations
 
@@ -55,6 +16,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import capped
+from .core import Context, Fleet, MeasurementError, emit, phase, wait_http, with_db
 from .procs import ROOT, Children, cpu_seconds, free_port, log, wait_for_port
 
 MODEL_ID = capped.MODEL_ID  # vertexai/gemini-3.1-flash-image: one synchronous provider call
@@ -67,11 +29,9 @@ SETTLE_S = 0.5
 IDLE_S = 3.0
 
 
-class MeasurementError(RuntimeError):
-    """A figure could not be measured (re-raised by bench.fleet's caller like its own)."""
 
-
-def add_arguments(group) -> None:
+def add_arguments(parser) -> None:
+    group = parser.add_argument_group("full cycle against a minimal loop (full_cycle)")
     group.add_argument("--cycle-clients", type=int, default=32,
                        help="client threads of full_cycle, each submit -> poll -> collect in a loop (default 32)")
     group.add_argument("--cycle-seconds", type=float, default=10.0,
@@ -341,7 +301,7 @@ class MinimalLoop:
         self.web = None
         self.worker = None
 
-    def start(self, wait_http) -> None:
+    def start(self) -> None:
         from .minimal_loop import QUEUE, WEB_SERVING
 
         workers = self.args.minimal_web_workers or self.args.web_workers
@@ -385,18 +345,21 @@ class MinimalLoop:
 # -- the phase ------------------------------------------------------------------------
 
 
-def measure(args, children: Children, redis_url: str, *, make_fleet, with_db, wait_http, emit) -> None:
+@phase("full_cycle", "own_fleet", 10)
+def measure(ctx: Context) -> None:
     import redis
+
+    args, children, redis_url = ctx.args, ctx.children, ctx.redis_url
 
     minimal_url = with_db(redis_url, args.minimal_db)
     minimal_client = redis.Redis.from_url(minimal_url)
     minimal_client.flushdb()
-    fleet = make_fleet()
+    fleet = Fleet(args, children, redis_url, caps={}, log_prefix="cycle-")
     minimal = None
     try:
-        fleet.start(wait_http)
+        fleet.start()
         minimal = MinimalLoop(args, children, minimal_url, fleet.stub)
-        minimal.start(wait_http)
+        minimal.start()
         stack = fleet.stack.procs
         ours = Side("ours", fleet.web_port, f"/v2/models/{MODEL_ID}/requests",
                     lambda i: f"/v2/models/{MODEL_ID}/requests/{i}/status",
@@ -436,7 +399,7 @@ def measure(args, children: Children, redis_url: str, *, make_fleet, with_db, wa
     finally:
         if minimal is not None:
             minimal.stop()
-        children.stop({fleet.log_prefix + name for name in fleet.stack.procs})
+        fleet.stop()
         _flush(minimal_client, args.minimal_db)
 
     pairs = [(r["ours"], r["minimal-noop"]) for r in rounds]

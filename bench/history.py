@@ -32,10 +32,12 @@ import http.client
 import json
 import statistics
 import time
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import urlencode, urlsplit
 
 from . import schedule
+from .core import Context, MeasurementError, at_least, emit, phase
+from .procs import log
 
 MODEL = "bfl/flux-2-pro"
 #: Entries per page (the most the route lists).
@@ -70,7 +72,7 @@ def _path(query: dict[str, Any]) -> str:
     return "/v2/requests?" + urlencode(query)
 
 
-def _walk(connection: _Connection, query: dict[str, Any], error_type: type[Exception]) -> tuple[list[str], str, int, float]:
+def _walk(connection: _Connection, query: dict[str, Any]) -> tuple[list[str], str, int, float]:
     """Every page from the first: (ids listed, the last page's cursor, pages, seconds)."""
     ids: list[str] = []
     cursor, last_cursor, pages = None, "", 0
@@ -78,7 +80,7 @@ def _walk(connection: _Connection, query: dict[str, Any], error_type: type[Excep
     while True:
         _, status, body = connection.get(_path({**query, **({"cursor": cursor} if cursor else {})}))
         if status != 200:
-            raise error_type(f"history_paging: page {pages + 1} answered {status}: {body}")
+            raise MeasurementError(f"history_paging: page {pages + 1} answered {status}: {body}")
         pages += 1
         ids += [entry["request_id"] for entry in body["requests"]]
         if body["next_cursor"] is None:
@@ -86,8 +88,7 @@ def _walk(connection: _Connection, query: dict[str, Any], error_type: type[Excep
         last_cursor = cursor = body["next_cursor"]
 
 
-def _compare(connection: _Connection, first: str, last: str, rounds: int,
-             error_type: type[Exception]) -> tuple[float, float, list[float]]:
+def _compare(connection: _Connection, first: str, last: str, rounds: int) -> tuple[float, float, list[float]]:
     """Medians (ms) of the first and the last page, read interleaved; the per-round ratios."""
     timings: dict[str, list[float]] = {"first": [], "last": []}
     ratios = []
@@ -99,7 +100,7 @@ def _compare(connection: _Connection, first: str, last: str, rounds: int,
             for side, path in (("first", first), ("last", last)):
                 ms, status, body = connection.get(path)
                 if status != 200 or not body["requests"]:
-                    raise error_type(f"history_paging: {path} answered {status} with "
+                    raise MeasurementError(f"history_paging: {path} answered {status} with "
                                      f"{len(body.get('requests', []))} entries")
                 this_round[side].append(ms)
         for side in timings:
@@ -122,8 +123,23 @@ def _script_us(services, workspace: str, after: tuple[float, str] | None, since:
     return (usec() - before) / count
 
 
-def measure(services, front_url: str, count: int, rounds: int, emit: Callable[..., None],
-            log: Callable[[str], None], error_type: type[Exception]) -> None:
+def add_arguments(parser) -> None:
+    group = parser.add_argument_group("request history (history_paging)")
+    group.add_argument("--history-requests", type=int, default=100_000,
+                       help="requests in the workspace's history (default 100000)")
+    group.add_argument("--history-rounds", type=int, default=15,
+                       help="interleaved rounds of first- and last-page reads (default 15)")
+
+
+def check_arguments(parser, args) -> None:
+    at_least(parser, args, 1, "history_requests", "history_rounds")
+
+
+# last of the front-door phases: it leaves 10,000 requests waiting on bfl
+@phase("history_paging", "front", 70)
+def measure(ctx: Context) -> None:
+    services, front_url = ctx.front.services, ctx.front.url
+    count, rounds = ctx.args.history_requests, ctx.args.history_rounds
     entry = services.catalog.by_id(MODEL)
     workspace = services.accounts.create_workspace("history-bench", queue_enabled=True, credits=10**12)
     services.accounts.set_limits(workspace, max_queued=10**9, rate_limit="10000000/second",
@@ -138,7 +154,7 @@ def measure(services, front_url: str, count: int, rounds: int, emit: Callable[..
 
     indexed = services.redis.zcard(keys.history(workspace))
     if indexed != count:
-        raise error_type(f"history_paging: the history index holds {indexed} entries, not {count}")
+        raise MeasurementError(f"history_paging: the history index holds {indexed} entries, not {count}")
 
     connection = _Connection(front_url, {"X-API-Key": services.accounts.mint_key(workspace)})
     try:
@@ -146,14 +162,14 @@ def measure(services, front_url: str, count: int, rounds: int, emit: Callable[..
                 ("history_paging", {"limit": LIMIT}, ids[::-1]),
                 ("history_paging_filtered", {"limit": LIMIT, "status": "IN_QUEUE"},
                  [i for n, i in enumerate(ids) if not n % WAITING_ONE_IN][::-1])):
-            listed, last_cursor, pages, seconds = _walk(connection, query, error_type)
+            listed, last_cursor, pages, seconds = _walk(connection, query)
             if listed != expected:
-                raise error_type(f"{name}: the walk listed {len(listed)} requests ({len(set(listed))} distinct), "
+                raise MeasurementError(f"{name}: the walk listed {len(listed)} requests ({len(set(listed))} distinct), "
                                  f"not the {len(expected)} expected, newest first")
             log(f"{name}: walked {pages} pages ({len(listed)} requests, each once, newest first) in "
                 f"{seconds:.1f} s, {1000 * seconds / pages:.2f} ms per page")
             first, last = _path(query), _path({**query, "cursor": last_cursor})
-            first_ms, last_ms, ratios = _compare(connection, first, last, rounds, error_type)
+            first_ms, last_ms, ratios = _compare(connection, first, last, rounds)
             log(f"{name}: per-round ratios (last / first): " + " ".join(f"{r:.3f}" for r in ratios))
             filters = {"status": query["status"]} if "status" in query else {}
             from router_queue.web.history import decode_cursor

@@ -23,6 +23,9 @@ import time
 from typing import Callable
 from urllib.parse import urlsplit
 
+from .core import Context, MeasurementError, at_least, emit, phase
+from .procs import log
+
 MODEL = "vertexai/gemini-3.1-flash-image"
 #: Body size the figures compare, in bytes (under the front door's 1 MiB limit).
 SIZE = 1_000_000
@@ -87,8 +90,18 @@ class _Connection:
         self._conn.close()
 
 
-def measure(front_url: str, headers: dict[str, str], rounds: int, emit: Callable[..., None],
-            log: Callable[[str], None], error_type: type[Exception]) -> None:
+def add_arguments(parser) -> None:
+    parser.add_argument("--hostile-rounds", type=int, default=15,
+                        help="interleaved rounds of plain and hostile 1 MB submits (hostile_body_ratio; default 15)")
+
+
+def check_arguments(parser, args) -> None:
+    at_least(parser, args, 1, "hostile_rounds")
+
+
+@phase("hostile_body_ratio", "front", 60)
+def measure(ctx: Context) -> None:
+    front_url, headers, rounds = ctx.front.url, ctx.front.post_headers, ctx.args.hostile_rounds
     path = f"/v2/models/{MODEL}/requests"
     cases = bodies()
     for name, body in cases.items():
@@ -107,7 +120,7 @@ def measure(front_url: str, headers: dict[str, str], rounds: int, emit: Callable
     finally:
         connection.close()
     if answers["plain"][0] != 201:
-        raise error_type(f"hostile_body_ratio: the plain 1 MB prompt answered {answers['plain'][0]}, not 201")
+        raise MeasurementError(f"hostile_body_ratio: the plain 1 MB prompt answered {answers['plain'][0]}, not 201")
     plain = statistics.median(timings["plain"])
     worst = 0.0
     for name, (status, size) in answers.items():
@@ -116,7 +129,7 @@ def measure(front_url: str, headers: dict[str, str], rounds: int, emit: Callable
         if name == "plain":
             continue
         if status < 400 or status >= 500:
-            raise error_type(f"hostile_body_ratio: the {name} body answered {status}, not a refusal")
+            raise MeasurementError(f"hostile_body_ratio: the {name} body answered {status}, not a refusal")
         value = statistics.median(timings[name])
         emit(f"hostile_body_ratio_{name}", value, "ms", plain)
         worst = max(worst, value)

@@ -26,6 +26,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from .core import Context, MeasurementError, at_least, emit, phase
 from .procs import ROOT, log
 
 #: Admits (or cancels) sent per pipeline while seeding.
@@ -34,8 +35,20 @@ BATCH = 2000
 BENCH_LEASE_S = 10**6
 
 
-class MeasurementError(RuntimeError):
-    """A figure could not be measured (re-raised as bench.main's own by the caller)."""
+def add_arguments(parser) -> None:
+    group = parser.add_argument_group("dispatch cost (dispatch_cost)")
+    group.add_argument("--cost-workspaces", type=int, default=1000,
+                       help="workspaces the waiting requests are spread over (default 1000)")
+    group.add_argument("--cost-queue", type=int, default=10_000,
+                       help="requests waiting behind the cap of 1, on each side, throughout (default 10000)")
+    group.add_argument("--cost-cycles", type=int, default=2000,
+                       help="complete -> grant -> claim cycles per run (default 2000)")
+    group.add_argument("--cost-rounds", type=int, default=5,
+                       help="interleaved (1 workspace, many) rounds; the median-ratio round is reported (default 5)")
+
+
+def check_arguments(parser, args) -> None:
+    at_least(parser, args, 1, "cost_workspaces", "cost_queue", "cost_cycles", "cost_rounds")
 
 
 # -- set-up helpers ------------------------------------------------------------------
@@ -323,7 +336,9 @@ class CycleSide:
         return wall, self.redis_cpu() - cpu0, (self.script_usec() - usec0) / 1e6, len(seen)
 
 
-def measure_dispatch_cost(args, side_urls: tuple[str, str], tmp: Path, emit) -> None:
+@phase("dispatch_cost", "store", 10, side_dbs=True)
+def measure_dispatch_cost(ctx: Context) -> None:
+    args, side_urls, tmp = ctx.args, ctx.side_urls, ctx.tmp
     entry_id = "bfl/flux-2-pro"
     catalog_path = capped_catalog(tmp, {"bfl": 1})
     # enough for every round to leave --cost-queue waiting at its end
@@ -368,12 +383,13 @@ def measure_dispatch_cost(args, side_urls: tuple[str, str], tmp: Path, emit) -> 
 WAITING_OVERHEAD_BUDGET = 1536
 
 
-def measure_waiting_memory(args, side_url: str, tmp: Path, emit, count: int = 1000) -> None:
+@phase("waiting_memory", "store", 20, side_dbs=True)
+def measure_waiting_memory(ctx: Context, count: int = 1000) -> None:
     """``memory_per_waiting_request``: Redis ``used_memory`` added per request
     waiting behind a capped provider, admitted as a submit is (a price held in
     the ledger, an Idempotency-Key reserved), against the body plus 1.5 KiB."""
     entry = "bfl/flux-2-pro"
-    services = services_for(side_url, capped_catalog(tmp, {"bfl": 1}))
+    services = services_for(ctx.side_urls[0], capped_catalog(ctx.tmp, {"bfl": 1}))
     client = services.redis
     client.flushdb()
     workspace = services.accounts.create_workspace("memory", queue_enabled=True, credits=10**12)

@@ -28,14 +28,16 @@ import uuid
 from typing import Any
 
 from .procs import cpu_seconds, log
-from .sync_held import MeasurementError, _pct, _summary, read_series
+from .core import Context, MeasurementError, emit, http_json, pct, phase, summary
+from .sync_held import read_series
 
 MODEL_ID = "openai/gpt-4o-mini-tts"
 #: Seconds over which the web processes' CPU is taken, with and without streams.
 IDLE_WINDOW_S = 5.0
 
 
-def add_arguments(group) -> None:
+def add_arguments(parser) -> None:
+    group = parser.add_argument_group("event streams (streams)")
     group.add_argument("--streams", type=int, default=1000, help="event streams held open for streams (default 1000)")
     group.add_argument("--stream-latency", type=float, default=90.0,
                        help="stub generation time of the followed request, s (default 90)")
@@ -98,19 +100,21 @@ class Streams:
         self.selector.close()
 
 
-def measure(fleet: Any, emit) -> None:
+@phase("streams", "fleet", 50)
+def measure(ctx: Context) -> None:
+    fleet = ctx.fleet
     args = fleet.args
     port = fleet.web_port
     auth = {"X-API-Key": fleet.api_key}
     base = f"/v2/models/{MODEL_ID}/requests"
 
-    code, target = fleet.http_json("POST", f"{fleet.base}{base}", fleet.post_headers,
+    code, target = http_json("POST", f"{fleet.base}{base}", fleet.post_headers,
                                    json.dumps({"input": f"bench streams target {uuid.uuid4().hex}", "voice": "alloy"}))
     if code != 201:
         raise MeasurementError(f"streams: the target submit answered {code}: {target}")
     fleet.wait_records([target["request_id"]], ("COMPLETED",), timeout_s=30, interval_s=0.05)
     status_path = f"{base}/{target['request_id']}/status"
-    code, followed = fleet.http_json(
+    code, followed = http_json(
         "POST", f"{fleet.base}{base}", fleet.post_headers,
         json.dumps({"input": f"bench streams followed {uuid.uuid4().hex} [stub:latency={args.stream_latency:g}]",
                     "voice": "alloy"}))
@@ -121,7 +125,7 @@ def measure(fleet: Any, emit) -> None:
 
     log(f"streams: {args.held_reads} status reads from {args.held_readers} threads, no stream open")
     without = read_series(port, status_path, auth, args.held_reads, args.held_readers)
-    log(f"streams: without streams {_summary(without)}")
+    log(f"streams: without streams {summary(without)}")
     idle_without = _cpu_percent(fleet)
 
     streams = Streams(port, f"{base}/{followed['request_id']}/events", fleet.api_key, args.streams)
@@ -133,13 +137,13 @@ def measure(fleet: Any, emit) -> None:
         idle_with = _cpu_percent(fleet)
         with_streams = read_series(port, status_path, auth, args.held_reads, args.held_readers)
         streams.drain(0)
-        log(f"streams: with {args.streams} streams {_summary(with_streams)}")
+        log(f"streams: with {args.streams} streams {summary(with_streams)}")
         if time.monotonic() - began > args.stream_latency:
             raise MeasurementError("streams: the followed generation ended while measuring; raise --stream-latency")
     finally:
         streams.close()
     log(f"streams: web CPU over {IDLE_WINDOW_S:.0f} s idle: {idle_without:.2f} % without streams, "
         f"{idle_with:.2f} % with {args.streams}")
-    emit("streams_status_p50", _pct(with_streams, 0.5), "ms", _pct(without, 0.5))
-    emit("streams_status_p99", _pct(with_streams, 0.99), "ms", _pct(without, 0.99))
+    emit("streams_status_p50", pct(with_streams, 0.5), "ms", pct(without, 0.5))
+    emit("streams_status_p99", pct(with_streams, 0.99), "ms", pct(without, 0.99))
     emit("streams_idle_web_cpu", idle_with, "%", max(idle_without, 0.01))

@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from .core import Context, MeasurementError, emit, http_json, pct, phase, summary
 from .procs import log
 
 MODEL_ID = "openai/gpt-4o-mini-tts"
@@ -45,11 +46,9 @@ WARMUP_READS = 20
 IDLE_WINDOW_S = 3.0
 
 
-class MeasurementError(RuntimeError):
-    """The figure could not be measured (re-raised by bench.fleet's caller like its own)."""
 
-
-def add_arguments(group) -> None:
+def add_arguments(parser) -> None:
+    group = parser.add_argument_group("status reads with synchronous calls held (sync_held)")
     group.add_argument("--held", type=int, default=200,
                        help="synchronous calls held open for sync_held (default 200)")
     group.add_argument("--held-latency", type=float, default=30.0,
@@ -66,14 +65,6 @@ def check_arguments(parser, args) -> None:
         parser.error("held, held-reads and held-readers must be at least 1, held-latency at least 5 s")
 
 
-def _pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
-def _summary(values_ms: list[float]) -> str:
-    return (f"p50 {_pct(values_ms, 0.5):.3f} p90 {_pct(values_ms, 0.9):.3f} p99 {_pct(values_ms, 0.99):.3f} "
-            f"max {max(values_ms):.3f} ms (mean {statistics.fmean(values_ms):.3f}, n={len(values_ms)})")
 
 
 # -- the status reads --------------------------------------------------------------
@@ -172,14 +163,17 @@ def _answered(calls: list[HeldCall]) -> int:
 # -- the figure ------------------------------------------------------------------------
 
 
-def measure(fleet: Any, emit) -> None:
+# near the end: its held generations occupy the workers' threads while they run
+@phase("sync_held", "fleet", 40)
+def measure(ctx: Context) -> None:
+    fleet = ctx.fleet
     args = fleet.args
     port = fleet.web_port
     auth = {"X-API-Key": fleet.api_key}
     run_path = f"/v2/models/{MODEL_ID}"
 
     # the request whose status is read: one finished speech generation
-    code, handle = fleet.http_json("POST", f"{fleet.base}{run_path}/requests", fleet.post_headers,
+    code, handle = http_json("POST", f"{fleet.base}{run_path}/requests", fleet.post_headers,
                                    json.dumps({"input": f"bench held target {uuid.uuid4().hex}", "voice": "alloy"}))
     if code != 201:
         raise MeasurementError(f"sync_held: the target submit answered {code}: {handle}")
@@ -192,7 +186,7 @@ def measure(fleet: Any, emit) -> None:
 
     log(f"sync_held: {args.held_reads} status reads from {args.held_readers} threads, nothing held")
     without = read_series(port, status_path, auth, args.held_reads, args.held_readers)
-    log(f"sync_held: without held calls {_summary(without)}")
+    log(f"sync_held: without held calls {summary(without)}")
 
     latency = args.held_latency
     calls = [HeldCall(json.dumps({"input": f"bench held {n} {uuid.uuid4().hex} [stub:latency={latency:g}]",
@@ -240,7 +234,7 @@ def measure(fleet: Any, emit) -> None:
         if answered:
             raise MeasurementError(f"sync_held: {answered} held calls were answered while the reads ran "
                                    f"(reads took {took:.1f} s; raise --held-latency)")
-        log(f"sync_held: with {args.held} held {_summary(held)} (the reads took {took:.2f} s)")
+        log(f"sync_held: with {args.held} held {summary(held)} (the reads took {took:.2f} s)")
         measured = True
     finally:
         # release: the generations end on their own at the stub's latency; wait them out (after a
@@ -250,7 +244,7 @@ def measure(fleet: Any, emit) -> None:
             thread.join(max(0.1, end - time.monotonic()))
     failed = [c for c in calls if c.status != 200 or c.content_type != "audio/mpeg"]
     spans = [c.answered_at - c.sent_at for c in calls if c.answered_at is not None]
-    log(f"sync_held: the held calls ended {_summary([s * 1000 for s in spans]) if spans else 'never'} "
+    log(f"sync_held: the held calls ended {summary([s * 1000 for s in spans]) if spans else 'never'} "
         f"after being sent")
     if failed:
         sample = [(c.status, c.content_type, c.error) for c in failed[:3]]
@@ -258,8 +252,8 @@ def measure(fleet: Any, emit) -> None:
                                f"200 audio/mpeg: {sample}")
 
     after = read_series(port, status_path, auth, args.held_reads, args.held_readers)
-    log(f"sync_held: after the held calls ended {_summary(after)}")
+    log(f"sync_held: after the held calls ended {summary(after)}")
     baseline = without + after
-    log(f"sync_held: nothing held, before and after pooled (the baseline) {_summary(baseline)}")
-    emit("sync_held_status_p50", _pct(held, 0.5), "ms", _pct(baseline, 0.5))
-    emit("sync_held_status_p99", _pct(held, 0.99), "ms", _pct(baseline, 0.99))
+    log(f"sync_held: nothing held, before and after pooled (the baseline) {summary(baseline)}")
+    emit("sync_held_status_p50", pct(held, 0.5), "ms", pct(baseline, 0.5))
+    emit("sync_held_status_p99", pct(held, 0.99), "ms", pct(baseline, 0.99))

@@ -1,0 +1,186 @@
+"""The delivery phases on the whole stack: ``inflight_<n>_completion`` (n generations at once
+against one alone) and ``dispatch_latency`` (admitted -> claimed on an idle fleet against the bare
+Celery round trip)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from .core import COMPLETED, Context, Fleet, MeasurementError, Pinger, at_least, emit, phase, spread
+from .procs import log
+
+
+def add_arguments(parser) -> None:
+    group = parser.add_argument_group("delivery figures (inflight, dispatch)")
+    group.add_argument("--inflight", type=int, default=500,
+                       help="generations submitted at once for the in-flight figure (default 500)")
+    group.add_argument("--latency", type=float, default=5.0,
+                       help="stub generation time in seconds, [stub:latency=...] (default 5)")
+    group.add_argument("--submitters", type=int, default=32,
+                       help="concurrent HTTP submitters for the in-flight burst (default 32)")
+    group.add_argument("--inflight-rounds", type=int, default=1,
+                       help="(one alone, n at once) rounds; the median-ratio round is reported (default 1)")
+    group.add_argument("--inflight-timeout", type=float, default=300.0,
+                       help="seconds the n generations may take before the figure fails (default 300)")
+    group.add_argument("--samples", type=int, default=50,
+                       help="dispatch samples (and as many pings), interleaved (default 50)")
+
+
+def check_arguments(parser, args) -> None:
+    at_least(parser, args, 1, "inflight", "submitters", "inflight_rounds", "samples")
+
+
+# -- inflight ---------------------------------------------------------------------
+
+
+def one_alone(fleet: Fleet, latency: float) -> float:
+    """Seconds from submit to COMPLETED of one generation, the status read over HTTP every 0.1 s.
+
+    Returns the record's ``completed_at`` minus the submit time (what the 0.1 s polling
+    observed is logged): the same clock the n-at-once figure reads.
+    """
+    began = time.time()
+    request_id = fleet.submit(fleet.prompt("alone", latency))
+    deadline = time.monotonic() + latency + 120
+    while fleet.status(request_id) != COMPLETED:
+        if time.monotonic() > deadline:
+            raise MeasurementError(f"the lone generation {request_id} did not complete")
+        fleet.alive()
+        time.sleep(0.1)
+    seen = time.time() - began
+    row = fleet.records([request_id])[request_id]
+    if row["error_type"]:
+        raise MeasurementError(f"the lone generation completed with {row['error_type']}")
+    value = float(row["completed_at"]) - began
+    log(f"inflight: one alone completed {value:.3f} s after its submit (seen by 0.1 s polling at "
+        f"{seen:.3f} s; admitted->claimed {float(row['started_at']) - float(row['created_at']):.3f} s, "
+        f"claimed->completed {float(row['completed_at']) - float(row['started_at']):.3f} s)")
+    return value
+
+
+def many_at_once(fleet: Fleet, count: int, latency: float) -> float:
+    """Seconds from the first of ``count`` submits until the last of them is COMPLETED."""
+    args = fleet.args
+    lock = threading.Lock()
+    ids: list[str] = []
+    prompts = [fleet.prompt(f"inflight{i}", latency) for i in range(count)]
+    calls_before, cpu_before, commands_before = fleet.stub_calls(), fleet.cpu(), fleet.redis_commands()
+
+    def one(prompt: str) -> None:
+        request_id = fleet.submit(prompt)
+        with lock:
+            ids.append(request_id)
+
+    began = time.time()
+    wall_began = time.monotonic()
+    with ThreadPoolExecutor(max_workers=args.submitters, thread_name_prefix="submit") as pool:
+        for future in [pool.submit(one, p) for p in prompts]:
+            future.result()
+    submitted_s = time.time() - began
+    log(f"inflight: {count} submits ({args.submitters} concurrent) took {submitted_s:.2f} s "
+        f"({count / submitted_s:.0f}/s)")
+    rows = fleet.wait_records(ids, (COMPLETED,), timeout_s=args.inflight_timeout, interval_s=0.5, progress_s=2.0)
+    seen_s = time.monotonic() - wall_began
+    cpu_after, calls_after, commands_after = fleet.cpu(), fleet.stub_calls(), fleet.redis_commands()
+
+    failed: dict[str, int] = {}
+    for row in rows.values():
+        if row["error_type"]:
+            failed[row["error_type"]] = failed.get(row["error_type"], 0) + 1
+    if failed:
+        raise MeasurementError(f"inflight: of {count} generations, some completed with errors: {failed}")
+    created = [float(r["created_at"]) for r in rows.values()]
+    started = [float(r["started_at"]) for r in rows.values()]
+    completed = [float(r["completed_at"]) for r in rows.values()]
+    value = max(completed) - began
+
+    # where the time went, for reading the figure (stderr only)
+    log(f"inflight: last of {count} completed {value:.3f} s after the first submit "
+        f"(seen by 0.5 s record polling at {seen_s:.2f} s)")
+    log(f"  admitted, after the first submit: {spread([c - began for c in created])}")
+    log(f"  admitted -> claimed: {spread([s - c for s, c in zip(started, created)])}")
+    log(f"  claimed -> completed: {spread([d - s for d, s in zip(completed, started)])} "
+        f"(the stub's generation takes {latency:g} s)")
+    # the most generations running at one moment, from the records' own times
+    events = sorted([(s, 1) for s in started] + [(d, -1) for d in completed])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    log(f"  most generations claimed at once: {peak}")
+    polls = calls_after.get("bfl_poll", 0) - calls_before.get("bfl_poll", 0)
+    submits = calls_after.get("bfl_submit", 0) - calls_before.get("bfl_submit", 0)
+    log(f"  stub calls: {submits} submits, {polls} polls ({polls / count:.1f} per generation)")
+    wall = time.monotonic() - wall_began
+    used = {name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after}
+    total = sum(used.values())
+    cores = os.cpu_count() or 1
+    log(f"  CPU s over {wall:.1f} s wall ({cores} cores = {cores * wall:.1f} CPU s): "
+        + ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(used.items(), key=lambda kv: -kv[1]))
+        + f"; total {total:.1f}")
+    log(f"  Redis commands: {commands_after - commands_before} "
+        f"({(commands_after - commands_before) / count:.0f} per generation, bench polling included)")
+    return value
+
+
+@phase("inflight", "fleet", 30)
+def measure_inflight(ctx: Context) -> None:
+    fleet = ctx.fleet
+    args = fleet.args
+    rounds = []
+    for round_no in range(1, args.inflight_rounds + 1):
+        alone = one_alone(fleet, args.latency)
+        many = many_at_once(fleet, args.inflight, args.latency)
+        rounds.append((alone, many))
+        log(f"inflight round {round_no}/{args.inflight_rounds}: one alone {alone:.3f} s; "
+            f"{args.inflight} at once {many:.3f} s; ratio {many / alone:.3f}")
+    rounds.sort(key=lambda am: am[1] / am[0])
+    alone, many = rounds[(len(rounds) - 1) // 2]
+    emit(f"inflight_{args.inflight}_completion", many, "s", alone)
+
+
+# -- dispatch ---------------------------------------------------------------------
+
+
+@phase("dispatch", "fleet", 10)
+def measure_dispatch(ctx: Context) -> None:
+    """Admitted -> claimed of sequential submits vs publish -> run -> answer of a ping, interleaved."""
+    fleet = ctx.fleet
+    args = fleet.args
+    ping = Pinger(fleet)
+
+    def dispatch() -> tuple[float, float]:
+        """(admitted -> claimed, HTTP submit) in seconds; waits for COMPLETED so the fleet is idle again."""
+        began = time.perf_counter()
+        request_id = fleet.submit(fleet.prompt("dispatch", 0))
+        submit_s = time.perf_counter() - began
+        row = fleet.wait_records([request_id], (COMPLETED,), timeout_s=30, interval_s=0.005)[request_id]
+        if row["error_type"] or not row["started_at"]:
+            raise MeasurementError(f"dispatch: request {request_id} completed with {row['error_type']} "
+                                   f"(started_at {row['started_at']})")
+        return float(row["started_at"]) - float(row["created_at"]), submit_s
+
+    warm = 5
+    log(f"dispatch: warm-up ({warm} pings, {warm} submits)")
+    try:
+        for _ in range(warm):
+            ping()
+            dispatch()
+        pings, claims, submits = [], [], []
+        for _ in range(args.samples):
+            time.sleep(0.05)  # idle between samples: no sample starts while the last one winds down
+            pings.append(ping())
+            time.sleep(0.05)
+            claim_s, submit_s = dispatch()
+            claims.append(claim_s)
+            submits.append(submit_s)
+    finally:
+        ping.close()
+    log(f"dispatch: ping round trip {spread(pings, 'ms', 1000)}")
+    log(f"dispatch: admitted -> claimed {spread(claims, 'ms', 1000)}")
+    log(f"dispatch: HTTP submit (answered 201) {spread(submits, 'ms', 1000)}")
+    emit("dispatch_latency", 1000 * statistics.median(claims), "ms", 1000 * statistics.median(pings))
