@@ -1,30 +1,6 @@
-"""Figures behind a provider's cap on generations in flight, on the whole stack.
-
-The fleet (bench/fleet.py) runs with a catalog copy whose ``vertexai`` cap
-(``providers.vertexai.max_in_flight``) is 1; no other fleet figure uses
-vertexai. A Vertex AI generation is one HTTP call, so a long one
-(``[stub:latency=600]``) holds the slot while costing a worker thread blocked
-on one socket and no CPU.
-
-* ``grant_to_start_latency``: ms from one generation's end to the next one's
-  start behind the cap of 1. A blocker generation (``[stub:latency=2]``) holds
-  the slot while ``--grant-chain`` (40) ``[stub:latency=0]`` generations are
-  submitted at once (8 concurrent HTTP submitters), so the chain then runs with
-  nothing else going on; from the records, for consecutive requests in start
-  order, ``next.started_at - prev.completed_at`` (complete.lua grants the next
-  request and pushes its Celery message; a worker receives it and claim.lua
-  starts it); the median. Baseline: the bare Celery round trip of the dispatch
-  figure (``fleet.Pinger``), the median of 20 pings before and 20 after.
-* ``waiting_cpu_<n>``: the CPU of the Celery workers and beat (each process
-  and its children, utime+stime from /proc) over ``--waiting-window`` (20 s)
-  while ``--waiting`` (10,000) requests wait behind the held slot, in cores
-  (CPU seconds / window). Baseline: the same fleet, the slot held the same way,
-  nothing waiting, over a window of the same length before the requests are
-  admitted and another after they are cancelled (the mean of the two). The
-  requests are admitted and cancelled through ``RequestStore.admit`` and
-  ``.cancel`` pipelined from the bench, outside the windows. stderr: every
-  fleet process's CPU and Redis's (INFO cpu) and its commands over each window.
-"""
+"""Behind vertexai's cap of 1 on the fleet: ``grant_to_start_latency`` (one generation's end to the
+next one's start, against the bare Celery round trip) and ``waiting_cpu_<n>`` (the workers' and beat's
+CPU while n requests wait, against the same fleet idle)."""
 
 from __future__ import annotations
 

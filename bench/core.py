@@ -3,6 +3,7 @@ and the registry each phase module adds its phases to with ``@phase``."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import resource
@@ -172,6 +173,32 @@ def wait_http(url: str, proc, timeout_s: float = 60.0) -> None:
             last = str(exc)
         time.sleep(0.2)
     raise TimeoutError(f"{url} did not answer 200 within {timeout_s} s ({last})")
+
+
+class KeepAlive:
+    """One keep-alive HTTP/1.1 connection; each call timed to the answer's last byte."""
+
+    def __init__(self, base_url: str, headers: dict[str, str] | None = None, timeout_s: float = 60.0):
+        parts = urlsplit(base_url)
+        self.conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=timeout_s)
+        self.headers = headers or {}
+
+    def call(self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None
+             ) -> tuple[float, int, bytes]:
+        """(ms, status, answer bytes)."""
+        started = time.perf_counter()
+        self.conn.request(method, path, body=body, headers=headers or self.headers)
+        response = self.conn.getresponse()
+        data = response.read()
+        return (time.perf_counter() - started) * 1000, response.status, data
+
+    def get_json(self, path: str) -> tuple[float, int, Any]:
+        """(ms, status, JSON body)."""
+        ms, status, data = self.call("GET", path)
+        return ms, status, json.loads(data)
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 def server_env(redis_url: str, **extra: str) -> dict[str, str]:

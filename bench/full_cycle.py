@@ -4,7 +4,6 @@ rounds; see bench/README.md for what each figure compares."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import resource
@@ -16,7 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import capped
-from .core import Context, Fleet, MeasurementError, emit, phase, wait_http, with_db
+from .core import Context, Fleet, KeepAlive, MeasurementError, emit, phase, wait_http, with_db
 from .procs import ROOT, Children, cpu_seconds, free_port, log, wait_for_port
 
 MODEL_ID = capped.MODEL_ID  # vertexai/gemini-3.1-flash-image: one synchronous provider call
@@ -160,14 +159,12 @@ def run_once(side: Side, args, redis_client, alive: Callable[[], None]) -> Run:
     poll_s = args.cycle_poll_ms / 1000.0
     post_headers = {**side.headers, "Content-Type": "application/json"}
 
-    def request(conn: http.client.HTTPConnection, method: str, path: str, body: bytes | None = None,
+    def request(conn: KeepAlive, method: str, path: str, body: bytes | None = None,
                 headers: dict[str, str] = side.headers) -> tuple[int, bytes]:
-        conn.request(method, path, body=body, headers=headers)
-        response = conn.getresponse()
-        return response.status, response.read()
+        return conn.call(method, path, headers, body)[1:]
 
     def client(number: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", side.port, timeout=CYCLE_TIMEOUT_S)
+        conn = KeepAlive(f"http://127.0.0.1:{side.port}", timeout_s=CYCLE_TIMEOUT_S)
         try:
             while not stop.is_set():
                 body = _prompt_body(f"{side.label}{number}")

@@ -1,11 +1,5 @@
-"""The baseline: a Flask hello world, served exactly like the front door.
-
-``GET /hello`` answers a small JSON body; ``POST /hello`` reads the JSON body
-and answers ``201`` with a small JSON body, the shape of a submit.
-``GET /hello/redis`` is the floor under a status read: the same hello world
-plus one Redis round trip (an ``INCR``, as the rate limit counts a call) on
-``REDIS_URL``, with the front door's client settings.
-"""
+"""The baseline: a Flask hello world served like the front door (``GET``/``POST /hello``, and
+``GET /hello/redis``: the same plus one Redis ``INCR``, the floor under a status read)."""
 
 from __future__ import annotations
 

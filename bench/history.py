@@ -1,42 +1,16 @@
-"""Phase ``history_paging``: what the last page of a 100,000-request history
-costs against its first page (``GET /v2/requests``).
-
-A workspace of its own on the running front door. ``--history-requests``
-(100,000) requests are admitted into it through ``RequestStore.admit``
-(admit.lua, pipelined, 2,000 per round trip: the records and the history's
-indexes exactly as a submit writes them), and nine in ten are then cancelled
-the same way (``RequestStore.cancel``), so the list holds what a real one
-does: mostly COMPLETED, some still waiting (whose queue position each page
-computes). Then, over HTTP, every page of ``limit=100`` is walked from the first
-to the last, which must list each request exactly once, newest first; the
-last page's cursor is kept. Then the first and the last page are read on one
-keep-alive connection, interleaved, ``--history-rounds`` (15) rounds of 10
-reads each, and the medians compared::
-
-    BENCH history_paging value=<last page ms> ms baseline=<first page ms> ratio=...
-
-(the issue's target: at most 1.5), and the same for a filter that matches one
-entry in ten (``status=IN_QUEUE``: each page examines its bound of 500 index
-entries and lists about 50)::
-
-    BENCH history_paging_filtered value=<last page ms> ms baseline=<first page ms> ratio=...
-
-stderr: the seeding and the walks, and history.lua's own µs per page (INFO
-commandstats) for the first and the last page read through
-``RequestStore.history`` without HTTP.
-"""
+"""``history_paging``: the last page of a 100,000-request history (``GET /v2/requests``) against its
+first page, plain and filtered, read interleaved on one keep-alive connection."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import statistics
 import time
 from typing import Any
-from urllib.parse import urlencode, urlsplit
+from urllib.parse import urlencode
 
 from . import schedule
-from .core import Context, MeasurementError, at_least, emit, phase
+from .core import Context, KeepAlive, MeasurementError, at_least, emit, phase
 from .procs import log
 
 MODEL = "bfl/flux-2-pro"
@@ -48,37 +22,17 @@ WAITING_ONE_IN = 10
 READS_PER_ROUND = 10
 
 
-class _Connection:
-    """One keep-alive HTTP/1.1 connection; each GET timed to its last byte."""
-
-    def __init__(self, base_url: str, headers: dict[str, str]):
-        parts = urlsplit(base_url)
-        self._conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-        self._headers = headers
-
-    def get(self, path: str) -> tuple[float, int, Any]:
-        """(ms, status, JSON body)."""
-        started = time.perf_counter()
-        self._conn.request("GET", path, headers=self._headers)
-        response = self._conn.getresponse()
-        data = response.read()
-        return (time.perf_counter() - started) * 1000, response.status, json.loads(data)
-
-    def close(self) -> None:
-        self._conn.close()
-
-
 def _path(query: dict[str, Any]) -> str:
     return "/v2/requests?" + urlencode(query)
 
 
-def _walk(connection: _Connection, query: dict[str, Any]) -> tuple[list[str], str, int, float]:
+def _walk(connection: KeepAlive, query: dict[str, Any]) -> tuple[list[str], str, int, float]:
     """Every page from the first: (ids listed, the last page's cursor, pages, seconds)."""
     ids: list[str] = []
     cursor, last_cursor, pages = None, "", 0
     began = time.perf_counter()
     while True:
-        _, status, body = connection.get(_path({**query, **({"cursor": cursor} if cursor else {})}))
+        _, status, body = connection.get_json(_path({**query, **({"cursor": cursor} if cursor else {})}))
         if status != 200:
             raise MeasurementError(f"history_paging: page {pages + 1} answered {status}: {body}")
         pages += 1
@@ -88,17 +42,17 @@ def _walk(connection: _Connection, query: dict[str, Any]) -> tuple[list[str], st
         last_cursor = cursor = body["next_cursor"]
 
 
-def _compare(connection: _Connection, first: str, last: str, rounds: int) -> tuple[float, float, list[float]]:
+def _compare(connection: KeepAlive, first: str, last: str, rounds: int) -> tuple[float, float, list[float]]:
     """Medians (ms) of the first and the last page, read interleaved; the per-round ratios."""
     timings: dict[str, list[float]] = {"first": [], "last": []}
     ratios = []
     for path in (first, last):  # warm-up
-        connection.get(path)
+        connection.get_json(path)
     for _ in range(rounds):
         this_round: dict[str, list[float]] = {"first": [], "last": []}
         for _ in range(READS_PER_ROUND):
             for side, path in (("first", first), ("last", last)):
-                ms, status, body = connection.get(path)
+                ms, status, body = connection.get_json(path)
                 if status != 200 or not body["requests"]:
                     raise MeasurementError(f"history_paging: {path} answered {status} with "
                                      f"{len(body.get('requests', []))} entries")
@@ -156,7 +110,7 @@ def measure(ctx: Context) -> None:
     if indexed != count:
         raise MeasurementError(f"history_paging: the history index holds {indexed} entries, not {count}")
 
-    connection = _Connection(front_url, {"X-API-Key": services.accounts.mint_key(workspace)})
+    connection = KeepAlive(front_url, {"X-API-Key": services.accounts.mint_key(workspace)})
     try:
         for name, query, expected in (
                 ("history_paging", {"limit": LIMIT}, ids[::-1]),
@@ -168,7 +122,8 @@ def measure(ctx: Context) -> None:
                                  f"not the {len(expected)} expected, newest first")
             log(f"{name}: walked {pages} pages ({len(listed)} requests, each once, newest first) in "
                 f"{seconds:.1f} s, {1000 * seconds / pages:.2f} ms per page")
-            first, last = _path(query), _path({**query, "cursor": last_cursor})
+            # one page only (a small --history-requests): the last page is the first
+            first, last = _path(query), _path({**query, "cursor": last_cursor}) if last_cursor else _path(query)
             first_ms, last_ms, ratios = _compare(connection, first, last, rounds)
             log(f"{name}: per-round ratios (last / first): " + " ".join(f"{r:.3f}" for r in ratios))
             filters = {"status": query["status"]} if "status" in query else {}
@@ -176,7 +131,7 @@ def measure(ctx: Context) -> None:
 
             since = time.time() - services.settings.result_retention_s
             script_first = _script_us(services, workspace, None, since, **filters)
-            script_last = _script_us(services, workspace, decode_cursor(last_cursor), since, **filters)
+            script_last = _script_us(services, workspace, decode_cursor(last_cursor) if last_cursor else None, since, **filters)
             log(f"{name}: history.lua alone: {script_first:.0f} us for the first page, {script_last:.0f} us for "
                 f"the last ({script_last / script_first:.3f}x)")
             emit(name, last_ms, "ms", first_ms)

@@ -1,29 +1,14 @@
-"""Phase ``hostile_body_ratio``: what refusing a hostile 1 MB body costs the
-front door, against accepting a plain 1 MB prompt of the same model.
-
-One keep-alive connection to the running front door (gunicorn, gevent, real
-Redis); plain and hostile submits to ``vertexai/gemini-3.1-flash-image``
-interleaved (plain, each hostile kind, plain, …) over ``--hostile-rounds``
-rounds, so the machine's drifts weigh on every side alike. Each request is
-timed from the first byte sent to the last byte of the answer read. Prints,
-per hostile kind, the median ms against the plain submit's median::
-
-    BENCH hostile_body_ratio_<kind> value=<ms> ms baseline=<plain ms> ratio=...
-
-then the worst of them as ``hostile_body_ratio`` (the issue's target: at most
-3), and stderr shows each answer's status and size.
-"""
+"""``hostile_body_ratio``: refusing a hostile 1 MB body against admitting a plain 1 MB prompt of the
+same model, interleaved on one keep-alive connection."""
 
 from __future__ import annotations
 
-import http.client
 import json
 import statistics
 import time
 from typing import Callable
-from urllib.parse import urlsplit
 
-from .core import Context, MeasurementError, at_least, emit, phase
+from .core import Context, KeepAlive, MeasurementError, at_least, emit, phase
 from .procs import log
 
 MODEL = "vertexai/gemini-3.1-flash-image"
@@ -71,24 +56,6 @@ def bodies() -> dict[str, bytes]:
     }
 
 
-class _Connection:
-    """One keep-alive HTTP/1.1 connection, each call timed."""
-
-    def __init__(self, base_url: str):
-        parts = urlsplit(base_url)
-        self._conn = http.client.HTTPConnection(parts.hostname, parts.port, timeout=60)
-
-    def post(self, path: str, headers: dict[str, str], body: bytes) -> tuple[float, int, int]:
-        """(ms, status, answer bytes)."""
-        started = time.perf_counter()
-        self._conn.request("POST", path, body=body, headers={**headers, "Content-Length": str(len(body))})
-        response = self._conn.getresponse()
-        data = response.read()
-        return (time.perf_counter() - started) * 1000, response.status, len(data)
-
-    def close(self) -> None:
-        self._conn.close()
-
 
 def add_arguments(parser) -> None:
     parser.add_argument("--hostile-rounds", type=int, default=15,
@@ -106,17 +73,17 @@ def measure(ctx: Context) -> None:
     cases = bodies()
     for name, body in cases.items():
         log(f"hostile_body_ratio: {name}: {len(body)} bytes")
-    connection = _Connection(front_url)
+    connection = KeepAlive(front_url)
     timings: dict[str, list[float]] = {name: [] for name in cases}
     answers: dict[str, tuple[int, int]] = {}
     try:
         for name, body in cases.items():  # warm-up: each kind once
-            connection.post(path, headers, body)
+            connection.call("POST", path, headers, body)
         for _ in range(rounds):
             for name, body in cases.items():
-                ms, status, size = connection.post(path, headers, body)
+                ms, status, answer = connection.call("POST", path, headers, body)
                 timings[name].append(ms)
-                answers[name] = (status, size)
+                answers[name] = (status, len(answer))
     finally:
         connection.close()
     if answers["plain"][0] != 201:

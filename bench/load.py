@@ -1,9 +1,5 @@
-"""The load driver: wrk with a generated Lua script, or a Python fallback.
-
-Both send one fixed request (method, URL, headers, body) from ``connections``
-concurrent connections for ``duration_s`` and report the completed rate, the
-median latency, and how many answers had the expected status.
-"""
+"""The load driver: wrk with a generated Lua script, or a Python asyncio fallback; one fixed request
+from ``connections`` connections, the rate, median latency and expected-status count back."""
 
 from __future__ import annotations
 

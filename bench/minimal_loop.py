@@ -1,26 +1,7 @@
-"""The minimal submit -> deliver -> collect loop, from the bare parts (no router-queue code).
-
-What ``full_cycle`` (bench/full_cycle.py) measures router-queue against: the same steps a
-queued delivery takes, and nothing else.
-
-* a Flask app, served by gunicorn as the front door is served (gunicorn's stock gevent
-  worker class, 10,000 worker connections, keep-alive 75, the same request limits):
-  - ``POST /submit/<variant>``: one Lua script writes the record ``{status: IN_QUEUE,
-    body, variant}`` and returns the id, then ``send_task`` publishes the delivery task
-    with the id (201 ``{"request_id": ...}``);
-  - ``GET /status/<id>``: ``HGET status`` (200 ``{"status": ...}``);
-  - ``GET /result/<id>``: ``GET`` of the result (200, the stored bytes).
-* a Celery app (Redis broker, ``task_acks_late``, prefetch multiplier 1, no result
-  backend), run as a prefork worker: the task reads the record's body, makes the
-  provider call and writes the result and ``status COMPLETED`` in one transaction.
-  The provider call is a no-op (``noop``: a fixed Gemini-shaped answer) or one real
-  HTTP call to the stub provider's Vertex AI ``generateContent`` (``stub``, with
-  ``requests`` as router-queue's workers call providers).
-
-Configured by environment: ``MINIMAL_REDIS_URL`` (its own database on the bench's
-Redis; the broker too), ``MINIMAL_STUB_URL`` (the stub provider's origin). Imports only
-Flask, redis-py, Celery and requests: nothing from ``router_queue`` or ``workers``.
-"""
+"""The minimal submit -> deliver -> collect loop from the bare parts (Flask, a Lua admission,
+``send_task``, a prefork Celery worker): full_cycle's baseline. Imports nothing from ``router_queue``
+or ``workers``. Configured by ``MINIMAL_REDIS_URL`` and ``MINIMAL_STUB_URL``; variants ``noop``
+(no provider call) and ``stub`` (one real call to the stub provider)."""
 
 from __future__ import annotations
 

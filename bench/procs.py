@@ -1,10 +1,5 @@
-"""Tools and child processes the benchmark starts: wrk, redis-server, gunicorn (and the
-fleet of bench/fleet.py: stub provider, Celery workers, beat).
-
-Every child is started in its own session (so a Ctrl-C reaches only the
-benchmark, which then stops them in order) and remembered by PID; ``stop`` and
-``stop_all`` stop exactly those PIDs and nothing else.
-"""
+"""Tools and child processes the bench starts; each child in its own session, remembered by PID,
+and only those PIDs stopped."""
 
 from __future__ import annotations
 

@@ -1,20 +1,5 @@
-"""The schedule behind a provider's cap, seeded and driven through ``RequestStore``.
-
-Helpers the capped figures share (a catalog copy with a provider's cap lowered,
-pipelined admits and cancels, workspaces in bulk, lib.lua's ``position()``
-recomputed from the schedule's keys), and one figure that needs only Redis:
-
-* ``dispatch_cost_<W>_workspaces`` (phase ``dispatch_cost``): ms of wall time
-  per complete -> grant -> claim cycle behind a provider cap of 1 with
-  ``--cost-queue`` (10,000) requests waiting spread over ``W`` (1,000)
-  workspaces, against the same cycles with them all in one workspace. Each
-  side lives in its own Redis database (``--side-dbs``) on the bench's
-  redis-server; a Python loop calls ``RequestStore.load``, ``.claim`` and
-  ``.complete`` (claim.lua, complete.lua and lib.lua's grant, the scripts the
-  workers run), so the only difference between the sides is the scheduler's
-  work. ``dispatch_redis_cpu_<W>_workspaces``: Redis CPU (INFO cpu) per cycle,
-  same sides.
-"""
+"""The schedule behind a provider's cap, seeded and driven through ``RequestStore``: the helpers the
+capped figures share, and the store-only phases ``dispatch_cost`` and ``waiting_memory``."""
 
 from __future__ import annotations
 

@@ -1,22 +1,5 @@
-"""``streams``: status reads while event streams sit open, and what idle streams cost.
-
-On the fleet's gunicorn, ``--streams`` (1000) event streams
-(``GET …/requests/{id}/events``) are opened on one running generation that
-reports nothing for ``--stream-latency`` s (OpenAI speech through the stub:
-one call, no progress), so every stream sits idle between heartbeats. The
-status reads of ``sync_held`` (bench/sync_held.py: ``--held-reads`` from
-``--held-readers`` threads, each timed) run first with no stream open (the
-baseline) and then with all of them open. Printed:
-
-    BENCH streams_status_p50 value=<ms with streams> ms baseline=<ms without> ratio=...
-    BENCH streams_status_p99 value=<ms with streams> ms baseline=<ms without> ratio=...
-    BENCH streams_idle_web_cpu value=<web CPU % with streams idle> % baseline=<without> ratio=...
-
-The streams are plain sockets in this process (one thread, non-blocking), each
-checked to have answered ``200 text/event-stream`` and its first event before
-the figures are taken; the web CPU is gunicorn's master and workers over
-``IDLE_WINDOW_S`` with nothing but the open streams.
-"""
+"""``streams``: status reads while ``--streams`` idle event streams sit open on one running
+generation, against the same reads with none open; and the web CPU the idle streams cost."""
 
 from __future__ import annotations
 

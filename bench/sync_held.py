@@ -1,28 +1,5 @@
-"""``sync_held``: status-read latency on the front door while synchronous calls are held open.
-
-On the fleet's gunicorn (gevent workers, as the Procfile and ``router-queue dev`` start
-it), ``--held-reads`` (500) status reads of one finished request, sent by
-``--held-readers`` (4) threads over keep-alive connections, each read timed on
-its own; first with nothing held (the baseline), then while ``--held`` (200)
-synchronous calls ``POST /v2/models/openai/gpt-4o-mini-tts`` of a
-``[stub:latency=--held-latency]`` generation (30 s) are held open, each on its
-own connection from its own thread; then, once they ended, nothing held again. The
-baseline pools the reads before and after the hold, so a drift of the shared machine
-over the phase weighs on both sides alike, and ``--held-reads`` is large enough (2,000)
-that the p99 is not one hiccup. Printed:
-
-    BENCH sync_held_status_p50 value=<ms with held> ms baseline=<ms without> ratio=...
-    BENCH sync_held_status_p99 value=<ms with held> ms baseline=<ms without> ratio=...
-
-The held calls use OpenAI speech because its stub answers after the latency
-in one HTTP call: a worker thread waits on one socket and the stub sleeps, so
-the 200 generations cost next to no CPU while held (a BFL generation polls the
-stub every 0.5-2 s, and 200 of them would measure the workers' polling on 2
-cores rather than the front door). The figure is only taken while every held
-call is admitted (running or queued) and none has been answered; afterwards
-the held calls run to their end (each must answer 200 audio/mpeg) and the reads
-are measured once more without them (pooled into the baseline; each series on stderr).
-"""
+"""``sync_held``: status-read latency on the fleet's front door while ``--held`` synchronous calls are
+held open, against the same reads with nothing held (before and after, pooled)."""
 
 from __future__ import annotations
 
@@ -35,7 +12,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core import Context, MeasurementError, emit, http_json, pct, phase, summary
+from .core import Context, KeepAlive, MeasurementError, at_least, emit, http_json, pct, phase, summary
 from .procs import log
 
 MODEL_ID = "openai/gpt-4o-mini-tts"
@@ -61,10 +38,8 @@ def add_arguments(parser) -> None:
 
 
 def check_arguments(parser, args) -> None:
-    if min(args.held, args.held_reads, args.held_readers) < 1 or args.held_latency < 5:
-        parser.error("held, held-reads and held-readers must be at least 1, held-latency at least 5 s")
-
-
+    at_least(parser, args, 1, "held", "held_reads", "held_readers")
+    at_least(parser, args, 5, "held_latency")
 
 
 # -- the status reads --------------------------------------------------------------
@@ -78,17 +53,13 @@ def read_series(port: int, path: str, headers: dict[str, str], reads: int, reade
     start = threading.Barrier(readers)
 
     def one_reader(number: int) -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        conn = KeepAlive(f"http://127.0.0.1:{port}", headers, timeout_s=30)
         try:
             def read() -> float:
-                began = time.perf_counter()
-                conn.request("GET", path, headers=headers)
-                response = conn.getresponse()
-                body = response.read()
-                elapsed = time.perf_counter() - began
-                if response.status != 200:
-                    raise MeasurementError(f"a status read answered {response.status}: {body[:200]!r}")
-                return elapsed * 1000.0
+                ms, status, body = conn.call("GET", path)
+                if status != 200:
+                    raise MeasurementError(f"a status read answered {status}: {body[:200]!r}")
+                return ms
 
             for _ in range(WARMUP_READS):
                 read()
