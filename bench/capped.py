@@ -12,7 +12,7 @@ from typing import Any
 
 from . import schedule
 from .core import (CAP, CAPPED_MODEL_ID, CAPPED_PROVIDER, Context, MeasurementError, Fleet, Pinger,
-                   emit, label, phase, spread)
+                   emit, label, phase, redis_cpu, spread)
 from .procs import log, precise_cpu_seconds
 
 PROVIDER, MODEL_ID = CAPPED_PROVIDER, CAPPED_MODEL_ID
@@ -118,7 +118,8 @@ def measure_grant_to_start(ctx: Context) -> None:
     runs = [float(r["completed_at"]) - float(r["started_at"]) for r in order[1:]]
     span = float(order[-1]["completed_at"]) - float(order[1]["started_at"])
     log(f"grant_to_start: end -> next start {spread(gaps, 'ms', 1000)}")
-    log(f"grant_to_start: claimed -> completed (a [stub:latency=0] generation) {spread(runs, 'ms', 1000)}; the chain of "
+    log(f"grant_to_start: claimed -> completed (a [stub:latency=0] generation) {spread(runs, 'ms', 1000)}; "
+        f"the chain of "
         f"{count} took {span:.3f} s ({1000 * span / count:.1f} ms per generation)")
     log(f"grant_to_start: ping round trip {spread(pings, 'ms', 1000)}")
     emit("grant_to_start_latency", 1000 * statistics.median(gaps), "ms", 1000 * statistics.median(pings))
@@ -133,10 +134,9 @@ def _counted(fleet) -> list[str]:
 
 
 def _snapshot(fleet) -> dict[str, Any]:
-    info = fleet.client.info("cpu")
     precise = {name: precise_cpu_seconds(fleet.stack.procs[name].pid) for name in _counted(fleet)}
     return {"cpu": fleet.cpu(), "precise": precise, "at": time.monotonic(),
-            "redis": float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
+            "redis": redis_cpu(fleet.client),
             "commands": fleet.redis_commands()}
 
 

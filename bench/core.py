@@ -117,6 +117,25 @@ def pct(values: list[float], q: float) -> float:
     return ordered_values[min(len(ordered_values) - 1, max(0, round(q * (len(ordered_values) - 1))))]
 
 
+def median_round(pairs: list[tuple[Any, Any]], key: Callable[[Any, Any], float]) -> tuple[Any, Any]:
+    """The (baseline, subject) of the round with the median ``key(baseline, subject)``: pairing runs
+    seconds apart cancels a shared machine's slow drifts better than two separate medians, and keeps
+    value/baseline exact."""
+    return sorted(pairs, key=lambda bs: key(*bs))[(len(pairs) - 1) // 2]
+
+
+def redis_cpu(client) -> float:
+    """Redis's CPU seconds so far (``INFO cpu``, user + sys)."""
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def script_usec(client) -> int:
+    """µs Redis has spent in Lua scripts so far (``INFO commandstats``)."""
+    stats = client.info("commandstats")
+    return sum(int(v.get("usec", 0)) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
 def spread(values: list[float], unit: str = "s", scale: float = 1.0) -> str:
     if not values:
         return "none"

@@ -10,7 +10,8 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .core import COMPLETED, Context, Fleet, MeasurementError, Pinger, at_least, emit, phase, spread
+from .core import (COMPLETED, Context, Fleet, MeasurementError, Pinger, at_least, emit, median_round, phase,
+                   spread)
 from .procs import log
 
 
@@ -138,8 +139,7 @@ def measure_inflight(ctx: Context) -> None:
         rounds.append((alone, many))
         log(f"inflight round {round_no}/{args.inflight_rounds}: one alone {alone:.3f} s; "
             f"{args.inflight} at once {many:.3f} s; ratio {many / alone:.3f}")
-    rounds.sort(key=lambda am: am[1] / am[0])
-    alone, many = rounds[(len(rounds) - 1) // 2]
+    alone, many = median_round(rounds, lambda alone, many: many / alone)
     emit(f"inflight_{args.inflight}_completion", many, "s", alone)
 
 

@@ -10,7 +10,8 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from . import schedule
-from .core import MODEL_ID, Context, MeasurementError, at_least, emit, http_json, label, phase, server_env, wait_http
+from .core import (MODEL_ID, Context, MeasurementError, at_least, emit, http_json, label, median_round, phase,
+                   server_env, wait_http)
 from .load import Driver, LoadResult, Shot
 from .procs import Children, cpu_seconds, ensure_tool, log, start_gunicorn, start_redis
 
@@ -156,9 +157,7 @@ def measure_pair(ctx: Context, name: str, baseline: Target, subject: Target,
                  rounds: int | None = None) -> tuple[list[LoadResult], LoadResult, LoadResult]:
     """Warm both up, then ``rounds`` x (baseline, subject), interleaved, every run checked.
 
-    Returns the subject's runs and the (baseline, subject) of the round with the median
-    subject/baseline rate ratio: pairing runs seconds apart cancels the slow drifts of a shared
-    machine better than two separate medians, and keeps value/baseline exact.
+    Returns the subject's runs and the (baseline, subject) of the round with the median rate ratio.
     """
     args, driver = ctx.args, ctx.front.driver
     rounds = rounds or args.rounds
@@ -177,7 +176,7 @@ def measure_pair(ctx: Context, name: str, baseline: Target, subject: Target,
             f"{subject.label} {_describe(s, s_cpu)}")
     log(f"{name}: {subject.label} / {baseline.label} rate ratio per round: "
         + " ".join(f"{s.rate / b.rate:.3f}" for b, s in pairs) + " (the median round is reported)")
-    b, s = sorted(pairs, key=lambda bs: bs[1].rate / bs[0].rate)[(len(pairs) - 1) // 2]
+    b, s = median_round(pairs, lambda b, s: s.rate / b.rate)
     return [s for _, s in pairs], b, s
 
 

@@ -15,18 +15,17 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import capped
-from .core import Context, Fleet, KeepAlive, MeasurementError, emit, phase, wait_http, with_db
+from .core import (CAPPED_MODEL_ID, COMPLETED, Context, Fleet, KeepAlive, MeasurementError, emit, median_round, pct,
+                   phase, redis_cpu, wait_http, with_db)
 from .procs import ROOT, Children, cpu_seconds, free_port, log, wait_for_port
 
-MODEL_ID = capped.MODEL_ID  # vertexai/gemini-3.1-flash-image: one synchronous provider call
-COMPLETED = "COMPLETED"
+MODEL_ID = CAPPED_MODEL_ID  # one synchronous provider call
 #: Seconds one cycle may take before the run fails.
 CYCLE_TIMEOUT_S = 30.0
 #: Seconds between runs (the last run's stragglers drain).
 SETTLE_S = 0.5
 #: Seconds of the idle window (nothing driven) measuring the background Redis traffic.
 IDLE_S = 3.0
-
 
 
 def add_arguments(parser) -> None:
@@ -103,13 +102,9 @@ class Run:
     def rate(self) -> float:
         return self.deliveries / self.seconds
 
-    def pct(self, q: float) -> float:
-        ordered = sorted(self.latencies_ms)
-        return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
     @property
     def p99(self) -> float:
-        return self.pct(0.99)
+        return pct(self.latencies_ms, 0.99)
 
     def per_delivery_ms(self, seconds: float) -> float:
         return 1000.0 * seconds / self.deliveries
@@ -137,12 +132,10 @@ def _snapshot(side: Side, redis_client) -> Snapshot:
         cpu[group] = sum(cpu_seconds(pid) or 0.0 for pid in pids)
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu["client"] = usage.ru_utime + usage.ru_stime
-    info = redis_client.info("cpu")
     stats = redis_client.info("commandstats")
     commands = {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"])) for name, v in stats.items()}
     processed = int(redis_client.info("stats").get("total_commands_processed", 0))
-    return Snapshot(time.perf_counter(), cpu, float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
-                    commands, processed)
+    return Snapshot(time.perf_counter(), cpu, redis_cpu(redis_client), commands, processed)
 
 
 def _prompt_body(label: str) -> bytes:
@@ -234,7 +227,7 @@ def _describe(run: Run) -> str:
     cores = os.cpu_count() or 1
     groups = " ".join(f"{g} {run.per_delivery_ms(s):.2f}" for g, s in run.cpu_s.items())
     total = run.total_cpu_s + run.redis_cpu_s
-    return (f"{run.rate:.1f} deliveries/s, latency p50 {run.pct(0.5):.1f} p99 {run.p99:.1f} ms, "
+    return (f"{run.rate:.1f} deliveries/s, latency p50 {pct(run.latencies_ms, 0.5):.1f} p99 {run.p99:.1f} ms, "
             f"{run.polls / run.deliveries:.2f} status reads per delivery; CPU ms/delivery: {groups} "
             f"redis {run.redis_ms:.2f} = {run.per_delivery_ms(total):.2f} "
             f"({total / run.seconds:.2f} of {cores} cores busy with these); "
@@ -248,11 +241,6 @@ def _top(run: Run, n: int = 8) -> str:
     calls = ", ".join(f"{name} {c / d:.2f}" for name, (c, _) in by_calls)
     usec = ", ".join(f"{name} {u / d:.1f} us" for name, (_, u) in by_usec)
     return f"per delivery, by calls: {calls}; by time: {usec}"
-
-
-def _median_round(rounds: list[tuple[Run, Run]], key: Callable[[Run, Run], float]) -> tuple[Run, Run]:
-    ordered = sorted(rounds, key=lambda r: key(*r))
-    return ordered[(len(ordered) - 1) // 2]
 
 
 def _without_stub(ours: Run, minimal: Run) -> str:
@@ -409,31 +397,31 @@ def measure(ctx: Context) -> None:
         log("full_cycle: ours / minimal stub (a real stub call on both sides), per round: throughput "
             + " ".join(f"{o.rate / m.rate:.3f}" for o, m in stub_pairs) + "; p99 "
             + " ".join(f"{o.p99 / m.p99:.3f}" for o, m in stub_pairs))
-        o, m = _median_round(stub_pairs, lambda o, m: o.rate / m.rate)
+        o, m = median_round(stub_pairs, lambda o, m: o.rate / m.rate)
         log(f"full_cycle: median round against the minimal stub loop: {o.rate:.1f} / {m.rate:.1f} deliveries/s "
             f"= {o.rate / m.rate:.3f}; p99 {o.p99:.1f} / {m.p99:.1f} ms = {o.p99 / m.p99:.3f}")
-    o, m = _median_round(pairs, lambda o, m: o.rate / m.rate)
+    o, m = median_round(pairs, lambda o, m: o.rate / m.rate)
     log(f"full_cycle: throughput's median round: {_without_stub(o, m)}")
     log(f"full_cycle: Redis in that round, ours: {_top(o)}")
     log(f"full_cycle: Redis in that round, minimal noop: {_top(m)}")
     emit("full_cycle_throughput", o.rate, "deliveries/s", m.rate)
-    o, m = _median_round(pairs, lambda o, m: o.p99 / m.p99)
+    o, m = median_round(pairs, lambda o, m: o.p99 / m.p99)
     emit("full_cycle_p99", o.p99, "ms", m.p99)
-    o, m = _median_round(pairs, lambda o, m: o.redis_ms / m.redis_ms)
+    o, m = median_round(pairs, lambda o, m: o.redis_ms / m.redis_ms)
     log(f"full_cycle: one Redis core at ours' {o.redis_ms:.3f} ms per delivery carries "
         f"{1000 / o.redis_ms:.0f} deliveries/s (the minimal loop's {m.redis_ms:.3f} ms: {1000 / m.redis_ms:.0f})")
     emit("redis_cpu_per_delivery", o.redis_ms, "ms", m.redis_ms)
-    o, m = _median_round(pairs, lambda o, m: o.commands_per_delivery / m.commands_per_delivery)
+    o, m = median_round(pairs, lambda o, m: o.commands_per_delivery / m.commands_per_delivery)
     emit("redis_commands_per_delivery", o.commands_per_delivery, "commands", m.commands_per_delivery)
     if args.minimal_stub == "on":
         # What one real provider call costs the minimal loop itself: the ceiling on
         # full_cycle_throughput, since ours makes that call and the noop loop does not.
         floor = [(r["minimal-stub"], r["minimal-noop"]) for r in rounds]
-        s, m = _median_round(floor, lambda s, m: s.rate / m.rate)
+        s, m = median_round(floor, lambda s, m: s.rate / m.rate)
         emit("full_cycle_floor_throughput", s.rate, "deliveries/s", m.rate)
-        o, m = _median_round(stub_pairs, lambda o, m: o.rate / m.rate)
+        o, m = median_round(stub_pairs, lambda o, m: o.rate / m.rate)
         emit("full_cycle_throughput_same_call", o.rate, "deliveries/s", m.rate)
-        o, m = _median_round(stub_pairs, lambda o, m: o.p99 / m.p99)
+        o, m = median_round(stub_pairs, lambda o, m: o.p99 / m.p99)
         emit("full_cycle_p99_same_call", o.p99, "ms", m.p99)
 
 

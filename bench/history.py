@@ -3,14 +3,13 @@ first page, plain and filtered, read interleaved on one keep-alive connection.""
 
 from __future__ import annotations
 
-import json
 import statistics
 import time
 from typing import Any
 from urllib.parse import urlencode
 
 from . import schedule
-from .core import Context, KeepAlive, MeasurementError, at_least, emit, phase
+from .core import Context, KeepAlive, MeasurementError, at_least, emit, phase, script_usec
 from .procs import log
 
 MODEL = "bfl/flux-2-pro"
@@ -66,15 +65,10 @@ def _compare(connection: KeepAlive, first: str, last: str, rounds: int) -> tuple
 def _script_us(services, workspace: str, after: tuple[float, str] | None, since: float, count: int = 300,
                **filters: Any) -> float:
     """history.lua's own µs per page (INFO commandstats), read ``count`` times without HTTP."""
-
-    def usec() -> int:
-        stats = services.redis.info("commandstats")
-        return sum(int(v.get("usec", 0)) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
-
-    before = usec()
+    before = script_usec(services.redis)
     for _ in range(count):
         services.store.history(workspace, since=since, after=after, limit=LIMIT, **filters)
-    return (usec() - before) / count
+    return (script_usec(services.redis) - before) / count
 
 
 def add_arguments(parser) -> None:
@@ -131,7 +125,8 @@ def measure(ctx: Context) -> None:
 
             since = time.time() - services.settings.result_retention_s
             script_first = _script_us(services, workspace, None, since, **filters)
-            script_last = _script_us(services, workspace, decode_cursor(last_cursor) if last_cursor else None, since, **filters)
+            after = decode_cursor(last_cursor) if last_cursor else None
+            script_last = _script_us(services, workspace, after, since, **filters)
             log(f"{name}: history.lua alone: {script_first:.0f} us for the first page, {script_last:.0f} us for "
                 f"the last ({script_last / script_first:.3f}x)")
             emit(name, last_ms, "ms", first_ms)

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import time
 from typing import Callable
 
 from .core import Context, KeepAlive, MeasurementError, at_least, emit, phase

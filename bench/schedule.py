@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .core import Context, MeasurementError, at_least, emit, phase
+from .core import Context, MeasurementError, at_least, emit, median_round, phase, redis_cpu, script_usec
 from .procs import ROOT, log
 
 #: Admits (or cancels) sent per pipeline while seeding.
@@ -242,20 +242,15 @@ def seed_behind(services, entry, ahead: int, workspace_count: int, body: str) ->
 def time_status_reads(services, request_id: str, provider: str, count: int = 2000) -> tuple[float, float]:
     """``count`` status.lua reads through ``RequestStore.status_view``, no HTTP: (wall us per
     read, Redis script us per read from INFO commandstats)."""
-
-    def script_usec() -> int:
-        stats = services.redis.info("commandstats")
-        return sum(int(v.get("usec", 0)) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
-
     store = services.store
     for _ in range(100):
         store.status_view(request_id, provider)
-    usec = script_usec()
+    usec = script_usec(services.redis)
     began = time.perf_counter()
     for _ in range(count):
         store.status_view(request_id, provider)
     wall = time.perf_counter() - began
-    return 1e6 * wall / count, (script_usec() - usec) / count
+    return 1e6 * wall / count, (script_usec(services.redis) - usec) / count
 
 
 # -- dispatch_cost ---------------------------------------------------------------------
@@ -291,19 +286,11 @@ class CycleSide:
         log(f"dispatch_cost: {label}: {queued} admitted over {workspaces} workspace(s) in "
             f"{time.monotonic() - started:.1f} s ({counts['queued'] - 1} waiting, 1 granted)")
 
-    def redis_cpu(self) -> float:
-        info = self.client.info("cpu")
-        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-    def script_usec(self) -> int:
-        stats = self.client.info("commandstats")
-        return sum(int(v.get("usec", 0)) for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
-
     def run(self, cycles: int) -> tuple[float, float, float, int]:
         """``cycles`` x (load, claim, complete): (wall s, Redis CPU s, script s, distinct workspaces granted)."""
         store, lease = self.services.store, bench_lease()
         seen: set[str] = set()
-        cpu0, usec0 = self.redis_cpu(), self.script_usec()
+        cpu0, usec0 = redis_cpu(self.client), script_usec(self.client)
         began = time.perf_counter()
         for _ in range(cycles):
             record, _ = store.load(self.current)
@@ -318,7 +305,7 @@ class CycleSide:
             seen.add(record.workspace)
             self.current = self.granted[0]
         wall = time.perf_counter() - began
-        return wall, self.redis_cpu() - cpu0, (self.script_usec() - usec0) / 1e6, len(seen)
+        return wall, redis_cpu(self.client) - cpu0, (script_usec(self.client) - usec0) / 1e6, len(seen)
 
 
 @phase("dispatch_cost", "store", 10, side_dbs=True)
@@ -351,14 +338,12 @@ def measure_dispatch_cost(ctx: Context) -> None:
         log(f"dispatch_cost: {side.label} at the end: {counts['queued']} queued over "
             f"{counts['workspaces']} workspace(s)")
     k = args.cost_cycles
-    by_wall = sorted(rounds, key=lambda r: r[1][0] / r[0][0])
-    base, subject = by_wall[(len(by_wall) - 1) // 2]
+    base, subject = median_round(rounds, lambda b, s: s[0] / b[0])
     log("dispatch_cost: wall ratio per round: " + " ".join(f"{m[0] / o[0]:.3f}" for o, m in rounds)
         + "; Redis CPU ratio per round: " + " ".join(f"{m[1] / o[1]:.3f}" if o[1] else "nan" for o, m in rounds))
     name = str(args.cost_workspaces)
     emit(f"dispatch_cost_{name}_workspaces", 1000 * subject[0] / k, "ms", 1000 * base[0] / k)
-    by_cpu = sorted(rounds, key=lambda r: r[1][1] / r[0][1] if r[0][1] else float("inf"))
-    base, subject = by_cpu[(len(by_cpu) - 1) // 2]
+    base, subject = median_round(rounds, lambda b, s: s[1] / b[1] if b[1] else float("inf"))
     emit(f"dispatch_redis_cpu_{name}_workspaces", 1000 * subject[1] / k, "ms", 1000 * base[1] / k)
     for side in (one, many):
         side.client.flushdb()
