@@ -62,7 +62,7 @@ def _compare(connection: KeepAlive, first: str, last: str, rounds: int) -> tuple
     return statistics.median(timings["first"]), statistics.median(timings["last"]), ratios
 
 
-def _script_us(services, workspace: str, after: tuple[float, str] | None, since: float, count: int = 300,
+def _script_us(services, workspace: str, after: str | None, since: float, count: int = 300,
                **filters: Any) -> float:
     """history.lua's own µs per page (INFO commandstats), read ``count`` times without HTTP."""
     before = script_usec(services.redis)
@@ -100,7 +100,7 @@ def measure(ctx: Context) -> None:
         f"{len(cancelled)} in {time.perf_counter() - began:.1f} s")
     from router_queue.store import keys
 
-    indexed = services.redis.zcard(keys.history(workspace))
+    indexed = services.redis.xlen(keys.history(workspace))
     if indexed != count:
         raise MeasurementError(f"history_paging: the history index holds {indexed} entries, not {count}")
 

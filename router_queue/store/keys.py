@@ -70,10 +70,10 @@ rq:webhooks:inflight           zset    none (every workspace's;        webhook_t
 rq:metrics:webhooks            hash    none (counters, histogram)      metrics.py
 rq:held:{workspace}            zset    a lease (slots lapse unless     held.py (HeldSlots),
                                        renewed)                        held_take.lua
-rq:history:{workspace}         zset    retention (renewed by every     admit.lua
-                                       admission; entries older than
+rq:history:{workspace}         stream  retention (renewed by every     admit.lua (lib.lua,
+                                       admission; entries older than   history_add)
                                        retention trimmed on admission)
-rq:history:{workspace}:{model} zset    as rq:history:{workspace}       admit.lua
+rq:history:{workspace}:{model} stream  as rq:history:{workspace}       admit.lua
 rq:events:{id}                 pubsub  (a channel, not a key)          lua/lib.lua
                                                                        (announce): claim,
                                                                        progress, completion
@@ -165,14 +165,16 @@ through to probe it), ``last_failure_at``. ``rq:webhooks:inflight:{ws}`` holds t
 of the workspace's attempts running now, at most ``WEBHOOK_MAX_IN_FLIGHT_PER_WORKSPACE``;
 ``rq:webhooks:inflight`` the same tokens for every workspace (the in-flight gauge). The
 hash ``rq:webhooks:failing`` of earlier versions (whole URLs) is no longer written.
-``rq:history:{workspace}`` holds the ids of the workspace's requests admitted
-within the retention window, scored by admission time (``created_at``, Unix
-seconds), for ``GET /v2/requests``; ``rq:history:{workspace}:{model}`` the
-same for one model (``GET /v2/models/{model}/requests``). admit.lua writes
-both with the record, so nothing admitted is missing from the list.
-Request hash fields for the cost (admit.lua, lib.lua's ``settle``): ``price``
-(the credits held at admission, kept) and ``cost_state`` (``held``, then
-``charged`` or ``released`` in the step that writes the ledger's entry).
+``rq:history:{workspace}`` is a stream of the workspace's requests admitted
+within the retention window, for ``GET /v2/requests``: each entry's stream id
+is its admission time in ms (and a sequence), its one field ``i`` the
+request id packed into 16 bytes. ``rq:history:{workspace}:{model}`` (for
+``GET /v2/models/{model}/requests``) has an empty entry under the same stream
+id for each of that model's. admit.lua writes both with the record, so
+nothing admitted is missing from the list.
+Request hash fields for the cost (lib.lua's ``settle``, in the step that
+writes the ledger's entry): ``cost_state`` (``charged`` or ``released``;
+absent while held) and ``price`` (what the hold was).
 ``rq:sched:{provider}`` and the keys under it are the fair schedule of the
 requests waiting for a slot (the policy is written down in ``lua/lib.lua``).
 Its hash fields: ``vtime`` (the tag granted last), ``slotseq`` and ``grantseq``

@@ -8,6 +8,7 @@ trip. The key layout is in ``keys.py``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from dataclasses import dataclass, field
 from importlib import resources
@@ -50,7 +51,7 @@ _STATUS_FIELD_ARGS = (len(_FIELDS), *_FIELDS)
 #: (1-based, as Lua counts).
 _HISTORY_FIELD_ARGS = (*(_FIELDS.index(name) + 1 for name in ("workspace", "provider", "status", "error_type")),
                        len(_FIELDS), *_FIELDS)
-#: A history page examines at most this many index entries per entry it may
+#: A history page examines at most this many history entries per entry it may
 #: list: a filter on status or error_type that matches little answers a
 #: short page and a cursor rather than reading the whole history.
 HISTORY_EXAMINED_PER_ENTRY = 5
@@ -103,9 +104,9 @@ def _int(value: Any) -> int:
 
 
 def _cost(status: str, price: Any, state: Any, hold: Any, charged: Any) -> Cost:
-    """From the record's fields. A request admitted before its price and
-    state were kept reads them from its hold and charge: held while it holds,
-    else charged or released (the amount a release gave back is not kept)."""
+    """From the record's fields: settled, its ``cost_state`` and ``price``
+    (lib.lua, settle); else held, its hold. One completed before costs were
+    kept reads its charge, or released (the amount a release gave back was not kept)."""
     if state:
         return Cost(_int(price), state.decode())
     if status != "COMPLETED":
@@ -207,9 +208,14 @@ class HistoryPage:
 
     #: Each listed request's record and its queue position (None unless IN_QUEUE).
     entries: list[tuple[RequestRecord, int | None]]
-    #: The last index entry examined, (admission time, id), where the next
-    #: page starts; None when the history (within the bounds) ends here.
-    next_after: tuple[float, str] | None
+    #: The last history entry examined (its stream id, "{ms}-{seq}"), where
+    #: the next page starts; None when the history (within the bounds) ends here.
+    next_after: str | None
+
+
+def _stream_id(text: str) -> tuple[int, int]:
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq)
 
 
 @dataclass(frozen=True)
@@ -504,30 +510,32 @@ class RequestStore:
         )
 
     def history(self, workspace: str, *, model: str | None = None, since: float, until: float | None = None,
-                after: tuple[float, str] | None = None, limit: int = 20, status: str = "",
+                after: str | None = None, limit: int = 20, status: str = "",
                 error_type: str = "", rate=None) -> HistoryPage:
         """A page of the workspace's requests (of ``model`` only, if named)
-        admitted in [``since``, ``until``), newest first, from just after
-        ``after`` (a page's ``next_after``), in one round trip
+        admitted in [``since``, ``until``) (to the ms), newest first, from just
+        after ``after`` (a page's ``next_after``), in one round trip
         (``history.lua``). It examines at most ``limit`` ×
         :data:`HISTORY_EXAMINED_PER_ENTRY` entries, however long the history.
         ``rate`` is counted in the same step, as in :meth:`status_view`."""
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
-        if after is not None and (until is None or after[0] < until):
-            newest, tie = repr(after[0]), after[1]
-        else:
-            newest, tie = ("(" + repr(until) if until is not None else "+inf"), ""
-        index = keys.model_history(workspace, model) if model else keys.history(workspace)
+        bound = None if until is None else (max(0, math.floor(until * 1000)), 0)
+        if after is not None and (bound is None or _stream_id(after) < bound):
+            bound = _stream_id(after)
+        # exclusive of the bound; "(0-0" is no stream id, and nothing lies below it
+        newest = "+" if bound is None else "0-0" if bound == (0, 0) else f"({bound[0]}-{bound[1]}"
+        own = keys.history(workspace)
         reply = self._history(
-            keys=[index, *rate_keys],
-            args=[workspace, newest, tie, repr(since), limit, limit * HISTORY_EXAMINED_PER_ENTRY, status,
-                  error_type, *_HISTORY_FIELD_ARGS, *rate_args],
+            keys=[own, keys.model_history(workspace, model) if model else own, *rate_keys],
+            args=[workspace, newest, f"{max(0, math.floor(since * 1000))}-0", limit,
+                  limit * HISTORY_EXAMINED_PER_ENTRY,
+                  status, error_type, *_HISTORY_FIELD_ARGS, *rate_args],
         )
         if reply[0] == _RATE_LIMITED:
             raise rate.refusal(reply[1:])
-        more, last_score, last_id = reply[1:4]
-        entries = [(RequestRecord.from_values(values), position) for values, position in reply[4:]]
-        return HistoryPage(entries, (float(last_score), _text(last_id)) if more else None)
+        more, last = reply[1:3]
+        entries = [(RequestRecord.from_values(values), position) for values, position in reply[3:]]
+        return HistoryPage(entries, _text(last) if more else None)
 
     def spend_rate(self, rate_keys: list[str], rate_args: list) -> list:
         """Count one call against its rate windows (``rate.lua``); the spent

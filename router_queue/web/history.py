@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
 import re
 import time
 from dataclasses import dataclass
@@ -25,7 +24,6 @@ from werkzeug.datastructures import MultiDict
 from ..catalog import Catalog
 from ..errors import InvalidInput
 from ..states import ORDER, RESULT_STATUS
-from ..store.ids import well_formed
 from .front import FrontDoor, front_door
 from .ratelimit import carried_allowance
 from .routes import base_url, model_entry
@@ -42,7 +40,9 @@ MODEL_FILTERS = WORKSPACE_FILTERS - {"model"}
 _RFC3339 = re.compile(r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]|[+-]\d{2}:\d{2})")
 _LIMIT = re.compile(r"\d{1,3}")
 #: The cursor's version, so its layout can change without misreading old ones.
-_CURSOR_VERSION = "h1"
+_CURSOR_VERSION = "h2"
+#: A stream id, "{ms}-{seq}" (lib.lua, history_add).
+_STREAM_ID = re.compile(r"\d{1,15}-\d{1,19}")
 
 
 @dataclass(frozen=True)
@@ -55,24 +55,22 @@ class Filters:
     since: float | None
     until: float | None
     limit: int
-    after: tuple[float, str] | None
+    after: str | None
 
 
-def encode_cursor(after: tuple[float, str]) -> str:
-    """Opaque to the caller: the last entry a page examined (admission time, id)."""
-    score, request_id = after
-    return base64.urlsafe_b64encode(f"{_CURSOR_VERSION}|{score!r}|{request_id}".encode()).decode().rstrip("=")
+def encode_cursor(after: str) -> str:
+    """Opaque to the caller: the last history entry a page examined (its stream id)."""
+    return base64.urlsafe_b64encode(f"{_CURSOR_VERSION}|{after}".encode()).decode().rstrip("=")
 
 
-def decode_cursor(cursor: str) -> tuple[float, str]:
+def decode_cursor(cursor: str) -> str:
     bad = InvalidInput("cursor is not one this server handed out; start again without it")
     try:
-        text = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_", validate=True).decode()
-        version, score, request_id = text.split("|")
-        after = float(score), request_id
+        version, after = base64.b64decode(cursor + "=" * (-len(cursor) % 4), altchars=b"-_",
+                                          validate=True).decode().split("|")
     except (binascii.Error, UnicodeDecodeError, ValueError):
         raise bad from None
-    if version != _CURSOR_VERSION or not math.isfinite(after[0]) or not well_formed(request_id):
+    if version != _CURSOR_VERSION or not _STREAM_ID.fullmatch(after):
         raise bad
     return after
 

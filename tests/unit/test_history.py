@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import time
+import uuid
 
 import pytest
 
@@ -41,7 +42,7 @@ def walk(store, workspace, **kwargs):
 
 def test_pages_list_every_request_once_newest_first_ties_included(services, workspace):
     now = time.time()
-    # three admitted in the same instant: ties are ordered by id, none lost between pages
+    # three admitted in the same instant: one after the other, none lost between pages
     times = [now - 50, now - 40, now - 30, now - 30, now - 30, now - 20, now - 10]
     ids = [admit(services, workspace, now=t) for t in times]
     pages = walk(services.store, workspace, since=now - 3600, limit=2)
@@ -104,8 +105,8 @@ def test_another_workspace_never_appears(services, workspace):
     theirs = admit(services, other, now=now)
     assert walk(services.store, workspace, since=now - 60, limit=10) == [[mine]]
     assert walk(services.store, other, since=now - 60, limit=10) == [[theirs]]
-    # an id planted in the index names another workspace's record: never listed
-    services.redis.zadd(keys.history(workspace), {theirs: now + 1})
+    # an entry planted in the history names another workspace's record: never listed
+    services.redis.xadd(keys.history(workspace), {"i": uuid.UUID(theirs).bytes})
     assert walk(services.store, workspace, since=now - 60, limit=10) == [[mine]]
 
 
@@ -116,26 +117,34 @@ def test_only_admissions_are_indexed_and_old_entries_are_trimmed(services):
     refused = services.store.admit(request_id=request_id, workspace=poor, model=MODEL, provider="bfl", body="{}",
                                    now=now, price=60)
     assert refused.outcome == "INSUFFICIENT_CREDITS"
-    assert services.redis.zcard(keys.history(poor)) == 0
+    assert services.redis.xlen(keys.history(poor)) == 0
     retention = services.store.retention_s
     old = admit(services, poor, now=now - retention - 10)
-    assert services.redis.zcard(keys.history(poor)) == 1
+    assert services.redis.xlen(keys.history(poor)) == 1
     new = admit(services, poor, now=now)
-    assert [i.decode() for i in services.redis.zrange(keys.history(poor), 0, -1)] == [new]
-    assert [i.decode() for i in services.redis.zrange(keys.model_history(poor, MODEL), 0, -1)] == [new]
+    (entry_id, fields), = services.redis.xrange(keys.history(poor))
+    assert str(uuid.UUID(bytes=fields[b"i"])) == new != old
+    assert int(entry_id.split(b"-")[0]) == int(now * 1000)  # the admission time, in ms
+    assert [e for e, _ in services.redis.xrange(keys.model_history(poor, MODEL))] == [entry_id]
     assert 0 < services.redis.ttl(keys.history(poor)) <= retention
-    assert old != new
 
 
 def test_the_cursor_round_trips_and_refuses_forgeries():
-    after = (1764650000.123456, "0c57a2b5-9a3d-8f1e-8b2a-0123456789ab")
-    assert decode_cursor(encode_cursor(after)) == after
+    assert decode_cursor(encode_cursor("1764650000123-4")) == "1764650000123-4"
     from router_queue.errors import InvalidInput
-    for forged in ("", "abc", base64.urlsafe_b64encode(b"h1|nan|x").decode(),
-                   base64.urlsafe_b64encode(b"h0|1.0|0c57a2b5-9a3d-8f1e-8b2a-0123456789ab").decode(),
-                   base64.urlsafe_b64encode(b"h1|1.0|not-an-id").decode()):
+    for forged in ("", "abc", base64.urlsafe_b64encode(b"h2|1-").decode(),
+                   base64.urlsafe_b64encode(b"h1|1764650000123-4").decode(),
+                   base64.urlsafe_b64encode(b"h2|1-99999999999999999999").decode(),
+                   base64.urlsafe_b64encode(b"h2|1.5-0").decode()):
         with pytest.raises(InvalidInput):
             decode_cursor(forged)
+
+
+def test_bounds_at_the_start_of_time_list_nothing(services, workspace):
+    admit(services, workspace, now=time.time())
+    assert services.store.history(workspace, since=0, until=0).entries == []
+    assert services.store.history(workspace, since=0, after="0-0").entries == []
+    assert services.store.history(workspace, since=-5, until=-1).entries == []
 
 
 # -- the routes -------------------------------------------------------------------------------

@@ -13,7 +13,7 @@
 --          request a retry submits again (the new request's own keys when
 --          this is no retry: not read)
 -- KEYS[14] rq:deadlines:{provider} (lib.lua: the caller's deadlines)
--- KEYS[15] rq:history:{workspace}  KEYS[16] rq:history:{workspace}:{model}
+-- KEYS[15] rq:history:{workspace}  KEYS[16] rq:history:{workspace}:{model} (lib.lua, history_add)
 -- KEYS[17..] the caller's rate-window counters, with a (limit, window
 --          seconds) pair each in ARGV[27..] (ratelimit.py): counted first
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] provider
@@ -153,7 +153,7 @@ local seq = redis.call("INCR", KEYS[3])
 redis.call("HSET", KEYS[1],
   "id", ARGV[1], "workspace", ARGV[2], "model", ARGV[3], "provider", ARGV[4],
   "status", "IN_QUEUE", "seq", seq, "created_at", ARGV[6], "hold", price,
-  "priority", ARGV[15], "body_bytes", bytes, "price", price, "cost_state", "held")
+  "priority", ARGV[15], "body_bytes", bytes)
 if ARGV[24] ~= "" then
   redis.call("HSET", KEYS[1], "traceparent", ARGV[24])
 end
@@ -194,15 +194,7 @@ if ARGV[7] ~= "" then
   redis.call("SET", KEYS[6], ARGV[7] .. "|" .. ARGV[1], "EX", ARGV[8])
 end
 redis.call("HINCRBY", KEYS[8], "admitted|" .. ARGV[3], 1)
--- The history (GET /v2/requests): listed from this step on, by admission
--- time; what fell out of the retention window is trimmed as we go, and an
--- index nobody admits to any more expires with its newest entry.
-local oldest = "(" .. (tonumber(ARGV[6]) - tonumber(ARGV[26]))
-for _, index in ipairs({KEYS[15], KEYS[16]}) do
-  redis.call("ZADD", index, ARGV[6], ARGV[1])
-  redis.call("ZREMRANGEBYSCORE", index, "-inf", oldest)
-  redis.call("EXPIRE", index, ARGV[26])
-end
+history_add(KEYS[15], KEYS[16], ARGV[1], ARGV[6], ARGV[26])
 
 local S = sched_ctx(KEYS[4], KEYS[10], KEYS[11], ARGV[14], ARGV[6], ARGV[10], ARGV[13])
 enqueue(S, ARGV[2], ARGV[1], seq, ARGV[15])

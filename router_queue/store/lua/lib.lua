@@ -62,10 +62,12 @@ end
 -- Settle the credits held for a request at admission, once: "charge" turns
 -- the hold into a charge (the provider billed us), "release" gives it back.
 -- The record's hold is zeroed in the same step, so retries, duplicate
--- deliveries and racing completions can never settle twice. The record's
--- cost_state (the caller's "cost") moves from "held" to "charged" or
--- "released" in the same step as the ledger's entry, so the two always
--- agree; a free request (price 0) moves too, with no ledger entry.
+-- deliveries and racing completions can never settle twice. The caller's
+-- "cost" is held while the record has no cost_state (nothing is written for
+-- it at admission: a waiting request costs no more memory); here it becomes
+-- "charged" or "released", with the price the hold was, in the same step as
+-- the ledger's entry, so the two always agree; a free request (price 0)
+-- settles too, with no ledger entry.
 local function settle(req_key, ws_key, ledger_key, request_id, how, now)
   local r = redis.call("HMGET", req_key, "hold", "cost_state", "price")
   local hold = tonumber(r[1] or "0")
@@ -429,7 +431,7 @@ end
 -- what its body is built from, flat strings. nil when the record names no URL.
 local function webhook_snapshot(req_key, request_id, kind, msg_id, now)
   local r = redis.call("HMGET", req_key, "webhook_url", "webhook_response_url", "workspace", "model",
-    "status", "error_type", "created_at", "started_at", "completed_at", "progress", "price", "cost_state")
+    "status", "error_type", "created_at", "started_at", "completed_at", "progress", "price", "cost_state", "hold")
   if not r[1] or r[1] == "" then
     return nil
   end
@@ -437,9 +439,9 @@ local function webhook_snapshot(req_key, request_id, kind, msg_id, now)
     model = r[4] or "", type = kind, msg_id = msg_id, status = r[5] or "", error_type = r[6] or "",
     created_at = r[7] or now, started_at = r[8] or "", completed_at = r[9] or "",
     progress = kind == "progress" and (r[10] or "") or "", owed_at = now,
-    -- the cost as it stands at this step: held, or as settle() left it (it
-    -- ran before the completion's event); absent on a record from before costs
-    cost_credits = r[12] and (r[11] or "0") or nil, cost_state = r[12] or nil}
+    -- the cost as it stands at this step: held (no state yet: its hold), or
+    -- as settle() left it (it runs before the completion's event)
+    cost_credits = r[12] and (r[11] or "0") or (r[13] or "0"), cost_state = r[12] or "held"}
 end
 
 -- The head becomes `event` (a snapshot), due now; its workspace's count
@@ -597,6 +599,62 @@ local function finish_unbilled(k, S, request_id, now, retention, was_queued, err
   redis.call("ZREM", k.queue, request_id)
   owe_webhook(k.req, k.ws, request_id, now)
   announce_completed(request_id)
+end
+
+-- ---------------------------------------------------------------------------
+-- The history (GET /v2/requests; keys.py, "rq:history:{workspace}").
+--
+-- Two streams per workspace, written by admit.lua with the record: its own,
+-- whose entries hold each request's id (16 bytes, the UUID packed), and one
+-- per model, whose entries are empty and share the workspace entry's stream
+-- id (the model's list points into the workspace's). An entry's stream id is
+-- its admission time in ms (never below the last one's: ids only grow) and a
+-- sequence. Streams, not sorted sets: an entry costs Redis about 35 bytes and
+-- a model's about 7, where a sorted set's costs 176 (bench/run, waiting_memory).
+-- ---------------------------------------------------------------------------
+
+-- "0c57a2b5-9a3d-8f1e-8b2a-0123456789ab" as its 16 bytes, and back.
+local function pack_id(request_id)
+  return (string.gsub(string.gsub(request_id, "-", ""), "%x%x", function(h)
+    return string.char(tonumber(h, 16))
+  end))
+end
+
+local function unpack_id(packed)
+  return string.format("%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x",
+    string.byte(packed, 1, 16))
+end
+
+-- The stream's last entry's ms, or 0.
+local function last_ms(stream)
+  local last = redis.call("XREVRANGE", stream, "+", "-", "COUNT", 1)[1]
+  return last and tonumber(string.match(last[1], "^%d+")) or 0
+end
+
+-- List a request just admitted (now: Unix seconds) in its workspace's and
+-- its model's history; trim what is older than `keep` seconds, and let a
+-- history nobody admits to any more expire with its newest entry. Never an
+-- error (a script that failed here would leave the admission half done): a
+-- model's stream that is somehow ahead of its workspace's (one was deleted
+-- by hand) just misses the entry.
+local function history_add(ws_stream, model_stream, request_id, now, keep)
+  local ms = math.max(math.floor(tonumber(now) * 1000), last_ms(ws_stream))
+  local id = redis.call("XADD", ws_stream, string.format("%.0f-*", ms), "i", pack_id(request_id))
+  local seq = tonumber(string.match(id, "-(%d+)$"))
+  local model_last = redis.call("XREVRANGE", model_stream, "+", "-", "COUNT", 1)[1]
+  local ahead = false
+  if model_last then
+    local m, q = string.match(model_last[1], "^(%d+)-(%d+)$")
+    ahead = tonumber(m) > ms or (tonumber(m) == ms and tonumber(q) >= seq)
+  end
+  if not ahead then
+    redis.call("XADD", model_stream, id, "i", "")
+  end
+  local oldest = string.format("%.0f", math.max(0, ms - tonumber(keep) * 1000))
+  for _, stream in ipairs({ws_stream, model_stream}) do
+    redis.call("XTRIM", stream, "MINID", oldest)
+    redis.call("EXPIRE", stream, keep)
+  end
 end
 
 -- {code, ids...}: a script's answer with the granted ids its caller publishes.
