@@ -262,7 +262,7 @@ class Settings:
     #: ``webhook_timeout_s``.
     webhook_lease_s: float = 30.0
     #: Seconds before attempt 2, 3, ... of a failed webhook; the last repeats
-    #: (router_queue/webhooks/schedule.py).
+    #: (router_queue/webhooks/retry_policy.py).
     webhook_retry_schedule_s: tuple[float, ...] = (5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0, 7200.0)
     #: Seconds after a webhook's first attempt past which it is given up.
     webhook_retry_for_s: float = 86_400.0

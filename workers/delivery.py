@@ -21,12 +21,11 @@ from router_queue.store.connect import UNREACHABLE
 from router_queue.store.metrics import DeliveryMetrics
 from router_queue.store.outcomes import Claim, Complete
 from router_queue.store.requests import WEBHOOK_DUE, Lease, RequestRecord
+from router_queue.webhooks import delivery as webhook_delivery
 
 from .context import WorkerContext
 from .providers import ADAPTERS, HandBack, ProviderCall, ProviderFailure
 from .providers.hosts import ProviderHosts
-from .webhooks import nudge as nudge_webhook
-from .webhooks import publish_owed as publish_webhook
 
 log = logging.getLogger(__name__)
 
@@ -127,10 +126,10 @@ def _claim_and_run(context: WorkerContext, record: RequestRecord, body: bytes | 
     try:
         if claim is Claim.CLAIMED:
             metrics.claimed(record.provider, record.model, time.time() - record.created_at)
-            nudge_webhook(context, record)  # its "started" event, when it chose one
+            webhook_delivery.nudge(services, context.dispatcher, record)  # its "started" event, when it chose one
         elif claim in _ENDED_BY_CLAIM:
             metrics.completed(record.provider, record.model, _ENDED_BY_CLAIM[claim])
-            nudge_webhook(context, record)
+            webhook_delivery.nudge(context.services, context.dispatcher, record)
         if claim not in (Claim.CLAIMED, Claim.RESUMED):
             log.info("request %s: %s; this delivery does nothing", request_id, claim)
             return claim.lower()
@@ -209,7 +208,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
             log.warning("request %s: progress %.2f not recorded: %s", request_id, progress, exc)
             return
         if kept == WEBHOOK_DUE:
-            publish_webhook(context, request_id)  # its progress event
+            webhook_delivery.publish_owed(context.services, context.dispatcher, request_id)  # its progress event
 
     call = ProviderCall(
         entry=entry,
@@ -275,4 +274,4 @@ def _completed(context: WorkerContext, metrics: DeliveryMetrics, record: Request
     """Count a completion this delivery wrote (not one a duplicate found done)."""
     if written is Complete.COMPLETED:
         metrics.completed(record.provider, record.model, outcome, time.time() - started_at)
-        nudge_webhook(context, record)
+        webhook_delivery.nudge(context.services, context.dispatcher, record)

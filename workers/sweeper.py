@@ -16,7 +16,7 @@
 * Webhooks: every event due (new, a retry whose time came, or one whose
   attempt's lease ran out: its worker died) is published to
   ``router.webhooks``, and pushed back a lease in the same step, so a lost
-  message is published again then (workers/webhooks.py).
+  message is published again then (router_queue/webhooks/delivery.py).
 
 Every action is safe to repeat: the claim lets one delivery run a request.
 """

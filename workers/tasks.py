@@ -13,13 +13,13 @@ from celery.signals import worker_ready, worker_shutting_down
 
 from router_queue.broker.celery_app import DELIVER_TASK, SWEEP_TASK, WEBHOOK_TASK, queue_name
 from router_queue.catalog import Catalog
+from router_queue.webhooks import delivery as webhook_delivery
 
 from .context import begin_shutdown, context_for
 from .credentials import Credentials
 from .delivery import Execution, Later
 from .delivery import deliver as deliver_request
 from .sweeper import sweep as sweep_once
-from .webhooks import deliver_webhook as deliver_webhook_once
 
 
 @shared_task(
@@ -50,7 +50,8 @@ def deliver_webhook(self, request_id: str) -> str:
     """One attempt at a request's webhook event (router.webhooks). Retries are
     not Celery's: the event's next attempt is due in Redis, and the sweeper
     publishes it then."""
-    return deliver_webhook_once(context_for(self.app), request_id)
+    context = context_for(self.app)
+    return webhook_delivery.deliver(context.services, context.dispatcher, request_id)
 
 
 @shared_task(bind=True, name=SWEEP_TASK, acks_late=True, ignore_result=True, max_retries=0)

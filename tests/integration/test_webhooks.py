@@ -14,7 +14,7 @@ request), one that hangs past the attempt's timeout, one that answers 410, a
 SIGKILL of the worker in the middle of an attempt, a secret rotation, the
 workspace default URL against a request's own, URLs refused at submit, and a
 receiver that trickles its answer byte by byte (cut at the attempt's timeout:
-before the watchdog in workers/webhooks.py it held a thread 12 s against a
+before the watchdog in router_queue/webhooks/delivery.py it held a thread 12 s against a
 2 s timeout, and its lease ran out, so a second attempt ran beside it).
 The operator's view is ``router-queue ops webhooks WS`` run as a process; it
 names endpoints by origin only. The flood of a blackhole is in

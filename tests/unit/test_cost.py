@@ -12,7 +12,7 @@ import pytest
 
 from router_queue.store import keys
 from router_queue.store.requests import Cost, Lease
-from router_queue.webhooks import event as wire
+from router_queue.webhooks import event as webhook_event
 from tests.unit.support import record_of
 from tests.unit.test_routes import FLUX, assert_error, submit
 
@@ -164,7 +164,7 @@ def test_the_quote_is_what_admission_holds(http, auth, services, workspace):
 
 def test_the_webhook_event_carries_the_settled_cost(http, auth, services, workspace, settings):
     services.settings = dataclasses.replace(settings, webhook_allow_loopback_http=True)
-    services.accounts.webhook_secret(workspace, wire.new_secret())
+    services.accounts.webhook_secret(workspace, webhook_event.new_secret())
     charged = submit(http, auth, headers={"X-Comfy-Webhook-Url": "http://127.0.0.1:9/hook"}).json["request_id"]
     succeed(services, charged)
     released = submit(http, auth, headers={"X-Comfy-Webhook-Url": "http://127.0.0.1:9/hook"}).json["request_id"]
@@ -172,7 +172,7 @@ def test_the_webhook_event_carries_the_settled_cost(http, auth, services, worksp
     for request_id, state in ((charged, "charged"), (released, "released")):
         event = services.webhooks.take(request_id, now=1e12, lease_s=30, token="t").event
         assert event.cost == {"credits": price(services), "state": state}
-        body = json.loads(wire.event_body(request_id=event.request_id, model=event.model, status=event.status,
+        body = json.loads(webhook_event.event_body(request_id=event.request_id, model=event.model, status=event.status,
                                           error_type=event.error_type, response_url=event.response_url,
                                           created_at=event.created_at, started_at=event.started_at,
                                           completed_at=event.completed_at, cost=event.cost))
@@ -181,7 +181,7 @@ def test_the_webhook_event_carries_the_settled_cost(http, auth, services, worksp
 
 def test_a_started_event_carries_the_hold(http, auth, services, workspace, settings):
     services.settings = dataclasses.replace(settings, webhook_allow_loopback_http=True)
-    services.accounts.webhook_secret(workspace, wire.new_secret())
+    services.accounts.webhook_secret(workspace, webhook_event.new_secret())
     request_id = submit(http, auth, headers={"X-Comfy-Webhook-Url": "http://127.0.0.1:9/hook",
                                              "X-Comfy-Webhook-Events": "started,completed"}).json["request_id"]
     start(services, request_id)

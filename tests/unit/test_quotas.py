@@ -19,7 +19,7 @@ from router_queue.store.quotas import DEFAULT_MAX_HELD, DEFAULT_MAX_PENDING_WEBH
 from router_queue.store.requests import Lease
 from router_queue.web.app import create_app
 from router_queue.web.front import EXTENSION
-from router_queue.webhooks import event as wire
+from router_queue.webhooks import event as webhook_event
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import record_of
 
@@ -55,7 +55,7 @@ def lease(token="t", queue_timeout_s=3600.0, max_takeovers=3):
 def hooked(services, workspace, settings):
     """Webhooks to loopback allowed, and the workspace has its signing secret."""
     services.settings = dataclasses.replace(settings, webhook_allow_loopback_http=True)
-    services.accounts.webhook_secret(workspace, wire.new_secret())
+    services.accounts.webhook_secret(workspace, webhook_event.new_secret())
     return services
 
 

@@ -29,14 +29,14 @@ from router_queue.settings import Secret
 from router_queue.store import keys
 from router_queue.web.app import create_app
 from router_queue.web.lane import Lane
-from router_queue.webhooks import event as wire
+from router_queue.webhooks import event as webhook_event
 from stub_provider import create_app as create_stub
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.test_webhooks import Receiver
+from tests.unit.support import deliver_webhook
 from workers.context import WorkerContext
 from workers.delivery import Execution, deliver
 from workers.leases import LeaseKeeper
-from workers.webhooks import deliver_webhook
 
 FLUX = "/v2/models/bfl/flux-2-pro"
 SUBMIT_SPAN = "POST /v2/models/<provider>/<model>/requests"
@@ -70,7 +70,7 @@ def traced(spans, services, settings, stub_origin, workspace):
         settings, provider_origin_override=stub_origin, webhook_allow_loopback_http=True,
         provider_credentials={name: Secret("k") for name in ("BFL_API_KEY", "VERTEXAI_ACCESS_TOKEN", "OPENAI_API_KEY")},
     )
-    services.accounts.webhook_secret(workspace, wire.new_secret())
+    services.accounts.webhook_secret(workspace, webhook_event.new_secret())
     return services
 
 

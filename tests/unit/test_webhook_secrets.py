@@ -11,7 +11,7 @@ import dataclasses
 import pytest
 from werkzeug.test import Client
 
-from router_queue.webhooks import event as wire
+from router_queue.webhooks import event as webhook_event
 from tests.unit.test_routes import FLUX, assert_error
 
 HOOK = "http://127.0.0.1:9/hook"
@@ -57,7 +57,7 @@ def test_a_webhook_header_without_a_secret_is_refused_saying_how_to_make_one(
     _nothing_admitted(services, workspace)
 
     # the key was not bound: once the secret exists, the same submit is admitted
-    services.accounts.webhook_secret(workspace, wire.new_secret())
+    services.accounts.webhook_secret(workspace, webhook_event.new_secret())
     if route is _queued:
         again = _queued(client, auth, {"X-Comfy-Webhook-Url": HOOK, "Idempotency-Key": "hook-1"})
         assert again.status_code == 201

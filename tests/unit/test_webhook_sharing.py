@@ -2,7 +2,7 @@
 fakeredis and a real Redis): each workspace's cap of attempts in flight, the
 circuit per endpoint (a workspace's URL origin), origins only wherever an
 operator looks, the failing endpoints trimmed; and an attempt's deadline
-covering its connect (workers/webhooks.py, against sockets on 127.0.0.1)."""
+covering its connect (router_queue/webhooks/delivery.py, against sockets on 127.0.0.1)."""
 
 from __future__ import annotations
 
@@ -16,11 +16,11 @@ import pytest
 
 from router_queue.store import keys
 from router_queue.store.webhooks import FAILING_KEPT, DeliveryLimits, WebhookStore
-from router_queue.webhooks import event as wire
+from router_queue.webhooks import event as webhook_event
 from router_queue.webhooks.endpoints import origin
-from tests.unit.support import record_of
+from tests.unit.support import deliver_webhook, record_of
 from tests.unit.test_webhooks import context_of
-from workers.webhooks import deliver_webhook, post
+from router_queue.webhooks.delivery import post
 
 FLUX = "bfl/flux-2-pro"
 LIMITS = DeliveryLimits(max_in_flight_per_workspace=2, wait_s=1.0, circuit_failures=3, circuit_cooling_s=10.0,
@@ -39,7 +39,7 @@ def hooked(services, settings):
 def owing(services, http, name: str):
     """A new workspace and a function that makes it owe one event to a URL."""
     workspace = services.accounts.create_workspace(name, queue_enabled=True, credits=10_000)
-    services.accounts.webhook_secret(workspace, wire.new_secret())
+    services.accounts.webhook_secret(workspace, webhook_event.new_secret())
     headers = {"X-API-Key": services.accounts.mint_key(workspace)}
 
     def owe(url: str) -> str:
@@ -194,7 +194,7 @@ def test_a_410_is_an_answer_and_closes_the_circuit(hooked, http):
 
 
 def test_an_error_naming_the_path_is_cut():
-    from workers.webhooks import without_path
+    from router_queue.webhooks.delivery import without_path
     error = "URL can't contain control characters. '/services/T0/s3cr3t path?sig=x' (found at least ' ')"
     assert "s3cr3t" not in without_path(error, "http://h.example/services/T0/s3cr3t path?sig=x")
 
@@ -296,7 +296,7 @@ def test_the_deadline_covers_the_connect_and_the_answer(kind):
         listener.listen(64)
         port = listener.getsockname()[1]
     try:
-        headers = wire.signed_headers("msg_x", b"{}", [wire.new_secret()], int(time.time()))
+        headers = webhook_event.signed_headers("msg_x", b"{}", [webhook_event.new_secret()], int(time.time()))
         started = time.monotonic()
         with pytest.raises(Exception) as raised:
             post(f"http://127.0.0.1:{port}/hook", "127.0.0.1", b"{}", headers, 1.0)

@@ -17,10 +17,9 @@ from werkzeug.test import Client
 from router_queue.store import keys
 from router_queue.store.requests import WEBHOOK_DUE, Lease
 from router_queue.store.webhooks import DeliveryLimits, WebhookStore
-from router_queue.webhooks import event as wire
-from tests.unit.support import record_of
+from router_queue.webhooks import event as webhook_event
+from tests.unit.support import deliver_webhook, record_of
 from tests.unit.test_webhooks import Receiver, context_of
-from workers.webhooks import deliver_webhook
 
 FLUX = "bfl/flux-2-pro"
 LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)
@@ -31,7 +30,7 @@ ALL = "started,progress,completed"
 @pytest.fixture
 def hooked(services, workspace, settings):
     services.settings = dataclasses.replace(settings, webhook_allow_loopback_http=True)
-    services.accounts.webhook_secret(workspace, wire.new_secret())
+    services.accounts.webhook_secret(workspace, webhook_event.new_secret())
     return services
 
 
@@ -86,13 +85,13 @@ def pending(services, workspace: str) -> int:
     ("progress", "progress"), ("progress,,started", "started,progress"),
 ])
 def test_the_events_header_is_read_in_any_order_and_spacing(raw, canonical):
-    assert wire.parse_events(raw) == canonical
+    assert webhook_event.parse_events(raw) == canonical
 
 
 @pytest.mark.parametrize("raw", ["", " , ", "started,finished", "request.started", "STARTED", "logs"])
 def test_an_unknown_event_or_none_is_refused(raw):
-    with pytest.raises(wire.UnknownEvents):
-        wire.parse_events(raw)
+    with pytest.raises(webhook_event.UnknownEvents):
+        webhook_event.parse_events(raw)
 
 
 def test_the_submit_refuses_bad_events_and_events_without_a_webhook(hooked, http, auth, workspace):
@@ -187,7 +186,7 @@ def test_each_event_has_its_own_id_and_they_are_delivered_in_order(hooked, http,
 
 
 def test_a_worker_delivers_each_event_signed_in_order_after_a_failed_started(hooked, http, auth, workspace):
-    secret = wire.new_secret()
+    secret = webhook_event.new_secret()
     hooked.accounts.webhook_secret(workspace, secret, rotate=True)
     hook = Receiver([500])
     try:

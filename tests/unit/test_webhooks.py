@@ -1,5 +1,5 @@
 """Signed webhooks: URL safety, the Standard Webhooks signature (checked with
-the ``standardwebhooks`` package, not our code), the retry schedule, the
+the ``standardwebhooks`` package, not our code), the retry policy, the
 events' life in Redis (fakeredis and real Redis), and one worker attempt
 against a receiver on 127.0.0.1."""
 
@@ -17,14 +17,13 @@ import requests
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from router_queue.webhooks import event as wire
-from router_queue.webhooks import safety, schedule
+from router_queue.webhooks import event as webhook_event
+from router_queue.webhooks import retry_policy, safety
 from tests.unit.conftest import RecordingDispatcher
-from tests.unit.support import record_of
+from tests.unit.support import deliver_webhook, record_of
 from workers.context import WorkerContext
 from workers.leases import LeaseKeeper
 from workers.sweeper import sweep
-from workers.webhooks import deliver_webhook
 
 FLUX = "bfl/flux-2-pro"
 BODY = {"prompt": "a teapot"}
@@ -92,42 +91,42 @@ def test_credentials_in_the_url_and_unresolvable_hosts_are_refused():
 
 
 def test_the_signature_verifies_with_standardwebhooks():
-    secret = wire.new_secret()
-    body = wire.event_body(request_id="r1", model=FLUX, status="COMPLETED", error_type=None,
+    secret = webhook_event.new_secret()
+    body = webhook_event.event_body(request_id="r1", model=FLUX, status="COMPLETED", error_type=None,
                            response_url="https://x/r1", created_at=1.0, started_at=None, completed_at=2.5)
-    headers = wire.signed_headers("msg_r1", body, [secret], int(time.time()))
+    headers = webhook_event.signed_headers("msg_r1", body, [secret], int(time.time()))
     event = Webhook(secret).verify(body, headers)
     assert event["request_id"] == "r1" and event["error_type"] is None and event["started_at"] is None
     assert event["completed_at"] == "1970-01-01T00:00:02.500Z"
     with pytest.raises(WebhookVerificationError):
-        Webhook(wire.new_secret()).verify(body, headers)
+        Webhook(webhook_event.new_secret()).verify(body, headers)
     with pytest.raises(WebhookVerificationError):
         Webhook(secret).verify(body + b" ", headers)
 
 
 def test_during_a_rotation_both_secrets_sign():
-    old, new = wire.new_secret(), wire.new_secret()
+    old, new = webhook_event.new_secret(), webhook_event.new_secret()
     body = b'{"request_id":"r"}'
-    headers = wire.signed_headers("msg_r", body, [new, old], int(time.time()))
+    headers = webhook_event.signed_headers("msg_r", body, [new, old], int(time.time()))
     assert len(headers["webhook-signature"].split(" ")) == 2
     Webhook(old).verify(body, headers)
     Webhook(new).verify(body, headers)
 
 
-# -- the schedule ------------------------------------------------------------------------
+# -- the retry policy ----------------------------------------------------------------------
 
 
-def test_the_schedule_backs_off_with_jitter_and_stops_after_24_hours():
+def test_the_retry_policy_backs_off_with_jitter_and_stops_after_24_hours():
     rand = random.Random(7)
-    for attempt, base in enumerate(schedule.DEFAULT_SCHEDULE_S, start=1):
-        delay = schedule.delay_after(attempt, rand=rand)
+    for attempt, base in enumerate(retry_policy.DEFAULT_DELAYS_S, start=1):
+        delay = retry_policy.delay_after(attempt, rand=rand)
         assert base * 0.8 <= delay <= base * 1.2
-    assert 7200 * 0.8 <= schedule.delay_after(40, rand=rand) <= 7200 * 1.2
+    assert 7200 * 0.8 <= retry_policy.delay_after(40, rand=rand) <= 7200 * 1.2
     # attempts made in 24 h, the first at 0
     now, attempts = 0.0, 1
-    while (at := schedule.next_attempt_at(attempts, now, 0.0, rand=rand)) is not None:
+    while (at := retry_policy.next_attempt_at(attempts, now, 0.0, rand=rand)) is not None:
         now, attempts = at, attempts + 1
-    assert now <= schedule.DEFAULT_WINDOW_S
+    assert now <= retry_policy.DEFAULT_WINDOW_S
     assert 15 <= attempts <= 19
 
 
@@ -137,7 +136,7 @@ def test_the_schedule_backs_off_with_jitter_and_stops_after_24_hours():
 @pytest.fixture
 def hooked(services, workspace, settings):
     services.settings = dataclasses.replace(settings, webhook_allow_loopback_http=True, webhook_lease_s=30)
-    services.accounts.webhook_secret(workspace, wire.new_secret())
+    services.accounts.webhook_secret(workspace, webhook_event.new_secret())
     return services
 
 
@@ -314,7 +313,7 @@ def context_of(services) -> WorkerContext:
 
 
 def test_a_worker_attempt_signs_retries_and_delivers(hooked, http, auth, workspace, receiver):
-    secret = wire.new_secret()
+    secret = webhook_event.new_secret()
     hooked.accounts.webhook_secret(workspace, secret, rotate=True)  # the fixture's is then the previous one
     hook = receiver(500, 302)
     request_id = owe(hooked, http, auth, hook.url)
@@ -337,7 +336,7 @@ def test_a_worker_attempt_signs_retries_and_delivers(hooked, http, auth, workspa
 
 
 def test_a_410_stops_and_an_unsafe_address_is_refused_at_delivery(hooked, http, auth, workspace, receiver):
-    hooked.accounts.webhook_secret(workspace, wire.new_secret())
+    hooked.accounts.webhook_secret(workspace, webhook_event.new_secret())
     hook = receiver(410)
     gone = owe(hooked, http, auth, hook.url)
     assert deliver_webhook(context_of(hooked), gone) == "gone"
@@ -358,7 +357,7 @@ def test_the_sweeper_publishes_due_events(hooked, http, auth):
 
 
 def test_metrics_count_webhook_attempts(hooked, http, ops_http, auth, workspace, receiver):
-    hooked.accounts.webhook_secret(workspace, wire.new_secret())
+    hooked.accounts.webhook_secret(workspace, webhook_event.new_secret())
     request_id = owe(hooked, http, auth, receiver().url)
     deliver_webhook(context_of(hooked), request_id)
     text = ops_http.get("/metrics").get_data(as_text=True)

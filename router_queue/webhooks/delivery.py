@@ -1,34 +1,12 @@
-"""Delivering one webhook event: take it, check its URL again, sign, POST once,
-record what happened and when to try again.
+"""Delivering one webhook event: take it, check its URL again, sign, POST
+once, record what happened and when to try again (``retry_policy``).
 
-Plain functions, no Celery here (``tasks.deliver_webhook`` calls them). At
-least once, never twice at a time: ``webhook_take.lua`` lets one attempt hold
-an event for ``WEBHOOK_LEASE_SECONDS``; a worker killed mid-attempt leaves it
-held until then, and beat's sweeper publishes it again after, with the same
-``webhook-id``. The event's state in Redis is the truth; a message is a nudge.
-
-One attempt: the URL is checked again (``webhooks/safety.py``: DNS may have
-changed since the submit), the event is signed with every secret that signs
-for the workspace now, and POSTed to the very address that was checked (the
-connection is made to it, with the URL's host for ``Host`` and TLS), so a
-name that resolves elsewhere a moment later cannot redirect the attempt.
-``WEBHOOK_TIMEOUT_SECONDS`` bounds the whole attempt, connect to last byte:
-the connect waits at most that long (an address that never answers a SYN),
-and a watchdog started before it shuts the socket when the time runs out, so
-neither a receiver that accepts and never answers nor one that trickles its
-answer a byte at a time holds a worker thread past it (nor outlives the
-attempt's lease and is called twice at once). No redirects are followed, and
-at most :data:`MAX_RESPONSE_BYTES` of the answer are read. A 2xx delivers, a 410 stops
-for good, anything else is tried again on the schedule of
-``webhooks/schedule.py``. Secrets and signatures are never logged, nor the
-URL's path and query (receivers put tokens there): only its origin.
-
-These attempts run in a worker process of their own (the Procfile's
-``webhooks``, consuming ``router.webhooks`` only), never on a provider
-worker's threads. Within it the pool is shared fairly: ``webhook_take.lua``
-lets a workspace have only ``WEBHOOK_MAX_IN_FLIGHT_PER_WORKSPACE`` attempts
-in flight and keeps an endpoint with an open circuit waiting; an event that
-waits costs a Redis call, not a thread, and is published again shortly.
+At least once, never twice at a time: ``webhook_take.lua`` leases the event
+to one attempt, and the event's state in Redis is the truth; a message is a
+nudge. ``workers/tasks.py``'s ``deliver_webhook`` is the Celery shim that
+calls :func:`deliver`. The attempt's safety (the address re-checked and
+connected to, the whole-attempt timeout, no redirects, a bounded answer) is
+written down in docs/ARCHITECTURE.md, "The webhook".
 """
 
 from __future__ import annotations
@@ -42,14 +20,18 @@ import time
 import uuid
 from urllib.parse import urlsplit
 
-from router_queue import logs, tracing
-from router_queue.store.requests import RequestRecord
-from router_queue.store.webhooks import WebhookEvent
-from router_queue.webhooks import event as wire
-from router_queue.webhooks import safety, schedule
-from router_queue.webhooks.endpoints import origin
+from typing import TYPE_CHECKING, Protocol
 
-from .context import WorkerContext
+from router_queue import logs, tracing
+from router_queue.store.webhooks import WebhookEvent
+
+from . import event as webhook_event
+from . import retry_policy, safety
+from .endpoints import origin
+
+if TYPE_CHECKING:
+    from router_queue.services import Services
+    from router_queue.store.requests import RequestRecord
 
 log = logging.getLogger(__name__)
 
@@ -57,15 +39,21 @@ log = logging.getLogger(__name__)
 MAX_RESPONSE_BYTES = 64 * 1024
 
 
-def deliver_webhook(context: WorkerContext, request_id: str) -> str:
+class Publisher(Protocol):
+    """What publishes a request's webhook message (``broker/dispatch.py``'s Dispatcher)."""
+
+    def publish_webhook(self, request_id: str) -> None: ...
+
+
+def deliver(services: Services, publisher: Publisher, request_id: str) -> str:
     """One attempt at ``request_id``'s event, if it is due and free; returns
     what happened, for logs."""
-    services, settings = context.services, context.services.settings
+    settings = services.settings
     token = uuid.uuid4().hex
     taken = services.webhooks.take(request_id, now=time.time(), lease_s=settings.webhook_lease_s, token=token)
     if taken.event is None:
         if taken.outcome == "GAVE_UP":
-            publish_owed(context, request_id)
+            publish_owed(services, publisher, request_id)
         if taken.due_at is not None:
             log.debug("webhook %s: %s; due again in %.1f s", request_id,
                       "its endpoint's circuit is open" if taken.outcome == "OPEN" else "its workspace's turn",
@@ -76,8 +64,8 @@ def deliver_webhook(context: WorkerContext, request_id: str) -> str:
     event = taken.event
     with logs.bound(request_id=request_id, workspace=event.workspace, model=event.model):
         started = time.monotonic()
-        with _attempt_span(context, event) as span:
-            outcome, status, error, endpoint_failed = attempt(context, event)
+        with _attempt_span(services, event) as span:
+            outcome, status, error, endpoint_failed = attempt(services, event)
             tracing.note(span, outcome=outcome, attempt=event.attempt)
             if status is not None and span is not None:
                 span.set_attribute("http.response.status_code", status)
@@ -85,9 +73,9 @@ def deliver_webhook(context: WorkerContext, request_id: str) -> str:
         now = time.time()
         next_at = None
         if outcome in ("failed", "refused"):
-            next_at = schedule.next_attempt_at(event.attempt, now, min(event.owed_at, event.first_attempt_at),
-                                               schedule_s=settings.webhook_retry_schedule_s,
-                                               window_s=settings.webhook_retry_for_s)
+            next_at = retry_policy.next_attempt_at(event.attempt, now, min(event.owed_at, event.first_attempt_at),
+                                                   delays_s=settings.webhook_retry_schedule_s,
+                                                   window_s=settings.webhook_retry_for_s)
         recorded = services.webhooks.record(event, token=token, now=now,
                                             outcome="failed" if outcome == "refused" else outcome,
                                             status=status, error=error, seconds=seconds, next_at=next_at,
@@ -96,7 +84,7 @@ def deliver_webhook(context: WorkerContext, request_id: str) -> str:
         if recorded == "GAVE_UP":
             services.metrics.webhook_given_up()
         if recorded in ("DELIVERED", "GONE", "GAVE_UP"):
-            publish_owed(context, request_id)
+            publish_owed(services, publisher, request_id)
         log.info("webhook %s attempt %d to %s: %s%s in %.2f s; %s", event.event, event.attempt, origin(event.url),
                  outcome,
                  f" ({error})" if error else "", seconds,
@@ -105,33 +93,33 @@ def deliver_webhook(context: WorkerContext, request_id: str) -> str:
         return recorded.lower()
 
 
-def _attempt_span(context: WorkerContext, event: WebhookEvent):
+def _attempt_span(services: Services, event: WebhookEvent):
     """Traced, the attempt is a span in its request's trace (the record's
     traceparent, tracing.py); else nothing, not even the record's read."""
     if not tracing.active():
         return tracing.span("webhook attempt")
-    return tracing.span("webhook attempt", parent=context.services.store.traceparent(event.request_id),
+    return tracing.span("webhook attempt", parent=services.store.traceparent(event.request_id),
                         kind="CLIENT", attributes={"router_queue.request_id": event.request_id,
                                                    "server.address": urlsplit(event.url).hostname or ""})
 
 
-def attempt(context: WorkerContext, event: WebhookEvent) -> tuple[str, int | None, str, bool]:
+def attempt(services: Services, event: WebhookEvent) -> tuple[str, int | None, str, bool]:
     """POST the event once: (outcome, HTTP status or None, error or "",
     whether the endpoint failed: not when the attempt never reached it)."""
-    settings = context.services.settings
+    settings = services.settings
     try:
         addresses = safety.check(event.url, allow_loopback_http=settings.webhook_allow_loopback_http)
     except safety.UnsafeWebhookUrl as exc:
         return "refused", None, f"the URL {exc}", False
-    signing = context.services.accounts.signing_secrets(event.workspace)
+    signing = services.accounts.signing_secrets(event.workspace)
     if not signing:
         return "failed", None, "the workspace has no webhook secret (router-queue workspace webhook-secret WS)", False
-    body = wire.event_body(request_id=event.request_id, model=event.model, status=event.status,
-                           error_type=event.error_type, response_url=event.response_url,
-                           created_at=event.created_at, started_at=event.started_at,
-                           completed_at=event.completed_at, event=event.event, progress=event.progress,
-                           cost=event.cost)
-    headers = wire.signed_headers(event.msg_id, body, signing, int(time.time()))
+    body = webhook_event.event_body(request_id=event.request_id, model=event.model, status=event.status,
+                                    error_type=event.error_type, response_url=event.response_url,
+                                    created_at=event.created_at, started_at=event.started_at,
+                                    completed_at=event.completed_at, event=event.event, progress=event.progress,
+                                    cost=event.cost)
+    headers = webhook_event.signed_headers(event.msg_id, body, signing, int(time.time()))
     timeout = settings.webhook_timeout_s
     try:
         status = post(event.url, str(addresses[0]), body, headers, timeout)
@@ -229,19 +217,19 @@ def post(url: str, address: str, body: bytes, headers: dict[str, str], timeout_s
         sock.close()
 
 
-def publish_owed(context: WorkerContext, request_id: str) -> None:
+def publish_owed(services: Services, publisher: Publisher, request_id: str) -> None:
     """Publish the request's webhook delivery when it owes an event now: the
     next one once an event ended (``lib.lua``'s ``webhook_ended``), a progress
     event just owed. At once rather than at the next sweep; best effort, as
     :func:`nudge`."""
     try:
-        if context.services.webhooks.owed(request_id):
-            context.dispatcher.publish_webhook(request_id)
+        if services.webhooks.owed(request_id):
+            publisher.publish_webhook(request_id)
     except Exception as exc:  # noqa: BLE001 - the event is due; the sweeper covers this
         log.warning("webhook %s: next event not published at once (%s); the sweeper publishes it", request_id, exc)
 
 
-def nudge(context: WorkerContext, record: RequestRecord) -> None:
+def nudge(services: Services, publisher: Publisher, record: RequestRecord) -> None:
     """The fast path: a worker that just started or completed a request
     publishes its webhook at once when it owes an event. Best effort: the sweeper publishes
     every event due anyway, within a sweep. A record that names no webhook
@@ -250,7 +238,7 @@ def nudge(context: WorkerContext, record: RequestRecord) -> None:
         return
     request_id = record.id
     try:
-        if context.services.webhooks.owed(request_id):
-            context.dispatcher.publish_webhook(request_id)
+        if services.webhooks.owed(request_id):
+            publisher.publish_webhook(request_id)
     except Exception as exc:  # noqa: BLE001 - the completion is written; the sweeper covers this
         log.warning("webhook %s: not published at once (%s); the sweeper publishes it", request_id, exc)
