@@ -560,7 +560,7 @@ class RequestStore:
     def event_feed(self) -> Any:
         """A subscription to every request's and provider's change notices (one
         per front-door process: the event streams and held synchronous calls
-        share it, ``web/events.py``). Each message's
+        share it, ``web/stream.py``). Each message's
         channel is ``events_channel(id)`` or ``PROVIDER_EVENTS + provider``."""
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         pubsub.psubscribe(keys.EVENTS_PATTERN)

@@ -28,7 +28,7 @@ from ..webhooks import event as webhook_event
 from ..webhooks import safety
 from . import pacing
 from .refusals import NOT_FOUND
-from .views import response_url
+from .bodies import response_url
 
 #: Longest Idempotency-Key accepted, in characters.
 MAX_IDEMPOTENCY_KEY_LENGTH = 255

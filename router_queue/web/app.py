@@ -15,7 +15,7 @@ from ..settings import Settings
 from ..store.held import HeldSlots
 from .auth import KeyResolver
 from .catalog_routes import discovery
-from .events import EventHub
+from .stream import EventHub
 from .front import EXTENSION, FrontDoor
 from .headers import EVERY_ANSWER
 from .history import history
@@ -24,7 +24,7 @@ from .operations import operations
 from .ratelimit import CARRIED_ENDPOINTS, RateLimits
 from .refusals import as_router_error
 from .routes import queue
-from .views import json_response
+from .bodies import json_response
 
 
 def create_app(settings: Settings | None = None, *, services: Services | None = None,

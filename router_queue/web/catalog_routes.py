@@ -15,7 +15,7 @@ from .front import front_door
 from .headers import page
 from .openapi import api_document, model_document, serialized
 from .routes import model_entry
-from .views import json_response
+from .bodies import json_response
 
 discovery = Blueprint("discovery", __name__)
 

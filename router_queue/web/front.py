@@ -11,7 +11,7 @@ from ..broker.dispatch import Dispatcher
 from ..services import Services
 from ..store.held import HeldSlots
 from .auth import KeyResolver
-from .events import EventHub
+from .stream import EventHub
 
 #: The app's ``extensions`` entry that holds the :class:`FrontDoor`.
 EXTENSION = "router_queue"

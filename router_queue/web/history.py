@@ -27,7 +27,7 @@ from ..states import ORDER, RESULT_STATUS
 from .front import FrontDoor, front_door
 from .ratelimit import carried_allowance
 from .routes import base_url, model_entry
-from .views import json_response, status_body
+from .bodies import json_response, status_body
 
 history = Blueprint("history", __name__)
 

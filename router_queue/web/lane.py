@@ -42,7 +42,7 @@ from .headers import EVERY_ANSWER
 from .ratelimit import Allowance, RateLimits
 from .refusals import as_router_error
 from .routes import base_url, status_answer, submit_answer, visible_view
-from .views import Answer, json_text
+from .bodies import Answer, json_text
 
 StartResponse = Callable[..., object]
 #: "/v2/models/{provider}/{model}/requests" split on "/", and with "/{id}/status".

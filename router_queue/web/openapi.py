@@ -24,7 +24,7 @@ OPENAPI_VERSION = "3.0.3"
 DEADLINE_PATTERN = r"^[0-9]{1,9}(\.[0-9]{1,6})?$"
 API_VERSION = "2"
 
-# -- response bodies (documentation; the routes build them in views.py) ---------
+# -- response bodies (documentation; the routes build them in bodies.py) --------
 
 
 class ErrorSchema(Schema):
@@ -173,7 +173,7 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(code): known[code] for code in codes}
 
 
-#: The result's headers naming its cost (views.cost_headers).
+#: The result's headers naming its cost (bodies.cost_headers).
 COST_HEADERS = {"X-Comfy-Cost-Credits": "X-Comfy-Cost-Credits", "X-Comfy-Cost-State": "X-Comfy-Cost-State"}
 
 

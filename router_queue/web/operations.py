@@ -24,7 +24,7 @@ from ..store.metrics import RedisCollector
 from ..store.webhooks import WebhookStore
 from .front import front_door
 from .headers import page
-from .views import json_response
+from .bodies import json_response
 
 operations = Blueprint("operations", __name__)
 

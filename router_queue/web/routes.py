@@ -19,11 +19,11 @@ from ..store.ids import well_formed
 from ..store.outcomes import Cancel
 from ..store.requests import RequestRecord, StatusView
 from . import admission, pacing
-from .events import stream
+from .stream import stream
 from .front import FrontDoor, front_door
 from .ratelimit import Allowance, carried_allowance
 from .refusals import NOT_FOUND
-from .views import Answer, cost_headers, json_response, request_urls, status_body
+from .bodies import Answer, cost_headers, json_response, request_urls, status_body
 from .waiting import HeldFrames, holding, take_slot, wait_until_completed
 
 log = logging.getLogger(__name__)
@@ -185,7 +185,7 @@ def status(provider: str, model: str, request_id: str) -> Response:
 
 @queue.get("/v2/models/<provider>/<model>/requests/<request_id>/events")
 def events(provider: str, model: str, request_id: str) -> Response:
-    """Server-sent events, one per change, until COMPLETED (``events.py``).
+    """Server-sent events, one per change, until COMPLETED (``stream.py``).
     Found, authorized and counted like a status read: one stream is one call.
     It holds one of the workspace's held-connection slots until it is closed."""
     front = front_door()

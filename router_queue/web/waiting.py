@@ -1,7 +1,7 @@
 """Holding a connection: the synchronous route's wait, and the slot every held
 connection (a synchronous call, an event stream) takes in its workspace's cap.
 
-The waiter follows its request on the process's one subscription (``events.py``,
+The waiter follows its request on the process's one subscription (``stream.py``,
 ``EventHub``), then reads its status, so a completion that lands between the
 admit and the follow is not missed (the hub also wakes every follower once it
 has subscribed, and after a gap in its subscription); after that it sleeps
@@ -19,7 +19,7 @@ from ..errors import HeldCallsFull
 from ..states import COMPLETED
 from ..store.held import HELD_RETRY_AFTER_S, HeldSlots
 from ..store.requests import RequestStore, StatusView
-from .events import EventHub
+from .stream import EventHub
 
 #: Seconds between two safety re-reads of the status while waiting.
 RECHECK_S = 5.0

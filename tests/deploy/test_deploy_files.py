@@ -51,7 +51,7 @@ import redis
 import yaml
 
 from router_queue.dev.stack import WEB_SERVING, WEB_WORKER_CLASS, free_port, redis_answers
-from router_queue.web import events
+from router_queue.web import stream as sse
 from router_queue.web.gunicorn_worker import header_timeout_s
 from router_queue.settings import _ENV, Settings
 from router_queue.broker.celery_app import MAINTENANCE_QUEUE, WEBHOOKS_QUEUE, queue_name
@@ -789,7 +789,7 @@ def test_nginx_limits_agree_with_the_app() -> None:
     assert settings.sync_deadline_s < read_timeout < float(_option(web, "--timeout"))
     assert _nginx_one("proxy_buffering", sync) == "off"
     stream = _nginx_block(f"location ~ {served[frozenset({'queue.events'})]}")
-    assert _seconds(_nginx_one("proxy_read_timeout", stream)) > events.MAX_STREAM_S > 2 * events.HEARTBEAT_S
+    assert _seconds(_nginx_one("proxy_read_timeout", stream)) > sse.MAX_STREAM_S > 2 * sse.HEARTBEAT_S
     assert _nginx_one("proxy_buffering", stream) == "off"
     elsewhere = NGINX_CONF.read_text().replace(sync, "").replace(stream, "")
     assert _seconds(_nginx_one("proxy_read_timeout", elsewhere)) < settings.sync_deadline_s

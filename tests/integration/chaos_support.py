@@ -32,7 +32,7 @@ from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG
 from router_queue.store import keys
 
-from .harness import (FLUX, GEMINI, SHORT_LEASE, START_CREDITS, TTS, Caller, RunningStack, Stub, ledger_by_request,
+from .harness import (FLUX, GEMINI, SHORT_LEASE, START_CREDITS, TTS, ApiClient, RunningStack, Stub, ledger_by_request,
                       stack_env, stub_digest, wait_for)
 
 RABBITMQ_URL = os.environ.get("CHAOS_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
@@ -331,7 +331,7 @@ def submits(stub: Stub, route: str, bodies: list[Any]) -> list[int]:
 STATUS_ORDER = {"IN_QUEUE": 0, "IN_PROGRESS": 1, "COMPLETED": 2}
 
 
-def wait_all_completed(running: ChaosStack, caller: Caller, model: str, request_ids: list[str], *,
+def wait_all_completed(running: ChaosStack, caller: ApiClient, model: str, request_ids: list[str], *,
                        timeout_s: float) -> dict[str, dict[str, Any]]:
     """Every request COMPLETED within ``timeout_s`` (one bound for all), its status never
     going backwards on the way; their final status bodies."""

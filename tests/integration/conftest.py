@@ -22,7 +22,7 @@ from router_queue.services import Services
 from tests.redis_servers import STACK_DB, with_db
 
 from .chaos_support import StackPool, stack_pool
-from .harness import Caller, RunningStack, Stub, forget_pace, make_caller, running_stacks, stack_env
+from .harness import ApiClient, RunningStack, Stub, forget_pace, make_caller, running_stacks, stack_env
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -92,28 +92,28 @@ def _fresh_pace(request: pytest.FixtureRequest) -> None:
 
 
 @pytest.fixture
-def caller(stack: RunningStack) -> Iterator[Caller]:
+def caller(stack: RunningStack) -> Iterator[ApiClient]:
     """A fresh workspace with queued delivery on, and its key."""
     with make_caller(stack, "queue-on") as made:
         yield made
 
 
 @pytest.fixture
-def other_caller(stack: RunningStack) -> Iterator[Caller]:
+def other_caller(stack: RunningStack) -> Iterator[ApiClient]:
     """A second, unrelated workspace with queued delivery on."""
     with make_caller(stack, "other") as made:
         yield made
 
 
 @pytest.fixture
-def disabled_caller(stack: RunningStack) -> Iterator[Caller]:
+def disabled_caller(stack: RunningStack) -> Iterator[ApiClient]:
     """A fresh workspace with queued delivery off, and its key."""
     with make_caller(stack, "queue-off", queue_enabled=False) as made:
         yield made
 
 
 @pytest.fixture
-def comfy_env(monkeypatch: pytest.MonkeyPatch, stack: RunningStack, caller: Caller) -> Caller:
+def comfy_env(monkeypatch: pytest.MonkeyPatch, stack: RunningStack, caller: ApiClient) -> ApiClient:
     """Point comfy-sdk at the stack as ``caller``: COMFY_ROUTER_BASE_URL and COMFY_API_KEY."""
     monkeypatch.setenv("COMFY_ROUTER_BASE_URL", stack.base_url)
     monkeypatch.setenv("COMFY_API_KEY", caller.api_key)

@@ -8,7 +8,7 @@
   :meth:`RunningStack.start` returns, with its logs (tails for failure
   reports), and stopped with its Redis client;
 * :func:`make_caller`: a workspace (queued delivery, credits, limits) and its
-  key, as a :class:`Caller` speaking plain HTTP to the front door;
+  key, as a :class:`ApiClient` speaking plain HTTP to the front door;
 * :meth:`RunningStack.wait_ready`: the one readiness probe;
 * waits with a bound, prompts no other test sends, the stub's counters.
 
@@ -105,7 +105,7 @@ def wait_for(predicate: Callable[[], Any], *, timeout_s: float = DEFAULT_WAIT_S,
 
 
 @dataclass
-class Caller:
+class ApiClient:
     """One workspace's API key, speaking plain HTTP to the front door."""
 
     base_url: str
@@ -113,7 +113,7 @@ class Caller:
     api_key: str
     session: requests.Session = field(default_factory=requests.Session)
 
-    def __enter__(self) -> "Caller":
+    def __enter__(self) -> "ApiClient":
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -162,7 +162,7 @@ class Caller:
 
 
 def make_caller(stack: "RunningStack", name: str, *, credits: int = START_CREDITS, queue_enabled: bool = True,
-                max_queued: int | None = None, rate_limit: str | None = None) -> Caller:
+                max_queued: int | None = None, rate_limit: str | None = None) -> ApiClient:
     """A fresh workspace on ``stack`` (queued delivery on unless told, ``credits``)
     and its key. Limits are set before the key exists, so no front-door process
     can have cached the workspace's old limit. Close it (``with``) when done."""
@@ -170,7 +170,7 @@ def make_caller(stack: "RunningStack", name: str, *, credits: int = START_CREDIT
     workspace = accounts.create_workspace(name, queue_enabled=queue_enabled, credits=credits)
     if max_queued is not None or rate_limit is not None:
         accounts.set_limits(workspace, max_queued=max_queued, rate_limit=rate_limit)
-    return Caller(stack.base_url, workspace, accounts.mint_key(workspace))
+    return ApiClient(stack.base_url, workspace, accounts.mint_key(workspace))
 
 
 # -- the stub provider -----------------------------------------------------------------
@@ -317,7 +317,7 @@ class RunningStack:
     def settings(self) -> Settings:
         return self.services.settings
 
-    def caller(self, name: str, **kwargs: Any) -> Caller:
+    def caller(self, name: str, **kwargs: Any) -> ApiClient:
         """:func:`make_caller` on this stack."""
         return make_caller(self, name, **kwargs)
 
@@ -461,7 +461,7 @@ def ledger_by_request(services: Any, workspace: str) -> dict[str, list[str]]:
 
 
 @contextmanager
-def saturated_worker(caller: Caller, *, threads: int = WORKER_CONCURRENCY) -> Iterator[list[str]]:
+def saturated_worker(caller: ApiClient, *, threads: int = WORKER_CONCURRENCY) -> Iterator[list[str]]:
     """Occupy every worker thread with a long BFL generation; cancel them all on exit.
 
     Inside the block a new request (of any provider) stays ``IN_QUEUE``: the

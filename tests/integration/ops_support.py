@@ -26,7 +26,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router_queue.dev.stack import ROOT
 
-from .harness import FLUX, Caller, unique_prompt
+from .harness import FLUX, ApiClient, unique_prompt
 
 #: Seconds the load's HTTP client waits for any one answer.
 CLIENT_TIMEOUT_S = 10.0
@@ -80,7 +80,7 @@ class Answer:
 class Load:
     """Threads that submit FLUX requests and poll the ones admitted, until stopped."""
 
-    def __init__(self, base_url: str, callers: list[Caller], pause_s: float = 0.1):
+    def __init__(self, base_url: str, callers: list[ApiClient], pause_s: float = 0.1):
         self.base_url = base_url
         self.callers = callers
         self.pause_s = pause_s
@@ -88,7 +88,7 @@ class Load:
         self.lock = threading.Lock()
         self.answers: list[Answer] = []
         #: Every request admitted (201), with the caller that holds it.
-        self.admitted: list[tuple[Caller, str]] = []
+        self.admitted: list[tuple[ApiClient, str]] = []
         self.threads = [threading.Thread(target=self._run, args=(c,), daemon=True) for c in callers]
 
     def __enter__(self) -> "Load":
@@ -125,7 +125,7 @@ class Load:
             self.answers.append(answer)
         return response
 
-    def _run(self, caller: Caller) -> None:
+    def _run(self, caller: ApiClient) -> None:
         mine: list[str] = []
         turn = 0
         while not self.stop_event.is_set():

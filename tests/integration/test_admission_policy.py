@@ -24,8 +24,8 @@ import requests
 from router_queue.store import keys
 from router_queue.store.ids import ID_PATTERN
 
-from .harness import (FLUX, GEMINI, TTS, WORKER_CONCURRENCY, Caller, Stub, broker_drained, make_caller, unique_prompt,
-                      wait_for)
+from .harness import (FLUX, GEMINI, TTS, WORKER_CONCURRENCY, ApiClient, Stub, broker_drained, make_caller,
+                      unique_prompt, wait_for)
 from .admission_support import (
     JSON,
     assert_error,
@@ -60,7 +60,7 @@ def _gemini(label: str, *directives: str) -> dict:
     return {"contents": [{"role": "user", "parts": [{"text": unique_prompt(label, *directives)}]}]}
 
 
-def _post(session: requests.Session, caller: Caller, model: str, body: Any,
+def _post(session: requests.Session, caller: ApiClient, model: str, body: Any,
           headers: dict[str, str] | None = None) -> requests.Response:
     return session.post(caller.url(model), json=body, headers=caller.headers(headers), timeout=30)
 
@@ -185,13 +185,13 @@ class Rig:
     """What an error-table row needs: the stack and workspaces made on demand."""
 
     stack: Any
-    callers: list[Caller] = field(default_factory=list)
+    callers: list[ApiClient] = field(default_factory=list)
 
     @property
     def services(self) -> Any:
         return self.stack.services
 
-    def caller(self, name: str = "table", **kwargs: Any) -> Caller:
+    def caller(self, name: str = "table", **kwargs: Any) -> ApiClient:
         made = make_caller(self.stack, name, **kwargs)
         self.callers.append(made)
         return made
@@ -385,24 +385,24 @@ def test_error_table_row(rig: Rig, row: Row) -> None:
 # -- 4. refusals leave the key free -----------------------------------------------------------------
 
 
-def _refuse_unfunded(rig: Rig, key: str) -> tuple[Caller, requests.Response, Callable[[], None]]:
+def _refuse_unfunded(rig: Rig, key: str) -> tuple[ApiClient, requests.Response, Callable[[], None]]:
     c = rig.caller(credits=price(rig.services, FLUX) - 1)
     refused = c.submit(FLUX, _flux("unfunded"), headers={"Idempotency-Key": key})
     return c, refused, lambda: rig.services.accounts.set_credits(c.workspace, price(rig.services, FLUX))
 
 
-def _refuse_byok(rig: Rig, key: str) -> tuple[Caller, requests.Response, Callable[[], None]]:
+def _refuse_byok(rig: Rig, key: str) -> tuple[ApiClient, requests.Response, Callable[[], None]]:
     c = rig.caller()
     return c, c.submit(FLUX, _flux("byok"), headers={"Idempotency-Key": key, "X-Provider-Api-Key": "sk"}), \
         lambda: None
 
 
-def _refuse_schema(rig: Rig, key: str) -> tuple[Caller, requests.Response, Callable[[], None]]:
+def _refuse_schema(rig: Rig, key: str) -> tuple[ApiClient, requests.Response, Callable[[], None]]:
     c = rig.caller()
     return c, c.submit(FLUX, {"prompt": 5}, headers={"Idempotency-Key": key}), lambda: None
 
 
-def _refuse_rate(rig: Rig, key: str) -> tuple[Caller, requests.Response, Callable[[], None]]:
+def _refuse_rate(rig: Rig, key: str) -> tuple[ApiClient, requests.Response, Callable[[], None]]:
     c = rig.caller(rate_limit="2 per 2 seconds")
     for _ in range(2):  # spend the window's allowance
         assert c.status(FLUX, str(uuid.uuid4())).status_code == 404
@@ -554,7 +554,7 @@ def test_the_rate_limited_retry_after_covers_the_rest_of_the_window(stack, servi
 
 
 def _raw(data: bytes | Any, headers: dict[str, str] | None = None):
-    def send(c: Caller) -> requests.Response:
+    def send(c: ApiClient) -> requests.Response:
         return c.session.post(c.url(FLUX), data=data, headers=c.headers({"Content-Type": JSON, **(headers or {})}),
                               timeout=10)
     return send

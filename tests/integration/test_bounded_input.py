@@ -10,7 +10,7 @@ import json
 import pytest
 import requests
 
-from .harness import FLUX, GEMINI, Caller, unique_prompt, wait_for
+from .harness import FLUX, GEMINI, ApiClient, unique_prompt, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -18,7 +18,7 @@ NOT_FOUND = {"error_type": "request_not_found", "detail": "no such request for t
 
 
 @pytest.mark.parametrize("tail", ["%0A", "%0D%0A", "%00", "%20", "0"])
-def test_an_id_with_a_trailing_byte_is_404_on_every_request_route(caller: Caller, tail: str) -> None:
+def test_an_id_with_a_trailing_byte_is_404_on_every_request_route(caller: ApiClient, tail: str) -> None:
     """``{id}%0A`` was a 500 with a traceback: ``$`` let the newline through."""
     request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("teapot")})
     for method, suffix in (("GET", "/status"), ("GET", ""), ("PUT", "/cancel"), ("GET", "/events")):
@@ -35,7 +35,7 @@ def _compact(body: object) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def test_a_hostile_body_is_refused_small_and_the_next_request_is_served(caller: Caller) -> None:
+def test_a_hostile_body_is_refused_small_and_the_next_request_is_served(caller: ApiClient) -> None:
     prompt = {"contents": [{"role": "user", "parts": [{"text": unique_prompt("a cat")}]}]}
     hostile = {**prompt, **{f"k{i}": 1 for i in range(90_000)}}  # the report's 1 MB body
     many_bad = {"contents": [{"role": "robot", "parts": [{"text": 1}] * 4}] * 64}

@@ -26,7 +26,7 @@ from router_queue.broker.celery_app import DELIVER_TASK, make_celery, queue_name
 
 from .chaos_support import (BROKERS, STATUS_ORDER, ChaosStack, StackPool, assert_not_running, assert_settled_once,
                             record, submits, wait_all_completed)
-from .harness import (FLUX, GEMINI, LEASE_S, REPUBLISH_AFTER_S, SWEEP_INTERVAL_S, TTS, Caller, stub_digest,
+from .harness import (FLUX, GEMINI, LEASE_S, REPUBLISH_AFTER_S, SWEEP_INTERVAL_S, TTS, ApiClient, stub_digest,
                       unique_prompt, wait_for)
 
 pytestmark = [pytest.mark.slow, pytest.mark.integration]
@@ -73,14 +73,14 @@ def _upstream_refs(running: ChaosStack, request_ids: list[str]) -> bool:
     return all(pipe.execute())
 
 
-def _assert_succeeded(caller: Caller, model: str, request_id: str, body: dict[str, Any]) -> None:
+def _assert_succeeded(caller: ApiClient, model: str, request_id: str, body: dict[str, Any]) -> None:
     response = caller.result(model, request_id)
     assert response.status_code == 200, (request_id, response.status_code, response.text[:300])
     if model == FLUX:
         assert response.json()["result"]["prompt"] == body["prompt"]
 
 
-def _assert_failed(caller: Caller, model: str, request_id: str, status: int, bucket: str) -> None:
+def _assert_failed(caller: ApiClient, model: str, request_id: str, status: int, bucket: str) -> None:
     response = caller.result(model, request_id)
     assert response.status_code == status, (request_id, response.status_code, response.text[:300])
     assert response.headers.get("X-Comfy-Error-Type") == bucket
@@ -243,7 +243,7 @@ def test_cancels_racing_completions_settle_each_request_once(pool: StackPool) ->
 
         def run(index: int) -> tuple[str, int]:
             cancel_after, body = plan[index][1], bodies[index]
-            with Caller(caller.base_url, caller.workspace, caller.api_key) as own:
+            with ApiClient(caller.base_url, caller.workspace, caller.api_key) as own:
                 request_id = own.submit_ok(FLUX, body)
                 time.sleep(cancel_after)
                 return request_id, own.cancel(FLUX, request_id).status_code

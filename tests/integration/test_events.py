@@ -10,7 +10,7 @@ from typing import Iterator
 import requests
 from comfy_sdk import Comfy
 
-from .harness import FLUX, Caller, unique_prompt, wait_for
+from .harness import FLUX, ApiClient, unique_prompt, wait_for
 
 #: Seconds a stream may take to deliver everything here (generations take 2-3 s).
 STREAM_TIMEOUT_S = 30.0
@@ -31,7 +31,7 @@ def _events(response: requests.Response) -> Iterator[dict]:
             current[field] = json.loads(value) if field == "data" else value
 
 
-def _stream(caller: Caller, request_id: str, last_event_id: str | None = None) -> requests.Response:
+def _stream(caller: ApiClient, request_id: str, last_event_id: str | None = None) -> requests.Response:
     headers = caller.headers({"Accept": "text/event-stream", **({"Last-Event-ID": last_event_id}
                                                                  if last_event_id else {})})
     response = requests.get(caller.url(FLUX, request_id, "/events"), headers=headers, stream=True,
@@ -41,7 +41,7 @@ def _stream(caller: Caller, request_id: str, last_event_id: str | None = None) -
     return response
 
 
-def test_a_stream_follows_a_generation_to_its_end_one_event_per_change(caller: Caller) -> None:
+def test_a_stream_follows_a_generation_to_its_end_one_event_per_change(caller: ApiClient) -> None:
     request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("streamed", "[stub:latency=2.5]")})
     with _stream(caller, request_id) as response:
         got = list(_events(response))  # the server ends the stream after COMPLETED
@@ -56,7 +56,7 @@ def test_a_stream_follows_a_generation_to_its_end_one_event_per_change(caller: C
     assert ranks == sorted(ranks), names
 
 
-def test_a_client_that_reconnects_with_last_event_id_gets_only_what_it_missed(caller: Caller) -> None:
+def test_a_client_that_reconnects_with_last_event_id_gets_only_what_it_missed(caller: ApiClient) -> None:
     request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("resumed", "[stub:latency=2.5]")})
     with _stream(caller, request_id) as response:
         first = []
@@ -76,7 +76,7 @@ def test_a_client_that_reconnects_with_last_event_id_gets_only_what_it_missed(ca
         assert list(_events(response)) == []
 
 
-def test_a_stream_is_found_and_refused_like_a_status_read(caller: Caller, other_caller: Caller) -> None:
+def test_a_stream_is_found_and_refused_like_a_status_read(caller: ApiClient, other_caller: ApiClient) -> None:
     request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("not yours")})
     theirs = requests.get(other_caller.url(FLUX, request_id, "/events"), headers=other_caller.headers(), timeout=10)
     assert theirs.status_code == 404 and theirs.headers["X-Comfy-Error-Type"] == "request_not_found"
@@ -84,7 +84,7 @@ def test_a_stream_is_found_and_refused_like_a_status_read(caller: Caller, other_
     assert anonymous.status_code == 401
 
 
-def test_comfy_sdk_ignores_the_progress_field(comfy_env: Caller) -> None:
+def test_comfy_sdk_ignores_the_progress_field(comfy_env: ApiClient) -> None:
     caller = comfy_env
     with Comfy() as client:
         handle = client.models.submit(FLUX, {"prompt": unique_prompt("sdk progress", "[stub:latency=2]")})

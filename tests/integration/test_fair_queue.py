@@ -32,7 +32,7 @@ from comfy_sdk import Comfy
 from router_queue.store import keys
 
 from .chaos_support import ChaosStack, StackPool, assert_not_running
-from .harness import GEMINI, TTS, Caller, forget_pace, unique_prompt
+from .harness import GEMINI, TTS, ApiClient, forget_pace, unique_prompt
 
 pytestmark = pytest.mark.integration
 
@@ -82,7 +82,7 @@ def speech(text: str, latency_s: float) -> dict[str, Any]:
     return {"input": unique_prompt(text, f"[stub:latency={latency_s}]"), "voice": "alloy"}
 
 
-def submit(caller: Caller, model: str, body: dict[str, Any], priority: str | None = None) -> str:
+def submit(caller: ApiClient, model: str, body: dict[str, Any], priority: str | None = None) -> str:
     return caller.submit_ok(model, body, headers={"X-Comfy-Priority": priority} if priority else None)
 
 
@@ -302,7 +302,7 @@ def test_weights_3_to_1_share_the_slot_3_to_1_within_every_round(running: ChaosS
 # -- 4. positions tell the start order -----------------------------------------------------------------
 
 
-def _read_positions(owners: dict[str, Caller], request_ids: list[str],
+def _read_positions(owners: dict[str, ApiClient], request_ids: list[str],
                     model: str = GEMINI) -> dict[str, tuple[str, int | None]]:
     out = {}
     for request_id in request_ids:
@@ -323,7 +323,7 @@ def test_reported_positions_match_the_order_requests_start(running: ChaosStack) 
         plan = [("A", None), ("B", None), ("C", "low"), ("A", None), ("B", None), ("A", "high"),
                 ("B", None), ("C", "low"), ("A", None), ("B", "high"), ("C", None), ("A", "high"),
                 ("B", None), ("A", None), ("C", "high"), ("B", None), ("A", "low")]
-        owners: dict[str, Caller] = {}
+        owners: dict[str, ApiClient] = {}
         names: dict[str, str] = {blocker: "C-blocker"}
         for ws, priority in plan:
             rid = submit(callers[ws], GEMINI, gemini(f"positions {ws}", 0.4), priority)
@@ -378,7 +378,7 @@ def test_reported_positions_match_the_order_requests_start(running: ChaosStack) 
         assert label(order, names) == label(model.order(), names)
 
 
-def _snapshot(owners: dict[str, Caller], model: str, request_ids: list[str]) -> dict[str, int]:
+def _snapshot(owners: dict[str, ApiClient], model: str, request_ids: list[str]) -> dict[str, int]:
     """Positions of the waiting ones at one moment: two passes that read the same (see test 4)."""
     deadline = time.monotonic() + 5
     while True:
@@ -393,7 +393,7 @@ def test_cancelling_a_waiting_request_moves_nobody_back(running: ChaosStack) -> 
         model = FairModel()
         blocker = submit(c, GEMINI, gemini("cancel blocker", BLOCKER_S))
         model.submit("C", blocker)
-        owners: dict[str, Caller] = {}
+        owners: dict[str, ApiClient] = {}
         names = {blocker: "C-blocker"}
         for ws, caller in (("A", a), ("B", b)):
             for i in range(3):

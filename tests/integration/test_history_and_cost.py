@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from .harness import FLUX, TTS, Caller, RunningStack, ledger_by_request, make_caller, saturated_worker, \
+from .harness import FLUX, TTS, ApiClient, RunningStack, ledger_by_request, make_caller, saturated_worker, \
     unique_prompt
 
 pytestmark = pytest.mark.integration
@@ -20,13 +20,13 @@ pytestmark = pytest.mark.integration
 LEDGER_STATE = {("hold",): "held", ("hold", "charge"): "charged", ("hold", "release"): "released"}
 
 
-def listing(caller: Caller, path: str = "/v2/requests", **query: Any) -> dict[str, Any]:
+def listing(caller: ApiClient, path: str = "/v2/requests", **query: Any) -> dict[str, Any]:
     response = caller.session.get(f"{caller.base_url}{path}", params=query, headers=caller.headers(), timeout=10)
     assert response.status_code == 200, (response.status_code, response.text)
     return response.json()
 
 
-def every_page(caller: Caller, **query: Any) -> tuple[list[dict[str, Any]], int]:
+def every_page(caller: ApiClient, **query: Any) -> tuple[list[dict[str, Any]], int]:
     entries, pages, cursor = [], 0, None
     while True:
         body = listing(caller, **query, **({"cursor": cursor} if cursor else {}))
@@ -41,7 +41,8 @@ def iso(at: datetime) -> str:
     return at.isoformat().replace("+00:00", "Z")
 
 
-def test_history_and_cost_agree_with_the_ledger(stack: RunningStack, caller: Caller, other_caller: Caller) -> None:
+def test_history_and_cost_agree_with_the_ledger(stack: RunningStack, caller: ApiClient,
+                                                other_caller: ApiClient) -> None:
     started = datetime.now(timezone.utc) - timedelta(seconds=1)
     succeeded = [caller.submit_ok(FLUX, {"prompt": unique_prompt("history ok", "[stub:latency=0]")})
                  for _ in range(3)]

@@ -22,7 +22,7 @@ from .harness import (
     FLUX,
     GEMINI,
     TTS,
-    Caller,
+    ApiClient,
     Stub,
     broker_drained,
     forget_pace,
@@ -66,7 +66,7 @@ def _iso(value: str) -> datetime:
 # -- the seed's walkthrough ----------------------------------------------------------
 
 
-def test_curl_walkthrough(caller: Caller) -> None:
+def test_curl_walkthrough(caller: ApiClient) -> None:
     prompt = unique_prompt("a red teapot on a windowsill, morning light", "[stub:latency=1]")
     submitted = requests.post(
         caller.url(FLUX), data=json.dumps({"prompt": prompt}),
@@ -119,7 +119,7 @@ def test_curl_walkthrough(caller: Caller) -> None:
 # -- headers ---------------------------------------------------------------------------
 
 
-def test_request_id_header_on_every_answer(caller: Caller, other_caller: Caller) -> None:
+def test_request_id_header_on_every_answer(caller: ApiClient, other_caller: ApiClient) -> None:
     request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("headers")})
     caller.wait_status(FLUX, request_id)
     answers = {
@@ -140,7 +140,7 @@ def test_request_id_header_on_every_answer(caller: Caller, other_caller: Caller)
 
 
 @pytest.mark.parametrize("bearer", [False, True], ids=["x-api-key", "authorization-bearer"])
-def test_both_key_headers_are_accepted(caller: Caller, bearer: bool) -> None:
+def test_both_key_headers_are_accepted(caller: ApiClient, bearer: bool) -> None:
     request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("key header")}, bearer=bearer)
 
     assert caller.status(FLUX, request_id, bearer=bearer).status_code == 200
@@ -150,7 +150,7 @@ def test_both_key_headers_are_accepted(caller: Caller, bearer: bool) -> None:
 @pytest.mark.parametrize("headers", [{}, {"X-API-Key": "rq_wrong"}, {"Authorization": "Bearer rq_wrong"},
                                      {"Authorization": "Basic dXNlcjpwYXNz"}],
                          ids=["none", "wrong-x-api-key", "wrong-bearer", "basic"])
-def test_missing_or_wrong_key_is_401(caller: Caller, headers: dict[str, str]) -> None:
+def test_missing_or_wrong_key_is_401(caller: ApiClient, headers: dict[str, str]) -> None:
     response = requests.post(caller.url(FLUX), json={"prompt": unique_prompt("no key")}, headers=headers,
                              timeout=10)
     _assert_error(response, 401, "unauthorized")
@@ -159,7 +159,7 @@ def test_missing_or_wrong_key_is_401(caller: Caller, headers: dict[str, str]) ->
 # -- status, result, cancel -------------------------------------------------------------------
 
 
-def test_status_timestamps_and_retry_after_through_the_lifecycle(caller: Caller) -> None:
+def test_status_timestamps_and_retry_after_through_the_lifecycle(caller: ApiClient) -> None:
     with saturated_worker(caller):
         request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("timestamps", "[stub:latency=1]")})
         queued = caller.status(FLUX, request_id)
@@ -187,7 +187,7 @@ def test_status_timestamps_and_retry_after_through_the_lifecycle(caller: Caller)
     assert _iso(done["expires_at"]) - completed == timedelta(seconds=RETENTION_S)
 
 
-def test_result_of_raw_bytes_model_is_the_native_bytes(caller: Caller, stub: Stub) -> None:
+def test_result_of_raw_bytes_model_is_the_native_bytes(caller: ApiClient, stub: Stub) -> None:
     body = {"input": unique_prompt("bytes over http"), "voice": "nova", "response_format": "wav"}
     request_id = caller.submit_ok(TTS, body)
     caller.wait_status(TTS, request_id)
@@ -219,7 +219,7 @@ def _body_for(model: str, text: str) -> dict:
     (TTS, "[stub:refuse]", 400, "content_policy_violation"),
     (TTS, "[stub:reject]", 422, "invalid_input"),
 ])
-def test_failed_result_is_an_error_response(caller: Caller, model: str, directive: str, status: int,
+def test_failed_result_is_an_error_response(caller: ApiClient, model: str, directive: str, status: int,
                                             bucket: str) -> None:
     request_id = caller.submit_ok(model, _body_for(model, unique_prompt("failed result", directive)))
     final = caller.wait_status(model, request_id)
@@ -229,7 +229,7 @@ def test_failed_result_is_an_error_response(caller: Caller, model: str, directiv
     _assert_error(caller.result(model, request_id), status, bucket)
 
 
-def test_cancel_of_a_queued_request(caller: Caller, stub: Stub, services) -> None:
+def test_cancel_of_a_queued_request(caller: ApiClient, stub: Stub, services) -> None:
     body = {"prompt": unique_prompt("cancel while queued")}
     with saturated_worker(caller):
         request_id = caller.submit_ok(FLUX, body)
@@ -254,7 +254,7 @@ def test_cancel_of_a_queued_request(caller: Caller, stub: Stub, services) -> Non
     assert caller.status_body(FLUX, request_id)["error_type"] == "cancelled"
 
 
-def test_cancel_of_a_running_request(caller: Caller) -> None:
+def test_cancel_of_a_running_request(caller: ApiClient) -> None:
     request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("cancel running", "[stub:latency=30]")})
     caller.wait_status(FLUX, request_id, "IN_PROGRESS")
 
@@ -267,7 +267,7 @@ def test_cancel_of_a_running_request(caller: Caller) -> None:
     assert "started_at" in final
 
 
-def test_another_workspace_cannot_cancel(caller: Caller, other_caller: Caller) -> None:
+def test_another_workspace_cannot_cancel(caller: ApiClient, other_caller: ApiClient) -> None:
     request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("not yours", "[stub:latency=1]")})
 
     _assert_error(other_caller.cancel(FLUX, request_id), 404, "request_not_found")
@@ -278,7 +278,7 @@ def test_another_workspace_cannot_cancel(caller: Caller, other_caller: Caller) -
     assert caller.result(FLUX, request_id).status_code == 200
 
 
-def test_request_not_found_is_indistinguishable(caller: Caller, other_caller: Caller, services) -> None:
+def test_request_not_found_is_indistinguishable(caller: ApiClient, other_caller: ApiClient, services) -> None:
     request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("indistinguishable")})
     caller.wait_status(FLUX, request_id)
     probes = {
@@ -296,12 +296,12 @@ def test_request_not_found_is_indistinguishable(caller: Caller, other_caller: Ca
     assert len({json.dumps(b, sort_keys=True) for b in bodies.values()}) == 1, bodies
 
 
-def test_unknown_model_is_model_not_found(caller: Caller) -> None:
+def test_unknown_model_is_model_not_found(caller: ApiClient) -> None:
     body = _assert_error(caller.submit("bfl/flux-2-pr0", {"prompt": "x"}), 404, "model_not_found")
     assert "bfl/flux-2-pro" in body["detail"]  # the close id is suggested
 
 
-def test_queue_positions_count_down_and_never_go_up(caller: Caller, services) -> None:
+def test_queue_positions_count_down_and_never_go_up(caller: ApiClient, services) -> None:
     count = 4
     with saturated_worker(caller) as running_ids:
         forget_pace(services)  # nothing can complete while saturated: the pace stays at its defaults
@@ -341,7 +341,7 @@ def test_queue_positions_count_down_and_never_go_up(caller: Caller, services) ->
 # -- idempotency -----------------------------------------------------------------------
 
 
-def test_idempotency_key_replays_the_original(caller: Caller, other_caller: Caller, stub: Stub) -> None:
+def test_idempotency_key_replays_the_original(caller: ApiClient, other_caller: ApiClient, stub: Stub) -> None:
     key = str(uuid.uuid4())
     body = {"prompt": unique_prompt("idempotent")}
     first = caller.submit(FLUX, body, headers={"Idempotency-Key": key})
@@ -374,7 +374,7 @@ def test_idempotency_key_replays_the_original(caller: Caller, other_caller: Call
     _assert_error(other_model, 409, "invalid_input")
 
 
-def test_concurrent_submits_under_one_key_make_one_request(caller: Caller, stub: Stub) -> None:
+def test_concurrent_submits_under_one_key_make_one_request(caller: ApiClient, stub: Stub) -> None:
     key = str(uuid.uuid4())
     body = {"prompt": unique_prompt("racing submits")}
     barrier = threading.Barrier(8)
@@ -398,7 +398,7 @@ def test_concurrent_submits_under_one_key_make_one_request(caller: Caller, stub:
     assert stub.submits("bfl_submit", body) == 1
 
 
-def test_a_refused_submit_releases_its_key(caller: Caller) -> None:
+def test_a_refused_submit_releases_its_key(caller: ApiClient) -> None:
     key = str(uuid.uuid4())
     refused = caller.submit(FLUX, {"prompt": 5}, headers={"Idempotency-Key": key})
     _assert_error(refused, 422, "invalid_input")
@@ -414,12 +414,12 @@ def test_a_refused_submit_releases_its_key(caller: Caller) -> None:
 
 @pytest.mark.parametrize("raw", [b"{not json", b"", b"\xff\xfe", b'["prompt"]', b'"a string"', b"42", b"null"],
                          ids=["broken", "empty", "not-utf8", "array", "string", "number", "null"])
-def test_a_body_that_is_not_a_json_object_is_400(caller: Caller, raw: bytes) -> None:
+def test_a_body_that_is_not_a_json_object_is_400(caller: ApiClient, raw: bytes) -> None:
     response = requests.post(caller.url(FLUX), data=raw, headers=caller.headers({"Content-Type": JSON}), timeout=10)
     _assert_error(response, 400, "invalid_input")
 
 
-def test_schema_violation_is_422_with_per_field_detail(caller: Caller) -> None:
+def test_schema_violation_is_422_with_per_field_detail(caller: ApiClient) -> None:
     body = _assert_error(caller.submit(FLUX, {"prompt": 5, "colour": "red"}), 422, "invalid_input")
 
     by_loc = {tuple(entry["loc"]): entry for entry in body["detail"]}
@@ -428,13 +428,13 @@ def test_schema_violation_is_422_with_per_field_detail(caller: Caller) -> None:
     assert all(isinstance(entry["msg"], str) and entry["msg"] for entry in body["detail"])
 
 
-def test_a_body_over_one_mib_is_413(caller: Caller) -> None:
+def test_a_body_over_one_mib_is_413(caller: ApiClient) -> None:
     big = json.dumps({"prompt": "x" * (1024 * 1024)}).encode()
     response = requests.post(caller.url(FLUX), data=big, headers=caller.headers({"Content-Type": JSON}), timeout=10)
     _assert_error(response, 413, "invalid_input")
 
 
-def test_a_chunked_body_over_one_mib_is_413(caller: Caller) -> None:
+def test_a_chunked_body_over_one_mib_is_413(caller: ApiClient) -> None:
     head = json.dumps({"prompt": unique_prompt("padded past the limit")}).encode()
 
     def chunks():
@@ -450,7 +450,7 @@ def test_a_chunked_body_over_one_mib_is_413(caller: Caller) -> None:
 # -- retention -------------------------------------------------------------------------------
 
 
-def test_past_retention_is_410_for_the_owner_and_404_for_others(caller: Caller, other_caller: Caller,
+def test_past_retention_is_410_for_the_owner_and_404_for_others(caller: ApiClient, other_caller: ApiClient,
                                                                 services) -> None:
     request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("expires")})
     caller.wait_status(FLUX, request_id)

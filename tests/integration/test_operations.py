@@ -25,7 +25,7 @@ from router_queue.settings import DEFAULT_CATALOG
 from router_queue.store import keys
 from tests.redis_servers import PrivateRedis, SentinelGroup
 
-from .harness import (FLUX, GEMINI, WORKER_CONCURRENCY, Caller, RunningStack, broker_drained, children, make_caller,
+from .harness import (FLUX, GEMINI, WORKER_CONCURRENCY, ApiClient, RunningStack, broker_drained, children, make_caller,
                       saturated_worker, stack_env, unique_prompt, wait_for)
 from .ops_support import (
     CLIENT_TIMEOUT_S,
@@ -64,7 +64,7 @@ def _assert_503(response: requests.Response) -> None:
 # -- 1. /metrics against known traffic -------------------------------------------------------
 
 
-def test_metrics_match_known_traffic(stack: RunningStack, caller: Caller) -> None:
+def test_metrics_match_known_traffic(stack: RunningStack, caller: ApiClient) -> None:
     n_ok, n_refused, n_failing = 3, 2, 1  # a failing one retries with backoff (about 7 s): keep it to one
     attempts = stack.services.catalog.by_id(FLUX).policy.max_attempts
     _quiet(stack)
@@ -419,7 +419,7 @@ def _outage_under_load(running: RunningStack, fault: Fault) -> None:
 OPERATOR_PATHS = ("/metrics", "/ops", "/ops/summary.json")
 
 
-def test_operator_surfaces_answer_only_on_the_operator_listener(stack: RunningStack, caller: Caller) -> None:
+def test_operator_surfaces_answer_only_on_the_operator_listener(stack: RunningStack, caller: ApiClient) -> None:
     """The public port answers 404 in the contract's shape for each, whatever
     Host it is sent, with or without a key; the operator port (OPS_PORT, the
     Procfile's second bind) serves them, the pages with their security headers."""
@@ -444,7 +444,7 @@ def test_operator_surfaces_answer_only_on_the_operator_listener(stack: RunningSt
     assert requests.get(f"{stack.base_url}/v2/models", headers=caller.headers(), timeout=10).status_code == 200
 
 
-def test_a_forged_host_is_refused_not_echoed(stack: RunningStack, caller: Caller) -> None:
+def test_a_forged_host_is_refused_not_echoed(stack: RunningStack, caller: ApiClient) -> None:
     """TRUSTED_HOSTS (the harness's 127.0.0.1, localhost): absolute URLs follow
     a trusted Host and a forged one is 400 before anything is admitted."""
     submit = f"{stack.base_url}/v2/models/{FLUX}/requests"
@@ -462,7 +462,7 @@ def test_a_forged_host_is_refused_not_echoed(stack: RunningStack, caller: Caller
 # -- 3. the operations page in headless Chromium -------------------------------------------------
 
 
-def test_operations_page_in_headless_chromium(stack: RunningStack, caller: Caller, tmp_path: Path) -> None:
+def test_operations_page_in_headless_chromium(stack: RunningStack, caller: ApiClient, tmp_path: Path) -> None:
     binary = chromium()
     waiting = 3
     _quiet(stack)
@@ -507,7 +507,7 @@ def test_operations_page_in_headless_chromium(stack: RunningStack, caller: Calle
 # -- 4. the operator CLI --------------------------------------------------------------------------
 
 
-def test_operator_cli_end_to_end(stack: RunningStack, caller: Caller) -> None:
+def test_operator_cli_end_to_end(stack: RunningStack, caller: ApiClient) -> None:
     env = dict(stack.env)
     services = stack.services
     _quiet(stack)
@@ -596,7 +596,7 @@ def test_operator_cli_end_to_end(stack: RunningStack, caller: Caller) -> None:
     assert services.redis.zscore(keys.running("vertexai"), ghost) is None
 
 
-def test_cli_cancel_is_counted_as_a_completion(stack: RunningStack, caller: Caller) -> None:
+def test_cli_cancel_is_counted_as_a_completion(stack: RunningStack, caller: ApiClient) -> None:
     env = dict(stack.env)
     labels = {"provider": BFL, "model": FLUX, "outcome": "cancelled"}
     with saturated_worker(caller):
@@ -616,7 +616,7 @@ def test_cli_cancel_is_counted_as_a_completion(stack: RunningStack, caller: Call
 ACCESS_LINE = re.compile(r'^\S+ - \S+ \[[^\]]+\] "(GET|POST|PUT|DELETE|HEAD) \S+ HTTP/[\d.]+" \d{3} ')
 
 
-def test_json_logs_carry_the_request_context_and_never_the_key(stack: RunningStack, caller: Caller) -> None:
+def test_json_logs_carry_the_request_context_and_never_the_key(stack: RunningStack, caller: ApiClient) -> None:
     request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("json logs")})
     caller.wait_status(FLUX, request_id)
     context = {"request_id": request_id, "workspace": caller.workspace, "model": FLUX}

@@ -31,7 +31,7 @@ from router_queue.store import keys
 
 from tests.redis_servers import PrivateRedis
 
-from .harness import FLUX, Caller, RunningStack, ledger_by_request, make_caller, stack_env, unique_prompt, wait_for
+from .harness import FLUX, ApiClient, RunningStack, ledger_by_request, make_caller, stack_env, unique_prompt, wait_for
 from .test_webhooks import Receiver, workspace_with_secret
 
 pytestmark = pytest.mark.integration
@@ -87,7 +87,7 @@ def pubsub_connections(client: redis.Redis) -> int:
     return sum(1 for c in client.client_list() if int(c.get("sub", 0)) + int(c.get("psub", 0)) > 0)
 
 
-def blocker(caller: Caller, label: str) -> str:
+def blocker(caller: ApiClient, label: str) -> str:
     """A long generation holding the workspace's one slot in flight, so what it
     submits next waits queued (``--max-in-flight 1``) until cancelled."""
     request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt(label, "[stub:latency=60]")})
@@ -100,7 +100,7 @@ def workspace_requests(stack: RunningStack, workspace: str) -> list[str]:
     return [q.id for q in stack.services.store.queue_head("bfl", 1000) if q.workspace == workspace]
 
 
-def cancel_all(caller: Caller, request_ids: list[str]) -> None:
+def cancel_all(caller: ApiClient, request_ids: list[str]) -> None:
     for request_id in request_ids:
         assert caller.cancel(FLUX, request_id).status_code in (202, 409)
 

@@ -11,7 +11,7 @@ import pytest
 
 from router_queue.dev.stack import ROOT
 
-from .harness import Caller, RunningStack
+from .harness import ApiClient, RunningStack
 
 pytestmark = pytest.mark.integration
 
@@ -25,13 +25,13 @@ def _block(heading: str, language: str) -> str:
     return section.split(f"```{language}\n", 1)[1].split("```", 1)[0]
 
 
-def _env(stack: RunningStack, caller: Caller) -> dict[str, str]:
+def _env(stack: RunningStack, caller: ApiClient) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "COMFY_BASE_URL"}
     env.update(COMFY_ROUTER_BASE_URL=stack.base_url, COMFY_API_KEY=caller.api_key)
     return env
 
 
-def test_the_curl_walkthrough_runs_as_written_showing_each_step(stack: RunningStack, caller: Caller) -> None:
+def test_the_curl_walkthrough_runs_as_written_showing_each_step(stack: RunningStack, caller: ApiClient) -> None:
     """All four steps, pasted into a shell: the submit sends a fresh
     Idempotency-Key (no uuidgen needed) and sets REQUEST_ID from its answer,
     and the slow stub prompt leaves time to see the poll, the 202 collect and
@@ -53,7 +53,7 @@ def test_the_curl_walkthrough_runs_as_written_showing_each_step(stack: RunningSt
     assert '"status":"CANCELLATION_REQUESTED"' in done.stdout, done.stdout
 
 
-def test_the_comfy_sdk_example_runs_as_written_and_closes_what_it_opens(stack: RunningStack, caller: Caller) -> None:
+def test_the_comfy_sdk_example_runs_as_written_and_closes_what_it_opens(stack: RunningStack, caller: ApiClient) -> None:
     example = _block("## With comfy-sdk", "python")
     done = subprocess.run([sys.executable, "-X", "dev", "-W", "always::ResourceWarning", "-c", example],
                           env=_env(stack, caller), capture_output=True, text=True, timeout=120)

@@ -5,18 +5,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from .harness import FLUX, Caller, RunningStack, Stub, ledger_by_request, unique_prompt
+from .harness import FLUX, ApiClient, RunningStack, Stub, ledger_by_request, unique_prompt
 
 #: Seconds the sweeper (every SWEEP_INTERVAL_S = 1 s) and a BFL poll (0.5-2 s) may take to act, generously.
 ACT_WITHIN_S = 20.0
 
 
-def _retry(caller: Caller, request_id: str, headers: dict[str, str] | None = None) -> Any:
+def _retry(caller: ApiClient, request_id: str, headers: dict[str, str] | None = None) -> Any:
     return caller.session.post(caller.url(FLUX, request_id, "/retry"), headers=caller.headers(headers), timeout=10)
 
 
 def test_a_request_that_failed_with_provider_error_is_retried_as_a_new_request(
-        caller: Caller, stack: RunningStack, stub: Stub) -> None:
+        caller: ApiClient, stack: RunningStack, stub: Stub) -> None:
     # the stub fails the first 4 calls of this body (flux-2-pro makes 4 attempts), then succeeds
     body = {"prompt": unique_prompt("retry-me", "[stub:fail_times=4]")}
     original = caller.submit_ok(FLUX, body)
@@ -43,7 +43,7 @@ def test_a_request_that_failed_with_provider_error_is_retried_as_a_new_request(
     assert ledger[retried] == ["hold", "charge"]
 
 
-def test_a_running_or_succeeded_request_is_not_retried(caller: Caller) -> None:
+def test_a_running_or_succeeded_request_is_not_retried(caller: ApiClient) -> None:
     slow = caller.submit_ok(FLUX, {"prompt": unique_prompt("running", "[stub:latency=30]")})
     caller.wait_status(FLUX, slow, "IN_PROGRESS")
     quick = caller.submit_ok(FLUX, {"prompt": unique_prompt("quick")})
@@ -57,7 +57,7 @@ def test_a_running_or_succeeded_request_is_not_retried(caller: Caller) -> None:
 
 
 def test_a_start_deadline_that_passes_in_the_queue_ends_queue_timeout_uncharged(
-        caller: Caller, stack: RunningStack, stub: Stub) -> None:
+        caller: ApiClient, stack: RunningStack, stub: Stub) -> None:
     # the workspace's own cap on requests in flight is 1, and a slow run holds it
     stack.services.accounts.set_limits(caller.workspace, max_in_flight=1)
     blocker = caller.submit_ok(FLUX, {"prompt": unique_prompt("holds-the-slot", "[stub:latency=60]")})
@@ -79,7 +79,7 @@ def test_a_start_deadline_that_passes_in_the_queue_ends_queue_timeout_uncharged(
     caller.wait_status(FLUX, blocker)
 
 
-def test_a_deadline_cancels_a_slow_run_as_the_cancel_route_would(caller: Caller, stack: RunningStack) -> None:
+def test_a_deadline_cancels_a_slow_run_as_the_cancel_route_would(caller: ApiClient, stack: RunningStack) -> None:
     response = caller.submit(FLUX, {"prompt": unique_prompt("too-slow", "[stub:latency=60]")},
                              headers={"X-Comfy-Deadline": "3"})
     assert response.status_code == 201, response.text

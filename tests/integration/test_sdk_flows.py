@@ -29,7 +29,7 @@ from comfy_sdk.router_exceptions import (
     Unauthorized,
 )
 
-from .harness import FLUX, GEMINI, TTS, Caller, saturated_worker, unique_prompt, wait_for
+from .harness import FLUX, GEMINI, TTS, ApiClient, saturated_worker, unique_prompt, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -39,7 +39,7 @@ STATUS_ORDER = {"IN_QUEUE": 0, "IN_PROGRESS": 1, "COMPLETED": 2}
 
 
 @pytest.fixture
-def client(comfy_env: Caller):
+def client(comfy_env: ApiClient):
     with Comfy() as made:
         yield made
 
@@ -137,7 +137,7 @@ def test_status_and_cancel_of_a_running_request(client: Comfy) -> None:
         handle.cancel()
 
 
-def test_status_and_cancel_of_a_queued_request(client: Comfy, comfy_env: Caller) -> None:
+def test_status_and_cancel_of_a_queued_request(client: Comfy, comfy_env: ApiClient) -> None:
     with saturated_worker(comfy_env):
         handle = client.models.submit(FLUX, {"prompt": unique_prompt("cancel queued")})
         queued = handle.status()
@@ -179,7 +179,7 @@ def test_submit_with_the_same_idempotency_key_returns_the_same_request(client: C
     assert conflict.value.http_status == 409
 
 
-def test_async_client_submit_iterate_get(comfy_env: Caller) -> None:
+def test_async_client_submit_iterate_get(comfy_env: ApiClient) -> None:
     prompt = unique_prompt("async", "[stub:latency=1]")
 
     async def flow():
@@ -212,15 +212,15 @@ def test_a_failed_generation_raises_its_typed_error(client: Comfy, directive: st
     assert handle.status().error_type == error.error_type
 
 
-def test_submit_when_queue_is_off_raises_not_enabled(monkeypatch: pytest.MonkeyPatch, comfy_env: Caller,
-                                                     disabled_caller: Caller) -> None:
+def test_submit_when_queue_is_off_raises_not_enabled(monkeypatch: pytest.MonkeyPatch, comfy_env: ApiClient,
+                                                     disabled_caller: ApiClient) -> None:
     monkeypatch.setenv("COMFY_API_KEY", disabled_caller.api_key)
     with Comfy() as client, pytest.raises(NotEnabled) as raised:
         client.models.submit(FLUX, {"prompt": unique_prompt("not enabled")})
     assert raised.value.http_status == 403
 
 
-def test_wrong_key_raises_unauthorized(comfy_env: Caller) -> None:
+def test_wrong_key_raises_unauthorized(comfy_env: ApiClient) -> None:
     with Comfy(api_key="rq_not-a-key-we-minted") as client, pytest.raises(Unauthorized):
         client.models.submit(FLUX, {"prompt": unique_prompt("wrong key")})
 

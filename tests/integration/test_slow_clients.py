@@ -47,7 +47,7 @@ import pytest
 
 from router_queue.dev.stack import ROOT, free_port, wait_for_port
 
-from .harness import FLUX, Caller, RunningStack, unique_prompt
+from .harness import FLUX, ApiClient, RunningStack, unique_prompt
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -255,7 +255,7 @@ def _get(port: int, path: str, headers: dict[str, str]) -> int | str:
         conn.close()
 
 
-def ordinary_client(port: int, caller: Caller, request_id: str, duration_s: float) -> list[Sample]:
+def ordinary_client(port: int, caller: ApiClient, request_id: str, duration_s: float) -> list[Sample]:
     """Sequential GETs for ``duration_s``, alternating /healthz and the status of ``request_id``."""
     targets = [("healthz", "/healthz", {}),
                ("status", f"/v2/models/{FLUX}/requests/{request_id}/status", caller.headers())]
@@ -292,7 +292,7 @@ def _summary(label: str, samples: list[Sample], flood: Flood) -> str:
             f"{flood.connect_failures} connect failures, {len(flood.answers)} answers to flood connections")
 
 
-def run_flood(port: int, caller: Caller, request_id: str, label: str) -> tuple[list[Sample], Flood, str]:
+def run_flood(port: int, caller: ApiClient, request_id: str, label: str) -> tuple[list[Sample], Flood, str]:
     """The ordinary client's samples under the flood, and the run's summary."""
     with Flood(port) as flood:
         flood.wait_all_open()
@@ -349,7 +349,7 @@ def door(stack: RunningStack, enough_files: None, tmp_path_factory: pytest.TempP
 
 
 @pytest.fixture
-def completed_request(caller: Caller) -> str:
+def completed_request(caller: ApiClient) -> str:
     request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("slow clients")})
     caller.wait_status(FLUX, request_id, "COMPLETED")
     return request_id
@@ -362,7 +362,7 @@ def _port(base_url: str) -> int:
 # -- gunicorn on its own ---------------------------------------------------------
 
 
-def test_idle_and_trickling_connections_lock_nobody_out(door: RunningStack, caller: Caller,
+def test_idle_and_trickling_connections_lock_nobody_out(door: RunningStack, caller: ApiClient,
                                                         completed_request: str) -> None:
     samples, flood, summary = run_flood(_port(door.base_url), caller, completed_request, "gunicorn")
     assert_served(samples, flood, summary)
@@ -452,7 +452,7 @@ def nginx(door: RunningStack, tmp_path_factory: pytest.TempPathFactory) -> Itera
         made.stop()
 
 
-def test_behind_nginx_idle_and_trickling_connections_lock_nobody_out(nginx: Nginx, caller: Caller,
+def test_behind_nginx_idle_and_trickling_connections_lock_nobody_out(nginx: Nginx, caller: ApiClient,
                                                                      completed_request: str) -> None:
     header_timeout_s = conf_seconds("client_header_timeout")
     assert HOLD_S > header_timeout_s + CUT_SLACK_S, "the window must see the shipped timeout pass"
@@ -488,7 +488,7 @@ def _post(path: str, body: bytes, headers: dict[str, str]) -> bytes:
             f"Content-Length: {len(body)}\r\nConnection: close\r\n{head}\r\n").encode() + body
 
 
-def test_nginx_answers_its_own_refusals_in_the_contracts_shape(nginx: Nginx, door: RunningStack, caller: Caller,
+def test_nginx_answers_its_own_refusals_in_the_contracts_shape(nginx: Nginx, door: RunningStack, caller: ApiClient,
                                                                 tmp_path: Path) -> None:
     limit = 1_048_576  # MAX_BODY_BYTES, the app's default
     path = f"/v2/models/{FLUX}/requests"
@@ -533,7 +533,7 @@ def test_nginx_never_proxies_the_operator_surfaces(nginx: Nginx) -> None:
         assert json.loads(body)["error_type"] == "model_not_found" and headers["x-content-type-options"] == "nosniff"
 
 
-def test_nginx_passes_on_the_host_and_scheme_the_client_used(nginx: Nginx, caller: Caller,
+def test_nginx_passes_on_the_host_and_scheme_the_client_used(nginx: Nginx, caller: ApiClient,
                                                              completed_request: str) -> None:
     """The app builds absolute URLs from them when PUBLIC_BASE_URL is unset (as
     here); a trusted proxy's X-Forwarded-Proto (127.0.0.1 is one) is believed."""

@@ -16,7 +16,7 @@ from router_queue.broker.dispatch import Dispatcher
 from router_queue.services import Services
 from router_queue.broker.celery_app import make_celery
 
-from .harness import FLUX, Caller, Stub, broker_drained, unique_prompt, wait_for
+from .harness import FLUX, ApiClient, Stub, broker_drained, unique_prompt, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 RECOVERY_BOUND_S = 15.0
 
 
-def _admit_without_publishing(services: Services, caller: Caller, body: dict) -> str:
+def _admit_without_publishing(services: Services, caller: ApiClient, body: dict) -> str:
     """What the front door does before its publish, as if it crashed right after."""
     request_id = services.ids.mint(caller.workspace, FLUX)
     admission = services.store.admit(request_id=request_id, workspace=caller.workspace, model=FLUX,
@@ -34,7 +34,7 @@ def _admit_without_publishing(services: Services, caller: Caller, body: dict) ->
 
 
 def test_sweeper_publishes_a_request_that_was_admitted_but_never_published(
-        services: Services, caller: Caller, stub: Stub) -> None:
+        services: Services, caller: ApiClient, stub: Stub) -> None:
     body = {"prompt": unique_prompt("stranded before publish")}
     admitted_at = time.monotonic()
     request_id = _admit_without_publishing(services, caller, body)
@@ -51,7 +51,7 @@ def test_sweeper_publishes_a_request_that_was_admitted_but_never_published(
     assert stub.submits("bfl_submit", body) == 1
 
 
-def test_duplicate_delivery_runs_the_provider_once(services: Services, caller: Caller, stub: Stub) -> None:
+def test_duplicate_delivery_runs_the_provider_once(services: Services, caller: ApiClient, stub: Stub) -> None:
     body = {"prompt": unique_prompt("delivered three times", "[stub:latency=1]")}
     request_id = _admit_without_publishing(services, caller, body)
     celery = make_celery(services.settings)

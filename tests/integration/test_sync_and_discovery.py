@@ -27,7 +27,7 @@ import requests
 from comfy_sdk import BinaryResult, Comfy
 from comfy_sdk.router_exceptions import ModelNotFound
 
-from .harness import FLUX, GEMINI, TTS, Caller, RunningStack, Stub, ledger_by_request, unique_prompt, wait_for
+from .harness import FLUX, GEMINI, TTS, ApiClient, RunningStack, Stub, ledger_by_request, unique_prompt, wait_for
 from .sync_support import SYNC_READ_TIMEOUT_S, documented_media_types, request_body_schema, resolve
 
 pytestmark = pytest.mark.integration
@@ -51,7 +51,7 @@ def _body_for(model: str, text: str, **extra: Any) -> dict[str, Any]:
     return {"prompt": text, **extra}
 
 
-def _sync_post(caller: Caller, base_url: str, model: str, body: Any, *, key: str | None = None,
+def _sync_post(caller: ApiClient, base_url: str, model: str, body: Any, *, key: str | None = None,
                timeout: float | tuple[float, float] = SYNC_READ_TIMEOUT_S, bearer: bool = False) -> requests.Response:
     headers = {"Content-Type": JSON}
     if key is not None:
@@ -68,7 +68,7 @@ def _retry_after(response: requests.Response) -> int:
 
 
 @pytest.fixture
-def client(comfy_env: Caller) -> Iterator[Comfy]:
+def client(comfy_env: ApiClient) -> Iterator[Comfy]:
     with Comfy() as made:
         yield made
 
@@ -137,7 +137,7 @@ def test_sdk_run_tts_returns_binary_audio(client: Comfy, stub: Stub) -> None:
     (TTS, {}, "audio/mpeg"),
     (TTS, {"response_format": "wav"}, "audio/wav"),
 ], ids=["flux-json", "gemini-json", "tts-mp3", "tts-wav"])
-def test_sync_output_is_the_queued_result_byte_for_byte(caller: Caller, stack, model: str, extra: dict,
+def test_sync_output_is_the_queued_result_byte_for_byte(caller: ApiClient, stack, model: str, extra: dict,
                                                         media_type: str) -> None:
     body = _body_for(model, unique_prompt("bytes sync vs queued"), **extra)
 
@@ -164,7 +164,7 @@ def test_sync_output_is_the_queued_result_byte_for_byte(caller: Caller, stack, m
     (GEMINI, "[stub:reject]", 422, "invalid_input"),
     (TTS, "[stub:refuse]", 400, "content_policy_violation"),
 ])
-def test_sync_failure_is_the_queued_failure(caller: Caller, stack, model: str, directive: str, status: int,
+def test_sync_failure_is_the_queued_failure(caller: ApiClient, stack, model: str, directive: str, status: int,
                                             bucket: str) -> None:
     body = _body_for(model, unique_prompt("failure sync vs queued", directive))
 
@@ -180,7 +180,7 @@ def test_sync_failure_is_the_queued_failure(caller: Caller, stack, model: str, d
         assert answer.headers.get("X-Comfy-Request-Id")
 
 
-def test_sync_route_serves_a_workspace_without_queued_delivery(disabled_caller: Caller, stack) -> None:
+def test_sync_route_serves_a_workspace_without_queued_delivery(disabled_caller: ApiClient, stack) -> None:
     body = _body_for(FLUX, unique_prompt("sync without queue"))
 
     refused = disabled_caller.submit(FLUX, body)
@@ -191,7 +191,7 @@ def test_sync_route_serves_a_workspace_without_queued_delivery(disabled_caller: 
     assert answer.json()["status"] == "Ready"
 
 
-def test_sync_route_refusals(caller: Caller, stack) -> None:
+def test_sync_route_refusals(caller: ApiClient, stack) -> None:
     base = stack.base_url
     body = _body_for(FLUX, unique_prompt("sync refusals"))
     cases = [
@@ -216,7 +216,7 @@ def test_sync_route_refusals(caller: Caller, stack) -> None:
 # -- the deadline: 504, the same key re-attaches, one submit, one charge -------------------------
 
 
-def test_deadline_504_then_the_same_key_reattaches(deadline_door: RunningStack, caller: Caller, stub: Stub,
+def test_deadline_504_then_the_same_key_reattaches(deadline_door: RunningStack, caller: ApiClient, stub: Stub,
                                                    services) -> None:
     body = _body_for(FLUX, unique_prompt("sync deadline", "[stub:latency=6]"))
     key = f"deadline-{uuid.uuid4().hex}"
@@ -262,7 +262,7 @@ def test_deadline_504_then_the_same_key_reattaches(deadline_door: RunningStack, 
     assert ledger_by_request(services, caller.workspace) == {request_id: ["hold", "charge"]}
 
 
-def test_sdk_run_collects_a_long_generation_through_the_deadline(deadline_door: RunningStack, caller: Caller,
+def test_sdk_run_collects_a_long_generation_through_the_deadline(deadline_door: RunningStack, caller: ApiClient,
                                                                 stub: Stub, services,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COMFY_ROUTER_BASE_URL", deadline_door.base_url)
@@ -396,7 +396,7 @@ def test_docs_page_renders_every_model_and_reaches_nothing_outside(stack, servic
 # -- what the document promises the routes keep --------------------------------------------------
 
 
-def test_tts_wav_output_content_type_is_documented(stack, caller: Caller, api_document: dict) -> None:
+def test_tts_wav_output_content_type_is_documented(stack, caller: ApiClient, api_document: dict) -> None:
     body = _body_for(TTS, unique_prompt("documented media type"), response_format="wav")
     response = _sync_post(caller, stack.base_url, TTS, body)
     if response.status_code != 200 or response.headers["Content-Type"] != "audio/wav":
@@ -408,7 +408,7 @@ def test_tts_wav_output_content_type_is_documented(stack, caller: Caller, api_do
         assert "audio/wav" in documented, f"{method.upper()} {path} 200 documents {sorted(documented)}"
 
 
-def test_replayed_submit_answer_matches_the_documented_handle(caller: Caller, api_document: dict) -> None:
+def test_replayed_submit_answer_matches_the_documented_handle(caller: ApiClient, api_document: dict) -> None:
     body = _body_for(FLUX, unique_prompt("replayed handle"))
     key = f"replay-{uuid.uuid4().hex}"
     request_id = caller.submit_ok(FLUX, body, headers={"Idempotency-Key": key})

@@ -45,7 +45,7 @@ from router_queue.webhooks.event import new_secret
 from tests.redis_servers import PrivateRedis
 
 from .chaos_support import assert_settled_once
-from .harness import GEMINI, START_CREDITS, Caller, RunningStack, make_caller, stack_env, unique_prompt, wait_for
+from .harness import GEMINI, START_CREDITS, ApiClient, RunningStack, make_caller, stack_env, unique_prompt, wait_for
 from .test_webhooks import Receiver, cli_ok
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -169,7 +169,7 @@ def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
         made.stop()
 
 
-def hooked_caller(stack: RunningStack, name: str) -> tuple[Caller, str]:
+def hooked_caller(stack: RunningStack, name: str) -> tuple[ApiClient, str]:
     caller = make_caller(stack, name)
     secret = new_secret()
     assert stack.services.accounts.webhook_secret(caller.workspace, secret) == "CREATED"

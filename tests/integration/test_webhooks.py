@@ -40,7 +40,7 @@ from router_queue.webhooks.event import new_secret
 
 from tests.redis_servers import PrivateRedis, terminate
 
-from .harness import FLUX, Caller, RunningStack, make_caller, stack_env, unique_prompt, wait_for
+from .harness import FLUX, ApiClient, RunningStack, make_caller, stack_env, unique_prompt, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -189,7 +189,7 @@ def receiver(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Receiver]:
         made.stop()
 
 
-def workspace_with_secret(stack: RunningStack, name: str) -> tuple[Caller, str]:
+def workspace_with_secret(stack: RunningStack, name: str) -> tuple[ApiClient, str]:
     """A fresh workspace, and the signing secret ``router-queue workspace webhook-secret`` printed for it."""
     caller = make_caller(stack, name)
     secret = cli_ok(stack.env, "workspace", "webhook-secret", caller.workspace).stdout.strip()
@@ -197,7 +197,7 @@ def workspace_with_secret(stack: RunningStack, name: str) -> tuple[Caller, str]:
     return caller, secret
 
 
-def hook_name(label: str, caller: Caller) -> str:
+def hook_name(label: str, caller: ApiClient) -> str:
     return f"{label}-{caller.workspace}"
 
 
@@ -236,7 +236,7 @@ def assert_event_body(event: dict[str, Any], status: dict[str, Any], submitted: 
                           "started_at", "completed_at", "cost"}
 
 
-def submit(caller: Caller, label: str, *directives: str, url: str | None = None) -> tuple[str, dict[str, Any]]:
+def submit(caller: ApiClient, label: str, *directives: str, url: str | None = None) -> tuple[str, dict[str, Any]]:
     headers = {"X-Comfy-Webhook-Url": url} if url is not None else None
     response = caller.submit(FLUX, {"prompt": unique_prompt(label, *directives)}, headers=headers)
     assert response.status_code == 201, (response.status_code, response.text)
@@ -523,7 +523,7 @@ ALL_EVENTS = "started, progress,completed"
 PROGRESS_GAP_S = 2.0 - 0.5
 
 
-def submit_steps(caller: Caller, label: str, url: str, *directives: str) -> str:
+def submit_steps(caller: ApiClient, label: str, url: str, *directives: str) -> str:
     response = caller.submit(FLUX, {"prompt": unique_prompt(label, *directives)},
                              headers={"X-Comfy-Webhook-Url": url, "X-Comfy-Webhook-Events": ALL_EVENTS})
     assert response.status_code == 201, (response.status_code, response.text)

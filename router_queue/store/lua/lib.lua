@@ -111,7 +111,7 @@ end
 
 -- Tell the event streams of a provider's waiting requests that positions
 -- moved (a slot was granted or a granted request started): they read their
--- position again, each at most once a second (router_queue/web/events.py).
+-- position again, each at most once a second (router_queue/web/stream.py).
 local function announce_moved(sched_base)
   redis.call("PUBLISH", "rq:events:provider:" .. string.sub(sched_base, 10), "MOVED")
 end

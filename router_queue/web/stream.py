@@ -30,7 +30,7 @@ import redis
 
 from ..states import COMPLETED, IN_QUEUE
 from ..store.requests import RequestStore, StatusView, event_source
-from .views import status_body
+from .bodies import status_body
 
 log = logging.getLogger(__name__)
 

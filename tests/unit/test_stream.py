@@ -9,7 +9,7 @@ import time
 import pytest
 
 from router_queue.store.requests import Lease
-from router_queue.web import events
+from router_queue.web import stream
 from tests.unit.support import record_of
 
 FLUX = "/v2/models/bfl/flux-2-pro"
@@ -82,7 +82,7 @@ def test_an_unknown_request_is_404_before_any_stream(http, auth):
 def test_each_change_is_one_event_in_order_until_completed(http, auth, services, monkeypatch):
     if type(services.redis).__module__.startswith("fakeredis"):
         pytest.skip("fakeredis blocks every thread while one waits on pub/sub; this needs a real Redis")
-    monkeypatch.setattr(events, "POSITION_REFRESH_S", 0.0)
+    monkeypatch.setattr(stream, "POSITION_REFRESH_S", 0.0)
     ahead = submit(http, auth)
     services.store.max_in_flight = lambda provider: 1  # ahead holds the one slot
     request_id = submit(http, auth)
