@@ -11,8 +11,21 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import schedule
-from .core import (CAP, CAPPED_MODEL_ID, CAPPED_PROVIDER, Context, MeasurementError, Fleet, Pinger,
-                   emit, label, phase, redis_cpu, spread)
+from .core import (
+    CAP,
+    CAPPED_MODEL_ID,
+    CAPPED_PROVIDER,
+    Context,
+    Fleet,
+    MeasurementError,
+    Pinger,
+    emit,
+    label,
+    option,
+    phase,
+    redis_cpu,
+    spread,
+)
 from .procs import log, precise_cpu_seconds
 
 PROVIDER, MODEL_ID = CAPPED_PROVIDER, CAPPED_MODEL_ID
@@ -28,18 +41,11 @@ PINGS, SUBMITTERS = 20, 8
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("behind a cap of 1 (grant_to_start, waiting_cpu)")
-    group.add_argument("--grant-chain", type=int, default=40,
-                       help="short generations run one after another behind vertexai's cap of 1 for "
-                            "grant_to_start (default 40)")
-    group.add_argument("--waiting", type=int, default=10_000,
-                       help="requests waiting behind vertexai's cap of 1 for waiting_cpu (default 10000)")
-    group.add_argument("--waiting-window", type=float, default=20.0,
-                       help="seconds of each CPU window of waiting_cpu (default 20)")
-
-
-def check_arguments(parser, args) -> None:
-    if args.grant_chain < 2 or args.waiting < 1 or args.waiting_window <= 0:
-        parser.error("grant-chain must be at least 2, waiting at least 1, waiting-window above 0")
+    option(group, "--grant-chain", 40, "short generations run one after another behind vertexai's cap of 1 for "
+           "grant_to_start (default 40)", minimum=2)
+    option(group, "--waiting", 10_000, "requests waiting behind vertexai's cap of 1 for waiting_cpu (default 10000)")
+    option(group, "--waiting-window", 20.0, "seconds of each CPU window of waiting_cpu (default 20)", minimum=0,
+           above=True)
 
 
 def body(text: str) -> str:

@@ -85,11 +85,25 @@ class Context:
     fleet: "Fleet | None" = None
 
 
-def at_least(parser, args, minimum: float, *names: str) -> None:
-    """``parser.error`` unless every option in ``names`` is at least ``minimum``."""
-    low = [n for n in names if getattr(args, n) is not None and getattr(args, n) < minimum]
-    if low:
-        parser.error(f"{', '.join('--' + n.replace('_', '-') for n in low)} must be at least {minimum:g}")
+#: Option (dest) -> (its lowest accepted value, whether that value itself is refused).
+LIMITS: dict[str, tuple[float, bool]] = {}
+
+
+def option(group, flag: str, default, help: str, *, minimum: float | None = 1, above: bool = False,
+           **kwargs) -> None:
+    """``--flag``, typed as ``default``; ``bench/run`` refuses a value under ``minimum`` (or at it, ``above``)."""
+    kwargs.setdefault("type", type(default) if default is not None else int)
+    action = group.add_argument(flag, default=default, help=help, **kwargs)
+    if minimum is not None:
+        LIMITS[action.dest] = (minimum, above)
+
+
+def check_limits(parser, args) -> None:
+    """``parser.error`` for the first option outside its limit."""
+    for dest, (low, above) in LIMITS.items():
+        value = getattr(args, dest)
+        if value is not None and (value <= low if above else value < low):
+            parser.error(f"--{dest.replace('_', '-')} must be {'above' if above else 'at least'} {low:g}")
 
 
 # -- figures --------------------------------------------------------------------------
@@ -248,15 +262,10 @@ class BenchStack(Stack):
 
 def add_fleet_arguments(parser) -> None:
     group = parser.add_argument_group("the fleet (every delivery phase)")
-    group.add_argument("--fleet-workers", type=int, default=2, help="Celery worker processes (default 2)")
-    group.add_argument("--worker-threads", type=int, default=256,
-                       help="threads per Celery worker, --pool threads (default 256)")
-    group.add_argument("--web-workers", type=int, default=2,
-                       help="gunicorn gevent workers of the stack's front door (default 2, as router-queue dev)")
-
-
-def check_fleet_arguments(parser, args) -> None:
-    at_least(parser, args, 1, "fleet_workers", "worker_threads", "web_workers")
+    option(group, "--fleet-workers", 2, "Celery worker processes (default 2)")
+    option(group, "--worker-threads", 256, "threads per Celery worker, --pool threads (default 256)")
+    option(group, "--web-workers", 2,
+           "gunicorn gevent workers of the stack's front door (default 2, as router-queue dev)")
 
 
 @dataclass

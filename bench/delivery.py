@@ -10,29 +10,20 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .core import (COMPLETED, Context, Fleet, MeasurementError, Pinger, at_least, emit, median_round, phase,
-                   spread)
+from .core import COMPLETED, Context, Fleet, MeasurementError, Pinger, emit, median_round, option, phase, spread
 from .procs import log
 
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("delivery figures (inflight, dispatch)")
-    group.add_argument("--inflight", type=int, default=500,
-                       help="generations submitted at once for the in-flight figure (default 500)")
-    group.add_argument("--latency", type=float, default=5.0,
-                       help="stub generation time in seconds, [stub:latency=...] (default 5)")
-    group.add_argument("--submitters", type=int, default=32,
-                       help="concurrent HTTP submitters for the in-flight burst (default 32)")
-    group.add_argument("--inflight-rounds", type=int, default=1,
-                       help="(one alone, n at once) rounds; the median-ratio round is reported (default 1)")
-    group.add_argument("--inflight-timeout", type=float, default=300.0,
-                       help="seconds the n generations may take before the figure fails (default 300)")
-    group.add_argument("--samples", type=int, default=50,
-                       help="dispatch samples (and as many pings), interleaved (default 50)")
-
-
-def check_arguments(parser, args) -> None:
-    at_least(parser, args, 1, "inflight", "submitters", "inflight_rounds", "samples")
+    option(group, "--inflight", 500, "generations submitted at once for the in-flight figure (default 500)")
+    option(group, "--latency", 5.0, "stub generation time in seconds, [stub:latency=...] (default 5)", minimum=0)
+    option(group, "--submitters", 32, "concurrent HTTP submitters for the in-flight burst (default 32)")
+    option(group, "--inflight-rounds", 1, "(one alone, n at once) rounds; the median-ratio round is reported "
+           "(default 1)")
+    option(group, "--inflight-timeout", 300.0, "seconds the n generations may take before the figure fails "
+           "(default 300)", minimum=0, above=True)
+    option(group, "--samples", 50, "dispatch samples (and as many pings), interleaved (default 50)")
 
 
 # -- inflight ---------------------------------------------------------------------

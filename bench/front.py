@@ -10,8 +10,19 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from . import schedule
-from .core import (MODEL_ID, Context, MeasurementError, at_least, emit, http_json, label, median_round, phase,
-                   server_env, wait_http)
+from .core import (
+    MODEL_ID,
+    Context,
+    MeasurementError,
+    emit,
+    http_json,
+    label,
+    median_round,
+    option,
+    phase,
+    server_env,
+    wait_http,
+)
 from .load import Driver, LoadResult, Shot
 from .procs import Children, cpu_seconds, ensure_tool, log, start_gunicorn, start_redis
 
@@ -20,27 +31,21 @@ SUBMIT_BODY = '{"prompt": "bench"}'
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("front door (status_read, floor, submit, replicated, depth)")
-    group.add_argument("--workers", type=int, default=2,
-                       help="gunicorn gevent workers per app (default 2, the Procfile's WEB_CONCURRENCY)")
-    group.add_argument("--threads", type=int, default=2, help="wrk threads (default 2)")
-    group.add_argument("--connections", type=int, default=16, help="wrk connections (default 16)")
-    group.add_argument("--duration", type=int, default=5, help="seconds per measured run (default 5)")
-    group.add_argument("--warmup", type=int, default=2, help="seconds of warm-up per target (default 2)")
-    group.add_argument("--rounds", type=int, default=3,
-                       help="interleaved baseline/subject rounds; medians are reported (default 3)")
-    group.add_argument("--near", type=int, default=10, help="requests ahead for the cost baseline (default 10)")
-    group.add_argument("--depth", type=int, default=100_000, help="requests ahead for the deep read (default 100000)")
-    group.add_argument("--depth-rounds", type=int, default=5,
-                       help="interleaved rounds of the depth figure (default 5: its A/A spread on this "
-                            "machine is wider than the target)")
-    group.add_argument("--depth-workspaces", type=int, default=1000,
-                       help="workspaces the requests ahead are spread over (default 1000; "
-                            "the near side uses min(this, --near))")
+    option(group, "--workers", 2, "gunicorn gevent workers per app (default 2, the Procfile's WEB_CONCURRENCY)")
+    option(group, "--threads", 2, "wrk threads (default 2)")
+    option(group, "--connections", 16, "wrk connections (default 16; at least --threads)")
+    option(group, "--duration", 5, "seconds per measured run (default 5)")
+    option(group, "--warmup", 2, "seconds of warm-up per target (default 2)", minimum=0)
+    option(group, "--rounds", 3, "interleaved baseline/subject rounds; medians are reported (default 3)")
+    option(group, "--near", 10, "requests ahead for the cost baseline (default 10)")
+    option(group, "--depth", 100_000, "requests ahead for the deep read (default 100000)")
+    option(group, "--depth-rounds", 5, "interleaved rounds of the depth figure (default 5: its A/A spread on this "
+           "machine is wider than the target)")
+    option(group, "--depth-workspaces", 1000, "workspaces the requests ahead are spread over (default 1000; "
+           "the near side uses min(this, --near))")
 
 
 def check_arguments(parser, args) -> None:
-    at_least(parser, args, 1, "workers", "threads", "connections", "duration", "rounds", "near", "depth",
-             "depth_rounds", "depth_workspaces")
     if args.connections < args.threads:
         parser.error("connections must be at least threads (wrk)")
 

@@ -15,8 +15,22 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import capped
-from .core import (CAPPED_MODEL_ID, COMPLETED, Context, Fleet, KeepAlive, MeasurementError, emit, median_round, pct,
-                   phase, redis_cpu, wait_http, with_db)
+from .core import (
+    CAPPED_MODEL_ID,
+    COMPLETED,
+    Context,
+    Fleet,
+    KeepAlive,
+    MeasurementError,
+    emit,
+    median_round,
+    option,
+    pct,
+    phase,
+    redis_cpu,
+    wait_http,
+    with_db,
+)
 from .procs import ROOT, Children, cpu_seconds, free_port, log, wait_for_port
 
 MODEL_ID = CAPPED_MODEL_ID  # one synchronous provider call
@@ -30,33 +44,26 @@ IDLE_S = 3.0
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("full cycle against a minimal loop (full_cycle)")
-    group.add_argument("--cycle-clients", type=int, default=32,
-                       help="client threads of full_cycle, each submit -> poll -> collect in a loop (default 32)")
-    group.add_argument("--cycle-seconds", type=float, default=10.0,
-                       help="counted seconds per full_cycle run (default 10)")
-    group.add_argument("--cycle-warmup", type=float, default=2.0,
-                       help="uncounted seconds before each full_cycle run's window (default 2)")
-    group.add_argument("--cycle-rounds", type=int, default=3,
-                       help="interleaved (ours, minimal noop, minimal stub) rounds of full_cycle (default 3)")
-    group.add_argument("--cycle-poll-ms", type=float, default=10.0,
-                       help="ms a full_cycle client sleeps before each status read (default 10)")
-    group.add_argument("--minimal-concurrency", type=int, default=2,
-                       help="prefork processes of the minimal loop's Celery worker (default 2, the cores here)")
-    group.add_argument("--minimal-web-workers", type=int, default=None,
-                       help="gunicorn workers of the minimal loop (default: --web-workers, as the fleet's)")
-    group.add_argument("--minimal-db", type=int, default=11,
-                       help="Redis database of the minimal loop, flushed before and after (default 11)")
-    group.add_argument("--minimal-stub", choices=("on", "off"), default="on",
-                       help="also run the minimal loop with a real stub call in every round (default on)")
+    option(group, "--cycle-clients", 32, "client threads of full_cycle, each submit -> poll -> collect in a loop "
+           "(default 32)")
+    option(group, "--cycle-seconds", 10.0, "counted seconds per full_cycle run (default 10)", minimum=0, above=True)
+    option(group, "--cycle-warmup", 2.0, "uncounted seconds before each full_cycle run's window (default 2)",
+           minimum=0)
+    option(group, "--cycle-rounds", 3, "interleaved (ours, minimal noop, minimal stub) rounds of full_cycle "
+           "(default 3)")
+    option(group, "--cycle-poll-ms", 10.0, "ms a full_cycle client sleeps before each status read (default 10)",
+           minimum=0)
+    option(group, "--minimal-concurrency", 2, "prefork processes of the minimal loop's Celery worker (default 2, "
+           "the cores here)")
+    option(group, "--minimal-web-workers", None, "gunicorn workers of the minimal loop (default: --web-workers, "
+           "as the fleet's)")
+    option(group, "--minimal-db", 11, "Redis database of the minimal loop, flushed before and after (default 11)")
+    option(group, "--minimal-stub", "on", "also run the minimal loop with a real stub call in every round "
+           "(default on)", minimum=None, choices=("on", "off"))
 
 
 def check_arguments(parser, args) -> None:
-    if min(args.cycle_clients, args.cycle_rounds, args.minimal_concurrency) < 1 or args.cycle_seconds <= 0 \
-            or args.cycle_warmup < 0 or args.cycle_poll_ms < 0:
-        parser.error("cycle-clients, cycle-rounds and minimal-concurrency must be at least 1, cycle-seconds "
-                     "above 0, cycle-warmup and cycle-poll-ms at least 0")
-    side_dbs = {part.strip() for part in str(args.side_dbs).split(",")}
-    if args.minimal_db in (0, args.redis_db) or str(args.minimal_db) in side_dbs:
+    if args.minimal_db in (0, args.redis_db) or args.minimal_db in args.side_dbs:
         parser.error("--minimal-db must differ from 0, --redis-db and --side-dbs")
 
 

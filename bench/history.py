@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from . import schedule
-from .core import Context, KeepAlive, MeasurementError, at_least, emit, phase, script_usec
+from .core import Context, KeepAlive, MeasurementError, emit, option, phase, script_usec
 from .procs import log
 
 MODEL = "bfl/flux-2-pro"
@@ -73,17 +73,10 @@ def _script_us(services, workspace: str, after: str | None, since: float, count:
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("request history (history_paging)")
-    group.add_argument("--history-requests", type=int, default=100_000,
-                       help="requests in the workspace's history (default 100000)")
-    group.add_argument("--history-rounds", type=int, default=15,
-                       help="interleaved rounds of first- and last-page reads (default 15)")
+    option(group, "--history-requests", 100_000, "requests in the workspace's history (default 100000)")
+    option(group, "--history-rounds", 15, "interleaved rounds of first- and last-page reads (default 15)")
 
 
-def check_arguments(parser, args) -> None:
-    at_least(parser, args, 1, "history_requests", "history_rounds")
-
-
-# last of the front-door phases: it leaves 10,000 requests waiting on bfl
 @phase("history_paging", "front", 70)
 def measure(ctx: Context) -> None:
     services, front_url = ctx.front.services, ctx.front.url

@@ -7,7 +7,7 @@ import json
 import statistics
 from typing import Callable
 
-from .core import Context, KeepAlive, MeasurementError, at_least, emit, phase
+from .core import Context, KeepAlive, MeasurementError, emit, option, phase
 from .procs import log
 
 MODEL = "vertexai/gemini-3.1-flash-image"
@@ -57,12 +57,8 @@ def bodies() -> dict[str, bytes]:
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--hostile-rounds", type=int, default=15,
-                        help="interleaved rounds of plain and hostile 1 MB submits (hostile_body_ratio; default 15)")
-
-
-def check_arguments(parser, args) -> None:
-    at_least(parser, args, 1, "hostile_rounds")
+    option(parser, "--hostile-rounds", 15,
+           "interleaved rounds of plain and hostile 1 MB submits (hostile_body_ratio; default 15)")
 
 
 @phase("hostile_body_ratio", "front", 60)

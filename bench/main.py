@@ -19,8 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import capped, delivery, front, full_cycle, history, hostile, schedule, streams, sync_held
-from .core import (Context, Fleet, MeasurementError, add_fleet_arguments, check_fleet_arguments, ordered,
-                   with_db)
+from .core import Context, Fleet, MeasurementError, add_fleet_arguments, check_limits, ordered, with_db
 from .procs import Children, ensure_tool, log, start_redis
 
 #: Every module that adds phases (and their options); importing one registers its phases.
@@ -55,7 +54,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if len(args.side_dbs) != 2 or len(set(args.side_dbs)) != 2 or args.redis_db in args.side_dbs \
             or 0 in args.side_dbs:
         parser.error("--side-dbs takes two distinct database numbers, neither 0 nor --redis-db")
-    check_fleet_arguments(parser, args)
+    check_limits(parser, args)
     for module in PHASE_MODULES:
         if hasattr(module, "check_arguments"):
             module.check_arguments(parser, args)

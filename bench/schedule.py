@@ -11,7 +11,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .core import Context, MeasurementError, at_least, emit, median_round, phase, redis_cpu, script_usec
+from .core import Context, MeasurementError, emit, median_round, option, phase, redis_cpu, script_usec
 from .procs import ROOT, log
 
 #: Admits (or cancels) sent per pipeline while seeding.
@@ -22,18 +22,12 @@ BENCH_LEASE_S = 10**6
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("dispatch cost (dispatch_cost)")
-    group.add_argument("--cost-workspaces", type=int, default=1000,
-                       help="workspaces the waiting requests are spread over (default 1000)")
-    group.add_argument("--cost-queue", type=int, default=10_000,
-                       help="requests waiting behind the cap of 1, on each side, throughout (default 10000)")
-    group.add_argument("--cost-cycles", type=int, default=2000,
-                       help="complete -> grant -> claim cycles per run (default 2000)")
-    group.add_argument("--cost-rounds", type=int, default=5,
-                       help="interleaved (1 workspace, many) rounds; the median-ratio round is reported (default 5)")
-
-
-def check_arguments(parser, args) -> None:
-    at_least(parser, args, 1, "cost_workspaces", "cost_queue", "cost_cycles", "cost_rounds")
+    option(group, "--cost-workspaces", 1000, "workspaces the waiting requests are spread over (default 1000)")
+    option(group, "--cost-queue", 10_000, "requests waiting behind the cap of 1, on each side, throughout "
+           "(default 10000)")
+    option(group, "--cost-cycles", 2000, "complete -> grant -> claim cycles per run (default 2000)")
+    option(group, "--cost-rounds", 5, "interleaved (1 workspace, many) rounds; the median-ratio round is reported "
+           "(default 5)")
 
 
 # -- set-up helpers ------------------------------------------------------------------

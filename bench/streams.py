@@ -10,8 +10,8 @@ import time
 import uuid
 from typing import Any
 
+from .core import Context, MeasurementError, emit, http_json, option, pct, phase, summary
 from .procs import cpu_seconds, log
-from .core import Context, MeasurementError, emit, http_json, pct, phase, summary
 from .sync_held import read_series
 
 MODEL_ID = "openai/gpt-4o-mini-tts"
@@ -21,14 +21,9 @@ IDLE_WINDOW_S = 5.0
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("event streams (streams)")
-    group.add_argument("--streams", type=int, default=1000, help="event streams held open for streams (default 1000)")
-    group.add_argument("--stream-latency", type=float, default=90.0,
-                       help="stub generation time of the followed request, s (default 90)")
-
-
-def check_arguments(parser, args) -> None:
-    if args.streams < 1 or args.stream_latency < 30:
-        parser.error("streams must be at least 1, stream-latency at least 30 s")
+    option(group, "--streams", 1000, "event streams held open for streams (default 1000)")
+    option(group, "--stream-latency", 90.0, "stub generation time of the followed request, s (default 90)",
+           minimum=30)
 
 
 def _web_cpu(fleet: Any) -> float:

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core import Context, KeepAlive, MeasurementError, at_least, emit, http_json, pct, phase, summary
+from .core import Context, KeepAlive, MeasurementError, emit, http_json, option, pct, phase, summary
 from .procs import log
 
 MODEL_ID = "openai/gpt-4o-mini-tts"
@@ -25,20 +25,11 @@ IDLE_WINDOW_S = 3.0
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("status reads with synchronous calls held (sync_held)")
-    group.add_argument("--held", type=int, default=200,
-                       help="synchronous calls held open for sync_held (default 200)")
-    group.add_argument("--held-latency", type=float, default=30.0,
-                       help="stub generation time of each held call, s (default 30)")
-    group.add_argument("--held-reads", type=int, default=2000,
-                       help="timed status reads per series of sync_held: before, during and after the hold "
-                            "(default 2000)")
-    group.add_argument("--held-readers", type=int, default=4,
-                       help="threads sending the status reads, one connection each (default 4)")
-
-
-def check_arguments(parser, args) -> None:
-    at_least(parser, args, 1, "held", "held_reads", "held_readers")
-    at_least(parser, args, 5, "held_latency")
+    option(group, "--held", 200, "synchronous calls held open for sync_held (default 200)")
+    option(group, "--held-latency", 30.0, "stub generation time of each held call, s (default 30)", minimum=5)
+    option(group, "--held-reads", 2000, "timed status reads per series of sync_held: before, during and after the "
+           "hold (default 2000)")
+    option(group, "--held-readers", 4, "threads sending the status reads, one connection each (default 4)")
 
 
 # -- the status reads --------------------------------------------------------------
