@@ -3,18 +3,16 @@ generation, against the same reads with none open; and the web CPU the idle stre
 
 from __future__ import annotations
 
-import json
 import selectors
 import socket
 import time
 import uuid
 from typing import Any
 
-from .core import Context, MeasurementError, emit, http_json, option, pct, phase, summary
+from .core import Context, MeasurementError, emit, option, pct, phase, summary
 from .procs import cpu_seconds, log
-from .sync_held import read_series
+from .sync_held import MODEL_ID, read_series, speech_body
 
-MODEL_ID = "openai/gpt-4o-mini-tts"
 #: Seconds over which the web processes' CPU is taken, with and without streams.
 IDLE_WINDOW_S = 5.0
 
@@ -86,19 +84,12 @@ def measure(ctx: Context) -> None:
     auth = {"X-API-Key": fleet.api_key}
     base = f"/v2/models/{MODEL_ID}/requests"
 
-    code, target = http_json("POST", f"{fleet.base}{base}", fleet.post_headers,
-                                   json.dumps({"input": f"bench streams target {uuid.uuid4().hex}", "voice": "alloy"}))
-    if code != 201:
-        raise MeasurementError(f"streams: the target submit answered {code}: {target}")
-    fleet.wait_records([target["request_id"]], ("COMPLETED",), timeout_s=30, interval_s=0.05)
-    status_path = f"{base}/{target['request_id']}/status"
-    code, followed = http_json(
-        "POST", f"{fleet.base}{base}", fleet.post_headers,
-        json.dumps({"input": f"bench streams followed {uuid.uuid4().hex} [stub:latency={args.stream_latency:g}]",
-                    "voice": "alloy"}))
-    if code != 201:
-        raise MeasurementError(f"streams: the followed submit answered {code}: {followed}")
-    fleet.wait_records([followed["request_id"]], ("IN_PROGRESS",), timeout_s=30, interval_s=0.05)
+    target = fleet.submit_to(MODEL_ID, speech_body(f"bench streams target {uuid.uuid4().hex}"))
+    fleet.wait_records([target], ("COMPLETED",), timeout_s=30, interval_s=0.05)
+    status_path = f"{base}/{target}/status"
+    followed = fleet.submit_to(MODEL_ID, speech_body(f"bench streams followed {uuid.uuid4().hex} "
+                                                 f"[stub:latency={args.stream_latency:g}]"))
+    fleet.wait_records([followed], ("IN_PROGRESS",), timeout_s=30, interval_s=0.05)
     began = time.monotonic()
 
     log(f"streams: {args.held_reads} status reads from {args.held_readers} threads, no stream open")
@@ -106,7 +97,7 @@ def measure(ctx: Context) -> None:
     log(f"streams: without streams {summary(without)}")
     idle_without = _cpu_percent(fleet)
 
-    streams = Streams(port, f"{base}/{followed['request_id']}/events", fleet.api_key, args.streams)
+    streams = Streams(port, f"{base}/{followed}/events", fleet.api_key, args.streams)
     try:
         ready = streams.all_streaming(60)
         if ready != args.streams:

@@ -11,7 +11,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from .core import Context, KeepAlive, MeasurementError, emit, http_json, option, pct, phase, summary
+from .core import Context, KeepAlive, MeasurementError, emit, option, pct, phase, summary
 from .procs import log
 
 MODEL_ID = "openai/gpt-4o-mini-tts"
@@ -117,6 +117,11 @@ def _admitted(fleet: Any) -> tuple[int, int]:
     return int(running), int(queued)
 
 
+def speech_body(text: str) -> str:
+    """An OpenAI speech body: its stub answers after the latency in one call."""
+    return json.dumps({"input": text, "voice": "alloy"})
+
+
 def _answered(calls: list[HeldCall]) -> int:
     return sum(1 for call in calls if call.done.is_set())
 
@@ -134,12 +139,9 @@ def measure(ctx: Context) -> None:
     run_path = f"/v2/models/{MODEL_ID}"
 
     # the request whose status is read: one finished speech generation
-    code, handle = http_json("POST", f"{fleet.base}{run_path}/requests", fleet.post_headers,
-                                   json.dumps({"input": f"bench held target {uuid.uuid4().hex}", "voice": "alloy"}))
-    if code != 201:
-        raise MeasurementError(f"sync_held: the target submit answered {code}: {handle}")
-    fleet.wait_records([handle["request_id"]], ("COMPLETED",), timeout_s=30, interval_s=0.05)
-    status_path = f"{run_path}/requests/{handle['request_id']}/status"
+    target = fleet.submit_to(MODEL_ID, speech_body(f"bench held target {uuid.uuid4().hex}"))
+    fleet.wait_records([target], ("COMPLETED",), timeout_s=30, interval_s=0.05)
+    status_path = f"{run_path}/requests/{target}/status"
     running, queued = _admitted(fleet)
     if running or queued:
         raise MeasurementError(f"sync_held: {running} running and {queued} queued {PROVIDER} requests before "
@@ -150,8 +152,8 @@ def measure(ctx: Context) -> None:
     log(f"sync_held: without held calls {summary(without)}")
 
     latency = args.held_latency
-    calls = [HeldCall(json.dumps({"input": f"bench held {n} {uuid.uuid4().hex} [stub:latency={latency:g}]",
-                                  "voice": "alloy"}).encode()) for n in range(args.held)]
+    calls = [HeldCall(speech_body(f"bench held {n} {uuid.uuid4().hex} [stub:latency={latency:g}]").encode())
+             for n in range(args.held)]
     headers = {**auth, "Content-Type": "application/json"}
     threads = [threading.Thread(target=_hold, args=(port, run_path, headers, call, latency + 120),
                                 name=f"held-{n}", daemon=True) for n, call in enumerate(calls)]
