@@ -11,21 +11,8 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from . import schedule
-from .core import (
-    CAP,
-    CAPPED_MODEL_ID,
-    CAPPED_PROVIDER,
-    Context,
-    Fleet,
-    MeasurementError,
-    Pinger,
-    emit,
-    label,
-    option,
-    phase,
-    redis_cpu,
-    spread,
-)
+from .core import (CAP, CAPPED_MODEL_ID, CAPPED_PROVIDER, Context, Fleet, MeasurementError, Pinger, emit, label, option,
+                   phase, redis_cpu, spread)
 from .procs import log, precise_cpu_seconds
 
 PROVIDER, MODEL_ID = CAPPED_PROVIDER, CAPPED_MODEL_ID

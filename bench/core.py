@@ -242,6 +242,21 @@ def server_env(redis_url: str, **extra: str) -> dict[str, str]:
     return env
 
 
+def capped_catalog(directory: Path, caps: dict[str, int], source: str | Path | None = None) -> Path:
+    """A copy of the catalog (``source``, else ``CATALOG_PATH``'s or the shipped one) whose providers in
+    ``caps`` have that ``max_in_flight``; written in ``directory``, its path returned."""
+    source = Path(source or os.environ.get("CATALOG_PATH") or ROOT / "router_queue" / "catalog.json")
+    catalog = json.loads(source.read_text())
+    for provider, cap in caps.items():
+        if provider not in catalog.get("providers", {}):
+            raise MeasurementError(f"{provider} is not a provider of {source}")
+        catalog["providers"][provider]["max_in_flight"] = int(cap)
+    name = "catalog-" + "-".join(f"{p}{c}" for p, c in sorted(caps.items())) + ".json"
+    path = Path(directory) / name
+    path.write_text(json.dumps(catalog, indent=2))
+    return path
+
+
 # -- the fleet ------------------------------------------------------------------------
 
 
@@ -283,8 +298,6 @@ class Fleet:
     def __post_init__(self) -> None:
         from router_queue.services import Services
         from router_queue.settings import Settings
-
-        from .schedule import capped_catalog
 
         self.stub_port, self.web_port = free_port(), free_port()
         self.env = server_env(self.redis_url, PROVIDER_ORIGIN_OVERRIDE=f"http://127.0.0.1:{self.stub_port}",

@@ -10,19 +10,8 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from . import schedule
-from .core import (
-    MODEL_ID,
-    Context,
-    MeasurementError,
-    emit,
-    http_json,
-    label,
-    median_round,
-    option,
-    phase,
-    server_env,
-    wait_http,
-)
+from .core import (MODEL_ID, Context, MeasurementError, capped_catalog, emit, http_json, label, median_round, option,
+                   phase, server_env, wait_http)
 from .load import Driver, LoadResult, Shot
 from .procs import Children, cpu_seconds, ensure_tool, log, start_gunicorn, start_redis
 
@@ -309,7 +298,7 @@ def depth(ctx: Context) -> None:
     front door, served a catalog copy capping the provider at 1 with one claimed request holding
     that slot, so nothing is ever granted; the two front doors' runs interleave as every pair does."""
     args, provider = ctx.args, ctx.front.entry.provider
-    catalog_path = schedule.capped_catalog(ctx.tmp, {provider: 1})
+    catalog_path = capped_catalog(ctx.tmp, {provider: 1})
     try:
         near, near_side, near_id = _depth_side(ctx, "near", args.near, ctx.side_urls[0], catalog_path)
         deep, deep_side, deep_id = _depth_side(ctx, "deep", args.depth, ctx.side_urls[1], catalog_path)

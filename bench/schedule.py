@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import copy
 import json
-import os
 import time
 import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .core import Context, MeasurementError, emit, median_round, option, phase, redis_cpu, script_usec
-from .procs import ROOT, log
+from .core import Context, MeasurementError, capped_catalog, emit, median_round, option, phase, redis_cpu, script_usec
+from .procs import log
 
 #: Admits (or cancels) sent per pipeline while seeding.
 BATCH = 2000
@@ -31,21 +30,6 @@ def add_arguments(parser) -> None:
 
 
 # -- set-up helpers ------------------------------------------------------------------
-
-
-def capped_catalog(directory: Path, caps: dict[str, int], source: str | Path | None = None) -> Path:
-    """A copy of the catalog (``source``, else ``CATALOG_PATH``'s or the shipped one) whose providers in
-    ``caps`` have that ``max_in_flight``; written in ``directory``, its path returned."""
-    source = Path(source or os.environ.get("CATALOG_PATH") or ROOT / "router_queue" / "catalog.json")
-    catalog = json.loads(source.read_text())
-    for provider, cap in caps.items():
-        if provider not in catalog.get("providers", {}):
-            raise MeasurementError(f"{provider} is not a provider of {source}")
-        catalog["providers"][provider]["max_in_flight"] = int(cap)
-    name = "catalog-" + "-".join(f"{p}{c}" for p, c in sorted(caps.items())) + ".json"
-    path = Path(directory) / name
-    path.write_text(json.dumps(catalog, indent=2))
-    return path
 
 
 def services_for(redis_url: str, catalog_path: Path):
