@@ -1,6 +1,7 @@
 """The front door: the Flask app (``app.py``) and its routes.
 
-``routes.py`` serves the queued and synchronous routes, ``admission.py``
+``paths.py`` declares every route once, ``envelope.py`` is what every call
+goes through (Flask's or the lane's, ``lane.py``), ``routes.py`` serves the queued and synchronous routes, ``admission.py``
 validates and admits a submit, ``auth.py`` and ``ratelimit.py`` say who calls
 and how often, ``bodies.py``, ``pacing.py`` and ``openapi.py`` shape what is
 answered, ``waiting.py`` holds a synchronous call until its request completes,

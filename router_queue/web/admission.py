@@ -27,8 +27,8 @@ from ..validation import too_many_items, validate
 from ..webhooks import event as webhook_event
 from ..webhooks import safety
 from . import pacing
-from .refusals import NOT_FOUND
 from .bodies import response_url
+from .refusals import NOT_FOUND
 
 #: Longest Idempotency-Key accepted, in characters.
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
@@ -216,7 +216,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
           traceparent: str = "") -> Admitted:
     """Admit a request for the workers. ``queued`` is False for the synchronous
     route, which shares everything but queued delivery's gating. ``rate`` hands
-    over the call's rate allowance (``ratelimit.carried_allowance``), taken only
+    over the call's rate allowance (``envelope.carried_allowance``), taken only
     when the admit script runs to count it in the same atomic step: a body
     refused before that leaves it to the after-request hook. ``base_url``
     builds the response_url a webhook's event names. ``headers`` carry the

@@ -2,29 +2,26 @@
 
 from __future__ import annotations
 
-import uuid
-
 from flask import Flask, Response, g, request
 
 from .. import tracing
 from ..broker.celery_app import make_celery
 from ..broker.dispatch import Dispatcher
-from ..errors import RateLimited, RouterError
+from ..errors import RouterError
 from ..services import Services
 from ..settings import Settings
 from ..store.held import HeldSlots
 from .auth import KeyResolver
+from .bodies import json_response
 from .catalog_routes import discovery
-from .stream import EventHub
+from .envelope import ENVELOPE, Envelope
 from .front import EXTENSION, FrontDoor
-from .headers import EVERY_ANSWER
 from .history import history
 from .lane import Lane
 from .operations import operations
-from .ratelimit import CARRIED_ENDPOINTS, RateLimits
-from .refusals import as_router_error
+from .ratelimit import RateLimits
 from .routes import queue
-from .bodies import json_response
+from .stream import EventHub
 
 
 def create_app(settings: Settings | None = None, *, services: Services | None = None,
@@ -44,42 +41,28 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     app.register_blueprint(queue)
     app.register_blueprint(history)
     app.register_blueprint(discovery)
-    _register_error_handlers(app)
-    app.register_blueprint(operations)
     rate_limits = RateLimits(services.store, settings.default_rate_limit, keys)
+    envelope = app.extensions[ENVELOPE] = Envelope(rate_limits, settings.max_body_bytes)
+    _register_error_handlers(app, envelope)
+    app.register_blueprint(operations)
     if tracing.active():
         # Every call through Flask, as a span: the lane steps aside (it would
         # answer submits and polls outside Flask's instrumentation).
         tracing.instrument_flask(app)
     else:
-        app.wsgi_app = Lane(app, front, rate_limits)  # type: ignore[method-assign]
+        app.wsgi_app = Lane(app, front, envelope)  # type: ignore[method-assign]
 
     @app.before_request
     def _open_call() -> None:
-        """Count the call against the caller's rate."""
-        allowance = rate_limits.allowance(request)
-        if allowance is None:
-            return
-        if request.endpoint in CARRIED_ENDPOINTS:
-            g.rate_allowance = allowance  # the route's own script counts it
-        else:
-            rate_limits.spend(allowance)
+        g.call = envelope.open(request.endpoint, rate_limits.allowance(request))
 
     @app.after_request
     def _close_call(response: Response) -> Response:
-        """A carried allowance the route ended without spending (it refused
-        the call before its script ran) is counted now, and a spent window
-        answers 429 in place of the route's answer, as if checked first.
-        Every answer carries the call's id (``X-Comfy-Request-Id``): the
-        request id a route admitted, else a fresh one."""
-        allowance = g.pop("rate_allowance", None)
-        if allowance is not None:
-            try:
-                rate_limits.spend(allowance)
-            except RateLimited as exc:
-                response = _render(exc)
-        response.headers["X-Comfy-Request-Id"] = g.get("call_id") or str(uuid.uuid4())
-        response.headers.update(EVERY_ANSWER)
+        call = g.get("call")
+        refused = envelope.settle(call)
+        if refused is not None:
+            response = _render(refused)
+        response.headers.update(envelope.headers(call))
         return response
     return app
 
@@ -88,10 +71,10 @@ def _render(error: RouterError) -> Response:
     return json_response(error.body(), error.status, error.headers())
 
 
-def _register_error_handlers(app: Flask) -> None:
+def _register_error_handlers(app: Flask, envelope: Envelope) -> None:
     """Every exception a route lets out, werkzeug's HTTP refusals included
-    (Flask finds a handler along the exception's MRO), answered by one mapping."""
+    (Flask finds a handler along the exception's MRO), answered by the envelope's mapping."""
     def _answer(exc: Exception) -> Response:
-        return _render(as_router_error(exc, path=request.path, max_body=app.config["MAX_CONTENT_LENGTH"]))
+        return _render(envelope.refusal(exc, request.path))
 
     app.register_error_handler(Exception, _answer)

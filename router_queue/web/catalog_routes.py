@@ -11,11 +11,12 @@ from flask import Blueprint, Response, request
 
 from ..catalog import Catalog
 from ..errors import InvalidInput
+from . import paths
+from .bodies import json_response
 from .front import front_door
 from .headers import page
 from .openapi import api_document, model_document, serialized
 from .routes import model_entry
-from .bodies import json_response
 
 discovery = Blueprint("discovery", __name__)
 
@@ -51,7 +52,7 @@ def _limit() -> int:
     return min(limit, MAX_LIMIT)
 
 
-@discovery.get("/v2/models")
+@paths.CATALOG.view(discovery)
 def list_models() -> Response:
     limit = _limit()
     ids = _catalog().ids()
@@ -77,17 +78,17 @@ def _document_response(document: dict) -> Response:
     return Response(body, 200, mimetype="application/json", headers={"ETag": etag})
 
 
-@discovery.get("/v2/models/<provider>/<model>/openapi.json")
+@paths.MODEL_OPENAPI.view(discovery)
 def model_schema(provider: str, model: str) -> Response:
     return _document_response(model_document(model_entry(provider, model)))
 
 
-@discovery.get("/v2/openapi.json")
+@paths.API_OPENAPI.view(discovery)
 def openapi() -> Response:
     return _document_response(api_document(_catalog()))
 
 
-@discovery.get("/v2/docs")
+@paths.DOCS.view(discovery)
 def docs() -> Response:
     document = api_document(_catalog())
     return page("docs.html", doc=document, dumps=lambda value: json.dumps(value, indent=2))

@@ -24,10 +24,11 @@ from werkzeug.datastructures import MultiDict
 from ..catalog import Catalog
 from ..errors import InvalidInput
 from ..states import ORDER, RESULT_STATUS
-from .front import FrontDoor, front_door
-from .ratelimit import carried_allowance
-from .routes import base_url, model_entry
+from . import paths
 from .bodies import json_response, status_body
+from .envelope import carried_allowance
+from .front import FrontDoor, front_door
+from .routes import base_url, model_entry
 
 history = Blueprint("history", __name__)
 
@@ -140,14 +141,14 @@ def _page(front: FrontDoor, workspace: str, filters: Filters) -> Response:
     return json_response({"requests": entries, "next_cursor": cursor})
 
 
-@history.get("/v2/requests")
+@paths.HISTORY.view(history)
 def requests() -> Response:
     front = front_door()
     workspace = front.keys.workspace(request)
     return _page(front, workspace, parse_filters(request.args, WORKSPACE_FILTERS, front.services.catalog))
 
 
-@history.get("/v2/models/<provider>/<model>/requests")
+@paths.MODEL_HISTORY.view(history)
 def model_requests(provider: str, model: str) -> Response:
     front = front_door()
     workspace = front.keys.workspace(request)

@@ -18,6 +18,7 @@ from marshmallow import Schema, fields
 from ..catalog import Catalog, ModelEntry
 from ..states import ORDER, RESULT_STATUS
 from ..store.requests import PRIORITIES
+from . import paths
 
 OPENAPI_VERSION = "3.0.3"
 #: X-Comfy-Start-Deadline and X-Comfy-Deadline: seconds, a plain decimal number (admission.py).
@@ -266,14 +267,13 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                                "or not a plain number is 400.",
                 "schema": {"type": "string", "pattern": DEADLINE_PATTERN}}
     submit_headers = [idem, priority, webhook, events, start_deadline, deadline]
-    root = f"/v2/models/{entry.id}"
-    spec.path(path=root, operations={"post": {
+    spec.path(path=paths.RUN.openapi(entry.id), operations={"post": {
         "summary": f"Run {entry.id} synchronously", "tags": [entry.id], "parameters": submit_headers,
         "requestBody": body,
         "responses": {"200": _output(entry, spec, output_name),
                       **_errors(400, 401, 402, 404, 409, 413, 422, 429, 502, 503, 504)},
     }})
-    spec.path(path=f"{root}/cost", operations={"get": {
+    spec.path(path=paths.COST.openapi(entry.id), operations={"get": {
         "summary": f"What a submit of {entry.id} would hold now", "tags": [entry.id],
         "responses": {"200": {"description": "the price in credits", "content": {"application/json": {
             "schema": CostQuoteSchema}}}, **_errors(401, 404, 429)},
@@ -281,11 +281,11 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
     listing = _history_operation(f"This workspace's {entry.id} requests, newest first", entry.id,
                                  _history_parameters(with_model=None))
     if not queue_routes:
-        spec.path(path=f"{root}/requests", operations={"get": listing})
+        spec.path(path=paths.MODEL_HISTORY.openapi(entry.id), operations={"get": listing})
         return
     handle = {"description": "admitted", "content": {"application/json": {"schema": HandleSchema}},
               "headers": {"X-Comfy-Request-Id": "X-Comfy-Request-Id", "Idempotent-Replayed": "Idempotent-Replayed"}}
-    spec.path(path=f"{root}/requests", operations={"post": {
+    spec.path(path=paths.SUBMIT.openapi(entry.id), operations={"post": {
         "summary": f"Queue a {entry.id} request", "tags": [entry.id], "parameters": submit_headers,
         "requestBody": body,
         "responses": {"201": handle, **_errors(400, 401, 402, 403, 404, 409, 413, 422, 429, 503)},
@@ -295,7 +295,7 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
               "headers": {"Retry-After": "Retry-After", "X-Comfy-Request-Id": "X-Comfy-Request-Id"}}
     gone = {"description": "past its retention window, for good",
             "content": {"application/json": {"schema": GoneSchema}}}
-    spec.path(path=f"{root}/requests/{{request_id}}/status", operations={"get": {
+    spec.path(path=paths.STATUS.openapi(entry.id), operations={"get": {
         "summary": "Poll a request", "tags": [entry.id], "parameters": [rid],
         "responses": {"200": {"description": "the request's state", **status}, "410": gone,
                       **_errors(401, 403, 404, 429, 503)},
@@ -303,7 +303,7 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
     last_event = {"name": "Last-Event-ID", "in": "header", "required": False,
                   "description": "The id of the last event received: a reconnecting client is sent only newer ones",
                   "schema": {"type": "string", "maxLength": 200}}
-    spec.path(path=f"{root}/requests/{{request_id}}/events", operations={"get": {
+    spec.path(path=paths.EVENTS.openapi(entry.id), operations={"get": {
         "summary": "Follow a request: server-sent events until it completes", "tags": [entry.id],
         "parameters": [rid, last_event],
         "description": "One event per change: `in_queue`, `queue_position`, `in_progress`, `progress`, `completed` "
@@ -321,14 +321,14 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                                        "description": "the status body, as JSON (see the status route)"}}}}}},
                       "410": gone, **_errors(401, 403, 404, 429, 503)},
     }})
-    spec.path(path=f"{root}/requests/{{request_id}}", operations={"get": {
+    spec.path(path=paths.RESULT.openapi(entry.id), operations={"get": {
         "summary": "Collect a request's result", "tags": [entry.id], "parameters": [rid],
         "responses": {"200": _output(entry, spec, output_name),
                       "202": {"description": "not finished yet", "content": status["content"],
                               "headers": {**status["headers"], **COST_HEADERS}}, "410": gone,
                       **_errors(400, 401, 403, 404, 409, 422, 429, 500, 502, 503, 504)},
     }})
-    spec.path(path=f"{root}/requests/{{request_id}}/retry", operations={"post": {
+    spec.path(path=paths.RETRY.openapi(entry.id), operations={"post": {
         "summary": "Submit a failed request's body again as a new request", "tags": [entry.id],
         "description": "Allowed for a request of this caller and model that is COMPLETED with an error_type, "
                        "within its retention; admitted like a submit (credits, backlog, rate, quotas) with this "
@@ -338,7 +338,7 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
         "responses": {"201": handle, "410": gone, **_errors(400, 401, 402, 403, 404, 409, 429, 503)},
     }})
     cancel = {"content": {"application/json": {"schema": CancelSchema}}}
-    spec.path(path=f"{root}/requests/{{request_id}}/cancel", operations={"put": {
+    spec.path(path=paths.CANCEL.openapi(entry.id), operations={"put": {
         "summary": "Ask to cancel a request", "tags": [entry.id], "parameters": [rid],
         "responses": {"202": {"description": "CANCELLATION_REQUESTED", **cancel},
                       "409": {"description": "ALREADY_COMPLETED (or another 409 bucket)", **cancel}, "410": gone,
@@ -368,9 +368,9 @@ def api_document(catalog: Catalog) -> dict[str, Any]:
                  "Authenticate with X-API-Key or Authorization: Bearer.")
     for model_id in catalog.ids():
         _model_paths(spec, catalog.by_id(model_id), queue_routes=catalog.by_id(model_id).queueable)
-    spec.path(path="/v2/requests", operations={"get": _history_operation(
+    spec.path(path=paths.HISTORY.openapi(), operations={"get": _history_operation(
         "This workspace's requests, newest first", "requests", _history_parameters(with_model=catalog.ids()))})
-    spec.path(path="/v2/models", operations={"get": {
+    spec.path(path=paths.CATALOG.openapi(), operations={"get": {
         "summary": "The model catalog, a page at a time", "tags": ["catalog"],
         "parameters": [
             {"name": "cursor", "in": "query", "required": False, "schema": {"type": "string", "maxLength": 200}},
@@ -380,7 +380,7 @@ def api_document(catalog: Catalog) -> dict[str, Any]:
         "responses": {"200": {"description": "one page", "content": {"application/json": {
             "schema": CatalogPageSchema}}}, **_errors(400, 429)},
     }})
-    spec.path(path="/v2/models/{provider}/{model}/openapi.json", operations={"get": {
+    spec.path(path=paths.MODEL_OPENAPI.openapi(), operations={"get": {
         "summary": "One model's input and output schemas", "tags": ["catalog"],
         "parameters": [
             {"name": "provider", "in": "path", "required": True, "schema": {"type": "string"}},
@@ -391,7 +391,7 @@ def api_document(catalog: Catalog) -> dict[str, Any]:
             "schema": {"type": "string"}}}, "content": {"application/json": {"schema": {"type": "object"}}}},
             "304": {"description": "unchanged since the ETag sent"}, **_errors(404, 429)},
     }})
-    spec.path(path="/healthz", operations={"get": {"summary": "Liveness", "tags": ["operations"],
+    spec.path(path=paths.HEALTHZ.openapi(), operations={"get": {"summary": "Liveness", "tags": ["operations"],
                                                   "responses": {"200": {"description": "alive"}}}})
     document = _patch_parts(spec.to_dict())
     document["security"] = [{"apiKey": []}, {"bearer": []}]

@@ -22,9 +22,10 @@ from werkzeug.exceptions import NotFound
 from ..errors import ServiceUnavailable
 from ..store.metrics import RedisCollector
 from ..store.webhooks import WebhookStore
+from . import paths
+from .bodies import json_response
 from .front import front_door
 from .headers import page
-from .bodies import json_response
 
 operations = Blueprint("operations", __name__)
 
@@ -46,13 +47,13 @@ def _operators_only() -> None:
         raise NotFound()
 
 
-@operations.get("/healthz")
+@paths.HEALTHZ.view(operations)
 def healthz() -> Response:
     """Liveness: the process answers. Touches no dependency on purpose."""
     return json_response({"status": "ok"})
 
 
-@operations.get("/readyz")
+@paths.READYZ.view(operations)
 def readyz() -> Response:
     """Readiness: Redis and the broker both answer, else 503 service_unavailable,
     within the front door's Redis wait (the broker is that Redis by default)."""
@@ -68,7 +69,7 @@ def readyz() -> Response:
     return json_response({"status": "ready"})
 
 
-@operations.get("/metrics")
+@paths.METRICS.view(operations)
 def metrics() -> Response:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(RedisCollector(front_door().services.redis, front_door().services.catalog))
@@ -120,11 +121,11 @@ def webhook_summary(webhooks: WebhookStore, now: float) -> dict:
     }
 
 
-@operations.get("/ops/summary.json")
+@paths.OPS_SUMMARY.view(operations)
 def ops_summary() -> Response:
     return json_response(summary())
 
 
-@operations.get("/ops")
+@paths.OPS_PAGE.view(operations)
 def ops_page() -> Response:
     return page("ops.html", summary=summary())

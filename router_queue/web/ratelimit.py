@@ -8,7 +8,7 @@ workspace; its limit is the workspace's own ``rate_limit`` or
 client address, which also slows down key guessing.
 
 The count is one ``INCR`` per window in ``lua/lib.lua`` (``spend_rate``).
-Most routes spend it from a ``before_request`` hook (``rate.lua``, its own
+Most routes spend it as the call opens (``envelope.py``) (``rate.lua``, its own
 round trip). The hot routes (:data:`CARRIED_ENDPOINTS`: submit, the
 synchronous run, status and result reads, the history's pages) pass the
 allowance into the one script they run anyway, so a status poll costs one
@@ -25,20 +25,20 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 import redis
-from flask import Request, g
+from flask import Request
 from limits import RateLimitItem, parse_many
 
 from ..errors import RateLimited, Unauthorized
 from ..store.requests import RequestStore
+from . import paths
 from .auth import Caller, KeyResolver
 
 log = logging.getLogger(__name__)
 
 #: Routes no limit applies to (probes must always answer).
-EXEMPT_ENDPOINTS = frozenset({"operations.healthz", "operations.readyz", "operations.metrics"})
+EXEMPT_ENDPOINTS = paths.endpoints(paths.Rate.EXEMPT)
 #: Routes that count the call inside their own script (see the module docstring).
-CARRIED_ENDPOINTS = frozenset({"queue.submit", "queue.run", "queue.status", "queue.result", "history.requests",
-                               "history.model_requests"})
+CARRIED_ENDPOINTS = paths.endpoints(paths.Rate.CARRIED)
 #: Prefix of the counters' keys (``limits``' storage prefix, kept for continuity).
 KEY_PREFIX = "rq:rate:"
 
@@ -74,8 +74,6 @@ def _allowance(bucket: str, spec: str) -> Allowance:
         keys=tuple(KEY_PREFIX + item.key_for(bucket) for item in items),
         args=tuple(n for item in items for n in (item.amount, item.get_expiry())),
     )
-
-
 
 
 class RateLimits:
@@ -118,8 +116,3 @@ class RateLimits:
         if reply:
             raise allowance.refusal(reply)
 
-
-def carried_allowance() -> Allowance | None:
-    """For a route in :data:`CARRIED_ENDPOINTS`: the allowance to hand to its
-    script, taken once (so the after-request hook does not count it again)."""
-    return g.pop("rate_allowance", None)

@@ -12,11 +12,12 @@ from werkzeug.exceptions import HTTPException
 from ..errors import (InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RequestNotFound,
                       RouterError, ServiceUnavailable)
 from ..store.connect import UNREACHABLE
+from . import paths
 
 log = logging.getLogger(__name__)
 
 #: Paths that address a request; a miss under one is request_not_found.
-_REQUEST_PATH = re.compile(r"^/v2/models/[^/]+/[^/]+/requests/.")
+_REQUEST_PATH = re.compile(paths.prefix_pattern(paths.REQUESTS) + "/.")
 #: Answered for every id we cannot show this caller, whatever the reason, so
 #: another workspace's ids are indistinguishable from ids that never existed.
 NOT_FOUND = "no such request for this caller and model"

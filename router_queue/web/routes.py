@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
-from flask import Blueprint, Request, Response, g, request
+from flask import Blueprint, Request, Response, request
 from gunicorn.http.errors import NoMoreData, ParseException
 from werkzeug.sansio.utils import host_is_trusted
 
@@ -18,12 +18,13 @@ from ..states import COMPLETED, RESULT_STATUS
 from ..store.ids import well_formed
 from ..store.outcomes import Cancel
 from ..store.requests import RequestRecord, StatusView
-from . import admission, pacing
-from .stream import stream
-from .front import FrontDoor, front_door
-from .ratelimit import Allowance, carried_allowance
-from .refusals import NOT_FOUND
+from . import admission, pacing, paths
 from .bodies import Answer, cost_headers, json_response, request_urls, status_body
+from .envelope import carried_allowance, current_call
+from .front import FrontDoor, front_door
+from .ratelimit import Allowance
+from .refusals import NOT_FOUND
+from .stream import stream
 from .waiting import HeldFrames, holding, take_slot, wait_until_completed
 
 log = logging.getLogger(__name__)
@@ -102,10 +103,10 @@ def _status_response(front: FrontDoor, view: StatusView, status: int = 200) -> R
     return json_response(answer.body, answer.status, answer.headers)
 
 
-@queue.post("/v2/models/<provider>/<model>/requests")
+@paths.SUBMIT.view(queue)
 def submit(provider: str, model: str) -> Response:
     answer = submit_answer(front_door(), request, provider, model, carried_allowance, tracing.traceparent())
-    g.call_id = answer.call_id
+    current_call().id = answer.call_id
     return json_response(answer.body, answer.status, answer.headers)
 
 
@@ -177,13 +178,13 @@ def _replayed_handle(front: FrontDoor, entry: ModelEntry, request_id: str, base:
     return Answer(201, body, {"Idempotent-Replayed": "true"}, request_id)
 
 
-@queue.get("/v2/models/<provider>/<model>/requests/<request_id>/status")
+@paths.STATUS.view(queue)
 def status(provider: str, model: str, request_id: str) -> Response:
     front = front_door()
     return _status_response(front, _caller_request(front, provider, model, request_id))
 
 
-@queue.get("/v2/models/<provider>/<model>/requests/<request_id>/events")
+@paths.EVENTS.view(queue)
 def events(provider: str, model: str, request_id: str) -> Response:
     """Server-sent events, one per change, until COMPLETED (``stream.py``).
     Found, authorized and counted like a status read: one stream is one call.
@@ -198,7 +199,7 @@ def events(provider: str, model: str, request_id: str) -> Response:
                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
 
 
-@queue.get("/v2/models/<provider>/<model>/requests/<request_id>")
+@paths.RESULT.view(queue)
 def result(provider: str, model: str, request_id: str) -> Response:
     front = front_door()
     view = _caller_request(front, provider, model, request_id)
@@ -223,7 +224,7 @@ def _finished(front: FrontDoor, record: RequestRecord) -> Response:
                     headers=cost_headers(record))
 
 
-@queue.get("/v2/models/<provider>/<model>/cost")
+@paths.COST.view(queue)
 def cost(provider: str, model: str) -> Response:
     """What a submit of this model would hold now: the price admit.lua holds."""
     front = front_door()
@@ -232,7 +233,7 @@ def cost(provider: str, model: str) -> Response:
     return json_response({"model": entry.id, "credits": entry.price_credits})
 
 
-@queue.post("/v2/models/<provider>/<model>")
+@paths.RUN.view(queue)
 def run(provider: str, model: str) -> Response:
     """The synchronous route: the same admission and workers as the queue,
     holding the connection until the request completes or the deadline. It
@@ -251,7 +252,7 @@ def run(provider: str, model: str) -> Response:
             headers=request.headers,
             traceparent=tracing.traceparent(),
         )
-        g.call_id = admitted.request_id
+        current_call().id = admitted.request_id
         view = wait_until_completed(front.services.store, front.events, admitted.request_id, entry.provider,
                                     settings.sync_hold_s)
     if view.record is None:
@@ -265,7 +266,7 @@ def run(provider: str, model: str) -> Response:
     return _finished(front, view.record)
 
 
-@queue.post("/v2/models/<provider>/<model>/requests/<request_id>/retry")
+@paths.RETRY.view(queue)
 def retry(provider: str, model: str, request_id: str) -> Response:
     """Submit a failed request's body again as a new request (its status
     names ``retry_of``), admitted like any submit, with this call's headers."""
@@ -284,11 +285,11 @@ def retry(provider: str, model: str, request_id: str) -> Response:
         headers=headers, retry_of=request_id, traceparent=tracing.traceparent(),
     )
     answer = _handle(front, entry, workspace, admitted, base, "retry")
-    g.call_id = answer.call_id
+    current_call().id = answer.call_id
     return json_response(answer.body, answer.status, answer.headers)
 
 
-@queue.put("/v2/models/<provider>/<model>/requests/<request_id>/cancel")
+@paths.CANCEL.view(queue)
 def cancel(provider: str, model: str, request_id: str) -> Response:
     front = front_door()
     workspace = front.keys.workspace(request)

@@ -1,0 +1,114 @@
+"""What every call goes through, on both paths: the lane's and Flask's.
+
+One :class:`Envelope` per app, in these steps (:data:`STEPS`):
+
+1. ``open``: the call's rate allowance, carried into the route's one script
+   (``paths.Rate.CARRIED``) or spent now, in its own round trip;
+2. the route runs; ``refusal`` maps any exception it lets out to the error tree
+   (``refusals.as_router_error``);
+3. ``settle``: a carried allowance the route ended without spending (it refused
+   the call before its script ran) is spent now, and a spent window answers
+   429 in the route's place, as if checked first;
+4. ``headers``: what every answer carries: the call's id
+   (``X-Comfy-Request-Id``: the request id a route admitted, else a fresh
+   one) and ``headers.EVERY_ANSWER``.
+
+The app's hooks (``app.py``) and the lane (``lane.py``) call these and
+nothing else of their own, so a step added here holds on both paths.
+"""
+
+from __future__ import annotations
+
+import os
+
+from flask import g
+
+from ..errors import RateLimited, RouterError
+from ..store.ids import uuid_text
+from . import paths
+from .headers import EVERY_ANSWER
+from .ratelimit import Allowance, RateLimits
+from .refusals import as_router_error
+
+#: The app's ``extensions`` entry that holds the :class:`Envelope`.
+ENVELOPE = "router_queue.envelope"
+#: The envelope's steps, in the order every call takes them.
+STEPS = ("open", "refusal", "settle", "headers")
+#: Endpoints whose routes hand the allowance to their own script.
+CARRIED_ENDPOINTS = paths.endpoints(paths.Rate.CARRIED)
+
+Header = tuple[str, str]
+_EVERY_ANSWER: tuple[Header, ...] = tuple(EVERY_ANSWER.items())
+
+
+class Call:
+    """One call's state between the envelope's steps."""
+
+    __slots__ = ("allowance", "id")
+
+    def __init__(self, allowance: Allowance | None):
+        #: A carried allowance not yet handed to the route's script.
+        self.allowance = allowance
+        #: The request id the route admitted, for ``X-Comfy-Request-Id``.
+        self.id: str | None = None
+
+    def take(self) -> Allowance | None:
+        """The allowance, for the route's script: taken once, so ``settle``
+        does not count it again."""
+        allowance = self.allowance
+        self.allowance = None
+        return allowance
+
+
+class Envelope:
+    def __init__(self, rate_limits: RateLimits, max_body: int | None):
+        self.rate_limits = rate_limits
+        self.max_body = max_body
+
+    def open(self, endpoint: str | None, allowance: Allowance | None) -> Call:
+        """The call, its allowance carried for ``endpoint``'s script, else
+        spent now (``429 rate_limited`` once a window is spent)."""
+        if endpoint in CARRIED_ENDPOINTS:
+            return Call(allowance)
+        if allowance is not None:
+            self.rate_limits.spend(allowance)
+        return Call(None)
+
+    def refusal(self, exc: BaseException, path: str) -> RouterError:
+        return as_router_error(exc, path=path, max_body=self.max_body)
+
+    def settle(self, call: Call | None) -> RateLimited | None:
+        """Spend a carried allowance the route did not take; the 429 to answer
+        instead when its window is spent."""
+        if call is not None and call.allowance is not None:
+            try:
+                self.rate_limits.spend(call.take())  # type: ignore[arg-type]
+            except RateLimited as exc:
+                return exc
+        return None
+
+    @staticmethod
+    def headers(call: Call | None) -> list[Header]:
+        """What every answer carries: the call's id, then ``EVERY_ANSWER``."""
+        return [("X-Comfy-Request-Id", (call and call.id) or fresh_call_id()), *_EVERY_ANSWER]
+
+
+def fresh_call_id() -> str:
+    """A random (version 4) UUID's text, for a call that admitted no request:
+    ``str(uuid.uuid4())`` without the ``UUID`` object (a twentieth of a status read)."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = raw[6] & 0x0F | 0x40  # version 4
+    raw[8] = raw[8] & 0x3F | 0x80  # RFC 4122 variant
+    return uuid_text(raw)
+
+
+def current_call() -> Call:
+    """The Flask path's call, as the app's ``open`` hook left it on ``g``."""
+    return g.call
+
+
+def carried_allowance() -> Allowance | None:
+    """For a route in :data:`CARRIED_ENDPOINTS` on the Flask path: the
+    allowance to hand to its script, taken once."""
+    call = g.get("call")
+    return call.take() if call is not None else None
