@@ -187,8 +187,9 @@ waiting request ids scored by priority band * 2^45 + admission sequence;
 workspace is at its own max_in_flight; ``:granted`` ids granted and not started, in grant order; ``:depths``
 workspaces scored by how many requests they have waiting.
 ``lua/lib.lua`` builds the per-workspace keys from the ``rq:sched:{provider}``
-key it is given, and spells ``rq:ws:`` and ``rq:req:`` for the workspaces and
-requests the schedule names (the schedule picks them, so no caller can pass them).
+key it is given, and the keys of the workspaces and requests the schedule names
+(the schedule picks them, so no caller can pass them) from ``KEY_*``, the prefixes
+:data:`LUA_LAYOUT` generates from the functions below.
 """
 
 from __future__ import annotations
@@ -286,13 +287,13 @@ PROVIDER_EVENTS = f"{PREFIX}:events:provider:"
 
 def body(request_id: str) -> str:
     """A request's native body, apart from its record so the record stays a
-    compact listpack (lua/admit.lua spells it too)."""
+    compact listpack."""
     return f"{PREFIX}:body:{request_id}"
 
 
 def events_channel(request_id: str) -> str:
     """Pub/sub channel announcing a request changed: started, progressed,
-    COMPLETED (lua/lib.lua spells it too)."""
+    COMPLETED."""
     return f"{PREFIX}:events:{request_id}"
 
 
@@ -329,17 +330,17 @@ def held(workspace_id: str) -> str:
 
 
 def webhook_event(request_id: str) -> str:
-    """The webhook a completed request owes (lua/lib.lua spells it too)."""
+    """The webhook event being delivered for a request."""
     return f"{PREFIX}:webhook:{request_id}"
 
 
 def webhook_next(request_id: str) -> str:
-    """The request's events owed behind the one being delivered (lua/lib.lua spells it too)."""
+    """The request's events owed behind the one being delivered."""
     return f"{PREFIX}:webhook:{request_id}:next"
 
 
 def webhooks_due() -> str:
-    """Pending webhook events by when to publish them (lua/lib.lua spells it too)."""
+    """Pending webhook events by when to publish them."""
     return f"{PREFIX}:webhooks:due"
 
 
@@ -369,3 +370,27 @@ def webhooks_in_flight() -> str:
 
 def webhook_metrics() -> str:
     return f"{PREFIX}:metrics:webhooks"
+
+
+def _lua_layout() -> str:
+    """The ``KEY_*`` constants ``load_script`` puts in front of every script: the
+    prefixes of the keys a script builds from an id it read (the request the
+    schedule names next, an index's members), taken from the functions above
+    so the layout is written here only."""
+    marker = "\x00"
+    fields = []
+    for name, build in (("request", request), ("body", body), ("workspace", workspace), ("schedule", schedule),
+                        ("events", events_channel), ("webhook", webhook_event)):
+        head, _, tail = build(marker).partition(marker)
+        assert tail == "", name  # a prefix: the script appends the id
+        fields.append((name, head))
+    fields.append(("provider_events", PROVIDER_EVENTS))
+    fields.append(("webhook_next", webhook_next(marker).partition(marker)[2]))  # appended to a webhook's key
+    fields.append(("webhooks_due", webhooks_due()))
+    # Locals, not a table: a constant costs a script nothing per call.
+    return ("-- The key layout (generated from router_queue/store/keys.py, _lua_layout)\n"
+            + "".join(f'local KEY_{name.upper()} = "{value}"\n' for name, value in fields))
+
+
+#: Lua source defining ``KEY_REQUEST`` and the other prefixes above (``load_script``).
+LUA_LAYOUT = _lua_layout()

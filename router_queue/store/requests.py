@@ -24,9 +24,9 @@ from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES
 
 log = logging.getLogger(__name__)
 
-#: The record's fields every read takes, in this order. status.lua reads
-#: "workspace" as the second and "status" as the fifth by position (history.lua
-#: is told their places): add new fields at the end, and unpack them in
+#: The record's fields every read takes, in this order. status.lua and
+#: history.lua are told where the fields they read are (_STATUS_FIELD_ARGS,
+#: _HISTORY_FIELD_ARGS): add new fields at the end, and unpack them in
 #: ``RequestRecord.from_values``.
 _FIELDS = (
     "id", "workspace", "model", "provider", "status", "created_at", "started_at",
@@ -45,8 +45,9 @@ SPEND_RATE_TIMEOUT_S = 0.5
 CLOCK_ALLOWANCE_S = 0.2
 #: A request's priority within its workspace (``X-Comfy-Priority``).
 PRIORITIES = ("high", "normal", "low")
-#: status.lua's ARGV after the request id: the field count, then the fields.
-_STATUS_FIELD_ARGS = (len(_FIELDS), *_FIELDS)
+#: status.lua's ARGV after the request id: where "workspace" and "status" are
+#: among the fields (1-based, as Lua counts), the field count, then the fields.
+_STATUS_FIELD_ARGS = (_FIELDS.index("workspace") + 1, _FIELDS.index("status") + 1, len(_FIELDS), *_FIELDS)
 #: history.lua's ARGV[9..]: where it finds what it filters on, then the fields
 #: (1-based, as Lua counts).
 _HISTORY_FIELD_ARGS = (*(_FIELDS.index(name) + 1 for name in ("workspace", "provider", "status", "error_type")),
@@ -58,9 +59,20 @@ HISTORY_EXAMINED_PER_ENTRY = 5
 
 
 def load_script(client: redis.Redis, name: str):
-    """Register ``lua/{name}.lua`` with the shared accounting of ``lua/lib.lua`` in front."""
+    """Register ``lua/{name}.lua`` with the key layout (``keys.LUA_LAYOUT``)
+    and what the scripts share (``lua/lib.lua``) in front."""
     lua = resources.files(__package__).joinpath("lua")
-    return client.register_script(lua.joinpath("lib.lua").read_text() + lua.joinpath(f"{name}.lua").read_text())
+    return client.register_script(keys.LUA_LAYOUT + lua.joinpath("lib.lua").read_text()
+                                  + lua.joinpath(f"{name}.lua").read_text())
+
+
+def named_args(fields: dict[str, Any]) -> list[Any]:
+    """``fields`` as a script's named arguments: their count, then name/value
+    pairs (``named_args`` in lib.lua decodes them)."""
+    args: list[Any] = [len(fields)]
+    for name, value in fields.items():
+        args += (name, value)
+    return args
 
 
 def event_source(channel: bytes | str) -> tuple[str | None, str | None]:
@@ -400,16 +412,23 @@ class RequestStore:
                 keys.schedule(provider), keys.workspace(workspace), idem_key, keys.ledger(workspace),
                 keys.metrics(provider), keys.draining(), keys.running(provider), list_key,
                 keys.request(retry_of or request_id), keys.body(retry_of or request_id), keys.deadlines(provider),
-                keys.history(workspace), keys.model_history(workspace, model), *rate_keys,
+                keys.history(workspace), keys.model_history(workspace, model), keys.body(request_id), *rate_keys,
             ],
             args=[
-                request_id, workspace, model, provider, body, repr(now),
-                fingerprint if idempotency_key_hash else "", self.idempotency_ttl_s,
-                "1" if require_enabled else "0", grant_until, int(price),
-                self.max_queued, template, cap, priority, self._deadline(now), webhook_url, response_url,
-                self.max_queued_bytes, self.max_pending_webhooks, retry_of,
-                "" if start_deadline_at is None else repr(start_deadline_at),
-                "" if deadline_at is None else repr(deadline_at), traceparent, webhook_events, self.retention_s,
+                body,
+                *named_args({
+                    "id": request_id, "workspace": workspace, "model": model, "provider": provider,
+                    "now": repr(now), "fingerprint": fingerprint if idempotency_key_hash else "",
+                    "idem_ttl": self.idempotency_ttl_s, "require_enabled": "1" if require_enabled else "0",
+                    "grant_until": grant_until, "price": int(price), "max_queued": self.max_queued,
+                    "template": template, "cap": cap, "priority": priority, "write_deadline": self._deadline(now),
+                    "webhook_url": webhook_url, "response_url": response_url,
+                    "max_queued_bytes": self.max_queued_bytes, "max_pending_webhooks": self.max_pending_webhooks,
+                    "retry_of": retry_of,
+                    "start_deadline_at": "" if start_deadline_at is None else repr(start_deadline_at),
+                    "deadline_at": "" if deadline_at is None else repr(deadline_at),
+                    "traceparent": traceparent, "webhook_events": webhook_events, "retention": self.retention_s,
+                }),
                 *rate_args,
             ],
         )

@@ -14,42 +14,46 @@
 --          this is no retry: not read)
 -- KEYS[14] rq:deadlines:{provider} (lib.lua: the caller's deadlines)
 -- KEYS[15] rq:history:{workspace}  KEYS[16] rq:history:{workspace}:{model} (lib.lua, history_add)
--- KEYS[17..] the caller's rate-window counters, with a (limit, window
---          seconds) pair each in ARGV[27..] (ratelimit.py): counted first
--- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] provider
--- ARGV[5] body (JSON text; "" for a retry, whose body is the original's)
--- ARGV[6] now (unix seconds)
--- ARGV[7] fingerprint of (model, canonical body); "" when no Idempotency-Key
--- ARGV[8] idempotency TTL (s)    ARGV[9] "1" when the workspace must have
---                                        queued delivery switched on
--- ARGV[10] until when a grant waits for its worker before the reaper
---          publishes it again (unix seconds)
--- ARGV[11] price (credits) held until the request is charged or released
--- ARGV[12] most requests the workspace may have waiting, unless the
---          workspace sets its own max_queued
--- ARGV[13] the provider's Celery message template (lib.lua, grant), or ""
---          when the front door publishes what was granted
--- ARGV[14] the provider's cap on requests in flight
--- ARGV[15] priority within the workspace: "high" | "normal" | "low"
--- ARGV[16] deadline (Unix seconds, Redis's clock) past which nothing is
---          written: the front door has answered 503 by then; "" for none
--- ARGV[17] the request's webhook URL (X-Comfy-Webhook-Url, checked by the
---          front door), or "" for the workspace's default, if it has one
--- ARGV[18] the request's response_url, for the webhook's event
--- ARGV[19] most body bytes the workspace may have stored for requests not
---          yet completed, unless it sets its own max_queued_bytes
--- ARGV[20] most webhook events the workspace may have pending (owed, or to
---          be owed by a request not yet completed), unless it sets its own
---          max_pending_webhooks
--- ARGV[21] the id of the request this one retries, or ""
--- ARGV[22] start deadline (Unix seconds: X-Comfy-Start-Deadline), or ""
--- ARGV[23] deadline (Unix seconds: X-Comfy-Deadline), or ""
--- ARGV[24] the submit's W3C traceparent (tracing.py), or "" when tracing is off
--- ARGV[25] the webhook events the request chose (X-Comfy-Webhook-Events,
---          checked and canonical: "started,progress,completed" or a subset),
---          or "" for the workspace's default, else "completed"
--- ARGV[26] seconds the history lists a request after its admission (the
---          retention window): older entries are trimmed here
+-- KEYS[17] rq:body:{id}
+-- KEYS[18..] the caller's rate-window counters, with a (limit, window
+--          seconds) pair each in ARGV after the named ones (ratelimit.py):
+--          counted first
+-- ARGV[1] body (JSON text; "" for a retry, whose body is the original's)
+-- ARGV[2] how many named arguments follow, then each as a name, value pair
+--   (requests.py, named_args; read once into A by lib.lua's named_args):
+--   id, workspace, model, provider
+--   now                  unix seconds
+--   fingerprint          of (model, canonical body); "" when no Idempotency-Key
+--   idem_ttl             the idempotency reservation's TTL (s)
+--   require_enabled      "1" when the workspace must have queued delivery on
+--   grant_until          until when a grant waits for its worker before the
+--                        reaper publishes it again (unix seconds)
+--   price                credits held until the request is charged or released
+--   max_queued           most requests the workspace may have waiting, unless
+--                        it sets its own max_queued
+--   template             the provider's Celery message template (lib.lua,
+--                        grant), or "" when the front door publishes grants
+--   cap                  the provider's cap on requests in flight
+--   priority             within the workspace: "high" | "normal" | "low"
+--   write_deadline       Unix seconds (Redis's clock) past which nothing is
+--                        written: the front door has answered 503; "" for none
+--   webhook_url          X-Comfy-Webhook-Url (checked by the front door), or ""
+--                        for the workspace's default, if it has one
+--   response_url         the request's response_url, for the webhook's event
+--   max_queued_bytes     most body bytes the workspace may have stored for
+--                        requests not yet completed, unless it sets its own
+--   max_pending_webhooks most webhook events the workspace may have pending
+--                        (owed, or to be owed by a request not yet completed),
+--                        unless it sets its own
+--   retry_of             the id of the request this one retries, or ""
+--   start_deadline_at    Unix seconds (X-Comfy-Start-Deadline), or ""
+--   deadline_at          Unix seconds (X-Comfy-Deadline), or ""
+--   traceparent          the submit's W3C traceparent (tracing.py), or ""
+--   webhook_events       X-Comfy-Webhook-Events, checked and canonical
+--                        ("started,progress,completed" or a subset), or ""
+--                        for the workspace's default, else "completed"
+--   retention            seconds the history lists a request after its
+--                        admission: older entries are trimmed here
 -- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}
 --       | {"IDEM_CONFLICT"} | {"NOT_ENABLED"} | {"BACKLOG_FULL"}
 --       | {"NO_WEBHOOK_SECRET", "header" | "default"} | {"NO_WEBHOOK"}
@@ -61,25 +65,27 @@
 --       | {"RETRY_BODY_GONE"} (its body is no longer kept)
 -- Admissions and refusals are counted in rq:metrics:{provider} on the way.
 
+local A, rate_args = named_args(2)
+
 local function refused(reason)
-  redis.call("HINCRBY", KEYS[8], "refused|" .. ARGV[3] .. "|" .. reason, 1)
+  redis.call("HINCRBY", KEYS[8], "refused|" .. A.model .. "|" .. reason, 1)
   return {reason}
 end
 
-if past_deadline(ARGV[16]) then
+if past_deadline(A.write_deadline) then
   return {"EXPIRED"}
 end
 
-local spent = spend_rate(17, 27)
+local spent = spend_rate(18, rate_args)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
 
-if ARGV[7] ~= "" then
+if A.fingerprint ~= "" then
   local held = redis.call("GET", KEYS[6])
   if held then
     local sep = string.find(held, "|", 1, true)
-    if string.sub(held, 1, sep - 1) ~= ARGV[7] then
+    if string.sub(held, 1, sep - 1) ~= A.fingerprint then
       return {"IDEM_CONFLICT"}
     end
     return {"REPLAY", string.sub(held, sep + 1)}
@@ -88,10 +94,10 @@ end
 
 -- A retry submits the body of a request of this caller and model that
 -- failed (COMPLETED with an error_type), kept until its retention ends.
-local body = ARGV[5]
-if ARGV[21] ~= "" then
+local body = ARGV[1]
+if A.retry_of ~= "" then
   local original = redis.call("HMGET", KEYS[12], "status", "workspace", "model", "error_type", "body")
-  if not original[1] or original[2] ~= ARGV[2] or original[3] ~= ARGV[3] then
+  if not original[1] or original[2] ~= A.workspace or original[3] ~= A.model then
     return {"RETRY_MISSING"}
   end
   if original[1] ~= "COMPLETED" or not original[4] or original[4] == "" then
@@ -103,46 +109,46 @@ if ARGV[21] ~= "" then
   end
 end
 
-if redis.call("SISMEMBER", KEYS[9], ARGV[4]) == 1 then
+if redis.call("SISMEMBER", KEYS[9], A.provider) == 1 then
   return refused("DRAINING")
 end
 local ws = redis.call("HMGET", KEYS[5], "queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url",
   "webhook_secret", "queued_bytes", "max_queued_bytes", "webhooks_pending", "max_pending_webhooks", "webhook_events")
-if ARGV[9] == "1" and ws[1] ~= "1" then
+if A.require_enabled == "1" and ws[1] ~= "1" then
   return refused("NOT_ENABLED")
 end
 -- A webhook (the request's own, else the workspace's default) needs the
 -- workspace's signing secret: without one every attempt would fail for a day
 -- and the caller never learn why, so the submit is refused instead.
-local webhook = ARGV[17] ~= "" and ARGV[17] or ws[6]
+local webhook = A.webhook_url ~= "" and A.webhook_url or ws[6]
 if webhook == "" then
   webhook = false
 end
 -- Events chosen for no webhook at all would be dropped without a word.
-if ARGV[25] ~= "" and not webhook then
+if A.webhook_events ~= "" and not webhook then
   return refused("NO_WEBHOOK")
 end
 if webhook and not ws[7] then
   refused("NO_WEBHOOK_SECRET")
-  return {"NO_WEBHOOK_SECRET", ARGV[17] ~= "" and "header" or "default"}
+  return {"NO_WEBHOOK_SECRET", A.webhook_url ~= "" and "header" or "default"}
 end
-if tonumber(ws[2] or "0") >= tonumber(ws[3] or ARGV[12]) then
+if tonumber(ws[2] or "0") >= tonumber(ws[3] or A.max_queued) then
   return refused("BACKLOG_FULL")
 end
 -- The body's bytes count against the workspace's quota until it is deleted
 -- (lib.lua, drop_body: its completion, whatever ends it).
 local bytes = #body
-if tonumber(ws[8] or "0") + bytes > tonumber(ws[9] or ARGV[19]) then
+if tonumber(ws[8] or "0") + bytes > tonumber(ws[9] or A.max_queued_bytes) then
   return refused("QUEUED_BYTES_FULL")
 end
 -- A request with a webhook holds one of the workspace's pending events from
 -- now until its last event is delivered or given up (lib.lua, webhook_ended),
 -- however many events it chose, so a submit-and-cancel flood is bounded
 -- however fast its requests end.
-if webhook and tonumber(ws[10] or "0") >= tonumber(ws[11] or ARGV[20]) then
+if webhook and tonumber(ws[10] or "0") >= tonumber(ws[11] or A.max_pending_webhooks) then
   return refused("PENDING_WEBHOOKS_FULL")
 end
-local price = tonumber(ARGV[11])
+local price = tonumber(A.price)
 local available = tonumber(ws[4] or "0") - tonumber(ws[5] or "0")
 if price > 0 and available < price then
   refused("INSUFFICIENT_CREDITS")
@@ -151,55 +157,55 @@ end
 
 local seq = redis.call("INCR", KEYS[3])
 redis.call("HSET", KEYS[1],
-  "id", ARGV[1], "workspace", ARGV[2], "model", ARGV[3], "provider", ARGV[4],
-  "status", "IN_QUEUE", "seq", seq, "created_at", ARGV[6], "hold", price,
-  "priority", ARGV[15], "body_bytes", bytes)
-if ARGV[24] ~= "" then
-  redis.call("HSET", KEYS[1], "traceparent", ARGV[24])
+  "id", A.id, "workspace", A.workspace, "model", A.model, "provider", A.provider,
+  "status", "IN_QUEUE", "seq", seq, "created_at", A.now, "hold", price,
+  "priority", A.priority, "body_bytes", bytes)
+if A.traceparent ~= "" then
+  redis.call("HSET", KEYS[1], "traceparent", A.traceparent)
 end
 -- The body apart: every other field is short, so the record stays a compact
 -- listpack while the request waits (keys.py, body()).
-redis.call("SET", "rq:body:" .. ARGV[1], body)
-if ARGV[21] ~= "" then
-  redis.call("HSET", KEYS[1], "retry_of", ARGV[21])
+redis.call("SET", KEYS[17], body)
+if A.retry_of ~= "" then
+  redis.call("HSET", KEYS[1], "retry_of", A.retry_of)
 end
-if ARGV[22] ~= "" then
-  redis.call("HSET", KEYS[1], "start_deadline_at", ARGV[22])
-  redis.call("ZADD", KEYS[14], ARGV[22], "start|" .. ARGV[1])
+if A.start_deadline_at ~= "" then
+  redis.call("HSET", KEYS[1], "start_deadline_at", A.start_deadline_at)
+  redis.call("ZADD", KEYS[14], A.start_deadline_at, "start|" .. A.id)
 end
-if ARGV[23] ~= "" then
-  redis.call("HSET", KEYS[1], "deadline_at", ARGV[23])
-  redis.call("ZADD", KEYS[14], ARGV[23], "run|" .. ARGV[1])
+if A.deadline_at ~= "" then
+  redis.call("HSET", KEYS[1], "deadline_at", A.deadline_at)
+  redis.call("ZADD", KEYS[14], A.deadline_at, "run|" .. A.id)
 end
-redis.call("ZADD", KEYS[2], seq, ARGV[1])
+redis.call("ZADD", KEYS[2], seq, A.id)
 redis.call("HINCRBY", KEYS[5], "queued", 1)
 redis.call("HINCRBY", KEYS[5], "queued_bytes", bytes)
 if price > 0 then
   local held = redis.call("HINCRBY", KEYS[5], "held", price)
-  redis.call("XADD", KEYS[7], "*", "type", "hold", "request_id", ARGV[1], "amount", price,
-    "balance", tonumber(ws[4] or "0"), "held", held, "at", ARGV[6])
+  redis.call("XADD", KEYS[7], "*", "type", "hold", "request_id", A.id, "amount", price,
+    "balance", tonumber(ws[4] or "0"), "held", held, "at", A.now)
 end
 if webhook then
-  redis.call("HSET", KEYS[1], "webhook_url", webhook, "webhook_response_url", ARGV[18], "webhook_counted", 1)
-  local events = ARGV[25] ~= "" and ARGV[25] or ws[12]
+  redis.call("HSET", KEYS[1], "webhook_url", webhook, "webhook_response_url", A.response_url, "webhook_counted", 1)
+  local events = A.webhook_events ~= "" and A.webhook_events or ws[12]
   if events and events ~= "" and events ~= "completed" then
     redis.call("HSET", KEYS[1], "webhook_events", events)  -- absent: "completed"
   end
   redis.call("HINCRBY", KEYS[5], "webhooks_pending", 1)
 end
-if ARGV[7] ~= "" then
+if A.fingerprint ~= "" then
   -- the key's hash alone (64 characters): the whole key name would push the
   -- record out of its compact encoding
   redis.call("HSET", KEYS[1], "idem", string.match(KEYS[6], "[^:]+$"))
-  redis.call("SET", KEYS[6], ARGV[7] .. "|" .. ARGV[1], "EX", ARGV[8])
+  redis.call("SET", KEYS[6], A.fingerprint .. "|" .. A.id, "EX", A.idem_ttl)
 end
-redis.call("HINCRBY", KEYS[8], "admitted|" .. ARGV[3], 1)
-history_add(KEYS[15], KEYS[16], ARGV[1], ARGV[6], ARGV[26])
+redis.call("HINCRBY", KEYS[8], "admitted|" .. A.model, 1)
+history_add(KEYS[15], KEYS[16], A.id, A.now, A.retention)
 
-local S = sched_ctx(KEYS[4], KEYS[10], KEYS[11], ARGV[14], ARGV[6], ARGV[10], ARGV[13])
-enqueue(S, ARGV[2], ARGV[1], seq, ARGV[15])
+local S = sched_ctx(KEYS[4], KEYS[10], KEYS[11], A.cap, A.now, A.grant_until, A.template)
+enqueue(S, A.workspace, A.id, seq, A.priority)
 local granted = grant(S)
 local reply = with_granted("ADMITTED", granted)
-table.insert(reply, 2, ARGV[1])
-table.insert(reply, 3, position(S.base, ARGV[2], ARGV[1]))
+table.insert(reply, 2, A.id)
+table.insert(reply, 3, position(S.base, A.workspace, A.id))
 return reply

@@ -65,7 +65,7 @@ for i = 1, math.min(n, budget) do
   end
   examined, last = i, found[i][1]
   local id = request_of(found[i])
-  local key = "rq:req:" .. (id or "")
+  local key = KEY_REQUEST .. (id or "")
   local values = false
   if not id then
     values = false
@@ -80,7 +80,7 @@ for i = 1, math.min(n, budget) do
   if values and listed(values[at_ws], values[at_status], values[at_error]) then
     local rank = false
     if values[at_status] == "IN_QUEUE" then
-      rank = position("rq:sched:" .. values[at_provider], ARGV[1], id)
+      rank = position(KEY_SCHEDULE .. values[at_provider], ARGV[1], id)
     end
     page[#page + 1] = {values, rank}
   end

@@ -1,8 +1,20 @@
--- lib.lua: the accounting every script that moves a request shares. store.py
--- prepends it to each script at load, so holds, charges, releases and the
--- per-workspace waiting count are written in one place.
+-- lib.lua: what the scripts share, each written once. load_script
+-- (store/requests.py) puts it in front of every script, after the key layout
+-- (KEY_*, generated from store/keys.py). In order:
+--   * the accounting: the waiting count, the body's bytes, holds and their
+--     settlement in the ledger (left_queue, drop_body, settle);
+--   * the caller's deadlines (forget_deadlines, passed, past_deadline);
+--   * pub/sub: telling event streams and held calls what changed (announce*);
+--   * rate counting (spend_rate) and named arguments (named_args);
+--   * the fair schedule behind each provider's cap (enqueue, grant, position);
+--   * webhook events, owed in the step that makes the change they report
+--     (owe_started, owe_progress, owe_webhook, webhook_ended);
+--   * endings several scripts share (finish_unbilled, with_granted);
+--   * the history's streams (history_add).
 -- Callers pass the workspace hash (rq:ws:{ws}) and its ledger
--- (rq:ledger:{ws}) among their KEYS.
+-- (rq:ledger:{ws}) among their KEYS; a key a script only learns by reading
+-- (the request the schedule names next, a request's webhook event) is built
+-- from KEY_*.
 
 -- One fewer request of this workspace is waiting IN_QUEUE.
 local function left_queue(ws_key)
@@ -20,9 +32,9 @@ end
 -- counted has none and gives back nothing.
 local function drop_body(req_key, ws_key, request_id, keep_s)
   if keep_s then
-    redis.call("EXPIRE", "rq:body:" .. request_id, keep_s)
+    redis.call("EXPIRE", KEY_BODY .. request_id, keep_s)
   else
-    redis.call("DEL", "rq:body:" .. request_id)
+    redis.call("DEL", KEY_BODY .. request_id)
   end
   local bytes = tonumber(redis.call("HGET", req_key, "body_bytes") or "0")
   if bytes <= 0 then
@@ -98,7 +110,7 @@ end
 -- stream) that it changed: "IN_PROGRESS", "PROGRESS" or "COMPLETED". They
 -- read its status again. The channel is keys.events_channel() in keys.py.
 local function announce(request_id, what)
-  redis.call("PUBLISH", "rq:events:" .. request_id, what)
+  redis.call("PUBLISH", KEY_EVENTS .. request_id, what)
 end
 
 local function announce_completed(request_id)
@@ -113,7 +125,7 @@ end
 -- moved (a slot was granted or a granted request started): they read their
 -- position again, each at most once a second (router_queue/web/stream.py).
 local function announce_moved(sched_base)
-  redis.call("PUBLISH", "rq:events:provider:" .. string.sub(sched_base, 10), "MOVED")
+  redis.call("PUBLISH", KEY_PROVIDER_EVENTS .. string.sub(sched_base, #KEY_SCHEDULE + 1), "MOVED")
 end
 
 -- True when a write arrives past the deadline its caller gave it (ARGV, Unix
@@ -151,6 +163,18 @@ local function spend_rate(first_key, first_arg)
     i = i + 1
   end
   return nil
+end
+
+-- A script's named arguments (requests.py, named_args): ARGV[first] is how
+-- many follow, each a name, value pair. Returns them by name, and the index
+-- of the ARGV after them.
+local function named_args(first)
+  local n = tonumber(ARGV[first])
+  local args = {}
+  for i = first + 1, first + 2 * n, 2 do
+    args[ARGV[i]] = ARGV[i + 1]
+  end
+  return args, first + 2 * n + 1
 end
 
 -- ---------------------------------------------------------------------------
@@ -209,7 +233,7 @@ end
 -- The workspace's weight (>= 1) and its own cap on requests in flight per
 -- provider (0: none).
 local function ws_limits(ws)
-  local v = redis.call("HMGET", "rq:ws:" .. ws, "weight", "max_in_flight")
+  local v = redis.call("HMGET", KEY_WORKSPACE .. ws, "weight", "max_in_flight")
   return math.max(tonumber(v[1] or "1") or 1, 1), tonumber(v[2] or "0") or 0
 end
 
@@ -345,9 +369,9 @@ local function grant(S)
       local popped = redis.call("ZPOPMIN", base .. ":ws:" .. ws)
       forget_workspace_if_idle(S, ws)
       local request_id = popped[1]
-      if request_id and redis.call("HGET", "rq:req:" .. request_id, "status") == "IN_QUEUE" then
+      if request_id and redis.call("HGET", KEY_REQUEST .. request_id, "status") == "IN_QUEUE" then
         local n = redis.call("HINCRBY", base, "grantseq", 1)
-        redis.call("HSET", "rq:req:" .. request_id, "granted_at", S.now)
+        redis.call("HSET", KEY_REQUEST .. request_id, "granted_at", S.now)
         redis.call("ZADD", S.running, S.grant_until, request_id)
         redis.call("ZADD", base .. ":granted", n, request_id)
         redis.call("HINCRBY", base, "run|" .. ws, 1)
@@ -416,7 +440,7 @@ end
 -- when the request has completed and its last owed event ended.
 -- ---------------------------------------------------------------------------
 
-local WEBHOOK_DUE = "rq:webhooks:due"
+local WEBHOOK_DUE = KEY_WEBHOOKS_DUE
 --: The fields an attempt writes, cleared when a new event takes the head.
 local WEBHOOK_ATTEMPT_FIELDS = {"attempts", "first_attempt_at", "last_attempt_at", "last_status", "last_error",
   "done_at", "lease_until", "token", "waits", "progress"}
@@ -462,8 +486,8 @@ end
 -- else it queues behind ("QUEUED"); a progress event takes the place of a
 -- progress event not yet attempted instead ("COALESCED").
 local function owe_event(event, now)
-  local event_key = "rq:webhook:" .. event.request_id
-  local next_key = event_key .. ":next"
+  local event_key = KEY_WEBHOOK .. event.request_id
+  local next_key = event_key .. KEY_WEBHOOK_NEXT
   local head = redis.call("HMGET", event_key, "state", "type", "attempts")
   if head[1] ~= "pending" then
     webhook_start(event_key, event, now)
@@ -502,7 +526,7 @@ end
 local function webhook_ended(event_key, ws_key, request_id, state, now, keep)
   redis.call("HSET", event_key, "state", state, "done_at", now)
   redis.call("ZREM", WEBHOOK_DUE, request_id)
-  local raw = redis.call("LPOP", event_key .. ":next")
+  local raw = redis.call("LPOP", event_key .. KEY_WEBHOOK_NEXT)
   if raw then
     webhook_start(event_key, cjson.decode(raw), now)
     return true
@@ -522,7 +546,7 @@ local function owe_webhook(req_key, ws_key, request_id, now)
     return
   end
   redis.call("HSET", req_key, "webhook_final", 1)
-  local event_key = "rq:webhook:" .. request_id
+  local event_key = KEY_WEBHOOK .. request_id
   if wants_event(r[2], "completed") then
     owe_event(webhook_snapshot(req_key, request_id, "completed", "msg_" .. request_id, now), now)
   end
@@ -560,9 +584,9 @@ local function owe_progress(req_key, request_id, now, every)
   local recent = r[3] and tonumber(now) - tonumber(r[3]) < tonumber(every)
   if recent then
     -- only a coalesce: never a new event within the interval
-    local event_key = "rq:webhook:" .. request_id
+    local event_key = KEY_WEBHOOK .. request_id
     local head = redis.call("HMGET", event_key, "state", "type", "attempts")
-    local tail = redis.call("LINDEX", event_key .. ":next", -1)
+    local tail = redis.call("LINDEX", event_key .. KEY_WEBHOOK_NEXT, -1)
     local pending_progress = (tail and cjson.decode(tail).type == "progress")
       or (not tail and head[1] == "pending" and head[2] == "progress" and tonumber(head[3] or "0") == 0)
     if not pending_progress then

@@ -2,22 +2,23 @@
 -- call counted in the caller's rate windows first (ratelimit.py).
 -- KEYS[1] rq:req:{id}  KEYS[2] rq:sched:{provider}  KEYS[3] rq:stats:{provider}
 -- KEYS[4..] the caller's rate-window counters
--- ARGV[1] id  ARGV[2] how many record fields follow  ARGV[3..] the fields,
--- the second of them "workspace", then a (limit, window seconds) pair per
--- rate-window counter
+-- ARGV[1] id  ARGV[2], ARGV[3] where "workspace" and "status" are among the
+-- fields (requests.py, _STATUS_FIELD_ARGS)  ARGV[4] how many record fields
+-- follow  ARGV[5..] the fields (requests.py, _FIELDS), then a (limit, window
+-- seconds) pair per rate-window counter
 -- returns {"RATE_LIMITED", window index, ms left}
 --       | {"OK", field values, ttl, position or false, {avg_run_s, avg_gap_s}}
 -- The position (lib.lua, position) is read only while the request waits.
 
-local nfields = tonumber(ARGV[2])
-local spent = spend_rate(4, 3 + nfields)
+local at_ws, at_status, nfields = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local spent = spend_rate(4, 5 + nfields)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
-local values = redis.call("HMGET", KEYS[1], unpack(ARGV, 3, 2 + nfields))
+local values = redis.call("HMGET", KEYS[1], unpack(ARGV, 5, 4 + nfields))
 local rank = false
-if values[5] == "IN_QUEUE" then
-  rank = position(KEYS[2], values[2], ARGV[1])
+if values[at_status] == "IN_QUEUE" then
+  rank = position(KEYS[2], values[at_ws], ARGV[1])
 end
 return {
   "OK",
