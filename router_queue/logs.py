@@ -15,7 +15,7 @@ from typing import Iterator
 
 from pythonjsonlogger.json import JsonFormatter
 
-_context: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("router_queue_log_context", default={})
+_context: contextvars.ContextVar[dict[str, str]] = contextvars.ContextVar("router_queue_log_context", default={})  # noqa: B039 - never mutated: bound() sets a new dict
 
 
 @contextlib.contextmanager
@@ -47,7 +47,7 @@ def configure(level: str = "INFO") -> None:
     not collect them (the logging HOWTO's "Optimization"): finding the caller
     alone walks the stack and was a third of a submit's log line.
     """
-    logging._srcfile = None  # type: ignore[attr-defined]
+    logging._srcfile = None
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
@@ -71,7 +71,7 @@ AUDIT_LOGGER = "router_queue.audit"
 class _CurrentStderr(logging.StreamHandler):
     """Writes to whatever ``sys.stderr`` is when a line is logged."""
 
-    @property  # type: ignore[override]
+    @property
     def stream(self):
         return sys.stderr
 

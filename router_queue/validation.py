@@ -118,7 +118,7 @@ class BoundedList(fields.List):
     def _deserialize(self, value: Any, attr: str | None, data: Any, **kwargs: Any) -> list[Any]:
         if not utils.is_collection(value):
             raise self.make_error("invalid")
-        if len(value) > self.max_length:
+        if len(value) > self.max_length:  # type: ignore[arg-type]  # a JSON array; is_collection says Iterable
             raise ValidationError(f"Longer than maximum length {self.max_length}.")
         budget = _budget.get()
         result: list[Any] = []

@@ -184,7 +184,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
     services, store, request_id = context.services, context.services.store, record.id
     lease_s = services.settings.lease_s
 
-    def complete(**outcome) -> str:
+    def complete(**outcome: Any) -> Complete:
         # The provider answered: its outcome is written through a Redis
         # restart or stall for as long as the lease would have lasted. If
         # another worker took over meanwhile, the first outcome written wins.
@@ -210,11 +210,13 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         if kept == WEBHOOK_DUE:
             webhook_delivery.publish_owed(context.services, context.dispatcher, request_id)  # its progress event
 
+    credentials = context.credentials
+    assert credentials is not None  # WorkerContext.__post_init__ builds it
     call = ProviderCall(
         entry=entry,
         body=body,
         url=entry.upstream(services.settings.provider_origin_override),
-        credential=context.credentials.for_provider(entry.provider),
+        credential=credentials.for_provider(entry.provider),
         session=context.session,
         interruption=lambda: _interruption(context, request_id, flag_unread_until),
         upstream_ref=_upstream_ref(record),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins  # builtins.list: the class's list() method shadows the name below it
 import secrets
 import time
 from dataclasses import dataclass
@@ -168,7 +169,7 @@ class Accounts:
         value = self.client.hget(keys.workspace(workspace_id), "rate_limit")
         return value.decode() if value else None
 
-    def ledger(self, workspace_id: str, count: int = 1000) -> list[LedgerEntry]:
+    def ledger(self, workspace_id: str, count: int = 1000) -> builtins.list[LedgerEntry]:
         """The workspace's holds, charges and releases, oldest first."""
         entries = []
         for entry_id, fields in self.client.xrange(keys.ledger(workspace_id), count=count):
@@ -221,7 +222,7 @@ class Accounts:
             raise LookupError(f"no workspace {workspace_id!r}")
         return outcome
 
-    def signing_secrets(self, workspace_id: str, now: float | None = None) -> list[str]:
+    def signing_secrets(self, workspace_id: str, now: float | None = None) -> builtins.list[str]:
         """The secrets that sign the workspace's events now: the current one,
         and the previous one while a rotation's overlap lasts."""
         current, previous, until = self.client.hmget(

@@ -16,6 +16,7 @@ backlog and fair-share turn. A rotation hands the namespace on.
 
 from __future__ import annotations
 
+import builtins  # builtins.list: the class's list() method shadows the name below it
 import getpass
 import hashlib
 import json
@@ -235,7 +236,7 @@ class ApiKeys:
         self._log("rotate", ended, successor=ident, overlap_s=overlap_s)
         return api_key, ended, new
 
-    def audit(self, workspace: str, count: int = 100) -> list[dict]:
+    def audit(self, workspace: str, count: int = 100) -> builtins.list[dict]:
         """The workspace's last key changes, newest first."""
         return [json.loads(line) for line in self.client.lrange(keys.key_audit(workspace), 0, count - 1)]
 

@@ -60,7 +60,8 @@ class SentinelAddress:
                 try:
                     db = int(parsed.path.strip("/"))
                 except ValueError:
-                    raise RedisUrlError(f"the database in a sentinel URL must be a number, got {parsed.path!r}") from None
+                    raise RedisUrlError("the database in a sentinel URL must be a number, "
+                                        f"got {parsed.path!r}") from None
             master_name = parse_qs(parsed.query).get("master_name", [master_name])[0]
         if not master_name:
             raise RedisUrlError(f"a sentinel URL must name the primary: add ?master_name=NAME to {url!r}")

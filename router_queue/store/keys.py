@@ -115,12 +115,13 @@ context, written by admit.lua only while tracing is on, read by the workers' spa
 caller's X-Comfy-Start-Deadline and X-Comfy-Deadline as Unix seconds, each also
 a member of ``rq:deadlines:{provider}``, "start|{id}" or "run|{id}", scored by
 it; ``retry_of``: the failed request it submits again; ``cancel_detail``: what
-a running request's cancellation will say, the first cancel's reason; ``hold``: credits held at admission, zeroed when settled;
-``charged``: what was charged)
+a running request's cancellation will say, the first cancel's reason; ``hold``:
+credits held at admission, zeroed when settled; ``charged``: what was charged)
 (timestamps are Unix seconds as decimal strings; ``token`` is unique to the
 execution holding the lease, ``holder`` its "{Celery task id}:{retries}";
-``successor`` the resume key of the retry a holder kept its lease for; ``upstream_ref`` is the provider's own handle on a
-submitted generation, JSON, so a new worker resumes instead of resubmitting).
+``successor`` the resume key of the retry a holder kept its lease for;
+``upstream_ref`` is the provider's own handle on a submitted generation, JSON,
+so a new worker resumes instead of resubmitting).
 ``rq:queue:{provider}`` holds every IN_QUEUE request scored by the ``rq:seq``
 admission sequence: depth, oldest wait and queue timeouts read it.
 ``rq:running:{provider}`` holds the requests that have a provider slot: the
@@ -132,8 +133,9 @@ the reaper publishes them again.
 Request hash fields for webhooks (admit.lua): ``webhook_url`` (the request's
 own, else its workspace's default; absent: no webhook) and
 ``webhook_response_url``. Workspace hash fields for them (accounts.py):
-``webhook_url`` (the default), ``webhook_events`` (the default events, canonical), ``webhook_secret``, ``webhook_secret_previous``
-and ``webhook_previous_until`` (when the previous secret stops signing).
+``webhook_url`` (the default), ``webhook_events`` (the default events,
+canonical), ``webhook_secret``, ``webhook_secret_previous`` and
+``webhook_previous_until`` (when the previous secret stops signing).
 Request hash fields for the events (admit.lua, lua/lib.lua): ``webhook_events`` (the
 events chosen, canonical "started,progress,completed" or a subset; absent:
 "completed"), ``webhook_progress_n`` and ``webhook_progress_at`` (progress events

@@ -85,7 +85,7 @@ class MetricsRecorder:
         #: Writes dropped by this process (Redis unreachable or stalled).
         self.dropped = 0
 
-    def _write(self, what: str, fill: Callable[[redis.client.Pipeline], None]) -> None:
+    def _write(self, what: str, fill: Callable[[redis.client.Pipeline], object]) -> None:
         pipe = self.client.pipeline(transaction=False)
         fill(pipe)
         try:
@@ -242,7 +242,9 @@ class RedisCollector(Collector):
         sweeper = {k.decode(): int(v) for k, v in replies[-5].items()}
 
         depth = GaugeMetricFamily("router_queue_depth", "Requests waiting IN_QUEUE.", labels=["provider"])
-        in_flight = GaugeMetricFamily("router_queue_in_flight", "Requests holding a provider slot: IN_PROGRESS, or granted one and not yet started.",
+        in_flight = GaugeMetricFamily("router_queue_in_flight",
+                                      "Requests holding a provider slot: IN_PROGRESS, "
+                                      "or granted one and not yet started.",
                                       labels=["provider"])
         cap = GaugeMetricFamily("router_queue_in_flight_limit", "The provider's cap on requests in flight.",
                                 labels=["provider"])

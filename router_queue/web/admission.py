@@ -303,6 +303,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         raise IdempotencyKeyConflict("this Idempotency-Key is held by a different request; "
                                      "send this one under a new key")
     if admission.outcome is Admit.REPLAY:
+        assert admission.request_id is not None  # a replay names the request it replays
         return Admitted(admission.request_id, True, None)
     return Admitted(request_id, False, admission.position)
 

@@ -66,6 +66,7 @@ def list_models() -> Response:
     data = []
     for model_id in page:
         entry = _catalog().by_id(model_id)
+        assert entry is not None  # ids() lists this catalog's own entries
         data.append({"id": entry.id, "provider": entry.provider, "model": entry.model, "billing": entry.billing})
     return json_response({"data": data, "has_more": has_more,
                           "next_cursor": _encode_cursor(page[-1]) if has_more and page else None, "limit": limit})

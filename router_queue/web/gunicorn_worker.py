@@ -243,5 +243,5 @@ class GeventWorker(ggevent.GeventWorker):
         self.log.warning("Invalid request from ip=%s: %s", (addr or ("",))[0], exc)
         try:
             util.write_nonblock(client, answer)
-        except Exception:  # the client may be gone already; as gunicorn does
+        except Exception:  # noqa: BLE001 - the client may be gone already; as gunicorn does
             self.log.debug("Failed to send error message.")

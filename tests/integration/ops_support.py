@@ -9,7 +9,6 @@ headless Chromium, and the JSON log lines. The tests' private stacks are
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -177,31 +176,12 @@ CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 
 
 def chromium() -> str:
-    """The Chromium binary; installs Debian's package when missing. Fails in CI
-    (CI=true) and skips elsewhere when it cannot be had."""
+    """The Chromium binary, which ``scripts/test`` installs; fails without it."""
     for name in ("chromium", "chromium-browser"):
         found = shutil.which(name)
         if found:
             return found
-    problem = ""
-    if shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        try:
-            subprocess.run(["apt-get", "update", "-qq"], env=env, capture_output=True, timeout=300)
-            done = subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], env=env, capture_output=True,
-                                  text=True, timeout=900)
-            problem = done.stderr[-2000:]
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            problem = repr(exc)
-        found = shutil.which("chromium")
-        if found:
-            return found
-    else:
-        problem = "no apt-get on this machine"
-    reason = f"headless Chromium is not installed and `apt-get install -y chromium` failed: {problem}"
-    if os.environ.get("CI", "").lower() == "true":
-        pytest.fail(reason)
-    pytest.skip(reason)
+    pytest.fail("headless Chromium is not on PATH: scripts/test installs it (apt-get install chromium)")
 
 
 def run_chromium(binary: str, profile: Path, *args: str, timeout_s: float = 90.0) -> subprocess.CompletedProcess:

@@ -43,7 +43,6 @@ from .admission_support import (
     workspace,
 )
 
-pytestmark = pytest.mark.integration
 
 IDEMPOTENCY_TTL_S = 86_400  # IDEMPOTENCY_TTL_SECONDS default: the stack does not set it
 

@@ -8,11 +8,9 @@ from __future__ import annotations
 import json
 
 import pytest
-import requests
 
 from .harness import FLUX, GEMINI, ApiClient, unique_prompt, wait_for
 
-pytestmark = pytest.mark.integration
 
 NOT_FOUND = {"error_type": "request_not_found", "detail": "no such request for this caller and model"}
 

@@ -29,7 +29,7 @@ from .chaos_support import (BROKERS, STATUS_ORDER, ChaosStack, StackPool, assert
 from .harness import (FLUX, GEMINI, LEASE_S, REPUBLISH_AFTER_S, SWEEP_INTERVAL_S, TTS, ApiClient, stub_digest,
                       unique_prompt, wait_for)
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+pytestmark = pytest.mark.slow
 
 #: Seconds from a worker's death until the sweeper has handed its requests on:
 #: the lease runs out, then the next sweep re-publishes.

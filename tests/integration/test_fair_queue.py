@@ -34,7 +34,6 @@ from router_queue.store import keys
 from .chaos_support import ChaosStack, StackPool, assert_not_running
 from .harness import GEMINI, TTS, ApiClient, forget_pace, unique_prompt
 
-pytestmark = pytest.mark.integration
 
 #: The catalog of every stack here: vertexai capped at 1, openai at 2.
 CATALOG = "cap1"

@@ -9,12 +9,9 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-import pytest
-
 from .harness import FLUX, TTS, ApiClient, RunningStack, ledger_by_request, make_caller, saturated_worker, \
     unique_prompt
 
-pytestmark = pytest.mark.integration
 
 #: What each ledger history means for the cost: held until the charge or the release.
 LEDGER_STATE = {("hold",): "held", ("hold", "charge"): "charged", ("hold", "release"): "released"}

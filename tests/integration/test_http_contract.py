@@ -31,7 +31,6 @@ from .harness import (
     wait_for,
 )
 
-pytestmark = pytest.mark.integration
 
 JSON = "application/json"
 RETENTION_S = 86_400  # RESULT_RETENTION_SECONDS default: the stack does not set it

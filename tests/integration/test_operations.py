@@ -40,7 +40,6 @@ from .ops_support import (
     scrape,
 )
 
-pytestmark = pytest.mark.integration
 
 BFL = "bfl"
 

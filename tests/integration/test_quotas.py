@@ -34,7 +34,6 @@ from tests.redis_servers import PrivateRedis
 from .harness import FLUX, ApiClient, RunningStack, ledger_by_request, make_caller, stack_env, unique_prompt, wait_for
 from .test_webhooks import Receiver, workspace_with_secret
 
-pytestmark = pytest.mark.integration
 
 #: Front-door processes of the module's stack (gunicorn workers).
 WEB_PROCESSES = 2

@@ -7,13 +7,10 @@ import re
 import subprocess
 import sys
 
-import pytest
-
 from router_queue.dev.stack import ROOT
 
 from .harness import ApiClient, RunningStack
 
-pytestmark = pytest.mark.integration
 
 README = (ROOT / "README.md").read_text()
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")

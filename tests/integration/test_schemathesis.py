@@ -30,7 +30,6 @@ import pytest
 
 from .harness import RunningStack, make_caller
 
-pytestmark = pytest.mark.integration
 
 CHECKS = (
     "not_a_server_error",

@@ -49,7 +49,7 @@ from router_queue.dev.stack import ROOT, free_port, wait_for_port
 
 from .harness import FLUX, ApiClient, RunningStack, unique_prompt
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 #: Connections the flood keeps open, half idle and half trickling.
 FLOOD_CONNECTIONS = 5000
@@ -156,7 +156,7 @@ class Flood:
                 if time.monotonic() >= next_sample:
                     self.open_samples.append(self.open_now)
                     next_sample += 0.5
-        except BaseException as exc:  # reported by the test thread
+        except BaseException as exc:  # noqa: BLE001 - reported by the test thread
             self.error = exc
 
     def _open(self, kind: str) -> None:

@@ -26,7 +26,6 @@ from tests.redis_servers import PrivateRedis
 
 from .harness import FLUX, RunningStack, make_caller, stack_env, unique_prompt, wait_for
 
-pytestmark = pytest.mark.integration
 
 SUBMIT_SPAN = "POST /v2/models/<provider>/<model>/requests"
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"

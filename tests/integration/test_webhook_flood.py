@@ -48,7 +48,7 @@ from .chaos_support import assert_settled_once
 from .harness import GEMINI, START_CREDITS, ApiClient, RunningStack, make_caller, stack_env, unique_prompt, wait_for
 from .test_webhooks import Receiver, cli_ok
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
+pytestmark = pytest.mark.slow
 
 #: Requests whose webhooks the flood aims at the blackhole.
 FLOOD = 300

@@ -42,7 +42,6 @@ from tests.redis_servers import PrivateRedis, terminate
 
 from .harness import FLUX, ApiClient, RunningStack, make_caller, stack_env, unique_prompt, wait_for
 
-pytestmark = pytest.mark.integration
 
 #: Seconds one attempt may take (connect, each read, the whole answer).
 TIMEOUT_S = 2.0

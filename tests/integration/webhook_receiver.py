@@ -116,7 +116,7 @@ class Handler(BaseHTTPRequestHandler):
     server_version = "webhook-receiver/1"
     state: State
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base class's name
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def _json(self, status: int, value: Any) -> None:
@@ -135,7 +135,7 @@ class Handler(BaseHTTPRequestHandler):
     def _body(self) -> bytes:
         return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
-    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+    def do_GET(self) -> None:
         if self.path == "/_health":
             self._json(200, {"ok": True})
         elif self.path.startswith("/_attempts/"):
@@ -143,7 +143,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._empty(404)
 
-    def do_PUT(self) -> None:  # noqa: N802
+    def do_PUT(self) -> None:
         if not self.path.startswith("/_config/"):
             self._empty(404)
             return
@@ -166,7 +166,7 @@ class Handler(BaseHTTPRequestHandler):
         self.state.answered(record, 204)
         self.close_connection = True
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         if not self.path.startswith("/hook/"):
             self._empty(404)
             return

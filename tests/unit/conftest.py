@@ -7,6 +7,7 @@ run fast and run true.
 
 from __future__ import annotations
 
+import pathlib
 from typing import Iterator
 
 import fakeredis
@@ -17,6 +18,17 @@ from router_queue.web.app import create_app
 from router_queue.services import Services
 from router_queue.settings import Settings
 from tests.redis_servers import UNIT_DB, with_db
+
+#: Seconds a unit test may run before pytest-timeout fails it (the suite-wide
+#: --timeout in pyproject.toml, 600 s, is for the integration stacks).
+UNIT_TIMEOUT_S = 60
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    here = pathlib.Path(__file__).parent
+    for item in items:
+        if here in pathlib.Path(str(item.fspath)).parents and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
 
 
 @pytest.fixture

@@ -18,7 +18,7 @@ OPERATOR_PATHS = ("/metrics", "/ops", "/ops/summary.json")
 
 
 @pytest.mark.parametrize("path", OPERATOR_PATHS)
-def test_operator_surfaces_are_not_found_on_the_public_port(http, ops_http, auth, settings, served_by_flask, path):
+def test_operator_surfaces_are_not_found_on_the_public_port(http, ops_http, auth, settings, served_by_flask, path):  # noqa: F811
     ops_port = settings.ops_port
     for headers in ({}, auth, {"Host": f"localhost:{ops_port}"}, {"X-Forwarded-Port": str(ops_port)}):
         refused = http.get(path, headers=headers)
