@@ -1,38 +1,6 @@
-"""The front door's gunicorn worker: gevent's, with gunicorn's own refusals
-of bad input answered in the contract's shape.
-
-gunicorn refuses a request it cannot parse (a malformed request line or
-header, a bad chunk, a request line or header field past
-``--limit-request-line`` / ``--limit-request-field_size``) itself, before the
-app runs, with an HTML page. Clients of this API tell errors apart by
-``X-Comfy-Error-Type``, so this worker answers those refusals as the app
-answers bad input: ``invalid_input``, a JSON body, ``X-Comfy-Request-Id``,
-under the status gunicorn chose. Refusals that are not about the client's
-input (the app's own bad response header, proxy and TLS trouble, unsupported
-features) stay gunicorn's.
-
-It also bounds how long a connection may take to send a request head.
-gunicorn's gevent worker serves each connection in a greenlet from a pool of
-``--worker-connections`` and gives every head read, the first one included,
-the whole ``--keep-alive`` (75 s) to arrive: connections that say nothing, or
-trickle a header a byte at a time, filled the pool and locked every caller
-out, ``/healthz`` included. Here a connection must send its first request
-head within ``WEB_HEADER_TIMEOUT`` seconds (10 by default) of being
-accepted; between requests a kept-alive connection may stay idle for the
-keep-alive, but once the next request's first byte arrives its head, too,
-must be complete within ``WEB_HEADER_TIMEOUT``. A connection past either bound
-is closed without an answer (logged at debug: under a flood of them an error
-line per connection would be the next problem). Idle greenlets are cheap, so
-the Procfile also gives each worker 10,000 of them. With ``--keep-alive 0``
-gunicorn reads each connection's one request without asking for a bound at
-all, so the Procfile keeps it above 0.
-
-Run it with ``gunicorn --worker-class router_queue.web.gunicorn_worker.GeventWorker``
-(the Procfile does). gunicorn imports it in the master, before gevent patches
-anything, so it imports only the standard library, gunicorn, gevent (which
-gunicorn's gevent worker imports anyway; importing it patches nothing) and
-``errors``.
-"""
+"""The front door's gunicorn worker: gevent's, answering gunicorn's refusals of
+bad input in the contract's shape and bounding how long a request head may
+take. Why, and what it may import: docs/SERVING.md."""
 
 from __future__ import annotations
 

@@ -3,8 +3,9 @@
 Idempotency under a storm of one key, credits under a race, every error-table
 row the front door owns, refusals that leave the key free, billing through
 real workers, the rate limit across gunicorn's processes, bad input that never
-reaches a worker, and how keys and request ids are kept. shared/CONTRACT.md
-is the reference for every expectation here.
+reaches a worker, and how keys and request ids are kept. docs/API.md is the
+reference for every expectation here: "Errors" (the error table and "Input
+limits"), "Idempotency", "Billing, retention, limits" and "Headers".
 """
 
 from __future__ import annotations

@@ -1,8 +1,10 @@
-"""The wire contract (shared/CONTRACT.md) with plain ``requests`` against gunicorn.
+"""The wire contract (docs/API.md) with plain ``requests`` against gunicorn.
 
 The seed's cURL walkthrough first, then the details: headers on every answer,
 result and cancel semantics, the indistinguishable 404s, queue positions,
-idempotency, malformed bodies, timestamps, and the 410 after retention.
+idempotency, malformed bodies, timestamps, and the 410 after retention: API.md's
+"Routes", "Status", "Headers", "Errors", "Idempotency" and "Billing,
+retention, limits".
 """
 
 from __future__ import annotations
