@@ -146,7 +146,7 @@ class EventHub:
                     return
                 log.warning("event hub lost Redis (%s); subscribing again in %.0f s", exc, RESUBSCRIBE_S)
                 time.sleep(RESUBSCRIBE_S)
-            except Exception:  # noqa: BLE001 - the hub must outlive any one bad message
+            except Exception:  # the hub must outlive any one bad message (logged, so not a blind except)
                 log.exception("event hub failed; subscribing again")
                 time.sleep(RESUBSCRIBE_S)
             finally:
