@@ -172,6 +172,8 @@ class CallTimes:
         self.seen: dict[str, list[tuple[float, float]]] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stub-call-times", daemon=True)
+        self._lock = threading.Lock()
+        self._previous = time.time()  # start of the last read that came back
 
     def __enter__(self) -> "CallTimes":
         self._thread.start()
@@ -182,24 +184,31 @@ class CallTimes:
         self._thread.join(5)
 
     def _run(self) -> None:
-        previous = time.time()  # start of the last read that came back
         with requests.Session() as session:
             while not self._stop.is_set():
-                before = time.time()
-                try:
-                    counts = session.get(self.url, timeout=5).json()["submits"]
-                except (requests.RequestException, ValueError, KeyError):
-                    self._stop.wait(self.interval_s)
-                    continue
-                after = time.time()
-                for key, count in counts.items():
-                    stamps = self.seen.setdefault(key, [])
-                    while len(stamps) < count:
-                        stamps.append((previous, after))
-                previous = before
+                self._read(session)
                 self._stop.wait(self.interval_s)
 
+    def _read(self, session: requests.Session) -> None:
+        """One read of the stub's counts; a call first seen in it happened between
+        the start of the last read that came back and the end of this one."""
+        with self._lock:
+            before = time.time()
+            try:
+                counts = session.get(self.url, timeout=5).json()["submits"]
+            except (requests.RequestException, ValueError, KeyError):
+                return
+            after = time.time()
+            for key, count in counts.items():
+                stamps = self.seen.setdefault(key, [])
+                while len(stamps) < count:
+                    stamps.append((self._previous, after))
+            self._previous = before
+
     def of(self, route: str, body: Any) -> list[tuple[float, float]]:
+        """Read once more first: a loaded machine may not have sampled the last call yet."""
+        with requests.Session() as session:
+            self._read(session)
         return self.seen.get(f"{route}:{stub_digest(body)}", [])
 
 
