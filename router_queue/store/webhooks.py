@@ -29,7 +29,7 @@ import redis
 
 from ..webhooks.endpoints import origin
 from . import keys
-from .requests import load_script
+from .requests import load_script, named_args
 
 #: Attempts kept per workspace for ``router-queue ops webhooks``.
 LOG_LENGTH = 200
@@ -201,10 +201,15 @@ class WebhookStore:
                   keys.webhooks_failing(), keys.webhook_circuit(event.workspace, endpoint),
                   keys.webhook_in_flight(event.workspace), keys.webhooks_in_flight(),
                   keys.workspace(event.workspace)],
-            args=[event.request_id, token, repr(now), outcome, "" if status is None else status, error[:300],
-                  "" if next_at is None else repr(next_at), self.keep_s, entry, LOG_LENGTH,
-                  f"{event.workspace}|{endpoint}", "1" if endpoint_failed else "0", limits.circuit_failures,
-                  repr(limits.circuit_cooling_s), FAILING_KEPT, int(limits.window_s), event.msg_id],
+            args=named_args({
+                "request_id": event.request_id, "token": token, "now": repr(now), "outcome": outcome,
+                "status": "" if status is None else status, "error": error[:300],
+                "next_at": "" if next_at is None else repr(next_at), "keep_s": self.keep_s, "entry": entry,
+                "log_length": LOG_LENGTH, "endpoint": f"{event.workspace}|{endpoint}",
+                "endpoint_failed": "1" if endpoint_failed else "0", "circuit_failures": limits.circuit_failures,
+                "circuit_cooling_s": repr(limits.circuit_cooling_s), "failing_kept": FAILING_KEPT,
+                "failing_window_s": int(limits.window_s), "msg_id": event.msg_id,
+            }),
         )
         return _text(reply[0])
 

@@ -9,8 +9,8 @@
 --
 -- The endpoint (a workspace's URL origin) answered (delivered, gone): its
 -- circuit closes and it leaves the failing endpoints. It failed (no answer in
--- time, no connection, an HTTP error; ARGV[12] "1"): one more failure in a
--- row, and at ARGV[13] in a row its circuit opens for ARGV[14] seconds (each
+-- time, no connection, an HTTP error; endpoint_failed "1"): one more failure in a
+-- row, and at circuit_failures in a row its circuit opens for circuit_cooling_s seconds (each
 -- failed probe opens it again). A failure that is not the endpoint's (its URL
 -- refused, no secret) only ends a probe.
 --
@@ -26,38 +26,45 @@
 -- KEYS[4] rq:webhooks:failing-origins  KEYS[5] rq:webhooks:circuit:{ws}|{origin}
 -- KEYS[6] rq:webhooks:inflight:{ws}  KEYS[7] rq:webhooks:inflight
 -- KEYS[8] rq:ws:{ws} (its pending events count)
--- ARGV[1] request id  ARGV[2] token of the attempt  ARGV[3] now (s)
--- ARGV[4] outcome: "delivered" | "gone" | "failed"  ARGV[5] HTTP status or ""
--- ARGV[6] the error, "" for none  ARGV[7] next attempt at (s), "" to give up
--- ARGV[8] seconds an ended event is kept  ARGV[9] the log entry (JSON)
--- ARGV[10] attempts kept in the log  ARGV[11] the endpoint, "{ws}|{origin}"
--- ARGV[12] "1" when the endpoint failed  ARGV[13] failures in a row that open
--- its circuit (0: none)  ARGV[14] seconds it stays open
--- ARGV[15] failing endpoints kept (the most recent)  ARGV[16] seconds one is kept
--- ARGV[17] the event's webhook-id: an attempt at an event that already ended
---          (the request's next one holds the head now) only logs
+-- ARGV: name, value pairs after their count (requests.py, named_args; read
+-- once into A by lib.lua's named_args):
+--   request_id, token (the attempt's), now (s)
+--   outcome            "delivered" | "gone" | "failed"
+--   status             HTTP status or ""      error   the error, "" for none
+--   next_at            next attempt at (s), "" to give up
+--   keep_s             seconds an ended event is kept
+--   entry              the log entry (JSON)   log_length  attempts kept in the log
+--   endpoint           "{ws}|{origin}"        endpoint_failed  "1" when it failed
+--   circuit_failures   failures in a row that open its circuit (0: none)
+--   circuit_cooling_s  seconds it stays open
+--   failing_kept       failing endpoints kept (the most recent)
+--   failing_window_s   seconds one is kept
+--   msg_id             the event's webhook-id: an attempt at an event that
+--                      already ended (the request's next one holds the head
+--                      now) only logs
 -- returns {"DELIVERED"} | {"GONE"} | {"GAVE_UP"} | {"RETRY"} | {"STALE"} | {"DONE"} | {"MISSING"}
 
-local now = tonumber(ARGV[3])
-redis.call("ZREM", KEYS[6], ARGV[2])
-redis.call("ZREM", KEYS[7], ARGV[2])
+local A = named_args(1)
+local now = tonumber(A.now)
+redis.call("ZREM", KEYS[6], A.token)
+redis.call("ZREM", KEYS[7], A.token)
 
-local outcome = ARGV[4]
+local outcome = A.outcome
 if outcome == "delivered" or outcome == "gone" then
   redis.call("DEL", KEYS[5])
-  redis.call("ZREM", KEYS[4], ARGV[11])
-elseif ARGV[12] == "1" then
+  redis.call("ZREM", KEYS[4], A.endpoint)
+elseif A.endpoint_failed == "1" then
   local failures = redis.call("HINCRBY", KEYS[5], "failures", 1)
-  redis.call("HSET", KEYS[5], "probe_until", 0, "last_failure_at", ARGV[3])
-  local threshold = tonumber(ARGV[13])
+  redis.call("HSET", KEYS[5], "probe_until", 0, "last_failure_at", A.now)
+  local threshold = tonumber(A.circuit_failures)
   if threshold > 0 and failures >= threshold then
-    redis.call("HSET", KEYS[5], "open_until", tostring(now + tonumber(ARGV[14])))
+    redis.call("HSET", KEYS[5], "open_until", tostring(now + tonumber(A.circuit_cooling_s)))
   end
-  redis.call("EXPIRE", KEYS[5], ARGV[16])
-  redis.call("ZADD", KEYS[4], ARGV[3], ARGV[11])
-  -- bounded: none older than the window, at most ARGV[15] of them
-  redis.call("ZREMRANGEBYSCORE", KEYS[4], "-inf", tostring(now - tonumber(ARGV[16])))
-  redis.call("ZREMRANGEBYRANK", KEYS[4], 0, -(tonumber(ARGV[15]) + 1))
+  redis.call("EXPIRE", KEYS[5], A.failing_window_s)
+  redis.call("ZADD", KEYS[4], A.now, A.endpoint)
+  -- bounded: none older than the window, at most failing_kept of them
+  redis.call("ZREMRANGEBYSCORE", KEYS[4], "-inf", tostring(now - tonumber(A.failing_window_s)))
+  redis.call("ZREMRANGEBYRANK", KEYS[4], 0, -(tonumber(A.failing_kept) + 1))
 elseif redis.call("EXISTS", KEYS[5]) == 1 then
   redis.call("HSET", KEYS[5], "probe_until", 0)
 end
@@ -66,19 +73,19 @@ local e = redis.call("HMGET", KEYS[1], "state", "token", "msg_id")
 if not e[1] then
   return {"MISSING"}
 end
-redis.call("LPUSH", KEYS[3], ARGV[9])
-redis.call("LTRIM", KEYS[3], 0, tonumber(ARGV[10]) - 1)
-if e[1] ~= "pending" or (e[3] or ("msg_" .. ARGV[1])) ~= ARGV[17] then
+redis.call("LPUSH", KEYS[3], A.entry)
+redis.call("LTRIM", KEYS[3], 0, tonumber(A.log_length) - 1)
+if e[1] ~= "pending" or (e[3] or ("msg_" .. A.request_id)) ~= A.msg_id then
   return {"DONE"}
 end
-if e[2] ~= ARGV[2] and outcome ~= "delivered" then
+if e[2] ~= A.token and outcome ~= "delivered" then
   return {"STALE"}
 end
-redis.call("HSET", KEYS[1], "last_status", ARGV[5], "last_error", ARGV[6], "lease_until", 0)
+redis.call("HSET", KEYS[1], "last_status", A.status, "last_error", A.error, "lease_until", 0)
 
 -- the event ends; the request's next event, if one is owed, takes its place
 local function finish(state, code)
-  webhook_ended(KEYS[1], KEYS[8], ARGV[1], state, ARGV[3], ARGV[8])
+  webhook_ended(KEYS[1], KEYS[8], A.request_id, state, A.now, A.keep_s)
   return {code}
 end
 
@@ -88,9 +95,9 @@ end
 if outcome == "gone" then
   return finish("gone", "GONE")
 end
-if ARGV[7] == "" then
+if A.next_at == "" then
   return finish("given_up", "GAVE_UP")
 end
-redis.call("HSET", KEYS[1], "next_at", ARGV[7])
-redis.call("ZADD", KEYS[2], ARGV[7], ARGV[1])
+redis.call("HSET", KEYS[1], "next_at", A.next_at)
+redis.call("ZADD", KEYS[2], A.next_at, A.request_id)
 return {"RETRY"}
