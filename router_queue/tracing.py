@@ -1,32 +1,6 @@
-"""OpenTelemetry: one trace per request, from its submit to its webhook.
-
-Off unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set (``Settings.otel_endpoint``):
-then nothing is imported, instrumented or wrapped, :func:`span` is a shared
-no-op, and the front door's lane answers polls and submits as it always did.
-
-On, each process exports its spans over OTLP/HTTP:
-
-* the front door through Flask's instrumentation, the lane stepping aside
-  (``web/app.py``) so that every call, submits and polls included, is a span;
-* every Redis command (redis's instrumentation) and every provider call
-  (requests' instrumentation) made inside a span, as its child;
-* the request's ``deliver``, ``provider call``, ``complete`` and
-  ``webhook attempt`` spans, made by the workers (``workers/``).
-
-The trace travels on the request's record, never on its Celery message: a
-request's message is pushed by whichever script grants it a slot (another
-request's completion, a cancel, the sweeper's reaper), so the context of
-whoever published it is not the request's. ``admit.lua`` stores the submit's
-W3C ``traceparent`` (the caller's, continued by the Flask span, or a new
-trace) in the record's ``traceparent`` field, and each delivery and each
-webhook attempt continues it. For the same reason Celery's instrumentation
-is not used: its consumer span takes its parent from the message's headers,
-which would put a delivery in its publisher's trace, or in none.
-
-A Redis command or HTTP call outside any span (a lease renewal, the event
-hub's subscription, the sweeper) would be a one-span trace of its own; the
-sampler drops those.
-"""
+"""OpenTelemetry: one trace per request, from its submit to its webhook; off (nothing
+imported) unless ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set. Why the trace travels on the
+request's record, and which spans exist: docs/ARCHITECTURE.md, "Tracing"."""
 
 from __future__ import annotations
 
