@@ -5,20 +5,36 @@ built once per process from one ``Settings``.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import redis
+from celery import Celery
 
+from .broker.dispatch import Dispatcher
 from .catalog import Catalog
 from .settings import Settings
 from .store.accounts import Accounts
 from .store.connect import connect
 from .store.ids import RequestIds
 from .store.metrics import MetricsRecorder
-from .store.requests import Replication, RequestStore
+from .store.requests import GrantPublishing, Replication, RequestStore
 from .store.webhooks import WebhookStore
 
 #: Seconds a worker, the sweeper or the CLI waits on Redis before an error.
 WORKER_REDIS_WAIT_S = 5.0
+
+
+class Publisher(Protocol):
+    """What publishes deliveries and webhook nudges: ``broker.dispatch.Dispatcher``, or a test's stand-in."""
+
+    grants: GrantPublishing
+    #: Whether the broker is the store's Redis (readiness checks one, not two).
+    broker_is_store: bool
+    celery: Celery
+
+    def publish(self, request_id: str, provider: str) -> None: ...
+
+    def publish_webhook(self, request_id: str) -> None: ...
 
 
 @dataclass
@@ -31,17 +47,26 @@ class Services:
     catalog: Catalog
     metrics: MetricsRecorder
     webhooks: WebhookStore
+    #: What publishes deliveries; the store publishes its grants through it.
+    #: None where nothing publishes (a grant then waits for the reaper).
+    dispatcher: Publisher | None = None
 
     @classmethod
-    def build(cls, settings: Settings, client: redis.Redis | None = None, *,
-              wait_s: float = WORKER_REDIS_WAIT_S, write_deadline_s: float | None = None) -> "Services":
+    def build(cls, settings: Settings, client: redis.Redis | None = None, *, celery: Celery | None = None,
+              dispatcher: Publisher | None = None, wait_s: float = WORKER_REDIS_WAIT_S,
+              write_deadline_s: float | None = None) -> "Services":
         """``client`` lets tests pass a fakeredis client; else one is made from
-        the URL, waiting ``wait_s`` seconds on Redis at most. ``write_deadline_s``:
-        admissions and cancels that do not reach Redis within it change nothing
-        (the front door's, inside its wait)."""
+        the URL, waiting ``wait_s`` seconds on Redis at most. With ``celery``,
+        the one :class:`Dispatcher` is built on it (tests pass a stand-in
+        ``dispatcher``), and the store publishes its grants through it.
+        ``write_deadline_s``: admissions and cancels that do not reach Redis
+        within it change nothing (the front door's, inside its wait)."""
         if client is None:
             client = connect(settings.redis_url, wait_s=wait_s, connect_s=min(2.0, wait_s))
         catalog = Catalog.load(settings.catalog_path)
+        if dispatcher is None and celery is not None:
+            dispatcher = Dispatcher(celery, providers=tuple(catalog.providers()),
+                                    broker_is_store=settings.effective_broker_url == settings.redis_url)
         return cls(
             settings=settings,
             redis=client,
@@ -50,10 +75,12 @@ class Services:
                 republish_after_s=settings.republish_after_s, max_queued=settings.max_queued,
                 max_in_flight=catalog.max_in_flight, write_deadline_s=write_deadline_s,
                 replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
+                grants=dispatcher.grants if dispatcher is not None else None,
             ),
             accounts=Accounts(client),
             ids=RequestIds(client),
             catalog=catalog,
             metrics=MetricsRecorder(client),
             webhooks=WebhookStore(client, keep_s=settings.result_retention_s, limits=settings.webhook_limits),
+            dispatcher=dispatcher,
         )

@@ -13,8 +13,7 @@ import requests
 import requests.adapters
 from celery import Celery
 
-from router_queue.broker.dispatch import Dispatcher
-from router_queue.services import Services
+from router_queue.services import Publisher, Services
 
 from .credentials import Credentials
 from .leases import LeaseKeeper
@@ -24,7 +23,7 @@ from .leases import LeaseKeeper
 class WorkerContext:
     services: Services
     session: requests.Session
-    dispatcher: Dispatcher
+    dispatcher: Publisher
     leases: LeaseKeeper
     #: Each provider's credential, as the catalog and settings name it; built
     #: from ``services`` when not given.
@@ -35,11 +34,10 @@ class WorkerContext:
 
     @classmethod
     def build(cls, app: Celery, services: Services | None = None) -> "WorkerContext":
-        services = services or Services.build(app.router_settings)
-        settings = services.settings
-        dispatcher = Dispatcher(app, services.store, providers=tuple(services.catalog.providers()),
-                                broker_is_store=settings.effective_broker_url == settings.redis_url)
-        return cls(services, provider_session(), dispatcher, LeaseKeeper(services.store, settings.lease_s))
+        services = services or Services.build(app.router_settings, celery=app)
+        assert services.dispatcher is not None, "a worker publishes: its Services are built with its Celery app"
+        return cls(services, provider_session(), services.dispatcher, LeaseKeeper(services.store,
+                                                                                   services.settings.lease_s))
 
     def __post_init__(self) -> None:
         if self.credentials is None:

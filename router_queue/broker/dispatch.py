@@ -30,7 +30,7 @@ import json
 
 from celery import Celery
 
-from ..store.requests import BrokerTemplate, RequestStore
+from ..store.requests import BrokerTemplate, GrantPublishing
 from .celery_app import DELIVER_TASK, WEBHOOK_TASK, WEBHOOKS_QUEUE, queue_name
 
 #: Stand-ins for the per-grant values, as lib.lua's grant() replaces them
@@ -53,22 +53,21 @@ def broker_template(celery: Celery, queue: str, list_key: str) -> BrokerTemplate
 
 
 class Dispatcher:
-    def __init__(self, celery: Celery, store: RequestStore, *, providers: tuple[str, ...] = (),
-                 broker_is_store: bool = False):
-        """Attaches itself to ``store``: ``broker_is_store`` (the broker is the
-        store's Redis) hands the scripts ``providers``' message templates,
-        otherwise what they grant is published here."""
+    def __init__(self, celery: Celery, *, providers: tuple[str, ...] = (), broker_is_store: bool = False):
+        """``broker_is_store`` (the broker is the store's Redis): the scripts
+        get ``providers``' message templates; otherwise what they grant is
+        published here. The store takes :attr:`grants` as ``Services`` builds it."""
         self.celery = celery
-        self.store = store
         self.broker_is_store = broker_is_store
-        store.grants.publish = self.publish_granted
+        #: Handed to the request store: how its scripts' grants are published.
+        self.grants = GrantPublishing(publish=self.publish_granted)
         if broker_is_store:
             # kombu's Redis transport keeps a queue's priority-0 messages in a
             # list named after the queue, behind its optional global key prefix
             prefix = (celery.conf.broker_transport_options or {}).get("global_keyprefix", "")
             for provider in providers:
                 queue = queue_name(provider)
-                store.grants.templates[provider] = broker_template(celery, queue, prefix + queue)
+                self.grants.templates[provider] = broker_template(celery, queue, prefix + queue)
 
     def publish(self, request_id: str, provider: str) -> None:
         """Publish one request's delivery (a takeover, a hand-back, an operator's requeue)."""

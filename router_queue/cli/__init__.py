@@ -1,4 +1,4 @@
-"""The ``router-queue`` command (Flask's CLI): accounts, and the one-command demo.
+"""The ``router-queue`` command: accounts, and the one-command demo.
 
     router-queue workspace create NAME [--enable-queue] [--credits N]
     router-queue workspace enable-queue WS_ID [--off]
@@ -26,7 +26,7 @@ import time
 
 import click
 import redis
-from flask.cli import FlaskGroup
+from flask.cli import get_load_dotenv, load_dotenv
 from limits import parse_many
 
 from .. import logs
@@ -36,25 +36,23 @@ from ..store import quotas
 from ..store.apikeys import DEFAULT_OVERLAP_S, NO_WORKSPACE
 from ..webhooks import event as webhook_event
 from ..webhooks import safety
-from ..web.app import create_app
 from ..web.auth import CACHE_TTL_S
-from ..web.front import front_door
+from .context import services
 from .ops import ops, require_router_queue_data
 
 
 def _accounts():
-    return front_door().services.accounts
+    return services().accounts
 
 
-class RouterQueueGroup(FlaskGroup):
-    """Flask's CLI group (an app context for every command) with our options
-    only: Flask's ``--app``, ``--env-file`` and ``--debug`` pick another app or
-    mode, which this command never serves, and its ``--version`` names Flask's."""
+class RouterQueueGroup(click.Group):
+    """The commands act on ``Services`` built from the environment
+    (``context.py``), no Flask app; a ``.env`` is read as Flask's CLI reads it."""
 
-    def __init__(self, **kwargs):
-        super().__init__(create_app=lambda: create_app(), add_default_commands=False, add_version_option=False,
-                         **kwargs)
-        self.params = [p for p in self.params if p.name not in ("env_file", "app", "debug")]
+    def make_context(self, info_name, args, parent=None, **extra):
+        if get_load_dotenv():
+            load_dotenv()
+        return super().make_context(info_name, args, parent, **extra)
 
     def invoke(self, ctx: click.Context):
         """Every command, with an unreachable Redis said in one line that
@@ -192,7 +190,7 @@ def set_webhook(workspace_id: str, url: str | None, events: str | None, off: boo
         except webhook_event.UnknownEvents as exc:
             raise click.BadParameter(str(exc), param_hint="--events") from None
     if url:
-        settings = front_door().services.settings
+        settings = services().settings
         try:
             safety.check(url, allow_loopback_http=settings.webhook_allow_loopback_http)
         except safety.UnsafeWebhookUrl as exc:

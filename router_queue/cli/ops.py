@@ -6,21 +6,20 @@ import json
 import time
 
 import click
-from flask.cli import AppGroup, with_appcontext
 
 from ..settings import without_password
 from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from ..store.outcomes import Cancel
 from ..store.webhooks import FailingEndpoint
 from ..webhooks.endpoints import origin
-from ..web.front import front_door
 from ..web.operations import summary
+from .context import services as _services
 
 
 def require_router_queue_data() -> None:
     """Refuse to report on a Redis that holds no router-queue data: zeros and
     "no request" from the wrong server read like a healthy empty queue."""
-    services = front_door().services
+    services = _services()
     if not services.accounts.any_exist():
         where = without_password(services.settings.redis_url)
         raise click.ClickException(
@@ -29,8 +28,7 @@ def require_router_queue_data() -> None:
             "uses; `router-queue dev` prints its own.")
 
 
-@click.group("ops", cls=AppGroup)
-@with_appcontext
+@click.group("ops")
 def ops() -> None:
     """Inspect and steer the queues."""
     require_router_queue_data()
@@ -40,7 +38,7 @@ def ops() -> None:
 def depths() -> None:
     """Per provider: waiting, in flight, cap, oldest waiting age."""
     click.echo("provider\twaiting\tin_flight\tcap\toldest_wait_s\tdraining\tworkspaces_waiting\tlargest")
-    for row in summary()["providers"]:
+    for row in summary(_services())["providers"]:
         largest = ",".join(f"{w['workspace']}:{w['waiting']}" for w in row["largest"]) or "-"
         click.echo(f"{row['provider']}\t{row['queued']}\t{row['in_flight']}\t{row['cap']}\t"
                    f"{row['oldest_wait_s']}\t{'yes' if row['draining'] else 'no'}\t"
@@ -48,7 +46,7 @@ def depths() -> None:
 
 
 def _record(request_id: str) -> dict[str, str]:
-    record, ttl_s = front_door().services.store.dump(request_id)
+    record, ttl_s = _services().store.dump(request_id)
     if not record:
         raise click.ClickException(f"no request {request_id} (never admitted, or past retention)")
     return {**record, "ttl_s": ttl_s}
@@ -63,7 +61,7 @@ def inspect(request_id: str) -> None:
     record["body"] = f"<{len(body)} bytes>"
     if record.get("webhook_url"):  # its path and query may be the receiver's credential
         record["webhook_url"] = origin(record["webhook_url"]) + "/…"
-    record["position"] = front_door().services.store.status_view(request_id, record["provider"]).position
+    record["position"] = _services().store.status_view(request_id, record["provider"]).position
     click.echo(json.dumps(record, indent=2, sort_keys=True))
 
 
@@ -72,7 +70,7 @@ def inspect(request_id: str) -> None:
 def cancel(request_id: str) -> None:
     """Cancel a request as its owner would."""
     record = _record(request_id)
-    services = front_door().services
+    services = _services()
     outcome = services.store.cancel(request_id=request_id, workspace=record["workspace"],
                                     model=record["model"], provider=record["provider"])
     if outcome is Cancel.EXPIRED:
@@ -89,7 +87,7 @@ def requeue(request_id: str) -> None:
     running one whose worker is stuck (its lease is ended so another resumes
     it). A request still waiting for a slot has no message; its turn comes."""
     record = _record(request_id)
-    front = front_door()
+    services = _services()
     if record["status"] == COMPLETED:
         raise click.ClickException("the request is COMPLETED; there is nothing to requeue")
     if record["status"] == IN_QUEUE and "granted_at" not in record:
@@ -97,8 +95,8 @@ def requeue(request_id: str) -> None:
                    "the schedule grants it in its turn")
         return
     if record["status"] == IN_PROGRESS and record.get("token"):
-        front.services.store.renew(request_id, record["provider"], record["token"], 0, hand_back=True)
-    front.dispatcher.publish(request_id, record["provider"])
+        services.store.renew(request_id, record["provider"], record["token"], 0, hand_back=True)
+    services.dispatcher.publish(request_id, record["provider"])
     click.echo(f"published {request_id} to {record['provider']}")
 
 
@@ -107,9 +105,9 @@ def requeue(request_id: str) -> None:
 @click.option("--off", is_flag=True, help="Admit again.")
 def drain(provider: str, off: bool) -> None:
     """Stop admitting for a provider (503 service_unavailable); in-flight work finishes."""
-    if provider not in front_door().services.catalog.providers():
+    if provider not in _services().catalog.providers():
         raise click.ClickException(f"no provider {provider!r}")
-    front_door().services.store.set_draining(provider, not off)
+    _services().store.set_draining(provider, not off)
     click.echo(f"{provider} {'admitting' if off else 'draining'}")
 
 
@@ -127,7 +125,7 @@ def _circuit(row: FailingEndpoint, now: float) -> str:
 def webhooks(workspace_id: str | None, count: int) -> None:
     """Failing webhook endpoints (URL origins) and their circuits; with a
     workspace, its own and its recent attempts, newest first."""
-    services = front_door().services
+    services = _services()
     if workspace_id is not None and services.accounts.get(workspace_id) is None:
         raise click.ClickException(f"no workspace {workspace_id!r}")
     now = time.time()
@@ -154,6 +152,6 @@ def webhooks(workspace_id: str | None, count: int) -> None:
 @ops.command("purge-expired")
 def purge_expired() -> None:
     """Drop index entries whose request record has expired (waiting, running)."""
-    services = front_door().services
+    services = _services()
     purged = services.store.purge_expired(services.catalog.providers())
     click.echo(f"purged {purged} index entries of expired requests")

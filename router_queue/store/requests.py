@@ -259,8 +259,8 @@ class BrokerTemplate:
 class GrantPublishing:
     """Where the ids a script granted go when it did not push their message:
     ``templates`` per provider for the scripts, else ``publish(provider, ids)``
-    (``dispatch.Dispatcher`` attaches itself). Without a publisher a grant
-    waits for the reaper, ``REPUBLISH_AFTER_SECONDS``."""
+    (``dispatch.Dispatcher``'s, handed to the store as ``Services`` builds it).
+    Without a publisher a grant waits for the reaper, ``REPUBLISH_AFTER_SECONDS``."""
 
     templates: dict[str, BrokerTemplate] = field(default_factory=dict)
     publish: Callable[[str, list[str]], None] | None = None
@@ -327,7 +327,7 @@ class RequestStore:
                  max_in_flight: Callable[[str], int] = lambda provider: 100,
                  write_deadline_s: float | None = None, replication: Replication = Replication(),
                  max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
-                 max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS):
+                 max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS, grants: GrantPublishing | None = None):
         self.client = client
         self.replication = replication
         #: Writes answered before ``replication.replicas`` replicas had them.
@@ -348,7 +348,8 @@ class RequestStore:
         #: Seconds within which an admission or cancel must reach Redis or
         #: change nothing (None: no deadline). See :meth:`_deadline`.
         self.write_deadline_s = write_deadline_s
-        self.grants = GrantPublishing()
+        #: How grants are published (``Services`` hands the dispatcher's in).
+        self.grants = grants if grants is not None else GrantPublishing()
         self._admit = load_script(client, "admit")
         self._grant = load_script(client, "grant")
         self._claim = load_script(client, "claim")

@@ -6,7 +6,6 @@ from flask import Flask, Response, g, request
 
 from .. import tracing
 from ..broker.celery_app import make_celery
-from ..broker.dispatch import Dispatcher
 from ..errors import RouterError
 from ..services import Services
 from ..settings import Settings
@@ -24,15 +23,15 @@ from .routes import queue
 from .stream import EventHub
 
 
-def create_app(settings: Settings | None = None, *, services: Services | None = None,
-               dispatcher: Dispatcher | None = None) -> Flask:
-    """Build the front door. Tests pass ``services`` (fakeredis) and a ``dispatcher``."""
+def create_app(settings: Settings | None = None, *, services: Services | None = None) -> Flask:
+    """Build the front door. Tests pass ``services`` (fakeredis, a stand-in dispatcher)."""
     settings = settings or Settings.from_env()
-    services = services or Services.build(settings, wait_s=settings.front_door_redis_wait_s,
+    services = services or Services.build(settings, celery=make_celery(settings),
+                                          wait_s=settings.front_door_redis_wait_s,
                                           write_deadline_s=settings.front_door_redis_wait_s)
+    dispatcher = services.dispatcher
     if dispatcher is None:
-        dispatcher = Dispatcher(make_celery(settings), services.store, providers=tuple(services.catalog.providers()),
-                                broker_is_store=settings.effective_broker_url == settings.redis_url)
+        raise ValueError("the front door publishes deliveries: build its Services with a Celery app")
     app = Flask(__name__, static_folder=None, template_folder="templates")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     keys = KeyResolver(services.accounts)

@@ -7,8 +7,7 @@ from dataclasses import dataclass
 
 from flask import current_app
 
-from ..broker.dispatch import Dispatcher
-from ..services import Services
+from ..services import Publisher, Services
 from ..store.held import HeldSlots
 from .auth import KeyResolver
 from .stream import EventHub
@@ -20,7 +19,7 @@ EXTENSION = "router_queue"
 @dataclass
 class FrontDoor:
     services: Services
-    dispatcher: Dispatcher
+    dispatcher: Publisher
     keys: KeyResolver
     #: The process's one subscription to change notices, for event streams
     #: and held synchronous calls.

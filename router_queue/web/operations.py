@@ -20,6 +20,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from werkzeug.exceptions import NotFound
 
 from ..errors import ServiceUnavailable
+from ..services import Services
 from ..store.metrics import RedisCollector
 from ..store.webhooks import WebhookStore
 from . import paths
@@ -76,10 +77,9 @@ def metrics() -> Response:
     return Response(generate_latest(registry), 200, content_type=CONTENT_TYPE_LATEST)
 
 
-def summary() -> dict:
+def summary(services: Services) -> dict:
     """Per provider: waiting, in flight, cap, oldest wait, pace, and the
-    workspaces waiting (how many, the largest); for the page."""
-    services = front_door().services
+    workspaces waiting (how many, the largest); for the page and ``ops depths``."""
     store, catalog = services.store, services.catalog
     now = time.time()
     draining = store.draining()
@@ -123,9 +123,9 @@ def webhook_summary(webhooks: WebhookStore, now: float) -> dict:
 
 @paths.OPS_SUMMARY.view(operations)
 def ops_summary() -> Response:
-    return json_response(summary())
+    return json_response(summary(front_door().services))
 
 
 @paths.OPS_PAGE.view(operations)
 def ops_page() -> Response:
-    return page("ops.html", summary=summary())
+    return page("ops.html", summary=summary(front_door().services))

@@ -53,7 +53,7 @@ def test_duplicate_delivery_runs_the_provider_once(services: Services, caller: A
     request_id = _admit_without_publishing(services, caller, body)
     celery = make_celery(services.settings)
     try:
-        dispatcher = Dispatcher(celery, services.store)
+        dispatcher = Dispatcher(celery)
         for _ in range(3):
             dispatcher.publish(request_id, "bfl")
     finally:

@@ -17,6 +17,7 @@ import redis
 from router_queue.web.app import create_app
 from router_queue.services import Services
 from router_queue.settings import Settings
+from router_queue.store.requests import GrantPublishing
 from tests.redis_servers import UNIT_DB, with_db
 
 #: Seconds a unit test may run before pytest-timeout fails it: four times the
@@ -64,20 +65,20 @@ def settings() -> Settings:
 
 @pytest.fixture
 def services(client, settings) -> Services:
-    return Services.build(settings, client)
+    return Services.build(settings, client, dispatcher=RecordingDispatcher())
 
 
 class RecordingDispatcher:
     """Stands in for Celery in front-door tests: remembers what was published
-    (the store's grants included: it attaches itself as ``Dispatcher`` does)."""
+    (the store's grants included, as ``Dispatcher``'s are)."""
 
     #: As in a default deployment, the broker is the request store's Redis.
     broker_is_store = True
 
-    def __init__(self, store):
-        self.store = store
+    def __init__(self):
         self.published: list[tuple[str, str]] = []
-        store.grants.publish = self.publish_granted
+        #: Handed to the store as ``Services`` builds it, as ``Dispatcher.grants`` is.
+        self.grants = GrantPublishing(publish=self.publish_granted)
 
     def publish(self, request_id: str, provider: str) -> None:
         self.published.append((request_id, provider))
@@ -92,12 +93,12 @@ class RecordingDispatcher:
 
 @pytest.fixture
 def dispatcher(services) -> RecordingDispatcher:
-    return RecordingDispatcher(services.store)
+    return services.dispatcher
 
 
 @pytest.fixture
 def app(settings, services, dispatcher):
-    return create_app(settings, services=services, dispatcher=dispatcher)
+    return create_app(settings, services=services)
 
 
 @pytest.fixture

@@ -10,6 +10,7 @@ import pytest
 
 from router_queue.web.app import create_app
 from router_queue.services import Services
+from tests.unit.conftest import RecordingDispatcher
 from router_queue.settings import DEFAULT_CATALOG
 
 FLUX = "/v2/models/bfl/flux-2-pro"
@@ -80,8 +81,8 @@ def test_a_model_the_queue_cannot_run_is_not_enabled(settings, client, tmp_path)
     path = tmp_path / "catalog.json"
     path.write_text(json.dumps(catalog))
     settings = dataclasses.replace(settings, catalog_path=str(path))
-    services = Services.build(settings, client)
-    http = create_app(settings, services=services, dispatcher=object()).test_client()
+    services = Services.build(settings, client, dispatcher=RecordingDispatcher())
+    http = create_app(settings, services=services).test_client()
     _, key = key_for(services)
     assert_error(submit(http, key), 403, "not_enabled")
 

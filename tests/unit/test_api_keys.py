@@ -18,6 +18,7 @@ from router_queue.store import keys
 from router_queue.store.apikeys import LAST_USED_EVERY_S, hash_key, key_id
 from router_queue.web import auth as auth_module
 from router_queue.web.app import create_app
+from tests.unit.support import cli_runner
 from tests.unit.test_sync_and_discovery import NATIVE, FinishingDispatcher, run
 
 FLUX = "/v2/models/bfl/flux-2-pro"
@@ -195,9 +196,9 @@ def test_a_warm_poll_or_submit_costs_one_round_trip_and_a_cache_miss_two_more(ht
 
 @pytest.fixture
 def sync_http(settings, services):
-    dispatcher = FinishingDispatcher(services, delay_s=0.05)
-    services.settings = dataclasses.replace(settings, sync_deadline_s=2.0)
-    return create_app(services.settings, services=services, dispatcher=dispatcher).test_client()
+    own, _ = FinishingDispatcher.serving(dataclasses.replace(settings, sync_deadline_s=2.0), services.redis,
+                                         delay_s=0.05)
+    return create_app(own.settings, services=own).test_client()
 
 
 def _funded_legacy_key(services) -> tuple[str, str]:
@@ -236,7 +237,7 @@ def test_a_legacy_key_is_still_not_enabled_for_the_queue(http, services):
 
 
 def test_the_key_commands_list_revoke_rotate_and_audit(app, services, workspace, caplog):
-    runner = app.test_cli_runner()
+    runner = cli_runner(app)
     minted = runner.invoke(main, ["key", "mint", workspace, "--label", "laptop"])
     assert minted.exit_code == 0, minted.output
     api_key = minted.stdout.strip()

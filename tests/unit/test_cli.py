@@ -11,11 +11,12 @@ from click.testing import CliRunner
 
 from router_queue.cli import main
 from router_queue.dev.stack import CURL_STEPS, ROOT, WALKTHROUGH
+from tests.unit.support import cli_runner
 
 
 @pytest.fixture
 def runner(app):
-    return app.test_cli_runner()
+    return cli_runner(app)
 
 
 def test_help_shows_our_options_and_commands_not_flasks(runner):
@@ -37,14 +38,14 @@ def test_version_is_ours(runner):
                                      ["workspace", "ledger", "ws_x"]])
 def test_a_redis_with_no_router_queue_data_is_named_instead_of_reported_as_empty(app, services, command):
     assert not services.accounts.any_exist()
-    shown = app.test_cli_runner().invoke(main, command)
+    shown = cli_runner(app).invoke(main, command)
     assert shown.exit_code == 1
     assert "holds no router-queue data" in shown.output and "REDIS_URL" in shown.output
     assert "redis://unused" in shown.output  # the URL it read (the unit settings')
 
 
 def test_with_data_the_same_commands_report(app, services, workspace):
-    runner = app.test_cli_runner()
+    runner = cli_runner(app)
     depths = runner.invoke(main, ["ops", "depths"])
     assert depths.exit_code == 0 and depths.output.startswith("provider\twaiting")
     listed = runner.invoke(main, ["workspace", "list"])

@@ -13,6 +13,7 @@ from router_queue.store.accounts import Accounts
 from router_queue.web.app import create_app
 from router_queue.store.requests import RequestStore
 from router_queue.broker.dispatch import Dispatcher
+from router_queue.services import Services
 from tests.unit.support import record_of
 from router_queue.broker.celery_app import DELIVER_TASK, make_celery
 
@@ -20,8 +21,9 @@ from router_queue.broker.celery_app import DELIVER_TASK, make_celery
 FLUX = "/v2/models/bfl/flux-2-pro"
 
 
-def inline_dispatcher(settings, services) -> Dispatcher:
-    return Dispatcher(make_celery(settings), services.store, providers=("bfl", "openai"), broker_is_store=True)
+def inline(settings, services) -> Services:
+    """The same Redis's services with the real Dispatcher (the broker is the store's Redis)."""
+    return Services.build(settings, services.redis, celery=make_celery(settings))
 
 
 def task_args(payload: str) -> list:
@@ -34,7 +36,7 @@ def pushed(services, queue="provider.bfl") -> list[str]:
 
 
 def test_an_admitted_request_with_a_free_slot_is_on_its_providers_broker_list(settings, services):
-    http = create_app(settings, services=services, dispatcher=inline_dispatcher(settings, services)).test_client()
+    http = create_app(settings, services=inline(settings, services)).test_client()
     key = services.accounts.mint_key(services.accounts.create_workspace("w", queue_enabled=True, credits=10**6))
 
     answers = [http.post(f"{FLUX}/requests", json={"prompt": f"p{n}"}, headers={"X-API-Key": key})
@@ -49,7 +51,7 @@ def test_an_admitted_request_with_a_free_slot_is_on_its_providers_broker_list(se
 
 
 def test_a_request_waiting_for_a_slot_has_no_message_until_one_frees(settings, services, workspace):
-    inline_dispatcher(settings, services)
+    services = inline(settings, services)
     services.store.max_in_flight = lambda provider: 1
     first, second = (services.ids.mint(workspace, "bfl/flux-2-pro") for _ in range(2))
     for request_id in (first, second):
@@ -63,7 +65,7 @@ def test_a_request_waiting_for_a_slot_has_no_message_until_one_frees(settings, s
 
 
 def test_a_refused_submit_pushes_nothing(settings, services):
-    http = create_app(settings, services=services, dispatcher=inline_dispatcher(settings, services)).test_client()
+    http = create_app(settings, services=inline(settings, services)).test_client()
     poor = services.accounts.mint_key(services.accounts.create_workspace("w", queue_enabled=True, credits=0))
 
     assert http.post(f"{FLUX}/requests", json={"prompt": "p"}, headers={"X-API-Key": poor}).status_code == 402
@@ -76,8 +78,8 @@ def test_kombu_reads_the_pushed_message_as_the_one_celery_publishes_itself(setti
     to the same task, arguments and headers as Celery's own for that task id."""
     settings = dataclasses.replace(settings, redis_url=real_redis_url)
     celery = make_celery(settings)
-    store = RequestStore(real_redis, retention_s=60, idempotency_ttl_s=60)
-    Dispatcher(celery, store, providers=("bfl",), broker_is_store=True)
+    store = RequestStore(real_redis, retention_s=60, idempotency_ttl_s=60,
+                         grants=Dispatcher(celery, providers=("bfl",), broker_is_store=True).grants)
     workspace = Accounts(real_redis).create_workspace("w", queue_enabled=True)
     request_id = "0193aaaa-bbbb-8ccc-9ddd-eeeeffff0000"
     assert store.admit(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
@@ -93,3 +95,18 @@ def test_kombu_reads_the_pushed_message_as_the_one_celery_publishes_itself(setti
         ours.ack()
         theirs.ack()
         queue.close()
+
+
+def test_services_hand_the_store_its_dispatchers_grant_publisher(settings, client):
+    """Wired by construction: the store built with a Celery app publishes its
+    grants through the one Dispatcher, never attached afterwards."""
+    services = Services.build(settings, client, celery=make_celery(settings))
+    assert isinstance(services.dispatcher, Dispatcher)
+    assert services.store.grants is services.dispatcher.grants
+    assert services.store.grants.publish == services.dispatcher.publish_granted
+    assert set(services.store.grants.templates) == set(services.catalog.providers())
+
+    elsewhere = dataclasses.replace(settings, broker_url="redis://broker.test:6379/0")
+    services = Services.build(elsewhere, client, celery=make_celery(elsewhere))
+    assert services.store.grants.publish == services.dispatcher.publish_granted
+    assert not services.store.grants.templates  # published after the script, by send_task

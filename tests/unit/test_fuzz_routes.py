@@ -45,8 +45,9 @@ METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 def _build():
     settings = Settings(redis_url="redis://unused", public_base_url="http://router.test", republish_after_s=0,
                         default_rate_limit="100000/second")
-    services = Services.build(settings, fakeredis.FakeRedis(server=fakeredis.FakeServer()))
-    return create_app(settings, services=services, dispatcher=RecordingDispatcher(services.store)), services
+    services = Services.build(settings, fakeredis.FakeRedis(server=fakeredis.FakeServer()),
+                              dispatcher=RecordingDispatcher())
+    return create_app(settings, services=services), services
 
 
 def _rules() -> list[Rule]:

@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from router_queue import logs
 from router_queue.cli.ops import ops
 from router_queue.store.requests import Lease
-from tests.unit.support import record_of
+from tests.unit.support import cli_runner, record_of
 
 FLUX = "/v2/models/bfl/flux-2-pro"
 
@@ -126,7 +126,7 @@ def test_requeue_publishes_a_granted_request_and_leaves_a_waiting_one_to_the_sch
     services.store.max_in_flight = lambda provider: 1
     granted, waiting = (submit(http, auth, f"p{n}").json["request_id"] for n in range(2))
     dispatcher.published.clear()
-    runner = app.test_cli_runner()
+    runner = cli_runner(app)
 
     shown = runner.invoke(ops, ["requeue", waiting])
     assert shown.exit_code == 0 and "waits for a bfl slot" in shown.output

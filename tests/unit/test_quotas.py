@@ -20,8 +20,7 @@ from router_queue.store.requests import Lease
 from router_queue.web.app import create_app
 from router_queue.web.front import EXTENSION
 from router_queue.webhooks import event as webhook_event
-from tests.unit.conftest import RecordingDispatcher
-from tests.unit.support import record_of
+from tests.unit.support import cli_runner, record_of
 
 MODEL = "bfl/flux-2-pro"
 FLUX = f"/v2/models/{MODEL}"
@@ -62,12 +61,12 @@ def hooked(services, workspace, settings):
 def test_defaults_are_generous_and_set_limits_stores_each_quota(app, services, workspace):
     assert (DEFAULT_MAX_HELD, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_PENDING_WEBHOOKS) == (100, 256 << 20, 1000)
     from router_queue.cli import main
-    done = app.test_cli_runner().invoke(main, ["workspace", "set-limits", workspace, "--max-held", "3",
+    done = cli_runner(app).invoke(main, ["workspace", "set-limits", workspace, "--max-held", "3",
                                                "--max-queued-bytes", "4096", "--max-pending-webhooks", "7"])
     assert done.exit_code == 0, done.output
     ws = services.accounts.get(workspace)
     assert (ws.max_held, ws.max_queued_bytes, ws.max_pending_webhooks) == (3, 4096, 7)
-    refused = app.test_cli_runner().invoke(main, ["workspace", "set-limits", workspace, "--max-held", "-1"])
+    refused = cli_runner(app).invoke(main, ["workspace", "set-limits", workspace, "--max-held", "-1"])
     assert refused.exit_code == 2
 
 
@@ -297,7 +296,7 @@ def test_the_renewer_runs_while_slots_are_held(services, workspace):
 @pytest.fixture
 def held_app(settings, services):
     services.settings = dataclasses.replace(settings, sync_deadline_s=1.0)
-    app = create_app(services.settings, services=services, dispatcher=RecordingDispatcher(services.store))
+    app = create_app(services.settings, services=services)
     return app
 
 

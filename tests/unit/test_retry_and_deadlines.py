@@ -15,7 +15,6 @@ import requests
 from router_queue.store import keys
 from router_queue.store.outcomes import Claim
 from router_queue.store.requests import Lease
-from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import record_of
 from tests.unit.test_routes import FLUX, assert_error, submit
 from workers.context import WorkerContext
@@ -56,7 +55,7 @@ def held_and_credits(services, workspace):
 
 
 def context_of(services) -> WorkerContext:
-    return WorkerContext(services, requests.Session(), RecordingDispatcher(services.store),
+    return WorkerContext(services, requests.Session(), services.dispatcher,
                          LeaseKeeper(services.store, services.settings.lease_s))
 
 

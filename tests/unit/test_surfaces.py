@@ -31,7 +31,7 @@ def test_operator_surfaces_are_not_found_on_the_public_port(http, ops_http, auth
 
 def test_operator_surfaces_are_nowhere_with_no_operator_port(settings, services, dispatcher):
     services.settings = dataclasses.replace(settings, ops_port=0)
-    client = create_app(services.settings, services=services, dispatcher=dispatcher).test_client()
+    client = create_app(services.settings, services=services).test_client()
     for path in OPERATOR_PATHS:
         for base in ("http://localhost", "http://localhost:0", "http://localhost:8900"):
             assert client.get(path, base_url=base).status_code == 404, (path, base)
@@ -110,7 +110,7 @@ def test_wsgi_refuses_to_start_without_one(monkeypatch):
 def trusting(settings, services, dispatcher):
     """The app with no PUBLIC_BASE_URL, trusting router.test and its subdomains."""
     services.settings = dataclasses.replace(settings, public_base_url="", trusted_hosts=(".router.test",))
-    return create_app(services.settings, services=services, dispatcher=dispatcher).test_client()
+    return create_app(services.settings, services=services).test_client()
 
 
 def test_a_trusted_host_builds_the_urls_and_a_forged_one_is_refused(trusting, auth, services, workspace):

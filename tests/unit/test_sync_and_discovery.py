@@ -11,7 +11,8 @@ import time
 import pytest
 
 from router_queue.web.app import create_app
-from router_queue.store.requests import Lease
+from router_queue.services import Services
+from router_queue.store.requests import GrantPublishing, Lease
 from tests.unit.support import record_of
 
 FLUX = "/v2/models/bfl/flux-2-pro"
@@ -21,11 +22,19 @@ NATIVE = b'{"id":"t","status":"Ready","result":{"sample":"https://x/y.jpeg"}}'
 class FinishingDispatcher:
     """Stands in for a worker: each published request completes after ``delay_s``."""
 
-    def __init__(self, services, delay_s=0.2, outcome=None):
-        self.services, self.delay_s = services, delay_s
+    def __init__(self, delay_s=0.2, outcome=None):
+        self.delay_s = delay_s
         self.outcome = outcome or {"output": NATIVE, "content_type": "application/json"}
         self.published: list[str] = []
-        services.store.grants.publish = self.publish_granted
+        self.grants = GrantPublishing(publish=self.publish_granted)
+        self.services: Services | None = None
+
+    @classmethod
+    def serving(cls, settings, client, **kwargs) -> tuple[Services, "FinishingDispatcher"]:
+        """Services on ``client`` whose grants this dispatcher finishes."""
+        dispatcher = cls(**kwargs)
+        dispatcher.services = Services.build(settings, client, dispatcher=dispatcher)
+        return dispatcher.services, dispatcher
 
     def publish_granted(self, provider, request_ids):
         for request_id in request_ids:
@@ -48,9 +57,10 @@ class FinishingDispatcher:
 @pytest.fixture
 def sync_app(settings, services):
     def build(**kwargs):
-        dispatcher = FinishingDispatcher(services, **kwargs)
-        services.settings = dataclasses.replace(settings, sync_deadline_s=2.0)
-        return create_app(services.settings, services=services, dispatcher=dispatcher).test_client(), dispatcher
+        own, dispatcher = FinishingDispatcher.serving(dataclasses.replace(settings, sync_deadline_s=2.0),
+                                                      services.redis, **kwargs)
+        services.settings = own.settings
+        return create_app(own.settings, services=own).test_client(), dispatcher
     return build
 
 

@@ -31,7 +31,6 @@ from router_queue.web.app import create_app
 from router_queue.web.lane import Lane
 from router_queue.webhooks import event as webhook_event
 from stub_provider import create_app as create_stub
-from tests.unit.conftest import RecordingDispatcher
 from tests.unit.test_webhooks import Receiver
 from tests.unit.support import deliver_webhook
 from workers.context import WorkerContext
@@ -76,7 +75,7 @@ def traced(spans, services, settings, stub_origin, workspace):
 
 @pytest.fixture
 def traced_http(traced):
-    return create_app(traced.settings, services=traced, dispatcher=RecordingDispatcher(traced.store)).test_client()
+    return create_app(traced.settings, services=traced).test_client()
 
 
 @pytest.fixture
@@ -87,7 +86,7 @@ def receiver():
 
 
 def _worker(services) -> WorkerContext:
-    return WorkerContext(services, requests.Session(), RecordingDispatcher(services.store),
+    return WorkerContext(services, requests.Session(), services.dispatcher,
                          LeaseKeeper(services.store, services.settings.lease_s))
 
 
@@ -149,7 +148,7 @@ def test_a_request_granted_by_anothers_completion_continues_its_own_trace(traced
     second = _submit(traced_http, auth, "second")  # waits: no slot, no message
     context = _worker(traced)
     assert deliver(context, first, Execution(token=uuid.uuid4().hex)) == "completed"  # grants the second
-    assert context.dispatcher.published == [(second, "bfl")]
+    assert context.dispatcher.published == [(first, "bfl"), (second, "bfl")]  # at its submit; at first's end
     assert deliver(context, second, Execution(token=uuid.uuid4().hex)) == "completed"
 
     by_trace = _traces(spans)

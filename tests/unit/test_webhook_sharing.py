@@ -18,7 +18,7 @@ from router_queue.store import keys
 from router_queue.store.webhooks import FAILING_KEPT, DeliveryLimits, WebhookStore
 from router_queue.webhooks import event as webhook_event
 from router_queue.webhooks.endpoints import origin
-from tests.unit.support import deliver_webhook, record_of
+from tests.unit.support import cli_runner, deliver_webhook, record_of
 from tests.unit.test_webhooks import context_of
 from router_queue.webhooks.delivery import post
 
@@ -219,9 +219,9 @@ def test_only_the_origin_reaches_the_log_the_failing_list_the_page_its_json_and_
         "failing": repr(store.failing()),
         "page": ops_http.get("/ops").get_data(as_text=True),
         "json": ops_http.get("/ops/summary.json").get_data(as_text=True),
-        "cli": app.test_cli_runner().invoke(main, ["ops", "webhooks", workspace]).output,
-        "cli, every workspace": app.test_cli_runner().invoke(main, ["ops", "webhooks"]).output,
-        "cli inspect": app.test_cli_runner().invoke(main, ["ops", "inspect", request_id]).output,
+        "cli": cli_runner(app).invoke(main, ["ops", "webhooks", workspace]).output,
+        "cli, every workspace": cli_runner(app).invoke(main, ["ops", "webhooks"]).output,
+        "cli inspect": cli_runner(app).invoke(main, ["ops", "inspect", request_id]).output,
         "metrics": ops_http.get("/metrics").get_data(as_text=True),
     }
     for name, text in surfaces.items():

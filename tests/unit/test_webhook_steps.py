@@ -18,7 +18,7 @@ from router_queue.store import keys
 from router_queue.store.requests import WEBHOOK_DUE, Lease
 from router_queue.store.webhooks import DeliveryLimits, WebhookStore
 from router_queue.webhooks import event as webhook_event
-from tests.unit.support import deliver_webhook, record_of
+from tests.unit.support import cli_runner, deliver_webhook, record_of
 from tests.unit.test_webhooks import Receiver, context_of
 
 FLUX = "bfl/flux-2-pro"
@@ -138,7 +138,7 @@ def test_the_lane_and_flask_admit_the_header_alike(hooked, app, http, auth):
 
 def test_the_cli_sets_the_default_events(app, hooked, workspace):
     from router_queue.cli import main
-    runner = app.test_cli_runner()
+    runner = cli_runner(app)
     done = runner.invoke(main, ["workspace", "set-webhook", workspace, "--events", "progress, started"])
     assert done.exit_code == 0, done.output
     assert hooked.accounts.webhook_events(workspace) == "started,progress"

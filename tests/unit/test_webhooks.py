@@ -19,8 +19,7 @@ from standardwebhooks.webhooks import WebhookVerificationError
 
 from router_queue.webhooks import event as webhook_event
 from router_queue.webhooks import retry_policy, safety
-from tests.unit.conftest import RecordingDispatcher
-from tests.unit.support import deliver_webhook, record_of
+from tests.unit.support import cli_runner, deliver_webhook, record_of
 from workers.context import WorkerContext
 from workers.leases import LeaseKeeper
 from workers.sweeper import sweep
@@ -308,7 +307,7 @@ def receiver():
 
 
 def context_of(services) -> WorkerContext:
-    return WorkerContext(services, requests.Session(), RecordingDispatcher(services.store),
+    return WorkerContext(services, requests.Session(), services.dispatcher,
                          LeaseKeeper(services.store, services.settings.lease_s))
 
 
@@ -370,7 +369,7 @@ def test_metrics_count_webhook_attempts(hooked, http, ops_http, auth, workspace,
 
 def test_the_secret_is_shown_once_and_rotated_by_the_cli(app, services, workspace, caplog):
     from router_queue.cli import main
-    runner = app.test_cli_runner()
+    runner = cli_runner(app)
     created = runner.invoke(main, ["workspace", "webhook-secret", workspace])
     assert created.exit_code == 0 and created.output.strip().startswith("whsec_")
     again = runner.invoke(main, ["workspace", "webhook-secret", workspace])
@@ -384,7 +383,7 @@ def test_the_secret_is_shown_once_and_rotated_by_the_cli(app, services, workspac
 
 def test_set_webhook_checks_the_url_and_ops_webhooks_reports(app, hooked, http, ops_http, auth, workspace):
     from router_queue.cli import main
-    runner = app.test_cli_runner()
+    runner = cli_runner(app)
     refused = runner.invoke(main, ["workspace", "set-webhook", workspace, "https://10.0.0.1/"])
     assert refused.exit_code == 2 and "private" in refused.output
     request_id = owe(hooked, http, auth, "http://127.0.0.1:9/hook")
