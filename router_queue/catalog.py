@@ -23,6 +23,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from marshmallow import Schema
 
+from .provider_credentials import (CREDENTIAL_KINDS, CatalogError, ProviderCredentials,  # noqa: F401
+                                   credential_variables, credentials_of, provider_specs)
 from .schemas import SCHEMAS
 
 
@@ -103,69 +105,8 @@ class ModelEntry:
         return urlunsplit((base.scheme, base.netloc, url.path, url.query, ""))
 
 
-class CatalogError(ValueError):
-    """The catalog file is malformed; the message names the entry."""
-
-
-#: The kinds of provider credential a worker knows how to hand an adapter.
-CREDENTIAL_KINDS = ("api_key", "google")
-
-
-@dataclass(frozen=True)
-class ProviderCredentials:
-    """Where a provider's credential comes from. The catalog names only
-    environment variables; their values are read once, at the edge, with the
-    rest of the settings (``Settings.provider_credentials``).
-
-    ``api_key``: the key is the value of ``env``.
-    ``google``: an OAuth access token from google-auth, refreshed before it
-    expires. ``env``, when set in the environment, holds a ready token instead
-    (the stub provider, tests, a token minted by hand); ``file_env`` may name a
-    variable holding the path of a service-account key file, so two Google
-    accounts can sit side by side; with neither, Application Default
-    Credentials (the ``GOOGLE_APPLICATION_CREDENTIALS`` file, or the metadata
-    server's workload identity).
-    """
-
-    kind: str
-    env: str = ""
-    file_env: str = ""
-
-    @property
-    def variables(self) -> tuple[str, ...]:
-        """The environment variables this credential may be read from."""
-        return tuple(name for name in (self.env, self.file_env) if name)
-
-    @classmethod
-    def parse(cls, provider: str, spec: Any) -> "ProviderCredentials":
-        if not isinstance(spec, dict) or set(spec) - {"kind", "env", "file_env"}:
-            raise CatalogError(f"provider {provider!r}: credentials must be an object with kind, env, file_env; "
-                               f"got {spec!r}")
-        credentials = cls(kind=spec.get("kind", ""), env=spec.get("env", ""), file_env=spec.get("file_env", ""))
-        if credentials.kind not in CREDENTIAL_KINDS:
-            raise CatalogError(f"provider {provider!r}: credentials kind must be one of {CREDENTIAL_KINDS}, "
-                               f"got {credentials.kind!r}")
-        if credentials.kind == "api_key" and (not credentials.env or credentials.file_env):
-            raise CatalogError(f"provider {provider!r}: an api_key credential names its variable in env alone")
-        if not all(isinstance(name, str) for name in credentials.variables):
-            raise CatalogError(f"provider {provider!r}: credential variables must be names, got {spec!r}")
-        return credentials
-
-
 #: Generations in flight per provider when the catalog names no cap.
 DEFAULT_MAX_IN_FLIGHT = 100
-
-
-def _provider_specs(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    providers = raw.get("providers", {})
-    if not isinstance(providers, dict) or not all(isinstance(spec, dict) for spec in providers.values()):
-        raise CatalogError(f"providers must map each provider to an object, got {providers!r}")
-    return providers
-
-
-def _credentials_of(raw: dict[str, Any]) -> dict[str, ProviderCredentials]:
-    return {name: ProviderCredentials.parse(name, spec["credentials"])
-            for name, spec in _provider_specs(raw).items() if "credentials" in spec}
 
 
 class Catalog:
@@ -199,16 +140,15 @@ class Catalog:
                 )
             except (KeyError, TypeError, ValueError) as exc:
                 raise CatalogError(f"catalog entry {model_id!r}: {exc!r}") from exc
-        limits = {name: int(spec["max_in_flight"]) for name, spec in _provider_specs(raw).items()
+        limits = {name: int(spec["max_in_flight"]) for name, spec in provider_specs(raw).items()
                   if "max_in_flight" in spec}
-        return cls(entries, limits, _credentials_of(raw))
+        return cls(entries, limits, credentials_of(raw))
 
     @staticmethod
     def credential_variables(path: str | Path) -> list[str]:
         """Every environment variable the catalog's providers name for their
         credentials: what settings read at the edge, without loading models."""
-        credentials = _credentials_of(json.loads(Path(path).read_text()))
-        return sorted({name for spec in credentials.values() for name in spec.variables})
+        return credential_variables(path)
 
     def get(self, provider: str, model: str) -> ModelEntry | None:
         return self._entries.get(f"{provider}/{model}")

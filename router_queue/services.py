@@ -18,7 +18,7 @@ from .store.connect import connect
 from .store.ids import RequestIds
 from .store.metrics import MetricsRecorder
 from .store.requests import GrantPublishing, Replication, RequestStore
-from .store.webhooks import WebhookStore
+from .store.webhooks import DeliveryLimits, WebhookStore
 
 #: Seconds a worker, the sweeper or the CLI waits on Redis before an error.
 WORKER_REDIS_WAIT_S = 5.0
@@ -81,6 +81,13 @@ class Services:
             ids=RequestIds(client),
             catalog=catalog,
             metrics=MetricsRecorder(client),
-            webhooks=WebhookStore(client, keep_s=settings.result_retention_s, limits=settings.webhook_limits),
+            webhooks=WebhookStore(client, keep_s=settings.result_retention_s, limits=webhook_limits(settings)),
             dispatcher=dispatcher,
         )
+
+
+def webhook_limits(settings: Settings) -> DeliveryLimits:
+    """How the webhook delivery pool is shared (``store/webhooks.py``), from the ``WEBHOOK_*`` settings."""
+    return DeliveryLimits(max_in_flight_per_workspace=settings.webhook_max_in_flight_per_workspace,
+                          wait_s=settings.webhook_wait_s, circuit_failures=settings.webhook_circuit_failures,
+                          circuit_cooling_s=settings.webhook_circuit_cooling_s, window_s=settings.webhook_retry_for_s)

@@ -18,9 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .catalog import Catalog
-from .store.connect import RedisUrlError, SentinelAddress
-from .store.webhooks import DeliveryLimits
+from .provider_credentials import credential_variables
+from .redis_urls import RedisUrlError, SentinelAddress
 
 DEFAULT_CATALOG = Path(__file__).with_name("catalog.json")
 
@@ -287,13 +286,6 @@ class Settings:
         return max(0.5, self.sync_deadline_s - min(5.0, self.sync_deadline_s / 10))
 
     @property
-    def webhook_limits(self) -> DeliveryLimits:
-        """How the webhook delivery pool is shared (``store/webhooks.py``)."""
-        return DeliveryLimits(max_in_flight_per_workspace=self.webhook_max_in_flight_per_workspace,
-                              wait_s=self.webhook_wait_s, circuit_failures=self.webhook_circuit_failures,
-                              circuit_cooling_s=self.webhook_circuit_cooling_s, window_s=self.webhook_retry_for_s)
-
-    @property
     def effective_broker_url(self) -> str:
         return self.broker_url or self.redis_url
 
@@ -325,7 +317,7 @@ class Settings:
 def _credentials(environ: Mapping[str, str], catalog_path: str | Path) -> dict[str, Secret]:
     """The credential variables the catalog at ``catalog_path`` names, as set."""
     try:
-        names = Catalog.credential_variables(catalog_path)
+        names = credential_variables(catalog_path)
     except (OSError, ValueError) as exc:
         raise SettingsError(f"CATALOG_PATH: cannot read the providers' credentials from {catalog_path}: {exc}") \
             from None

@@ -84,3 +84,60 @@ def test_only_the_store_knows_the_redis_key_layout():
         if re.search(r"^\s*from \S*store import keys|store\.keys|load_script", text, re.M):
             offenders.append(str(path.relative_to(ROOT)))
     assert offenders == []
+
+
+def _imports_of(path: Path) -> set[str]:
+    """The router_queue modules ``path`` imports, as dotted names under router_queue."""
+    package = list(path.relative_to(ROOT / "router_queue").parts[:-1])
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".", 1)[1] for a in node.names if a.name.startswith("router_queue."))
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("router_queue."):
+            found.add(node.module.split(".", 1)[1])
+        elif isinstance(node, ast.ImportFrom) and node.level:
+            base = package[:len(package) - (node.level - 1)]
+            if node.module:
+                found.add(".".join([*base, node.module]))
+            else:
+                found.update(".".join([*base, a.name]) for a in node.names)
+    return {name for name in found if name}
+
+
+#: The bottom layer: the settings and what they read with; none imports
+#: anything of ours outside this set.
+BASE = {"errors", "states", "logs", "validation", "schemas", "redis_urls", "provider_credentials", "settings"}
+#: What each part never imports: the packages depend one way, from the entry
+#: points (cli, wsgi, dev) through web and services down to store and the base.
+NEVER = {
+    "catalog": {"store", "broker", "services", "webhooks", "web", "cli", "dev", "wsgi", "tracing"},
+    "tracing": {"store", "broker", "services", "webhooks", "web", "cli", "dev", "wsgi"},
+    # the store may read the webhooks feature's leaf modules (event kinds, an endpoint's origin)
+    "store": {"broker", "services", "web", "cli", "dev", "wsgi"},
+    "broker": {"services", "webhooks", "web", "cli", "dev", "wsgi"},
+    "services": {"web", "cli", "dev", "wsgi"},
+    "webhooks": {"web", "cli", "dev", "wsgi"},
+    "web": {"cli", "dev", "wsgi"},
+    "dev": {"cli", "wsgi"},
+}
+
+
+def test_low_layers_import_nothing_above_them():
+    offenders = []
+    for path in (ROOT / "router_queue").rglob("*.py"):
+        part = path.relative_to(ROOT / "router_queue").parts[0].removesuffix(".py")
+        imported = {name.split(".")[0] for name in _imports_of(path)} - {part}
+        if part in BASE and imported - BASE:
+            offenders.append((str(path.relative_to(ROOT)), sorted(imported - BASE)))
+        if imported & NEVER.get(part, set()):
+            offenders.append((str(path.relative_to(ROOT)), sorted(imported & NEVER[part])))
+    assert offenders == []
+
+
+def test_the_cli_builds_its_services_without_the_flask_app():
+    import subprocess
+    import sys
+    probe = "import sys, router_queue.cli; print(sorted(m for m in sys.modules if m in " \
+            "('router_queue.web.app', 'router_queue.wsgi', 'router_queue.web.lane')))"
+    shown = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert shown.stdout.strip() == "[]"
