@@ -192,7 +192,7 @@ def post(url: str, address: str, body: bytes, headers: dict[str, str], timeout_s
             raise ConnectTimedOut()
         if https:
             sock = ssl.create_default_context().wrap_socket(sock, server_hostname=parts.hostname)
-        connection = http.client.HTTPConnection(parts.hostname, port, timeout=timeout_s)
+        connection = http.client.HTTPConnection(parts.hostname or address, port, timeout=timeout_s)
         connection.sock = sock  # already connected, to the checked address
         try:
             connection.request("POST", path, body=body, headers={"Host": parts.netloc, **headers})

@@ -98,7 +98,7 @@ def event_body(*, request_id: str, model: str, status: str, error_type: str | No
     event only; ``cost`` its ``{"credits", "state"}`` at that step (held, or as
     its completion settled it; left out only for an event owed before costs
     were kept)."""
-    body = {
+    body: dict[str, Any] = {
         "type": f"request.{event}",
         "request_id": request_id,
         "model": model,

@@ -86,7 +86,7 @@ def check(url: str, *, allow_loopback_http: bool, resolve: Resolver | None = Non
         found = resolve(host, port or (443 if scheme == "https" else 80), type=socket.SOCK_STREAM)
     except (socket.gaierror, UnicodeError, OSError):
         raise UnsafeWebhookUrl(f"names a host that does not resolve: {host[:100]}") from None
-    addresses = sorted({_unmapped(ipaddress.ip_address(info[4][0].split("%", 1)[0])) for info in found},
+    addresses = sorted({_unmapped(ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])) for info in found},
                        key=str)
     if not addresses:
         raise UnsafeWebhookUrl(f"names a host that does not resolve: {host[:100]}")
