@@ -381,7 +381,7 @@ def _lua_layout() -> str:
     so the layout is written here only."""
     marker = "\x00"
     fields = []
-    for name, build in (("request", request), ("body", body), ("workspace", workspace), ("schedule", schedule),
+    for name, build in (("request", request), ("workspace", workspace), ("schedule", schedule),
                         ("events", events_channel), ("webhook", webhook_event)):
         head, _, tail = build(marker).partition(marker)
         assert tail == "", name  # a prefix: the script appends the id

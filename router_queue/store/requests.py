@@ -602,7 +602,7 @@ class RequestStore:
         reply = self._acknowledged(
             self._cancel,
             keys=[keys.request(request_id), keys.queue(provider), keys.schedule(provider), keys.workspace(workspace),
-                  keys.ledger(workspace), running, list_key, keys.deadlines(provider)],
+                  keys.ledger(workspace), running, list_key, keys.deadlines(provider), keys.body(request_id)],
             args=[request_id, workspace, model, repr(now), self.retention_s, cap, grant_until, template,
                   self._deadline(now), "deadline" if by_deadline else ""],
         )
@@ -632,7 +632,7 @@ class RequestStore:
         reply = self._claim(
             keys=[keys.request(request_id), keys.queue(provider), keys.schedule(provider), running,
                   keys.workspace(record.workspace), keys.ledger(record.workspace), list_key,
-                  keys.deadlines(provider)],
+                  keys.deadlines(provider), keys.body(request_id)],
             args=[request_id, repr(now), lease.lease_s, cap, lease.queue_timeout_s, self.retention_s,
                   lease.token, lease.max_takeovers, lease.resume_key, grant_until, template],
         )
@@ -698,7 +698,7 @@ class RequestStore:
                 keys.request(request_id), keys.result(request_id), keys.queue(provider),
                 keys.stats(provider), keys.schedule(provider), running,
                 keys.workspace(record.workspace), keys.ledger(record.workspace), list_key,
-                keys.deadlines(provider),
+                keys.deadlines(provider), keys.body(request_id),
             ],
             args=[
                 request_id, repr(now), self.retention_s, error_type, detail,
@@ -739,7 +739,7 @@ class RequestStore:
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
         reply = self._expire_queued(
             keys=[keys.request(request_id), keys.queue(provider), keys.schedule(provider), keys.workspace(workspace),
-                  keys.ledger(workspace), running, list_key, keys.deadlines(provider)],
+                  keys.ledger(workspace), running, list_key, keys.deadlines(provider), keys.body(request_id)],
             args=[request_id, repr(now), queue_timeout_s, self.retention_s, workspace, cap, grant_until, template],
         )
         self._publish_granted(provider, reply[1:])

@@ -10,7 +10,7 @@
 -- KEYS[1] rq:req:{id}   KEYS[2] rq:queue:{provider}   KEYS[3] rq:sched:{provider}
 -- KEYS[4] rq:ws:{workspace}   KEYS[5] rq:ledger:{workspace}
 -- KEYS[6] rq:running:{provider}   KEYS[7] the broker's list for the provider
--- KEYS[8] rq:deadlines:{provider}
+-- KEYS[8] rq:deadlines:{provider}  KEYS[9] rq:body:{id}
 -- ARGV[1] id  ARGV[2] workspace  ARGV[3] model  ARGV[4] now  ARGV[5] retention (s)
 -- ARGV[6] the provider's cap  ARGV[7] grant lease end (s)  ARGV[8] message template or ""
 -- ARGV[9] deadline (Unix seconds, Redis's clock) past which nothing changes; "" for none
@@ -41,7 +41,7 @@ if rec[1] == "IN_PROGRESS" then
   return {"REQUESTED"}
 end
 local S = sched_ctx(KEYS[3], KEYS[6], KEYS[7], ARGV[6], ARGV[4], ARGV[7], ARGV[8])
-finish_unbilled({req = KEYS[1], queue = KEYS[2], ws = KEYS[4], ledger = KEYS[5], deadlines = KEYS[8],
+finish_unbilled({req = KEYS[1], body = KEYS[9], queue = KEYS[2], ws = KEYS[4], ledger = KEYS[5], deadlines = KEYS[8],
   ws_id = ARGV[2]}, S, ARGV[1], ARGV[4], ARGV[5], true, "cancelled",
   by_deadline and DEADLINE_DETAIL or "cancelled by the caller while queued")
 return with_granted("CANCELLED", grant(S))

@@ -24,6 +24,7 @@
 -- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:sched:{provider}
 -- KEYS[4] rq:running:{provider}  KEYS[5] rq:ws:{workspace}  KEYS[6] rq:ledger:{workspace}
 -- KEYS[7] the broker's list for the provider  KEYS[8] rq:deadlines:{provider}
+-- KEYS[9] rq:body:{id}
 -- ARGV[1] id  ARGV[2] now (s)  ARGV[3] lease (s)  ARGV[4] provider's cap on
 -- requests in flight  ARGV[5] queue timeout (s)  ARGV[6] retention (s)
 -- ARGV[7] token: unique to this execution   ARGV[8] most takeovers allowed
@@ -49,8 +50,8 @@ local S = sched_ctx(KEYS[3], KEYS[4], KEYS[7], ARGV[4], ARGV[2], ARGV[10], ARGV[
 -- the provider billed nothing we know of, so the hold is released, and its
 -- slot goes to the next in the schedule.
 local function finish(code, error_type, detail)
-  finish_unbilled({req = KEYS[1], queue = KEYS[2], ws = KEYS[5], ledger = KEYS[6], deadlines = KEYS[8],
-    ws_id = rec[7]}, S,
+  finish_unbilled({req = KEYS[1], body = KEYS[9], queue = KEYS[2], ws = KEYS[5], ledger = KEYS[6],
+    deadlines = KEYS[8], ws_id = rec[7]}, S,
     ARGV[1], ARGV[2], ARGV[6], status == "IN_QUEUE", error_type, detail)
   return with_granted(code, grant(S))
 end

@@ -11,6 +11,7 @@
 -- KEYS[4] rq:stats:{provider}   KEYS[5] rq:sched:{provider}   KEYS[6] rq:running:{provider}
 -- KEYS[7] rq:ws:{workspace}     KEYS[8] rq:ledger:{workspace}
 -- KEYS[9] the broker's list for the provider  KEYS[10] rq:deadlines:{provider}
+-- KEYS[11] rq:body:{id}
 -- ARGV[1] id   ARGV[2] now (unix seconds)   ARGV[3] retention (s)
 -- ARGV[4] error_type ("" on success)        ARGV[5] detail (a cancel's own
 --         reason, cancel.lua's cancel_detail, wins over it for "cancelled")
@@ -50,7 +51,7 @@ else
 end
 redis.call("EXPIRE", KEYS[1], ARGV[3])
 -- a failed request's body is kept for its retention: it may be retried
-drop_body(KEYS[1], KEYS[7], ARGV[1], ARGV[4] ~= "" and ARGV[3] or nil)
+drop_body(KEYS[1], KEYS[11], KEYS[7], ARGV[4] ~= "" and ARGV[3] or nil)
 forget_deadlines(KEYS[10], ARGV[1])
 owe_webhook(KEYS[1], KEYS[7], ARGV[1], ARGV[2])
 announce_completed(ARGV[1])

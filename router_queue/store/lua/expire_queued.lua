@@ -7,7 +7,7 @@
 -- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:sched:{provider}
 -- KEYS[4] rq:ws:{workspace}  KEYS[5] rq:ledger:{workspace}
 -- KEYS[6] rq:running:{provider}  KEYS[7] the broker's list for the provider
--- KEYS[8] rq:deadlines:{provider}
+-- KEYS[8] rq:deadlines:{provider}  KEYS[9] rq:body:{id}
 -- ARGV[1] id  ARGV[2] now (s)  ARGV[3] queue timeout (s)  ARGV[4] retention (s)
 -- ARGV[5] workspace  ARGV[6] the provider's cap  ARGV[7] grant lease end (s)
 -- ARGV[8] message template or ""
@@ -29,6 +29,6 @@ if tonumber(ARGV[2]) - tonumber(rec[2]) <= tonumber(ARGV[3]) then
   detail = START_DEADLINE_DETAIL
 end
 local S = sched_ctx(KEYS[3], KEYS[6], KEYS[7], ARGV[6], ARGV[2], ARGV[7], ARGV[8])
-finish_unbilled({req = KEYS[1], queue = KEYS[2], ws = KEYS[4], ledger = KEYS[5], deadlines = KEYS[8],
+finish_unbilled({req = KEYS[1], body = KEYS[9], queue = KEYS[2], ws = KEYS[4], ledger = KEYS[5], deadlines = KEYS[8],
   ws_id = ARGV[5]}, S, ARGV[1], ARGV[2], ARGV[4], true, "queue_timeout", detail)
 return with_granted("TIMED_OUT", grant(S))

@@ -30,11 +30,11 @@ end
 -- is zeroed in the same step, as settle() zeroes the hold, so no second
 -- ending can give them back twice; a request admitted before bodies were
 -- counted has none and gives back nothing.
-local function drop_body(req_key, ws_key, request_id, keep_s)
+local function drop_body(req_key, body_key, ws_key, keep_s)
   if keep_s then
-    redis.call("EXPIRE", KEY_BODY .. request_id, keep_s)
+    redis.call("EXPIRE", body_key, keep_s)
   else
-    redis.call("DEL", KEY_BODY .. request_id)
+    redis.call("DEL", body_key)
   end
   local bytes = tonumber(redis.call("HGET", req_key, "body_bytes") or "0")
   if bytes <= 0 then
@@ -605,7 +605,7 @@ end
 -- COMPLETED with its bucket, out of the queue, the schedule and its slot, its
 -- hold released, kept (its body too: it may be retried) for the retention
 -- window, announced. k holds the keys
--- req, queue, ws, ledger, deadlines (rq:deadlines:{provider}, or nil) and the
+-- req, body (rq:body:{id}), queue, ws, ledger, deadlines (rq:deadlines:{provider}, or nil) and the
 -- workspace id ws_id; S the provider's
 -- scheduler context (the caller runs grant(S) after, for the freed slot).
 local function finish_unbilled(k, S, request_id, now, retention, was_queued, error_type, detail)
@@ -618,7 +618,7 @@ local function finish_unbilled(k, S, request_id, now, retention, was_queued, err
   redis.call("HSET", k.req, "status", "COMPLETED", "completed_at", now, "error_type", error_type, "detail", detail)
   settle(k.req, k.ws, k.ledger, request_id, "release", now)
   redis.call("EXPIRE", k.req, retention)
-  drop_body(k.req, k.ws, request_id, retention)
+  drop_body(k.req, k.body, k.ws, retention)
   forget_deadlines(k.deadlines, request_id)
   redis.call("ZREM", k.queue, request_id)
   owe_webhook(k.req, k.ws, request_id, now)
