@@ -8,11 +8,10 @@ import json
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from . import schedule
 from .core import (CAP, CAPPED_MODEL_ID, CAPPED_PROVIDER, Context, Fleet, MeasurementError, Pinger, emit, label, option,
-                   phase, redis_cpu, spread)
+                   phase, spread)
 from .procs import log, precise_cpu_seconds
 
 PROVIDER, MODEL_ID = CAPPED_PROVIDER, CAPPED_MODEL_ID
@@ -40,7 +39,6 @@ def body(text: str) -> str:
 
 
 prompt = Fleet.prompt
-
 
 
 def _counts(fleet) -> dict[str, int]:
@@ -126,40 +124,25 @@ def _counted(fleet) -> list[str]:
     return [name for name in fleet.stack.procs if name.startswith("worker") or name == "beat"]
 
 
-def _snapshot(fleet) -> dict[str, Any]:
-    precise = {name: precise_cpu_seconds(fleet.stack.procs[name].pid) for name in _counted(fleet)}
-    return {"cpu": fleet.cpu(), "precise": precise, "at": time.monotonic(),
-            "redis": redis_cpu(fleet.client),
-            "commands": fleet.redis_commands()}
+def _cpu(fleet) -> tuple[float | None, float]:
+    """The counted processes' CPU seconds: schedstat (ns) if readable, else /proc stat ticks."""
+    counted = _counted(fleet)
+    precise = [precise_cpu_seconds(fleet.stack.procs[n].pid) for n in counted]
+    ticks = fleet.cpu()
+    return (None if None in precise else sum(precise)), sum(ticks.get(n, 0.0) for n in counted)
 
 
 def _window(fleet, seconds: float, what: str) -> float:
-    """Sleep ``seconds``; the cores the workers and beat used meanwhile (logged with the rest).
-
-    The figure sums each process's threads' schedstat run time (ns); /proc/<pid>/stat's
-    utime+stime, in 10 ms ticks, is logged beside it (a few ticks a window when idle,
-    too coarse for a ratio). Without schedstat, the ticks are the figure."""
-    before = _snapshot(fleet)
+    """Sleep ``seconds``; the cores the workers and beat used meanwhile (schedstat: /proc stat's
+    10 ms ticks are too coarse for an idle fleet's ratio)."""
+    began, (precise0, ticks0) = time.monotonic(), _cpu(fleet)
     time.sleep(seconds)
     fleet.alive()
-    after = _snapshot(fleet)
-    wall = after["at"] - before["at"]
-    used = {name: after["cpu"][name] - before["cpu"].get(name, 0.0) for name in after["cpu"]}
-    counted = _counted(fleet)
-    ticks = sum(used.get(name, 0.0) for name in counted)
-    if all(before["precise"][n] is not None and after["precise"][n] is not None for n in counted):
-        precise = {n: after["precise"][n] - before["precise"][n] for n in counted}
-        fleet_cpu, source = sum(precise.values()), "schedstat"
-    else:
-        precise, fleet_cpu, source = {}, ticks, "/proc stat ticks (schedstat unreadable)"
-    redis_cpu = after["redis"] - before["redis"]
-    log(f"waiting_cpu: {what}: over {wall:.1f} s, workers + beat {fleet_cpu:.3f} CPU s = "
-        f"{fleet_cpu / wall:.4f} cores from {source} ("
-        + ", ".join(f"{n} {precise.get(n, used.get(n, 0.0)):.3f}" for n in counted)
-        + f"; /proc stat utime+stime {ticks:.2f} s); Redis {redis_cpu:.3f} CPU s ({redis_cpu / wall:.4f} cores, "
-        f"INFO cpu), {after['commands'] - before['commands']} commands (the bench's INFO calls included); "
-        "others (stat): " + ", ".join(f"{n} {used[n]:.2f}" for n in sorted(used) if n not in counted and n != "redis"))
-    return fleet_cpu / wall
+    wall, (precise1, ticks1) = time.monotonic() - began, _cpu(fleet)
+    used = precise1 - precise0 if precise0 is not None and precise1 is not None else ticks1 - ticks0
+    log(f"waiting_cpu: {what}: workers + beat {used:.3f} CPU s over {wall:.1f} s = {used / wall:.4f} cores "
+        f"(/proc stat utime+stime {ticks1 - ticks0:.2f} s)")
+    return used / wall
 
 
 # last: it leaves vertexai's one slot held by a long generation

@@ -425,10 +425,6 @@ class Fleet:
             self.alive()
             time.sleep(interval_s)
 
-    def stub_calls(self) -> dict[str, int]:
-        code, answer = http_json("GET", f"{self.stub}/stub/calls", {})
-        return answer.get("total", {}) if code == 200 else {}
-
     def cpu(self) -> dict[str, float]:
         """CPU seconds so far of every fleet child (gunicorn: master + workers), Redis and this process."""
         out = {name: s for name, proc in self.stack.procs.items() if (s := cpu_seconds(proc.pid)) is not None}
@@ -438,9 +434,6 @@ class Fleet:
         usage = resource.getrusage(resource.RUSAGE_SELF)
         out["bench"] = usage.ru_utime + usage.ru_stime
         return out
-
-    def redis_commands(self) -> int:
-        return int(self.client.info("stats").get("total_commands_processed", 0))
 
 
 class Pinger:

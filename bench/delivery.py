@@ -4,7 +4,6 @@ Celery round trip)."""
 
 from __future__ import annotations
 
-import os
 import statistics
 import threading
 import time
@@ -30,11 +29,8 @@ def add_arguments(parser) -> None:
 
 
 def one_alone(fleet: Fleet, latency: float) -> float:
-    """Seconds from submit to COMPLETED of one generation, the status read over HTTP every 0.1 s.
-
-    Returns the record's ``completed_at`` minus the submit time (what the 0.1 s polling
-    observed is logged): the same clock the n-at-once figure reads.
-    """
+    """Seconds from submit to the record's ``completed_at`` of one generation (polled over HTTP):
+    the same clock the n-at-once figure reads."""
     began = time.time()
     request_id = fleet.submit(fleet.prompt("alone", latency))
     deadline = time.monotonic() + latency + 120
@@ -43,15 +39,10 @@ def one_alone(fleet: Fleet, latency: float) -> float:
             raise MeasurementError(f"the lone generation {request_id} did not complete")
         fleet.alive()
         time.sleep(0.1)
-    seen = time.time() - began
     row = fleet.records([request_id])[request_id]
     if row["error_type"]:
         raise MeasurementError(f"the lone generation completed with {row['error_type']}")
-    value = float(row["completed_at"]) - began
-    log(f"inflight: one alone completed {value:.3f} s after its submit (seen by 0.1 s polling at "
-        f"{seen:.3f} s; admitted->claimed {float(row['started_at']) - float(row['created_at']):.3f} s, "
-        f"claimed->completed {float(row['completed_at']) - float(row['started_at']):.3f} s)")
-    return value
+    return float(row["completed_at"]) - began
 
 
 def many_at_once(fleet: Fleet, count: int, latency: float) -> float:
@@ -60,15 +51,13 @@ def many_at_once(fleet: Fleet, count: int, latency: float) -> float:
     lock = threading.Lock()
     ids: list[str] = []
     prompts = [fleet.prompt(f"inflight{i}", latency) for i in range(count)]
-    calls_before, cpu_before, commands_before = fleet.stub_calls(), fleet.cpu(), fleet.redis_commands()
 
     def one(prompt: str) -> None:
         request_id = fleet.submit(prompt)
         with lock:
             ids.append(request_id)
 
-    began = time.time()
-    wall_began = time.monotonic()
+    cpu_before, began = fleet.cpu(), time.time()
     with ThreadPoolExecutor(max_workers=args.submitters, thread_name_prefix="submit") as pool:
         for future in [pool.submit(one, p) for p in prompts]:
             future.result()
@@ -76,8 +65,7 @@ def many_at_once(fleet: Fleet, count: int, latency: float) -> float:
     log(f"inflight: {count} submits ({args.submitters} concurrent) took {submitted_s:.2f} s "
         f"({count / submitted_s:.0f}/s)")
     rows = fleet.wait_records(ids, (COMPLETED,), timeout_s=args.inflight_timeout, interval_s=0.5, progress_s=2.0)
-    seen_s = time.monotonic() - wall_began
-    cpu_after, calls_after, commands_after = fleet.cpu(), fleet.stub_calls(), fleet.redis_commands()
+    used = {name: seconds - cpu_before.get(name, 0.0) for name, seconds in fleet.cpu().items()}
 
     failed: dict[str, int] = {}
     for row in rows.values():
@@ -87,35 +75,11 @@ def many_at_once(fleet: Fleet, count: int, latency: float) -> float:
         raise MeasurementError(f"inflight: of {count} generations, some completed with errors: {failed}")
     created = [float(r["created_at"]) for r in rows.values()]
     started = [float(r["started_at"]) for r in rows.values()]
-    completed = [float(r["completed_at"]) for r in rows.values()]
-    value = max(completed) - began
+    value = max(float(r["completed_at"]) for r in rows.values()) - began
 
-    # where the time went, for reading the figure (stderr only)
-    log(f"inflight: last of {count} completed {value:.3f} s after the first submit "
-        f"(seen by 0.5 s record polling at {seen_s:.2f} s)")
-    log(f"  admitted, after the first submit: {spread([c - began for c in created])}")
-    log(f"  admitted -> claimed: {spread([s - c for s, c in zip(started, created)])}")
-    log(f"  claimed -> completed: {spread([d - s for d, s in zip(completed, started)])} "
-        f"(the stub's generation takes {latency:g} s)")
-    # the most generations running at one moment, from the records' own times
-    events = sorted([(s, 1) for s in started] + [(d, -1) for d in completed])
-    running = peak = 0
-    for _, step in events:
-        running += step
-        peak = max(peak, running)
-    log(f"  most generations claimed at once: {peak}")
-    polls = calls_after.get("bfl_poll", 0) - calls_before.get("bfl_poll", 0)
-    submits = calls_after.get("bfl_submit", 0) - calls_before.get("bfl_submit", 0)
-    log(f"  stub calls: {submits} submits, {polls} polls ({polls / count:.1f} per generation)")
-    wall = time.monotonic() - wall_began
-    used = {name: cpu_after[name] - cpu_before.get(name, 0.0) for name in cpu_after}
-    total = sum(used.values())
-    cores = os.cpu_count() or 1
-    log(f"  CPU s over {wall:.1f} s wall ({cores} cores = {cores * wall:.1f} CPU s): "
-        + ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(used.items(), key=lambda kv: -kv[1]))
-        + f"; total {total:.1f}")
-    log(f"  Redis commands: {commands_after - commands_before} "
-        f"({(commands_after - commands_before) / count:.0f} per generation, bench polling included)")
+    log(f"inflight: last of {count} completed {value:.3f} s after the first submit; admitted -> claimed "
+        f"{spread([s - c for s, c in zip(started, created)])}; CPU s: "
+        + ", ".join(f"{name} {seconds:.1f}" for name, seconds in sorted(used.items(), key=lambda kv: -kv[1])))
     return value
 
 

@@ -67,8 +67,7 @@ def start(ctx: Context) -> FrontDoor:
     args, children = ctx.args, ctx.children
     wrk = ensure_tool("wrk", "wrk")
     if wrk is None:
-        log("wrk unavailable (apt-get failed); falling back to the Python load generator, "
-            "which saturates sooner: figures are not comparable with wrk runs")
+        raise SystemExit("bench: wrk is required and could not be installed with apt-get")
     services = Services.build(Settings.from_env({"REDIS_URL": ctx.redis_url}))
     entry = services.catalog.by_id(MODEL_ID)
     if entry is None:
@@ -87,7 +86,7 @@ def start(ctx: Context) -> FrontDoor:
     wait_http(f"{url}/healthz", proc)
     wait_http(f"{hello}/hello", hello_proc)
     log(f"front door {url}, hello world {hello}, {args.workers} gevent workers each; "
-        f"load: {'wrk' if wrk else 'python'} {args.threads} threads x {args.connections} connections, "
+        f"load: wrk {args.threads} threads x {args.connections} connections, "
         f"{args.duration} s runs, {args.rounds} rounds")
     driver = Driver(wrk, ctx.tmp, threads=args.threads, connections=args.connections)
     return FrontDoor(services, entry, env, url, proc, hello, hello_proc, driver, {"X-API-Key": api_key})
@@ -149,10 +148,8 @@ def _describe(result: LoadResult, cpu_ms: float | None) -> str:
 
 def measure_pair(ctx: Context, name: str, baseline: Target, subject: Target,
                  rounds: int | None = None) -> tuple[list[LoadResult], LoadResult, LoadResult]:
-    """Warm both up, then ``rounds`` x (baseline, subject), interleaved, every run checked.
-
-    Returns the subject's runs and the (baseline, subject) of the round with the median rate ratio.
-    """
+    """Warm both up, then ``rounds`` x (baseline, subject), every run checked: the subject's runs and
+    the (baseline, subject) of the round with the median rate ratio."""
     args, driver = ctx.args, ctx.front.driver
     rounds = rounds or args.rounds
     if args.warmup > 0:

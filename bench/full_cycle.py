@@ -24,8 +24,6 @@ MODEL_ID = CAPPED_MODEL_ID  # one synchronous provider call
 CYCLE_TIMEOUT_S = 30.0
 #: Seconds between runs (the last run's stragglers drain).
 SETTLE_S = 0.5
-#: Seconds of the idle window (nothing driven) measuring the background Redis traffic.
-IDLE_S = 3.0
 
 
 def add_arguments(parser) -> None:
@@ -75,8 +73,7 @@ class Snapshot:
     at: float
     cpu: dict[str, float]
     redis_cpu: float
-    commands: dict[str, tuple[int, int]]  # command -> (calls, usec)
-    processed: int
+    calls: int  # INFO commandstats calls, those inside scripts included
 
 
 @dataclass
@@ -87,8 +84,7 @@ class Run:
     latencies_ms: list[float]
     cpu_s: dict[str, float]          # group -> CPU s over the window (redis and the client included)
     redis_cpu_s: float
-    commands: dict[str, tuple[int, int]]
-    processed: int
+    calls: int
     polls: int
 
     @property
@@ -107,10 +103,6 @@ class Run:
         return self.per_delivery_ms(self.redis_cpu_s)
 
     @property
-    def calls(self) -> int:
-        return sum(c for c, _ in self.commands.values())
-
-    @property
     def commands_per_delivery(self) -> float:
         return self.calls / self.deliveries
 
@@ -126,9 +118,8 @@ def _snapshot(side: Side, redis_client) -> Snapshot:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu["client"] = usage.ru_utime + usage.ru_stime
     stats = redis_client.info("commandstats")
-    commands = {name.removeprefix("cmdstat_"): (int(v["calls"]), int(v["usec"])) for name, v in stats.items()}
-    processed = int(redis_client.info("stats").get("total_commands_processed", 0))
-    return Snapshot(time.perf_counter(), cpu, redis_cpu(redis_client), commands, processed)
+    calls = sum(int(v["calls"]) for v in stats.values())
+    return Snapshot(time.perf_counter(), cpu, redis_cpu(redis_client), calls)
 
 
 def _prompt_body(label: str) -> bytes:
@@ -205,14 +196,9 @@ def run_once(side: Side, args, redis_client, alive: Callable[[], None]) -> Run:
     window = [(at, lat) for at, lat in done if before.at <= at <= after.at]
     if not window:
         raise MeasurementError(f"full_cycle {side.label}: no delivery completed in the window")
-    commands = {}
-    for name, (calls, usec) in after.commands.items():
-        c0, u0 = before.commands.get(name, (0, 0))
-        if calls - c0 > 0:
-            commands[name] = (calls - c0, usec - u0)
     return Run(side.label, len(window), after.at - before.at, [1000.0 * lat for _, lat in window],
                {g: after.cpu[g] - before.cpu.get(g, 0.0) for g in after.cpu},
-               after.redis_cpu - before.redis_cpu, commands, after.processed - before.processed,
+               after.redis_cpu - before.redis_cpu, after.calls - before.calls,
                polls_after - polls_before)
 
 
@@ -225,37 +211,6 @@ def _describe(run: Run) -> str:
             f"redis {run.redis_ms:.2f} = {run.per_delivery_ms(total):.2f} "
             f"({total / run.seconds:.2f} of {cores} cores busy with these); "
             f"Redis {run.commands_per_delivery:.1f} commands/delivery (those inside scripts included)")
-
-
-def _top(run: Run, n: int = 8) -> str:
-    by_calls = sorted(run.commands.items(), key=lambda kv: -kv[1][0])[:n]
-    by_usec = sorted(run.commands.items(), key=lambda kv: -kv[1][1])[:n]
-    d = run.deliveries
-    calls = ", ".join(f"{name} {c / d:.2f}" for name, (c, _) in by_calls)
-    usec = ", ".join(f"{name} {u / d:.1f} us" for name, (_, u) in by_usec)
-    return f"per delivery, by calls: {calls}; by time: {usec}"
-
-
-def _without_stub(ours: Run, minimal: Run) -> str:
-    """Ours read without the stub's CPU.
-
-    On 2 cores both loops are CPU-bound (the busy-cores figure in each run's line says how
-    near): throughput is about (cores in use) / (CPU s per delivery, every process counted,
-    Redis and the client included). Taking the stub's CPU away from ours and letting the rest
-    use the cores it held gives ours x total / (total - stub); that over the minimal noop
-    loop's rate is the ratio without the stub. The CPU-per-delivery ratio (minimal's total /
-    ours without the stub) says the same without assuming the cores stay as busy.
-    """
-    total = ours.total_cpu_s + ours.redis_cpu_s
-    stub = ours.cpu_s.get("stub", 0.0)
-    m_total = minimal.total_cpu_s + minimal.redis_cpu_s
-    projected = ours.rate * total / (total - stub)
-    return (f"stub CPU {ours.per_delivery_ms(stub):.2f} ms/delivery = {100 * stub / total:.1f}% of ours' "
-            f"{ours.per_delivery_ms(total):.2f} ms; without it ours would carry {projected:.1f} deliveries/s "
-            f"(ours x total/(total - stub)): ratio {projected / minimal.rate:.3f} against the minimal noop "
-            f"loop's {minimal.rate:.1f}; CPU per delivery, minimal noop / ours without the stub: "
-            f"{minimal.per_delivery_ms(m_total):.2f} / {ours.per_delivery_ms(total - stub):.2f} ms = "
-            f"{m_total / minimal.deliveries / ((total - stub) / ours.deliveries):.3f}")
 
 
 # -- the minimal loop's processes --------------------------------------------------------
@@ -354,15 +309,6 @@ def measure(ctx: Context) -> None:
             minimal.alive()
 
         client = fleet.client
-        idle0 = _snapshot(ours, client)
-        time.sleep(IDLE_S)
-        idle1 = _snapshot(ours, client)
-        idle_s = idle1.at - idle0.at
-        idle_calls = sum(c for c, _ in idle1.commands.values()) - sum(c for c, _ in idle0.commands.values())
-        log(f"full_cycle: idle background (both loops up, nothing driven) over {idle_s:.1f} s: Redis "
-            f"{idle_calls / idle_s:.0f} commands/s, {1000 * (idle1.redis_cpu - idle0.redis_cpu) / idle_s:.1f} "
-            f"ms CPU/s; fleet CPU ms/s: " + " ".join(
-                f"{g} {1000 * (idle1.cpu[g] - idle0.cpu[g]) / idle_s:.1f}" for g in ours.groups))
         log(f"full_cycle: {args.cycle_clients} clients, submit -> status every {args.cycle_poll_ms:g} ms -> "
             f"collect; {args.cycle_warmup:g} s warm-up + {args.cycle_seconds:g} s counted per run; "
             f"{args.cycle_rounds} rounds of {', '.join(s.label for s in sides)}")
@@ -381,34 +327,17 @@ def measure(ctx: Context) -> None:
         _flush(minimal_client, args.minimal_db)
 
     pairs = [(r["ours"], r["minimal-noop"]) for r in rounds]
-    log("full_cycle: ours / minimal noop, per round: throughput "
-        + " ".join(f"{o.rate / m.rate:.3f}" for o, m in pairs) + "; p99 "
-        + " ".join(f"{o.p99 / m.p99:.3f}" for o, m in pairs) + "; Redis CPU/delivery "
-        + " ".join(f"{o.redis_ms / m.redis_ms:.3f}" for o, m in pairs))
-    if args.minimal_stub == "on":
-        stub_pairs = [(r["ours"], r["minimal-stub"]) for r in rounds]
-        log("full_cycle: ours / minimal stub (a real stub call on both sides), per round: throughput "
-            + " ".join(f"{o.rate / m.rate:.3f}" for o, m in stub_pairs) + "; p99 "
-            + " ".join(f"{o.p99 / m.p99:.3f}" for o, m in stub_pairs))
-        o, m = median_round(stub_pairs, lambda o, m: o.rate / m.rate)
-        log(f"full_cycle: median round against the minimal stub loop: {o.rate:.1f} / {m.rate:.1f} deliveries/s "
-            f"= {o.rate / m.rate:.3f}; p99 {o.p99:.1f} / {m.p99:.1f} ms = {o.p99 / m.p99:.3f}")
+    stub_pairs = [(r["ours"], r["minimal-stub"]) for r in rounds] if args.minimal_stub == "on" else []
     o, m = median_round(pairs, lambda o, m: o.rate / m.rate)
-    log(f"full_cycle: throughput's median round: {_without_stub(o, m)}")
-    log(f"full_cycle: Redis in that round, ours: {_top(o)}")
-    log(f"full_cycle: Redis in that round, minimal noop: {_top(m)}")
     emit("full_cycle_throughput", o.rate, "deliveries/s", m.rate)
     o, m = median_round(pairs, lambda o, m: o.p99 / m.p99)
     emit("full_cycle_p99", o.p99, "ms", m.p99)
     o, m = median_round(pairs, lambda o, m: o.redis_ms / m.redis_ms)
-    log(f"full_cycle: one Redis core at ours' {o.redis_ms:.3f} ms per delivery carries "
-        f"{1000 / o.redis_ms:.0f} deliveries/s (the minimal loop's {m.redis_ms:.3f} ms: {1000 / m.redis_ms:.0f})")
     emit("redis_cpu_per_delivery", o.redis_ms, "ms", m.redis_ms)
     o, m = median_round(pairs, lambda o, m: o.commands_per_delivery / m.commands_per_delivery)
     emit("redis_commands_per_delivery", o.commands_per_delivery, "commands", m.commands_per_delivery)
-    if args.minimal_stub == "on":
-        # What one real provider call costs the minimal loop itself: the ceiling on
-        # full_cycle_throughput, since ours makes that call and the noop loop does not.
+    if stub_pairs:
+        # the floor under full_cycle_throughput: one real provider call against none
         floor = [(r["minimal-stub"], r["minimal-noop"]) for r in rounds]
         s, m = median_round(floor, lambda s, m: s.rate / m.rate)
         emit("full_cycle_floor_throughput", s.rate, "deliveries/s", m.rate)

@@ -9,7 +9,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from . import schedule
-from .core import Context, KeepAlive, MeasurementError, emit, option, phase, script_usec
+from .core import Context, KeepAlive, MeasurementError, emit, option, phase
 from .procs import log
 
 MODEL = "bfl/flux-2-pro"
@@ -62,15 +62,6 @@ def _compare(connection: KeepAlive, first: str, last: str, rounds: int) -> tuple
     return statistics.median(timings["first"]), statistics.median(timings["last"]), ratios
 
 
-def _script_us(services, workspace: str, after: str | None, since: float, count: int = 300,
-               **filters: Any) -> float:
-    """history.lua's own µs per page (INFO commandstats), read ``count`` times without HTTP."""
-    before = script_usec(services.redis)
-    for _ in range(count):
-        services.store.history(workspace, since=since, after=after, limit=LIMIT, **filters)
-    return (script_usec(services.redis) - before) / count
-
-
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("request history (history_paging)")
     option(group, "--history-requests", 100_000, "requests in the workspace's history (default 100000)")
@@ -113,15 +104,6 @@ def measure(ctx: Context) -> None:
             first, last = _path(query), _path({**query, "cursor": last_cursor}) if last_cursor else _path(query)
             first_ms, last_ms, ratios = _compare(connection, first, last, rounds)
             log(f"{name}: per-round ratios (last / first): " + " ".join(f"{r:.3f}" for r in ratios))
-            filters = {"status": query["status"]} if "status" in query else {}
-            from router_queue.web.history import decode_cursor
-
-            since = time.time() - services.settings.result_retention_s
-            script_first = _script_us(services, workspace, None, since, **filters)
-            after = decode_cursor(last_cursor) if last_cursor else None
-            script_last = _script_us(services, workspace, after, since, **filters)
-            log(f"{name}: history.lua alone: {script_first:.0f} us for the first page, {script_last:.0f} us for "
-                f"the last ({script_last / script_first:.3f}x)")
             emit(name, last_ms, "ms", first_ms)
     finally:
         connection.close()

@@ -1,16 +1,12 @@
-"""The load driver: wrk with a generated Lua script, or a Python asyncio fallback; one fixed request
-from ``connections`` connections, the rate, median latency and expected-status count back."""
+"""The load driver: wrk with a generated Lua script; one fixed request from ``connections``
+connections, the rate, median latency and expected-status count back."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import statistics
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import urlsplit
 
 
 @dataclass(frozen=True)
@@ -84,94 +80,17 @@ def run_wrk(wrk: str, shot: Shot, script: Path, *, threads: int, connections: in
                       expected=int(lua.group(1)), unexpected=int(lua.group(2)), socket_errors=socket_errors)
 
 
-# -- fallback: a small asyncio HTTP/1.1 client -----------------------------------
-
-
-async def _one(reader: asyncio.StreamReader) -> tuple[int, bool]:
-    """Read one response; (status, whether the server closes the connection)."""
-    head = await reader.readuntil(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    status = int(lines[0].split(" ", 2)[1])
-    length, close = 0, False
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        name = name.strip().lower()
-        if name == "content-length":
-            length = int(value.strip())
-        elif name == "connection" and value.strip().lower() == "close":
-            close = True
-    if length:
-        await reader.readexactly(length)
-    return status, close
-
-
-async def _drive(shot: Shot, connections: int, duration_s: float):
-    parts = urlsplit(shot.url)
-    host, port = parts.hostname, parts.port or 80
-    path = parts.path + (f"?{parts.query}" if parts.query else "")
-    body = shot.body.encode()
-    header_lines = "".join(f"{k}: {v}\r\n" for k, v in shot.headers.items())
-    request = (f"{shot.method} {path} HTTP/1.1\r\nHost: {parts.netloc}\r\n{header_lines}"
-               f"Content-Length: {len(body)}\r\n\r\n").encode() + body
-    latencies: list[float] = []
-    counts = {"expected": 0, "unexpected": 0, "errors": 0}
-    stop_at = time.perf_counter() + duration_s
-
-    async def worker() -> None:
-        reader = writer = None
-        while time.perf_counter() < stop_at:
-            started = time.perf_counter()
-            try:
-                if writer is None:
-                    reader, writer = await asyncio.open_connection(host, port)
-                writer.write(request)
-                await writer.drain()
-                status, close = await _one(reader)
-            except (OSError, asyncio.IncompleteReadError, ValueError):
-                counts["errors"] += 1
-                if writer is not None:
-                    writer.close()
-                reader = writer = None
-                continue
-            latencies.append(time.perf_counter() - started)
-            counts["expected" if status == shot.expected_status else "unexpected"] += 1
-            if close:
-                writer.close()
-                reader = writer = None
-        if writer is not None:
-            writer.close()
-
-    began = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(connections)))
-    return time.perf_counter() - began, latencies, counts
-
-
-def run_python(shot: Shot, *, connections: int, duration_s: float) -> LoadResult:
-    elapsed, latencies, counts = asyncio.run(_drive(shot, connections, duration_s))
-    done = len(latencies)
-    return LoadResult(rate=done / elapsed if elapsed else 0.0,
-                      p50_ms=statistics.median(latencies) * 1000 if latencies else float("nan"),
-                      requests=done, expected=counts["expected"], unexpected=counts["unexpected"],
-                      socket_errors=counts["errors"])
-
-
 class Driver:
-    """Runs a shot with wrk when available, else with the Python client."""
+    """Runs a shot with wrk, one generated script per distinct shot."""
 
-    def __init__(self, wrk: str | None, script_dir: Path, *, threads: int, connections: int):
+    def __init__(self, wrk: str, script_dir: Path, *, threads: int, connections: int):
         self.wrk = wrk
         self.script_dir = script_dir
         self.threads = threads
         self.connections = connections
         self._scripts: dict[str, Path] = {}
 
-    @property
-    def name(self) -> str:
-        return "wrk" if self.wrk else "python-asyncio"
-
     def run(self, shot: Shot, duration_s: float) -> LoadResult:
-        if self.wrk is None:
-            return run_python(shot, connections=self.connections, duration_s=duration_s)
         key = repr(shot)
         script = self._scripts.get(key)
         if script is None:

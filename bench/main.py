@@ -1,11 +1,5 @@
-"""The router-queue benchmark: ``bench/run [options]`` (see bench/README.md).
-
-Starts a Redis (unless ``REDIS_URL`` is set), then runs the selected phases stage by stage: on the
-front door against a hello world (bench/front.py), on the store alone (bench/schedule.py), on a
-fleet of its own (bench/full_cycle.py), on the whole stack (the fleet: stub provider, Celery
-workers, beat, gunicorn). Prints one ``BENCH`` line per figure on stdout and everything else on
-stderr; stops every process it started.
-"""
+"""The router-queue benchmark (bench/README.md): runs the selected phases stage by stage and prints
+one ``BENCH`` line per figure on stdout, everything else on stderr; stops every process it started."""
 
 from __future__ import annotations
 

@@ -20,32 +20,15 @@ def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-def _apt_install(package: str) -> bool:
-    """``apt-get install -y package`` (with one ``apt-get update`` retry); True on success."""
-    prefix: list[str] = []
-    if os.geteuid() != 0:
-        if not shutil.which("sudo"):
-            return False
-        prefix = ["sudo", "-n"]
-    if not shutil.which("apt-get"):
-        return False
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    for attempt in range(2):
-        log(f"installing {package} with apt-get" + (" (after apt-get update)" if attempt else ""))
-        if attempt:
-            subprocess.run(prefix + ["apt-get", "update"], env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, check=False)
-        done = subprocess.run(prefix + ["apt-get", "install", "-y", package], env=env,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-        if done.returncode == 0:
-            return True
-    return False
-
-
 def ensure_tool(binary: str, package: str) -> str | None:
-    """The path of ``binary``, installing ``package`` with apt if missing; None if that fails."""
+    """The path of ``binary``, installing ``package`` with apt-get if missing; None if that fails."""
     path = shutil.which(binary)
-    if path is None and _apt_install(package):
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    if path is None and shutil.which("apt-get") and (not sudo or shutil.which("sudo")):
+        log(f"installing {package} with apt-get")
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        for argv in (["apt-get", "update"], ["apt-get", "install", "-y", package]):
+            subprocess.run(sudo + argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
         path = shutil.which(binary)
     return path
 

@@ -54,13 +54,8 @@ def make_workspaces(services, count: int, name: str, *, credits: int = 10**12, m
 
 def _pipelined(services, attr: str, fake_reply: Callable[[list, list], list], calls: Iterable[Callable],
                ok: Callable[[Any], bool], what: str) -> int:
-    """Run store methods whose script handle is ``store.<attr>`` on pipelines.
-
-    Each call is ``fn(store)`` on a copy of the store whose handle queues the
-    script on the current pipeline and answers ``fake_reply(keys, args)`` to the
-    store method (so the KEYS and ARGV are whatever the store builds today); one
-    round trip per ``BATCH`` calls. Every real reply must pass ``ok``.
-    """
+    """Each ``fn(store)`` on a store copy whose ``<attr>`` script queues on a pipeline (``BATCH`` per
+    round trip) and answers ``fake_reply``: the store builds KEYS and ARGV. Every reply must pass ``ok``."""
     store = services.store
     script = getattr(store, attr, None)
     if script is None:
@@ -189,14 +184,9 @@ def formula_position(client, provider: str, workspace: str, request_id: str) -> 
 
 
 def seed_behind(services, entry, ahead: int, workspace_count: int, body: str) -> tuple[str, str, int]:
-    """A target request with ``ahead`` requests waiting before it behind a cap nothing is
-    granted under (one claimed request holds the provider's single slot; the catalog
-    given to ``services`` must cap the provider at 1). The ``ahead`` are spread
-    round-robin over ``min(workspace_count, ahead)`` workspaces; the target is admitted
-    last, at the back of the first (and fullest) of them, so every waiting slot is
-    tagged before its own: its position is ``ahead``. Returns (workspace, target id,
-    position), the position checked three ways: admit.lua's answer, lib.lua's formula
-    recomputed from the keys, and ``ahead``."""
+    """(workspace, id, position) of a request admitted behind ``ahead`` waiting ones, under a cap of 1
+    held by a claimed request; the position checked by admit.lua, lib.lua's formula and ``ahead``
+    (bench/README.md)."""
     if services.store.max_in_flight(entry.provider) != 1:
         raise MeasurementError(f"{entry.provider} is not capped at 1 in the bench's catalog copy")
     hold_the_slot(services, entry, body)
@@ -246,9 +236,7 @@ class CycleSide:
         store = self.services.store
         if store.max_in_flight(self.entry.provider) != 1:
             raise MeasurementError(f"{self.entry.provider} is not capped at 1 in the bench's catalog copy")
-        # no broker template: the scripts return what they grant and the store hands
-        # it to this callback (the Dispatcher's place), which is how the loop follows
-        # the grant without a Celery worker
+        # no broker: the grants reach this callback (the Dispatcher's place)
         self.granted: list[str] = []
         store.grants.publish = lambda provider, ids: self.granted.extend(ids)
         started = time.monotonic()
@@ -264,11 +252,11 @@ class CycleSide:
         log(f"dispatch_cost: {label}: {queued} admitted over {workspaces} workspace(s) in "
             f"{time.monotonic() - started:.1f} s ({counts['queued'] - 1} waiting, 1 granted)")
 
-    def run(self, cycles: int) -> tuple[float, float, float, int]:
-        """``cycles`` x (load, claim, complete): (wall s, Redis CPU s, script s, distinct workspaces granted)."""
+    def run(self, cycles: int) -> tuple[float, float, int]:
+        """``cycles`` x (load, claim, complete): (wall s, Redis CPU s, distinct workspaces granted)."""
         store, lease = self.services.store, bench_lease()
         seen: set[str] = set()
-        cpu0, usec0 = redis_cpu(self.client), script_usec(self.client)
+        cpu0 = redis_cpu(self.client)
         began = time.perf_counter()
         for _ in range(cycles):
             record, _ = store.load(self.current)
@@ -283,7 +271,7 @@ class CycleSide:
             seen.add(record.workspace)
             self.current = self.granted[0]
         wall = time.perf_counter() - began
-        return wall, redis_cpu(self.client) - cpu0, (script_usec(self.client) - usec0) / 1e6, len(seen)
+        return wall, redis_cpu(self.client) - cpu0, len(seen)
 
 
 @phase("dispatch_cost", "store", 10, side_dbs=True)
@@ -303,12 +291,11 @@ def measure_dispatch_cost(ctx: Context) -> None:
     for round_no in range(1, args.cost_rounds + 1):
         results = {}
         for side in (one, many):
-            wall, cpu, script, distinct = side.run(args.cost_cycles)
+            wall, cpu, distinct = side.run(args.cost_cycles)
             results[side.label] = (wall, cpu)
             log(f"dispatch_cost round {round_no}/{args.cost_rounds}: {side.label}: "
                 f"{1000 * wall / args.cost_cycles:.3f} ms/cycle wall, "
-                f"Redis CPU {1000 * cpu / args.cost_cycles:.3f} ms/cycle, "
-                f"scripts {1e6 * script / args.cost_cycles:.0f} us/cycle (commandstats); "
+                f"Redis CPU {1000 * cpu / args.cost_cycles:.3f} ms/cycle; "
                 f"granted to {distinct} distinct workspace(s)")
         rounds.append((results[one.label], results[many.label]))
     for side in (one, many):

@@ -9,7 +9,7 @@ import time
 import uuid
 from typing import Any
 
-from .core import Context, MeasurementError, emit, option, pct, phase, summary
+from .core import Context, MeasurementError, emit, option, pct, phase
 from .procs import cpu_seconds, log
 from .sync_held import MODEL_ID, read_series, speech_body
 
@@ -94,7 +94,6 @@ def measure(ctx: Context) -> None:
 
     log(f"streams: {args.held_reads} status reads from {args.held_readers} threads, no stream open")
     without = read_series(port, status_path, auth, args.held_reads, args.held_readers)
-    log(f"streams: without streams {summary(without)}")
     idle_without = _cpu_percent(fleet)
 
     streams = Streams(port, f"{base}/{followed}/events", fleet.api_key, args.streams)
@@ -106,13 +105,10 @@ def measure(ctx: Context) -> None:
         idle_with = _cpu_percent(fleet)
         with_streams = read_series(port, status_path, auth, args.held_reads, args.held_readers)
         streams.drain(0)
-        log(f"streams: with {args.streams} streams {summary(with_streams)}")
         if time.monotonic() - began > args.stream_latency:
             raise MeasurementError("streams: the followed generation ended while measuring; raise --stream-latency")
     finally:
         streams.close()
-    log(f"streams: web CPU over {IDLE_WINDOW_S:.0f} s idle: {idle_without:.2f} % without streams, "
-        f"{idle_with:.2f} % with {args.streams}")
     emit("streams_status_p50", pct(with_streams, 0.5), "ms", pct(without, 0.5))
     emit("streams_status_p99", pct(with_streams, 0.99), "ms", pct(without, 0.99))
     emit("streams_idle_web_cpu", idle_with, "%", max(idle_without, 0.01))

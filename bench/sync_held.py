@@ -18,10 +18,6 @@ MODEL_ID = "openai/gpt-4o-mini-tts"
 PROVIDER = "openai"
 #: Untimed reads per reader connection before each timed series.
 WARMUP_READS = 20
-#: Seconds of just holding (no reads) over which the fleet's CPU is logged.
-IDLE_WINDOW_S = 3.0
-
-
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("status reads with synchronous calls held (sync_held)")
@@ -81,7 +77,6 @@ class HeldCall:
     body: bytes
     status: int | None = None
     content_type: str | None = None
-    length: int = 0
     error: str | None = None
     sent_at: float = 0.0
     answered_at: float | None = None
@@ -95,7 +90,7 @@ def _hold(port: int, path: str, headers: dict[str, str], call: HeldCall, timeout
         conn.request("POST", path, body=call.body, headers=headers)
         response = conn.getresponse()
         payload = response.read()
-        call.status, call.content_type, call.length = response.status, response.getheader("Content-Type"), len(payload)
+        call.status, call.content_type = response.status, response.getheader("Content-Type")
         if response.status != 200:
             call.error = payload[:200].decode(errors="replace")
     except Exception as exc:  # noqa: BLE001 - counted and reported by the caller
@@ -149,7 +144,6 @@ def measure(ctx: Context) -> None:
 
     log(f"sync_held: {args.held_reads} status reads from {args.held_readers} threads, nothing held")
     without = read_series(port, status_path, auth, args.held_reads, args.held_readers)
-    log(f"sync_held: without held calls {summary(without)}")
 
     latency = args.held_latency
     calls = [HeldCall(speech_body(f"bench held {n} {uuid.uuid4().hex} [stub:latency={latency:g}]").encode())
@@ -182,13 +176,6 @@ def measure(ctx: Context) -> None:
         running, queued = _admitted(fleet)
         log(f"sync_held: {args.held} synchronous calls held ({running} running, {queued} queued; "
             f"all admitted {admitted_s:.2f} s after the first was sent)")
-        # what holding costs by itself, with no reads: CPU of each fleet process over an idle window
-        cpu_before, idle_began = fleet.cpu(), time.monotonic()
-        time.sleep(IDLE_WINDOW_S)
-        cpu_after, idle_s = fleet.cpu(), time.monotonic() - idle_began
-        log(f"sync_held: CPU s over {idle_s:.1f} s of just holding: " + ", ".join(
-            f"{name} {cpu_after[name] - cpu_before.get(name, 0.0):.2f}" for name in sorted(cpu_after)))
-
         log(f"sync_held: {args.held_reads} status reads from {args.held_readers} threads, {args.held} held")
         began = time.monotonic()
         held = read_series(port, status_path, auth, args.held_reads, args.held_readers)
@@ -215,8 +202,6 @@ def measure(ctx: Context) -> None:
                                f"200 audio/mpeg: {sample}")
 
     after = read_series(port, status_path, auth, args.held_reads, args.held_readers)
-    log(f"sync_held: after the held calls ended {summary(after)}")
     baseline = without + after
-    log(f"sync_held: nothing held, before and after pooled (the baseline) {summary(baseline)}")
     emit("sync_held_status_p50", pct(held, 0.5), "ms", pct(baseline, 0.5))
     emit("sync_held_status_p99", pct(held, 0.99), "ms", pct(baseline, 0.99))
