@@ -29,7 +29,7 @@ import redis
 
 from ..logs import AUDIT_LOGGER
 from . import keys
-from .requests import load_script
+from .requests import argv, load_script
 
 log = logging.getLogger(AUDIT_LOGGER)
 
@@ -45,6 +45,9 @@ LEGACY_NAMESPACE = "legacy:"
 LAST_USED_EVERY_S = 60
 #: Audit lines kept per workspace (newest first).
 AUDIT_KEPT = 1000
+#: key_rotate.lua's ARGV by name (``requests.argv``), in order.
+ROTATE_ARGS = ("workspace", "old_id", "old_hash", "new_id", "new_hash", "now", "label", "namespace", "until",
+               "until_ms", "audit_line", "audit_kept")
 #: Seconds a rotated-out key keeps working beside its successor by default.
 DEFAULT_OVERLAP_S = 86_400
 
@@ -118,7 +121,7 @@ class ApiKeys:
         self._mint = load_script(client, "key_mint")
         self._resolve = load_script(client, "key_resolve")
         self._revoke = load_script(client, "key_revoke")
-        self._rotate = load_script(client, "key_rotate")
+        self._rotate = load_script(client, "key_rotate", ROTATE_ARGS)
         self._adopt = load_script(client, "key_adopt")
 
     # -- the front door ----------------------------------------------------
@@ -223,8 +226,10 @@ class ApiKeys:
         reply = self._rotate(
             keys=[keys.api_key(old.hash), keys.key_record(old.id), keys.api_key(digest), keys.key_record(ident),
                   keys.workspace_keys(old.workspace), keys.key_audit(old.workspace)],
-            args=[old.workspace, old.id, old.hash, ident, digest, repr(now), old.label, namespace,
-                  repr(until) if until else "", int(until * 1000) if until else "", line, AUDIT_KEPT],
+            args=argv(ROTATE_ARGS, workspace=old.workspace, old_id=old.id, old_hash=old.hash, new_id=ident,
+                      new_hash=digest, now=repr(now), label=old.label, namespace=namespace,
+                      until=repr(until) if until else "", until_ms=int(until * 1000) if until else "",
+                      audit_line=line, audit_kept=AUDIT_KEPT),
         )
         outcome = _text(reply[0])
         if outcome == "ROTATED_ALREADY":

@@ -29,12 +29,16 @@ import redis
 
 from ..webhooks.endpoints import origin
 from . import keys
-from .requests import load_script, named_args
+from .requests import argv, load_script
 
 #: Attempts kept per workspace for ``router-queue ops webhooks``.
 LOG_LENGTH = 200
 #: Failing endpoints kept (the most recently failed), whatever their number.
 FAILING_KEPT = 1000
+#: webhook_record.lua's ARGV by name (``requests.argv``), in order.
+RECORD_ARGS = ("request_id", "token", "now", "outcome", "status", "error", "next_at", "keep_s", "entry", "log_length",
+               "endpoint", "endpoint_failed", "circuit_failures", "circuit_cooling_s", "failing_kept",
+               "failing_window_s", "msg_id")
 
 
 def _text(value: Any) -> str:
@@ -156,7 +160,7 @@ class WebhookStore:
         self.limits = limits
         self._rand = rand or random.Random()
         self._take = load_script(client, "webhook_take")
-        self._record = load_script(client, "webhook_record")
+        self._record = load_script(client, "webhook_record", RECORD_ARGS)
         self._due = load_script(client, "webhook_due")
 
     def take(self, request_id: str, *, now: float, lease_s: float, token: str) -> Taken:
@@ -201,15 +205,15 @@ class WebhookStore:
                   keys.webhooks_failing(), keys.webhook_circuit(event.workspace, endpoint),
                   keys.webhook_in_flight(event.workspace), keys.webhooks_in_flight(),
                   keys.workspace(event.workspace)],
-            args=named_args({
-                "request_id": event.request_id, "token": token, "now": repr(now), "outcome": outcome,
-                "status": "" if status is None else status, "error": error[:300],
-                "next_at": "" if next_at is None else repr(next_at), "keep_s": self.keep_s, "entry": entry,
-                "log_length": LOG_LENGTH, "endpoint": f"{event.workspace}|{endpoint}",
-                "endpoint_failed": "1" if endpoint_failed else "0", "circuit_failures": limits.circuit_failures,
-                "circuit_cooling_s": repr(limits.circuit_cooling_s), "failing_kept": FAILING_KEPT,
-                "failing_window_s": int(limits.window_s), "msg_id": event.msg_id,
-            }),
+            args=argv(
+                RECORD_ARGS, request_id=event.request_id, token=token, now=repr(now), outcome=outcome,
+                status="" if status is None else status, error=error[:300],
+                next_at="" if next_at is None else repr(next_at), keep_s=self.keep_s, entry=entry,
+                log_length=LOG_LENGTH, endpoint=f"{event.workspace}|{endpoint}",
+                endpoint_failed="1" if endpoint_failed else "0", circuit_failures=limits.circuit_failures,
+                circuit_cooling_s=repr(limits.circuit_cooling_s), failing_kept=FAILING_KEPT,
+                failing_window_s=int(limits.window_s), msg_id=event.msg_id,
+            ),
         )
         return _text(reply[0])
 

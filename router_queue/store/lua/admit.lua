@@ -16,11 +16,11 @@
 -- KEYS[15] rq:history:{workspace}  KEYS[16] rq:history:{workspace}:{model} (lib.lua, history_add)
 -- KEYS[17] rq:body:{id}
 -- KEYS[18..] the caller's rate-window counters, with a (limit, window
---          seconds) pair each in ARGV after the named ones (ratelimit.py):
---          counted first
--- ARGV[1] body (JSON text; "" for a retry, whose body is the original's)
--- ARGV[2] how many named arguments follow, then each as a name, value pair
---   (requests.py, named_args; read once into A by lib.lua's named_args):
+--          seconds) pair each in ARGV from ARG_REST, after the named ones
+--          (ratelimit.py): counted first
+-- ARGV by name (ARGV[ARG_ID] and so on; requests.py, ADMIT_ARGS, whose order
+-- the generated ARG_* constants give):
+--   body                 JSON text; "" for a retry, whose body is the original's
 --   id, workspace, model, provider
 --   now                  unix seconds
 --   fingerprint          of (model, canonical body); "" when no Idempotency-Key
@@ -65,27 +65,25 @@
 --       | {"RETRY_BODY_GONE"} (its body is no longer kept)
 -- Admissions and refusals are counted in rq:metrics:{provider} on the way.
 
-local A, rate_args = named_args(2)
-
 local function refused(reason)
-  redis.call("HINCRBY", KEYS[8], "refused|" .. A.model .. "|" .. reason, 1)
+  redis.call("HINCRBY", KEYS[8], "refused|" .. ARGV[ARG_MODEL] .. "|" .. reason, 1)
   return {reason}
 end
 
-if past_deadline(A.write_deadline) then
+if past_deadline(ARGV[ARG_WRITE_DEADLINE]) then
   return {"EXPIRED"}
 end
 
-local spent = spend_rate(18, rate_args)
+local spent = spend_rate(18, ARG_REST)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
 
-if A.fingerprint ~= "" then
+if ARGV[ARG_FINGERPRINT] ~= "" then
   local held = redis.call("GET", KEYS[6])
   if held then
     local sep = string.find(held, "|", 1, true)
-    if string.sub(held, 1, sep - 1) ~= A.fingerprint then
+    if string.sub(held, 1, sep - 1) ~= ARGV[ARG_FINGERPRINT] then
       return {"IDEM_CONFLICT"}
     end
     return {"REPLAY", string.sub(held, sep + 1)}
@@ -94,10 +92,10 @@ end
 
 -- A retry submits the body of a request of this caller and model that
 -- failed (COMPLETED with an error_type), kept until its retention ends.
-local body = ARGV[1]
-if A.retry_of ~= "" then
+local body = ARGV[ARG_BODY]
+if ARGV[ARG_RETRY_OF] ~= "" then
   local original = redis.call("HMGET", KEYS[12], "status", "workspace", "model", "error_type", "body")
-  if not original[1] or original[2] ~= A.workspace or original[3] ~= A.model then
+  if not original[1] or original[2] ~= ARGV[ARG_WORKSPACE] or original[3] ~= ARGV[ARG_MODEL] then
     return {"RETRY_MISSING"}
   end
   if original[1] ~= "COMPLETED" or not original[4] or original[4] == "" then
@@ -109,46 +107,46 @@ if A.retry_of ~= "" then
   end
 end
 
-if redis.call("SISMEMBER", KEYS[9], A.provider) == 1 then
+if redis.call("SISMEMBER", KEYS[9], ARGV[ARG_PROVIDER]) == 1 then
   return refused("DRAINING")
 end
 local ws = redis.call("HMGET", KEYS[5], "queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url",
   "webhook_secret", "queued_bytes", "max_queued_bytes", "webhooks_pending", "max_pending_webhooks", "webhook_events")
-if A.require_enabled == "1" and ws[1] ~= "1" then
+if ARGV[ARG_REQUIRE_ENABLED] == "1" and ws[1] ~= "1" then
   return refused("NOT_ENABLED")
 end
 -- A webhook (the request's own, else the workspace's default) needs the
 -- workspace's signing secret: without one every attempt would fail for a day
 -- and the caller never learn why, so the submit is refused instead.
-local webhook = A.webhook_url ~= "" and A.webhook_url or ws[6]
+local webhook = ARGV[ARG_WEBHOOK_URL] ~= "" and ARGV[ARG_WEBHOOK_URL] or ws[6]
 if webhook == "" then
   webhook = false
 end
 -- Events chosen for no webhook at all would be dropped without a word.
-if A.webhook_events ~= "" and not webhook then
+if ARGV[ARG_WEBHOOK_EVENTS] ~= "" and not webhook then
   return refused("NO_WEBHOOK")
 end
 if webhook and not ws[7] then
   refused("NO_WEBHOOK_SECRET")
-  return {"NO_WEBHOOK_SECRET", A.webhook_url ~= "" and "header" or "default"}
+  return {"NO_WEBHOOK_SECRET", ARGV[ARG_WEBHOOK_URL] ~= "" and "header" or "default"}
 end
-if tonumber(ws[2] or "0") >= tonumber(ws[3] or A.max_queued) then
+if tonumber(ws[2] or "0") >= tonumber(ws[3] or ARGV[ARG_MAX_QUEUED]) then
   return refused("BACKLOG_FULL")
 end
 -- The body's bytes count against the workspace's quota until it is deleted
 -- (lib.lua, drop_body: its completion, whatever ends it).
 local bytes = #body
-if tonumber(ws[8] or "0") + bytes > tonumber(ws[9] or A.max_queued_bytes) then
+if tonumber(ws[8] or "0") + bytes > tonumber(ws[9] or ARGV[ARG_MAX_QUEUED_BYTES]) then
   return refused("QUEUED_BYTES_FULL")
 end
 -- A request with a webhook holds one of the workspace's pending events from
 -- now until its last event is delivered or given up (lib.lua, webhook_ended),
 -- however many events it chose, so a submit-and-cancel flood is bounded
 -- however fast its requests end.
-if webhook and tonumber(ws[10] or "0") >= tonumber(ws[11] or A.max_pending_webhooks) then
+if webhook and tonumber(ws[10] or "0") >= tonumber(ws[11] or ARGV[ARG_MAX_PENDING_WEBHOOKS]) then
   return refused("PENDING_WEBHOOKS_FULL")
 end
-local price = tonumber(A.price)
+local price = tonumber(ARGV[ARG_PRICE])
 local available = tonumber(ws[4] or "0") - tonumber(ws[5] or "0")
 if price > 0 and available < price then
   refused("INSUFFICIENT_CREDITS")
@@ -157,55 +155,55 @@ end
 
 local seq = redis.call("INCR", KEYS[3])
 redis.call("HSET", KEYS[1],
-  "id", A.id, "workspace", A.workspace, "model", A.model, "provider", A.provider,
-  "status", "IN_QUEUE", "seq", seq, "created_at", A.now, "hold", price,
-  "priority", A.priority, "body_bytes", bytes)
-if A.traceparent ~= "" then
-  redis.call("HSET", KEYS[1], "traceparent", A.traceparent)
+  "id", ARGV[ARG_ID], "workspace", ARGV[ARG_WORKSPACE], "model", ARGV[ARG_MODEL], "provider", ARGV[ARG_PROVIDER],
+  "status", "IN_QUEUE", "seq", seq, "created_at", ARGV[ARG_NOW], "hold", price,
+  "priority", ARGV[ARG_PRIORITY], "body_bytes", bytes)
+if ARGV[ARG_TRACEPARENT] ~= "" then
+  redis.call("HSET", KEYS[1], "traceparent", ARGV[ARG_TRACEPARENT])
 end
 -- The body apart: every other field is short, so the record stays a compact
 -- listpack while the request waits (keys.py, body()).
 redis.call("SET", KEYS[17], body)
-if A.retry_of ~= "" then
-  redis.call("HSET", KEYS[1], "retry_of", A.retry_of)
+if ARGV[ARG_RETRY_OF] ~= "" then
+  redis.call("HSET", KEYS[1], "retry_of", ARGV[ARG_RETRY_OF])
 end
-if A.start_deadline_at ~= "" then
-  redis.call("HSET", KEYS[1], "start_deadline_at", A.start_deadline_at)
-  redis.call("ZADD", KEYS[14], A.start_deadline_at, "start|" .. A.id)
+if ARGV[ARG_START_DEADLINE_AT] ~= "" then
+  redis.call("HSET", KEYS[1], "start_deadline_at", ARGV[ARG_START_DEADLINE_AT])
+  redis.call("ZADD", KEYS[14], ARGV[ARG_START_DEADLINE_AT], "start|" .. ARGV[ARG_ID])
 end
-if A.deadline_at ~= "" then
-  redis.call("HSET", KEYS[1], "deadline_at", A.deadline_at)
-  redis.call("ZADD", KEYS[14], A.deadline_at, "run|" .. A.id)
+if ARGV[ARG_DEADLINE_AT] ~= "" then
+  redis.call("HSET", KEYS[1], "deadline_at", ARGV[ARG_DEADLINE_AT])
+  redis.call("ZADD", KEYS[14], ARGV[ARG_DEADLINE_AT], "run|" .. ARGV[ARG_ID])
 end
-redis.call("ZADD", KEYS[2], seq, A.id)
+redis.call("ZADD", KEYS[2], seq, ARGV[ARG_ID])
 redis.call("HINCRBY", KEYS[5], "queued", 1)
 redis.call("HINCRBY", KEYS[5], "queued_bytes", bytes)
 if price > 0 then
   local held = redis.call("HINCRBY", KEYS[5], "held", price)
-  redis.call("XADD", KEYS[7], "*", "type", "hold", "request_id", A.id, "amount", price,
-    "balance", tonumber(ws[4] or "0"), "held", held, "at", A.now)
+  redis.call("XADD", KEYS[7], "*", "type", "hold", "request_id", ARGV[ARG_ID], "amount", price,
+    "balance", tonumber(ws[4] or "0"), "held", held, "at", ARGV[ARG_NOW])
 end
 if webhook then
-  redis.call("HSET", KEYS[1], "webhook_url", webhook, "webhook_response_url", A.response_url, "webhook_counted", 1)
-  local events = A.webhook_events ~= "" and A.webhook_events or ws[12]
+  redis.call("HSET", KEYS[1], "webhook_url", webhook, "webhook_response_url", ARGV[ARG_RESPONSE_URL], "webhook_counted", 1)
+  local events = ARGV[ARG_WEBHOOK_EVENTS] ~= "" and ARGV[ARG_WEBHOOK_EVENTS] or ws[12]
   if events and events ~= "" and events ~= "completed" then
     redis.call("HSET", KEYS[1], "webhook_events", events)  -- absent: "completed"
   end
   redis.call("HINCRBY", KEYS[5], "webhooks_pending", 1)
 end
-if A.fingerprint ~= "" then
+if ARGV[ARG_FINGERPRINT] ~= "" then
   -- the key's hash alone (64 characters): the whole key name would push the
   -- record out of its compact encoding
   redis.call("HSET", KEYS[1], "idem", string.match(KEYS[6], "[^:]+$"))
-  redis.call("SET", KEYS[6], A.fingerprint .. "|" .. A.id, "EX", A.idem_ttl)
+  redis.call("SET", KEYS[6], ARGV[ARG_FINGERPRINT] .. "|" .. ARGV[ARG_ID], "EX", ARGV[ARG_IDEM_TTL])
 end
-redis.call("HINCRBY", KEYS[8], "admitted|" .. A.model, 1)
-history_add(KEYS[15], KEYS[16], A.id, A.now, A.retention)
+redis.call("HINCRBY", KEYS[8], "admitted|" .. ARGV[ARG_MODEL], 1)
+history_add(KEYS[15], KEYS[16], ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION])
 
-local S = sched_ctx(KEYS[4], KEYS[10], KEYS[11], A.cap, A.now, A.grant_until, A.template)
-enqueue(S, A.workspace, A.id, seq, A.priority)
+local S = sched_ctx(KEYS[4], KEYS[10], KEYS[11], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
+enqueue(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID], seq, ARGV[ARG_PRIORITY])
 local granted = grant(S)
 local reply = with_granted("ADMITTED", granted)
-table.insert(reply, 2, A.id)
-table.insert(reply, 3, position(S.base, A.workspace, A.id))
+table.insert(reply, 2, ARGV[ARG_ID])
+table.insert(reply, 3, position(S.base, ARGV[ARG_WORKSPACE], ARGV[ARG_ID]))
 return reply

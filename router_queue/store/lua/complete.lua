@@ -12,12 +12,12 @@
 -- KEYS[7] rq:ws:{workspace}     KEYS[8] rq:ledger:{workspace}
 -- KEYS[9] the broker's list for the provider  KEYS[10] rq:deadlines:{provider}
 -- KEYS[11] rq:body:{id}
--- ARGV[1] id   ARGV[2] now (unix seconds)   ARGV[3] retention (s)
--- ARGV[4] error_type ("" on success)        ARGV[5] detail (a cancel's own
---         reason, cancel.lua's cancel_detail, wins over it for "cancelled")
--- ARGV[6] content type                      ARGV[7] output bytes
--- ARGV[8] "1" when the provider bills this outcome
--- ARGV[9] the provider's cap  ARGV[10] grant lease end (s)  ARGV[11] message template or ""
+-- ARGV by name (ARGV[ARG_ID] and so on; requests.py, COMPLETE_ARGS):
+--   id  now (unix seconds)  retention (s)
+--   error_type ("" on success)  detail (a cancel's own reason, cancel.lua's
+--                               cancel_detail, wins over it for "cancelled")
+--   content_type  output (bytes)  billable ("1" when the provider bills this outcome)
+--   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
 -- returns {"COMPLETED", granted ids to publish...} | {"ALREADY_COMPLETED"} | {"MISSING"}
 
 local rec = redis.call("HMGET", KEYS[1], "status", "workspace")
@@ -29,33 +29,33 @@ if status == "COMPLETED" then
   return {"ALREADY_COMPLETED"}
 end
 
-local now = tonumber(ARGV[2])
-local S = sched_ctx(KEYS[5], KEYS[6], KEYS[9], ARGV[9], ARGV[2], ARGV[10], ARGV[11])
+local now = tonumber(ARGV[ARG_NOW])
+local S = sched_ctx(KEYS[5], KEYS[6], KEYS[9], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
 if status == "IN_QUEUE" then
   left_queue(KEYS[7])
-  leave_schedule(S, rec[2], ARGV[1])
+  leave_schedule(S, rec[2], ARGV[ARG_ID])
 else
-  release_slot(S, rec[2], ARGV[1])
+  release_slot(S, rec[2], ARGV[ARG_ID])
 end
-redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[2])
-settle(KEYS[1], KEYS[7], KEYS[8], ARGV[1], ARGV[8] == "1" and "charge" or "release", ARGV[2])
-if ARGV[4] == "" then
-  redis.call("HSET", KEYS[1], "content_type", ARGV[6])
-  redis.call("SET", KEYS[2], ARGV[7], "EX", ARGV[3])
+redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[ARG_NOW])
+settle(KEYS[1], KEYS[7], KEYS[8], ARGV[ARG_ID], ARGV[ARG_BILLABLE] == "1" and "charge" or "release", ARGV[ARG_NOW])
+if ARGV[ARG_ERROR_TYPE] == "" then
+  redis.call("HSET", KEYS[1], "content_type", ARGV[ARG_CONTENT_TYPE])
+  redis.call("SET", KEYS[2], ARGV[ARG_OUTPUT], "EX", ARGV[ARG_RETENTION])
 else
-  local detail = ARGV[5]
-  if ARGV[4] == "cancelled" then
+  local detail = ARGV[ARG_DETAIL]
+  if ARGV[ARG_ERROR_TYPE] == "cancelled" then
     detail = redis.call("HGET", KEYS[1], "cancel_detail") or detail
   end
-  redis.call("HSET", KEYS[1], "error_type", ARGV[4], "detail", detail)
+  redis.call("HSET", KEYS[1], "error_type", ARGV[ARG_ERROR_TYPE], "detail", detail)
 end
-redis.call("EXPIRE", KEYS[1], ARGV[3])
+redis.call("EXPIRE", KEYS[1], ARGV[ARG_RETENTION])
 -- a failed request's body is kept for its retention: it may be retried
-drop_body(KEYS[1], KEYS[11], KEYS[7], ARGV[4] ~= "" and ARGV[3] or nil)
-forget_deadlines(KEYS[10], ARGV[1])
-owe_webhook(KEYS[1], KEYS[7], ARGV[1], ARGV[2])
-announce_completed(ARGV[1])
-redis.call("ZREM", KEYS[3], ARGV[1])
+drop_body(KEYS[1], KEYS[11], KEYS[7], ARGV[ARG_ERROR_TYPE] ~= "" and ARGV[ARG_RETENTION] or nil)
+forget_deadlines(KEYS[10], ARGV[ARG_ID])
+owe_webhook(KEYS[1], KEYS[7], ARGV[ARG_ID], ARGV[ARG_NOW])
+announce_completed(ARGV[ARG_ID])
+redis.call("ZREM", KEYS[3], ARGV[ARG_ID])
 
 -- Pace estimates for Retry-After: moving averages (weight 0.2) of run time
 -- and of the interval between completions, the latter capped at the run time
@@ -73,6 +73,6 @@ if started then
   local avg_gap = tonumber(redis.call("HGET", KEYS[4], "avg_gap_s")) or gap
   avg_gap = avg_gap * 0.8 + gap * 0.2
   redis.call("HSET", KEYS[4], "avg_run_s", tostring(avg_run), "avg_gap_s", tostring(avg_gap),
-    "last_completed_at", ARGV[2])
+    "last_completed_at", ARGV[ARG_NOW])
 end
 return with_granted("COMPLETED", grant(S))

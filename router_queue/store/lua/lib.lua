@@ -1,11 +1,12 @@
 -- lib.lua: what the scripts share, each written once. load_script
 -- (store/requests.py) puts it in front of every script, after the key layout
--- (KEY_*, generated from store/keys.py). In order:
+-- (KEY_*, generated from store/keys.py) and the script's argument positions
+-- (ARG_*, generated from its names in Python, lua_arg_names). In order:
 --   * the accounting: the waiting count, the body's bytes, holds and their
 --     settlement in the ledger (left_queue, drop_body, settle);
 --   * the caller's deadlines (forget_deadlines, passed, past_deadline);
 --   * pub/sub: telling event streams and held calls what changed (announce*);
---   * rate counting (spend_rate) and named arguments (named_args);
+--   * rate counting (spend_rate);
 --   * the fair schedule behind each provider's cap (enqueue, grant, position);
 --   * webhook events, owed in the step that makes the change they report
 --     (owe_started, owe_progress, owe_webhook, webhook_ended);
@@ -163,18 +164,6 @@ local function spend_rate(first_key, first_arg)
     i = i + 1
   end
   return nil
-end
-
--- A script's named arguments (requests.py, named_args): ARGV[first] is how
--- many follow, each a name, value pair. Returns them by name, and the index
--- of the ARGV after them.
-local function named_args(first)
-  local n = tonumber(ARGV[first])
-  local args = {}
-  for i = first + 1, first + 2 * n, 2 do
-    args[ARGV[i]] = ARGV[i + 1]
-  end
-  return args, first + 2 * n + 1
 end
 
 -- ---------------------------------------------------------------------------

@@ -26,8 +26,8 @@
 -- KEYS[4] rq:webhooks:failing-origins  KEYS[5] rq:webhooks:circuit:{ws}|{origin}
 -- KEYS[6] rq:webhooks:inflight:{ws}  KEYS[7] rq:webhooks:inflight
 -- KEYS[8] rq:ws:{ws} (its pending events count)
--- ARGV: name, value pairs after their count (requests.py, named_args; read
--- once into A by lib.lua's named_args):
+-- ARGV by name (ARGV[ARG_REQUEST_ID] and so on; store/webhooks.py,
+-- RECORD_ARGS, whose order the generated ARG_* constants give):
 --   request_id, token (the attempt's), now (s)
 --   outcome            "delivered" | "gone" | "failed"
 --   status             HTTP status or ""      error   the error, "" for none
@@ -44,27 +44,26 @@
 --                      now) only logs
 -- returns {"DELIVERED"} | {"GONE"} | {"GAVE_UP"} | {"RETRY"} | {"STALE"} | {"DONE"} | {"MISSING"}
 
-local A = named_args(1)
-local now = tonumber(A.now)
-redis.call("ZREM", KEYS[6], A.token)
-redis.call("ZREM", KEYS[7], A.token)
+local now = tonumber(ARGV[ARG_NOW])
+redis.call("ZREM", KEYS[6], ARGV[ARG_TOKEN])
+redis.call("ZREM", KEYS[7], ARGV[ARG_TOKEN])
 
-local outcome = A.outcome
+local outcome = ARGV[ARG_OUTCOME]
 if outcome == "delivered" or outcome == "gone" then
   redis.call("DEL", KEYS[5])
-  redis.call("ZREM", KEYS[4], A.endpoint)
-elseif A.endpoint_failed == "1" then
+  redis.call("ZREM", KEYS[4], ARGV[ARG_ENDPOINT])
+elseif ARGV[ARG_ENDPOINT_FAILED] == "1" then
   local failures = redis.call("HINCRBY", KEYS[5], "failures", 1)
-  redis.call("HSET", KEYS[5], "probe_until", 0, "last_failure_at", A.now)
-  local threshold = tonumber(A.circuit_failures)
+  redis.call("HSET", KEYS[5], "probe_until", 0, "last_failure_at", ARGV[ARG_NOW])
+  local threshold = tonumber(ARGV[ARG_CIRCUIT_FAILURES])
   if threshold > 0 and failures >= threshold then
-    redis.call("HSET", KEYS[5], "open_until", tostring(now + tonumber(A.circuit_cooling_s)))
+    redis.call("HSET", KEYS[5], "open_until", tostring(now + tonumber(ARGV[ARG_CIRCUIT_COOLING_S])))
   end
-  redis.call("EXPIRE", KEYS[5], A.failing_window_s)
-  redis.call("ZADD", KEYS[4], A.now, A.endpoint)
+  redis.call("EXPIRE", KEYS[5], ARGV[ARG_FAILING_WINDOW_S])
+  redis.call("ZADD", KEYS[4], ARGV[ARG_NOW], ARGV[ARG_ENDPOINT])
   -- bounded: none older than the window, at most failing_kept of them
-  redis.call("ZREMRANGEBYSCORE", KEYS[4], "-inf", tostring(now - tonumber(A.failing_window_s)))
-  redis.call("ZREMRANGEBYRANK", KEYS[4], 0, -(tonumber(A.failing_kept) + 1))
+  redis.call("ZREMRANGEBYSCORE", KEYS[4], "-inf", tostring(now - tonumber(ARGV[ARG_FAILING_WINDOW_S])))
+  redis.call("ZREMRANGEBYRANK", KEYS[4], 0, -(tonumber(ARGV[ARG_FAILING_KEPT]) + 1))
 elseif redis.call("EXISTS", KEYS[5]) == 1 then
   redis.call("HSET", KEYS[5], "probe_until", 0)
 end
@@ -73,19 +72,19 @@ local e = redis.call("HMGET", KEYS[1], "state", "token", "msg_id")
 if not e[1] then
   return {"MISSING"}
 end
-redis.call("LPUSH", KEYS[3], A.entry)
-redis.call("LTRIM", KEYS[3], 0, tonumber(A.log_length) - 1)
-if e[1] ~= "pending" or (e[3] or ("msg_" .. A.request_id)) ~= A.msg_id then
+redis.call("LPUSH", KEYS[3], ARGV[ARG_ENTRY])
+redis.call("LTRIM", KEYS[3], 0, tonumber(ARGV[ARG_LOG_LENGTH]) - 1)
+if e[1] ~= "pending" or (e[3] or ("msg_" .. ARGV[ARG_REQUEST_ID])) ~= ARGV[ARG_MSG_ID] then
   return {"DONE"}
 end
-if e[2] ~= A.token and outcome ~= "delivered" then
+if e[2] ~= ARGV[ARG_TOKEN] and outcome ~= "delivered" then
   return {"STALE"}
 end
-redis.call("HSET", KEYS[1], "last_status", A.status, "last_error", A.error, "lease_until", 0)
+redis.call("HSET", KEYS[1], "last_status", ARGV[ARG_STATUS], "last_error", ARGV[ARG_ERROR], "lease_until", 0)
 
 -- the event ends; the request's next event, if one is owed, takes its place
 local function finish(state, code)
-  webhook_ended(KEYS[1], KEYS[8], A.request_id, state, A.now, A.keep_s)
+  webhook_ended(KEYS[1], KEYS[8], ARGV[ARG_REQUEST_ID], state, ARGV[ARG_NOW], ARGV[ARG_KEEP_S])
   return {code}
 end
 
@@ -95,9 +94,9 @@ end
 if outcome == "gone" then
   return finish("gone", "GONE")
 end
-if A.next_at == "" then
+if ARGV[ARG_NEXT_AT] == "" then
   return finish("given_up", "GAVE_UP")
 end
-redis.call("HSET", KEYS[1], "next_at", A.next_at)
-redis.call("ZADD", KEYS[2], A.next_at, A.request_id)
+redis.call("HSET", KEYS[1], "next_at", ARGV[ARG_NEXT_AT])
+redis.call("ZADD", KEYS[2], ARGV[ARG_NEXT_AT], ARGV[ARG_REQUEST_ID])
 return {"RETRY"}
