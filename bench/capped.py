@@ -10,8 +10,20 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from . import schedule
-from .core import (CAP, CAPPED_MODEL_ID, CAPPED_PROVIDER, Context, Fleet, MeasurementError, Pinger, emit, label, option,
-                   phase, spread)
+from .core import (
+    CAP,
+    CAPPED_MODEL_ID,
+    CAPPED_PROVIDER,
+    Context,
+    Fleet,
+    MeasurementError,
+    Pinger,
+    emit,
+    label,
+    option,
+    phase,
+    spread,
+)
 from .procs import log, precise_cpu_seconds
 
 PROVIDER, MODEL_ID = CAPPED_PROVIDER, CAPPED_MODEL_ID

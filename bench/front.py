@@ -10,8 +10,20 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from . import schedule
-from .core import (MODEL_ID, Context, MeasurementError, capped_catalog, emit, http_json, label, median_round, option,
-                   phase, server_env, wait_http)
+from .core import (
+    MODEL_ID,
+    Context,
+    MeasurementError,
+    capped_catalog,
+    emit,
+    http_json,
+    label,
+    median_round,
+    option,
+    phase,
+    server_env,
+    wait_http,
+)
 from .load import Driver, LoadResult, Shot
 from .procs import Children, cpu_seconds, ensure_tool, log, start_gunicorn, start_redis
 

@@ -15,8 +15,22 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import capped
-from .core import (CAPPED_MODEL_ID, COMPLETED, Context, Fleet, KeepAlive, MeasurementError, emit, median_round, option,
-                   pct, phase, redis_cpu, wait_http, with_db)
+from .core import (
+    CAPPED_MODEL_ID,
+    COMPLETED,
+    Context,
+    Fleet,
+    KeepAlive,
+    MeasurementError,
+    emit,
+    median_round,
+    option,
+    pct,
+    phase,
+    redis_cpu,
+    wait_http,
+    with_db,
+)
 from .procs import ROOT, Children, cpu_seconds, free_port, log, wait_for_port
 
 MODEL_ID = CAPPED_MODEL_ID  # one synchronous provider call

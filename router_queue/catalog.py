@@ -23,8 +23,14 @@ from urllib.parse import urlsplit, urlunsplit
 
 from marshmallow import Schema
 
-from .provider_credentials import (CREDENTIAL_KINDS, CatalogError, ProviderCredentials,  # noqa: F401
-                                   credential_variables, credentials_of, provider_specs)
+from .provider_credentials import (  # noqa: F401
+    CREDENTIAL_KINDS,
+    CatalogError,
+    ProviderCredentials,
+    credential_variables,
+    credentials_of,
+    provider_specs,
+)
 from .schemas import SCHEMAS
 
 

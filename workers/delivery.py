@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, TypeVar
 
-
 from router_queue import logs, states, tracing
 from router_queue.catalog import CallPolicy, ModelEntry
 from router_queue.store.connect import UNREACHABLE

@@ -17,8 +17,7 @@ from router_queue.webhooks import delivery as webhook_delivery
 
 from .context import begin_shutdown, context_for
 from .credentials import Credentials
-from .delivery import Execution, Later
-from .delivery import deliver as deliver_request
+from .delivery import Execution, Later, deliver as deliver_request
 from .sweeper import sweep as sweep_once
 
 

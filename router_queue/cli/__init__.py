@@ -34,9 +34,8 @@ from ..dev.stack import dev
 from ..settings import Settings, SettingsError, without_password
 from ..store import quotas
 from ..store.apikeys import DEFAULT_OVERLAP_S, NO_WORKSPACE
-from ..webhooks import event as webhook_event
-from ..webhooks import safety
 from ..web.auth import CACHE_TTL_S
+from ..webhooks import event as webhook_event, safety
 from .context import services
 from .ops import ops, require_router_queue_data
 

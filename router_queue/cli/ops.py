@@ -11,8 +11,8 @@ from ..settings import without_password
 from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from ..store.outcomes import Cancel
 from ..store.webhooks import FailingEndpoint
-from ..webhooks.endpoints import origin
 from ..web.operations import summary
+from ..webhooks.endpoints import origin
 from .context import services as _services
 
 

@@ -16,16 +16,26 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..catalog import ModelEntry
-from ..errors import (Gone, IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, NotRetryable,
-                      PendingWebhooksFull, QueueBacklogFull, QueuedBytesFull, RequestNotFound, ServiceUnavailable,
-                      ValidationFailed)
+from ..errors import (
+    Gone,
+    IdempotencyKeyConflict,
+    InsufficientCredits,
+    InvalidInput,
+    NotEnabled,
+    NotRetryable,
+    PendingWebhooksFull,
+    QueueBacklogFull,
+    QueuedBytesFull,
+    RequestNotFound,
+    ServiceUnavailable,
+    ValidationFailed,
+)
 from ..services import Services
 from ..store.apikeys import is_legacy_namespace
 from ..store.outcomes import Admit
 from ..store.requests import PRIORITIES
 from ..validation import too_many_items, validate
-from ..webhooks import event as webhook_event
-from ..webhooks import safety
+from ..webhooks import event as webhook_event, safety
 from . import pacing
 from .bodies import response_url
 from .refusals import NOT_FOUND

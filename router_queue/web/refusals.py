@@ -9,8 +9,16 @@ import re
 
 from werkzeug.exceptions import HTTPException
 
-from ..errors import (InternalError, InvalidInput, MethodNotAllowed, ModelNotFound, PayloadTooLarge, RequestNotFound,
-                      RouterError, ServiceUnavailable)
+from ..errors import (
+    InternalError,
+    InvalidInput,
+    MethodNotAllowed,
+    ModelNotFound,
+    PayloadTooLarge,
+    RequestNotFound,
+    RouterError,
+    ServiceUnavailable,
+)
 from ..store.connect import UNREACHABLE
 from . import paths
 

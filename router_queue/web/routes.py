@@ -12,8 +12,16 @@ from werkzeug.sansio.utils import host_is_trusted
 
 from .. import tracing
 from ..catalog import Catalog, ModelEntry
-from ..errors import (CompletedWithError, DeadlineExceeded, Gone, InvalidInput, ModelNotFound, PayloadTooLarge,
-                      RequestNotFound, ServiceUnavailable)
+from ..errors import (
+    CompletedWithError,
+    DeadlineExceeded,
+    Gone,
+    InvalidInput,
+    ModelNotFound,
+    PayloadTooLarge,
+    RequestNotFound,
+    ServiceUnavailable,
+)
 from ..states import COMPLETED, RESULT_STATUS
 from ..store.ids import well_formed
 from ..store.outcomes import Cancel

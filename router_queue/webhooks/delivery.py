@@ -18,15 +18,13 @@ import ssl
 import threading
 import time
 import uuid
-from urllib.parse import urlsplit
-
 from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlsplit
 
 from router_queue import logs, tracing
 from router_queue.store.webhooks import WebhookEvent
 
-from . import event as webhook_event
-from . import retry_policy, safety
+from . import event as webhook_event, retry_policy, safety
 from .endpoints import origin
 
 if TYPE_CHECKING:

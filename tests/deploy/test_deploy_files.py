@@ -50,11 +50,11 @@ import pytest
 import redis
 import yaml
 
+from router_queue.broker.celery_app import MAINTENANCE_QUEUE, WEBHOOKS_QUEUE, queue_name
 from router_queue.dev.stack import WEB_SERVING, WEB_WORKER_CLASS, free_port, redis_answers
+from router_queue.settings import _ENV, Settings
 from router_queue.web import stream as sse
 from router_queue.web.gunicorn_worker import header_timeout_s
-from router_queue.settings import _ENV, Settings
-from router_queue.broker.celery_app import MAINTENANCE_QUEUE, WEBHOOKS_QUEUE, queue_name
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -32,8 +32,20 @@ from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG
 from router_queue.store import keys
 
-from .harness import (FLUX, GEMINI, SHORT_LEASE, START_CREDITS, TTS, ApiClient, RunningStack, Stub, ledger_by_request,
-                      stack_env, stub_digest, wait_for)
+from .harness import (
+    FLUX,
+    GEMINI,
+    SHORT_LEASE,
+    START_CREDITS,
+    TTS,
+    ApiClient,
+    RunningStack,
+    Stub,
+    ledger_by_request,
+    stack_env,
+    stub_digest,
+    wait_for,
+)
 
 RABBITMQ_URL = os.environ.get("CHAOS_RABBITMQ_URL", "amqp://guest:guest@127.0.0.1:5672//")
 BROKERS = ("redis", "rabbitmq")

@@ -18,7 +18,6 @@ import redis
 
 from router_queue.dev.stack import free_port
 from router_queue.services import Services
-
 from tests.redis_servers import STACK_DB, with_db
 
 from .chaos_support import StackPool, stack_pool

@@ -25,8 +25,6 @@ import requests
 from router_queue.store import keys
 from router_queue.store.ids import ID_PATTERN
 
-from .harness import (FLUX, GEMINI, TTS, WORKER_CONCURRENCY, ApiClient, Stub, broker_drained, make_caller,
-                      unique_prompt, wait_for)
 from .admission_support import (
     JSON,
     assert_error,
@@ -43,7 +41,18 @@ from .admission_support import (
     settlements,
     workspace,
 )
-
+from .harness import (
+    FLUX,
+    GEMINI,
+    TTS,
+    WORKER_CONCURRENCY,
+    ApiClient,
+    Stub,
+    broker_drained,
+    make_caller,
+    unique_prompt,
+    wait_for,
+)
 
 IDEMPOTENCY_TTL_S = 86_400  # IDEMPOTENCY_TTL_SECONDS default: the stack does not set it
 

@@ -11,7 +11,6 @@ import pytest
 
 from .harness import FLUX, GEMINI, ApiClient, unique_prompt, wait_for
 
-
 NOT_FOUND = {"error_type": "request_not_found", "detail": "no such request for this caller and model"}
 
 

@@ -21,13 +21,32 @@ from typing import Any
 import pytest
 import requests
 
-from router_queue.store import keys
 from router_queue.broker.celery_app import DELIVER_TASK, make_celery, queue_name
+from router_queue.store import keys
 
-from .chaos_support import (BROKERS, STATUS_ORDER, ChaosStack, StackPool, assert_not_running, assert_settled_once,
-                            record, submits, wait_all_completed)
-from .harness import (FLUX, GEMINI, LEASE_S, REPUBLISH_AFTER_S, SWEEP_INTERVAL_S, TTS, ApiClient, stub_digest,
-                      unique_prompt, wait_for)
+from .chaos_support import (
+    BROKERS,
+    STATUS_ORDER,
+    ChaosStack,
+    StackPool,
+    assert_not_running,
+    assert_settled_once,
+    record,
+    submits,
+    wait_all_completed,
+)
+from .harness import (
+    FLUX,
+    GEMINI,
+    LEASE_S,
+    REPUBLISH_AFTER_S,
+    SWEEP_INTERVAL_S,
+    TTS,
+    ApiClient,
+    stub_digest,
+    unique_prompt,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow
 

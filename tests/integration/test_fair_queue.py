@@ -34,7 +34,6 @@ from router_queue.store import keys
 from .chaos_support import ChaosStack, StackPool, assert_not_running
 from .harness import GEMINI, TTS, ApiClient, forget_pace, unique_prompt
 
-
 #: The catalog of every stack here: vertexai capped at 1, openai at 2.
 CATALOG = "cap1"
 #: Seconds the blocker holds the only slot: every submission of a test ends well within it.

@@ -9,9 +9,7 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from .harness import FLUX, TTS, ApiClient, RunningStack, ledger_by_request, make_caller, saturated_worker, \
-    unique_prompt
-
+from .harness import FLUX, TTS, ApiClient, RunningStack, ledger_by_request, make_caller, saturated_worker, unique_prompt
 
 #: What each ledger history means for the cost: held until the charge or the release.
 LEDGER_STATE = {("hold",): "held", ("hold", "charge"): "charged", ("hold", "release"): "released"}

@@ -33,7 +33,6 @@ from .harness import (
     wait_for,
 )
 
-
 JSON = "application/json"
 RETENTION_S = 86_400  # RESULT_RETENTION_SECONDS default: the stack does not set it
 

@@ -25,8 +25,20 @@ from router_queue.settings import DEFAULT_CATALOG
 from router_queue.store import keys
 from tests.redis_servers import PrivateRedis, SentinelGroup
 
-from .harness import (FLUX, GEMINI, WORKER_CONCURRENCY, ApiClient, RunningStack, broker_drained, children, make_caller,
-                      saturated_worker, stack_env, unique_prompt, wait_for)
+from .harness import (
+    FLUX,
+    GEMINI,
+    WORKER_CONCURRENCY,
+    ApiClient,
+    RunningStack,
+    broker_drained,
+    children,
+    make_caller,
+    saturated_worker,
+    stack_env,
+    unique_prompt,
+    wait_for,
+)
 from .ops_support import (
     CLIENT_TIMEOUT_S,
     Load,
@@ -39,7 +51,6 @@ from .ops_support import (
     run_ops,
     scrape,
 )
-
 
 BFL = "bfl"
 

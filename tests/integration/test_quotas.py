@@ -28,12 +28,10 @@ import requests
 
 from router_queue.dev.stack import free_port
 from router_queue.store import keys
-
 from tests.redis_servers import PrivateRedis
 
 from .harness import FLUX, ApiClient, RunningStack, ledger_by_request, make_caller, stack_env, unique_prompt, wait_for
 from .test_webhooks import Receiver, workspace_with_secret
-
 
 #: Front-door processes of the module's stack (gunicorn workers).
 WEB_PROCESSES = 2

@@ -11,7 +11,6 @@ from router_queue.dev.stack import ROOT
 
 from .harness import ApiClient, RunningStack
 
-
 README = (ROOT / "README.md").read_text()
 UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 

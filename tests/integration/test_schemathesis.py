@@ -30,7 +30,6 @@ import pytest
 
 from .harness import RunningStack, make_caller
 
-
 CHECKS = (
     "not_a_server_error",
     "status_code_conformance",

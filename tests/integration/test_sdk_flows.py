@@ -31,7 +31,6 @@ from comfy_sdk.router_exceptions import (
 
 from .harness import FLUX, GEMINI, TTS, ApiClient, saturated_worker, unique_prompt, wait_for
 
-
 #: Client-side bound (s) on any one wait for a result; generations here take 0-2 s.
 GET_TIMEOUT_S = 30.0
 STATUS_ORDER = {"IN_QUEUE": 0, "IN_PROGRESS": 1, "COMPLETED": 2}

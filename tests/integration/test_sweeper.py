@@ -10,12 +10,11 @@ from __future__ import annotations
 import json
 import time
 
+from router_queue.broker.celery_app import make_celery
 from router_queue.broker.dispatch import Dispatcher
 from router_queue.services import Services
-from router_queue.broker.celery_app import make_celery
 
 from .harness import FLUX, ApiClient, Stub, broker_drained, unique_prompt, wait_for
-
 
 #: Seconds the sweeper + worker get to run a stranded request (brief: ~15 s).
 RECOVERY_BOUND_S = 15.0

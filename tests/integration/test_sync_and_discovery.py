@@ -30,7 +30,6 @@ from comfy_sdk.router_exceptions import ModelNotFound
 from .harness import FLUX, GEMINI, TTS, ApiClient, RunningStack, Stub, ledger_by_request, unique_prompt, wait_for
 from .sync_support import SYNC_READ_TIMEOUT_S, documented_media_types, request_body_schema, resolve
 
-
 JSON = "application/json"
 #: The short deadline of the second front door, and how long it really holds (settings.sync_hold_s).
 DEADLINE_S = 3.0

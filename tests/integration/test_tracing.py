@@ -17,15 +17,16 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Iterator
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (ExportTraceServiceRequest,
-                                                                        ExportTraceServiceResponse)
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 
 from router_queue.dev.stack import free_port
 from router_queue.webhooks.event import new_secret
 from tests.redis_servers import PrivateRedis
 
 from .harness import FLUX, RunningStack, make_caller, stack_env, unique_prompt, wait_for
-
 
 SUBMIT_SPAN = "POST /v2/models/<provider>/<model>/requests"
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"

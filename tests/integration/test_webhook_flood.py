@@ -41,7 +41,6 @@ import requests
 
 from router_queue.dev.stack import free_port
 from router_queue.webhooks.event import new_secret
-
 from tests.redis_servers import PrivateRedis
 
 from .chaos_support import assert_settled_once

@@ -37,11 +37,9 @@ import requests
 
 from router_queue.dev.stack import ROOT, free_port, wait_for_port
 from router_queue.webhooks.event import new_secret
-
 from tests.redis_servers import PrivateRedis, terminate
 
 from .harness import FLUX, ApiClient, RunningStack, make_caller, stack_env, unique_prompt, wait_for
-
 
 #: Seconds one attempt may take (connect, each read, the whole answer).
 TIMEOUT_S = 2.0

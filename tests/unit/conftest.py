@@ -14,10 +14,10 @@ import fakeredis
 import pytest
 import redis
 
-from router_queue.web.app import create_app
 from router_queue.services import Services
 from router_queue.settings import Settings
 from router_queue.store.requests import GrantPublishing
+from router_queue.web.app import create_app
 from tests.redis_servers import UNIT_DB, with_db
 
 #: Seconds a unit test may run before pytest-timeout fails it: four times the

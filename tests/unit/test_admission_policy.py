@@ -8,10 +8,10 @@ import json
 
 import pytest
 
-from router_queue.web.app import create_app
 from router_queue.services import Services
-from tests.unit.conftest import RecordingDispatcher
 from router_queue.settings import DEFAULT_CATALOG
+from router_queue.web.app import create_app
+from tests.unit.conftest import RecordingDispatcher
 
 FLUX = "/v2/models/bfl/flux-2-pro"
 PRICE = 60

@@ -18,15 +18,15 @@ import requests
 from werkzeug.serving import make_server
 
 from router_queue.catalog import Catalog
-from router_queue.web.admission import fingerprint
-from router_queue.web.app import create_app
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Secret, Settings
+from router_queue.states import COMPLETED
 from router_queue.store.requests import Lease
+from router_queue.web.admission import fingerprint
+from router_queue.web.app import create_app
+from stub_provider import create_app as create_stub
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import record_of
-from router_queue.states import COMPLETED
-from stub_provider import create_app as create_stub
 from workers.context import WorkerContext
 from workers.delivery import Execution, Later, deliver
 from workers.leases import LeaseKeeper

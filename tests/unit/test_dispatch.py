@@ -9,14 +9,13 @@ import json
 
 from kombu import Connection
 
-from router_queue.store.accounts import Accounts
-from router_queue.web.app import create_app
-from router_queue.store.requests import RequestStore
+from router_queue.broker.celery_app import DELIVER_TASK, make_celery
 from router_queue.broker.dispatch import Dispatcher
 from router_queue.services import Services
+from router_queue.store.accounts import Accounts
+from router_queue.store.requests import RequestStore
+from router_queue.web.app import create_app
 from tests.unit.support import record_of
-from router_queue.broker.celery_app import DELIVER_TASK, make_celery
-
 
 FLUX = "/v2/models/bfl/flux-2-pro"
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import fakeredis
 import pytest
 
-from router_queue.store.ids import RequestIds, well_formed
-from router_queue.web.pacing import retry_after
 from router_queue.settings import Settings, SettingsError
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
+from router_queue.store.ids import RequestIds, well_formed
 from router_queue.store.requests import Pace, RequestRecord
+from router_queue.web.pacing import retry_after
 
 
 def test_ids_verify_only_for_the_workspace_and_model_they_were_minted_for():

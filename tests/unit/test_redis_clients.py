@@ -7,10 +7,10 @@ import pytest
 import redis
 from redis.sentinel import SentinelConnectionPool
 
-from router_queue.store.connect import RedisUrlError, SentinelAddress, bounded, celery_broker, connect
-from router_queue.settings import Settings, SettingsError
-from router_queue.store.requests import Replication
 from router_queue.broker.celery_app import make_celery
+from router_queue.settings import Settings, SettingsError
+from router_queue.store.connect import RedisUrlError, SentinelAddress, bounded, celery_broker, connect
+from router_queue.store.requests import Replication
 
 SENTINELS = "sentinel://:s3cret@10.0.0.1:26379;sentinel://10.0.0.2:26380;sentinel://10.0.0.3/2?master_name=rq"
 

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from tests.unit.support import record_of
 from router_queue.store import keys
 from router_queue.store.requests import Lease
+from tests.unit.support import record_of
 
 LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)
 

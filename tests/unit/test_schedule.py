@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from router_queue.store import keys
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
+from router_queue.store import keys
 from router_queue.store.requests import Lease
 from tests.unit.support import record_of
 

@@ -19,13 +19,12 @@ from typing import Callable
 import fakeredis
 import pytest
 import redis
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
-from router_queue.store import keys
 from router_queue.services import Services
 from router_queue.settings import Settings
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
+from router_queue.store import keys
 from router_queue.store.requests import Lease
 from tests.unit.support import record_of
 

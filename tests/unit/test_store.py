@@ -7,10 +7,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from tests.unit.support import record_of
-from router_queue.store import keys
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
+from router_queue.store import keys
 from router_queue.store.requests import Lease
+from tests.unit.support import record_of
 
 MODEL = "bfl/flux-2-pro"
 

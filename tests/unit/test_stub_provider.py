@@ -18,9 +18,7 @@ import zlib
 
 import pytest
 
-from stub_provider import create_app
-from stub_provider import directives as d
-from stub_provider import outputs
+from stub_provider import create_app, directives as d, outputs
 from stub_provider.__main__ import parse_args
 
 BFL_KEY = {"x-key": "test-key"}

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from router_queue.web.app import create_app
 from router_queue.services import Services
 from router_queue.store.requests import GrantPublishing, Lease
+from router_queue.web.app import create_app
 from tests.unit.support import record_of
 
 FLUX = "/v2/models/bfl/flux-2-pro"

@@ -17,8 +17,7 @@ import requests
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
-from router_queue.webhooks import event as webhook_event
-from router_queue.webhooks import retry_policy, safety
+from router_queue.webhooks import event as webhook_event, retry_policy, safety
 from tests.unit.support import cli_runner, deliver_webhook, record_of
 from workers.context import WorkerContext
 from workers.leases import LeaseKeeper

@@ -22,8 +22,17 @@ from urllib.parse import urlsplit, urlunsplit
 
 from router_queue import states
 
-from .base import (HandBack, ProviderCall, ProviderFailure, ProviderOutput, cancelled, json_or_empty, output_of, send,
-                   unexpected)
+from .base import (
+    HandBack,
+    ProviderCall,
+    ProviderFailure,
+    ProviderOutput,
+    cancelled,
+    json_or_empty,
+    output_of,
+    send,
+    unexpected,
+)
 from .hosts import same_site
 
 #: Poll answers that mean "not finished yet".
