@@ -45,6 +45,8 @@ LEGACY_NAMESPACE = "legacy:"
 LAST_USED_EVERY_S = 60
 #: Audit lines kept per workspace (newest first).
 AUDIT_KEPT = 1000
+#: key_mint.lua's ARGV by name (``requests.argv``), in order.
+MINT_ARGS = ("workspace", "id", "hash", "label", "now", "audit_line", "audit_kept", "must_exist", "namespace")
 #: key_rotate.lua's ARGV by name (``requests.argv``), in order.
 ROTATE_ARGS = ("workspace", "old_id", "old_hash", "new_id", "new_hash", "now", "label", "namespace", "until",
                "until_ms", "audit_line", "audit_kept")
@@ -118,7 +120,7 @@ def _who() -> str:
 class ApiKeys:
     def __init__(self, client: redis.Redis):
         self.client = client
-        self._mint = load_script(client, "key_mint")
+        self._mint = load_script(client, "key_mint", MINT_ARGS)
         self._resolve = load_script(client, "key_resolve")
         self._revoke = load_script(client, "key_revoke")
         self._rotate = load_script(client, "key_rotate", ROTATE_ARGS)
@@ -154,8 +156,9 @@ class ApiKeys:
         reply = self._mint(
             keys=[keys.api_key(digest), keys.key_record(ident), keys.workspace_keys(owner), keys.key_audit(owner),
                   keys.workspace(owner)],
-            args=[owner, ident, digest, label, repr(now), self._audit_line("mint", info, now), AUDIT_KEPT,
-                  "0" if workspace is None else "1", namespace],
+            args=argv(MINT_ARGS, workspace=owner, id=ident, hash=digest, label=label, now=repr(now),
+                      audit_line=self._audit_line("mint", info, now), audit_kept=AUDIT_KEPT,
+                      must_exist="0" if workspace is None else "1", namespace=namespace),
         )
         outcome = _text(reply[0])
         if outcome == "MISSING":

@@ -68,6 +68,7 @@ CLAIM_ARGS = ("id", "now", "lease_s", "cap", "queue_timeout_s", "retention", "to
               "grant_until", "template")
 COMPLETE_ARGS = ("id", "now", "retention", "error_type", "detail", "content_type", "output", "billable", "cap",
                  "grant_until", "template")
+EXPIRE_QUEUED_ARGS = ("id", "now", "queue_timeout_s", "retention", "workspace", "cap", "grant_until", "template")
 CANCEL_ARGS = ("id", "workspace", "model", "now", "retention", "cap", "grant_until", "template", "write_deadline",
                "by")
 
@@ -383,7 +384,7 @@ class RequestStore:
         self._renew = load_script(client, "renew")
         self._complete = load_script(client, "complete", COMPLETE_ARGS)
         self._cancel = load_script(client, "cancel", CANCEL_ARGS)
-        self._expire_queued = load_script(client, "expire_queued")
+        self._expire_queued = load_script(client, "expire_queued", EXPIRE_QUEUED_ARGS)
         self._status = load_script(client, "status")
         self._reap = load_script(client, "reap")
         self._progress = load_script(client, "progress")
@@ -767,7 +768,9 @@ class RequestStore:
         reply = self._expire_queued(
             keys=[keys.request(request_id), keys.queue(provider), keys.schedule(provider), keys.workspace(workspace),
                   keys.ledger(workspace), running, list_key, keys.deadlines(provider), keys.body(request_id)],
-            args=[request_id, repr(now), queue_timeout_s, self.retention_s, workspace, cap, grant_until, template],
+            args=argv(EXPIRE_QUEUED_ARGS, id=request_id, now=repr(now), queue_timeout_s=queue_timeout_s,
+                      retention=self.retention_s, workspace=workspace, cap=cap, grant_until=grant_until,
+                      template=template),
         )
         self._publish_granted(provider, reply[1:])
         return ExpireQueued(_text(reply[0])) is ExpireQueued.TIMED_OUT

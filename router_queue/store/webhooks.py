@@ -35,6 +35,9 @@ from .requests import argv, load_script
 LOG_LENGTH = 200
 #: Failing endpoints kept (the most recently failed), whatever their number.
 FAILING_KEPT = 1000
+#: webhook_take.lua's ARGV by name (``requests.argv``), in order.
+TAKE_ARGS = ("request_id", "now", "lease_s", "token", "max_in_flight", "wait_s", "circuit_failures", "window_s",
+             "keep_s", "circuit_cooling_s", "jitter")
 #: webhook_record.lua's ARGV by name (``requests.argv``), in order.
 RECORD_ARGS = ("request_id", "token", "now", "outcome", "status", "error", "next_at", "keep_s", "entry", "log_length",
                "endpoint", "endpoint_failed", "circuit_failures", "circuit_cooling_s", "failing_kept",
@@ -159,7 +162,7 @@ class WebhookStore:
         self.keep_s = keep_s
         self.limits = limits
         self._rand = rand or random.Random()
-        self._take = load_script(client, "webhook_take")
+        self._take = load_script(client, "webhook_take", TAKE_ARGS)
         self._record = load_script(client, "webhook_record", RECORD_ARGS)
         self._due = load_script(client, "webhook_due")
 
@@ -175,9 +178,10 @@ class WebhookStore:
             keys=[keys.webhook_event(request_id), keys.webhooks_due(), keys.webhook_in_flight(workspace or ""),
                   keys.webhook_circuit(workspace or "", origin(url or "")), keys.webhooks_in_flight(),
                   keys.workspace(workspace or "")],
-            args=[request_id, repr(now), lease_s, token, limits.max_in_flight_per_workspace, repr(limits.wait_s),
-                  limits.circuit_failures, repr(limits.window_s), self.keep_s, repr(limits.circuit_cooling_s),
-                  repr(self._rand.random())])
+            args=argv(TAKE_ARGS, request_id=request_id, now=repr(now), lease_s=lease_s, token=token,
+                      max_in_flight=limits.max_in_flight_per_workspace, wait_s=repr(limits.wait_s),
+                      circuit_failures=limits.circuit_failures, window_s=repr(limits.window_s), keep_s=self.keep_s,
+                      circuit_cooling_s=repr(limits.circuit_cooling_s), jitter=repr(self._rand.random())))
         outcome = _text(reply[0])
         if outcome in ("WAIT", "OPEN"):
             return Taken(outcome, due_at=float(_text(reply[1])))

@@ -14,7 +14,8 @@ from router_queue.store.requests import argv, lua_arg_names
 #: Every script that takes its ARGV by name, with the names it declares.
 NAMED = {
     "admit": requests.ADMIT_ARGS, "claim": requests.CLAIM_ARGS, "complete": requests.COMPLETE_ARGS,
-    "cancel": requests.CANCEL_ARGS, "webhook_record": webhooks.RECORD_ARGS, "key_rotate": apikeys.ROTATE_ARGS,
+    "cancel": requests.CANCEL_ARGS, "expire_queued": requests.EXPIRE_QUEUED_ARGS, "webhook_take": webhooks.TAKE_ARGS,
+    "webhook_record": webhooks.RECORD_ARGS, "key_mint": apikeys.MINT_ARGS, "key_rotate": apikeys.ROTATE_ARGS,
 }
 
 

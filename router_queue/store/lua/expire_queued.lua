@@ -8,27 +8,27 @@
 -- KEYS[4] rq:ws:{workspace}  KEYS[5] rq:ledger:{workspace}
 -- KEYS[6] rq:running:{provider}  KEYS[7] the broker's list for the provider
 -- KEYS[8] rq:deadlines:{provider}  KEYS[9] rq:body:{id}
--- ARGV[1] id  ARGV[2] now (s)  ARGV[3] queue timeout (s)  ARGV[4] retention (s)
--- ARGV[5] workspace  ARGV[6] the provider's cap  ARGV[7] grant lease end (s)
--- ARGV[8] message template or ""
+-- ARGV by name (ARGV[ARG_ID] and so on; requests.py, EXPIRE_QUEUED_ARGS):
+--   id  now (s)  queue_timeout_s  retention (s)  workspace
+--   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
 -- returns {"TIMED_OUT", granted ids to publish...} | {"KEPT"}
 
 local rec = redis.call("HMGET", KEYS[1], "status", "created_at", "start_deadline_at")
 if rec[1] ~= "IN_QUEUE" then
   if not rec[1] then
-    redis.call("ZREM", KEYS[2], ARGV[1])
+    redis.call("ZREM", KEYS[2], ARGV[ARG_ID])
   end
-  redis.call("ZREM", KEYS[8], "start|" .. ARGV[1])  -- started or gone: its start deadline no longer matters
+  redis.call("ZREM", KEYS[8], "start|" .. ARGV[ARG_ID])  -- started or gone: its start deadline no longer matters
   return {"KEPT"}
 end
 local detail = "waited in the queue longer than the model's queue timeout; never run, never billed"
-if tonumber(ARGV[2]) - tonumber(rec[2]) <= tonumber(ARGV[3]) then
-  if not passed(rec[3], ARGV[2]) then
+if tonumber(ARGV[ARG_NOW]) - tonumber(rec[2]) <= tonumber(ARGV[ARG_QUEUE_TIMEOUT_S]) then
+  if not passed(rec[3], ARGV[ARG_NOW]) then
     return {"KEPT"}
   end
   detail = START_DEADLINE_DETAIL
 end
-local S = sched_ctx(KEYS[3], KEYS[6], KEYS[7], ARGV[6], ARGV[2], ARGV[7], ARGV[8])
+local S = sched_ctx(KEYS[3], KEYS[6], KEYS[7], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
 finish_unbilled({req = KEYS[1], body = KEYS[9], queue = KEYS[2], ws = KEYS[4], ledger = KEYS[5], deadlines = KEYS[8],
-  ws_id = ARGV[5]}, S, ARGV[1], ARGV[2], ARGV[4], true, "queue_timeout", detail)
+  ws_id = ARGV[ARG_WORKSPACE]}, S, ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION], true, "queue_timeout", detail)
 return with_granted("TIMED_OUT", grant(S))

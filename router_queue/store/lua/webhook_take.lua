@@ -29,91 +29,92 @@
 -- KEYS[1] rq:webhook:{id}   KEYS[2] rq:webhooks:due
 -- KEYS[3] rq:webhooks:inflight:{ws}  KEYS[4] rq:webhooks:circuit:{ws}|{origin}
 -- KEYS[5] rq:webhooks:inflight  KEYS[6] rq:ws:{ws} (its pending events count)
--- ARGV[1] request id  ARGV[2] now (s)  ARGV[3] lease (s)  ARGV[4] token of this attempt
--- ARGV[5] attempts in flight per workspace (0: no cap)  ARGV[6] the first wait (s)
--- ARGV[7] failures in a row that open a circuit (0: no circuit)
--- ARGV[8] retry window (s)  ARGV[9] seconds an ended event is kept
--- ARGV[10] an open circuit's cooling (s)  ARGV[11] a random number in [0, 1) (the jitter)
+-- ARGV by name (ARGV[ARG_REQUEST_ID] and so on; store/webhooks.py, TAKE_ARGS):
+--   request_id  now (s)  lease_s  token (of this attempt)
+--   max_in_flight: attempts in flight per workspace (0: no cap)  wait_s: the first wait
+--   circuit_failures: failures in a row that open a circuit (0: no circuit)
+--   window_s: the retry window  keep_s: seconds an ended event is kept
+--   circuit_cooling_s: an open circuit's cooling  jitter: a random number in [0, 1)
 -- returns {"TAKEN", field, value, ...} | {"BUSY"} | {"NOT_DUE"} | {"OPEN", at} | {"WAIT", at}
 --   | {"GAVE_UP"} | {"DONE"} | {"MISSING"}
 
-local now = tonumber(ARGV[2])
+local now = tonumber(ARGV[ARG_NOW])
 local e = redis.call("HMGET", KEYS[1], "state", "next_at", "lease_until", "first_attempt_at", "owed_at",
   "counted")
 if not e[1] then
-  redis.call("ZREM", KEYS[2], ARGV[1])
+  redis.call("ZREM", KEYS[2], ARGV[ARG_REQUEST_ID])
   return {"MISSING"}
 end
 if e[1] ~= "pending" then
-  redis.call("ZREM", KEYS[2], ARGV[1])
+  redis.call("ZREM", KEYS[2], ARGV[ARG_REQUEST_ID])
   return {"DONE"}
 end
 if tonumber(e[3] or "0") > now then
   return {"BUSY"}
 end
 if tonumber(e[2] or "0") > now then
-  redis.call("ZADD", KEYS[2], e[2], ARGV[1])  -- the sweeper publishes it at its time
+  redis.call("ZADD", KEYS[2], e[2], ARGV[ARG_REQUEST_ID])  -- the sweeper publishes it at its time
   return {"NOT_DUE"}
 end
 
-local lease_until = now + tonumber(ARGV[3])
-local spread = tonumber(ARGV[11])
+local lease_until = now + tonumber(ARGV[ARG_LEASE_S])
+local spread = tonumber(ARGV[ARG_JITTER])
 
 -- code, and when the event is due again given how long from now (or from
 -- after, for an open circuit) and the span its waits spread over
 local function defer(code, after, span)
   local waits = redis.call("HINCRBY", KEYS[1], "waits", 1)
   local at = after + span * 2 ^ math.min(waits - 1, 6) * spread
-  local began = tonumber(e[5] or e[4] or ARGV[2])
-  if at > began + tonumber(ARGV[8]) then
+  local began = tonumber(e[5] or e[4] or ARGV[ARG_NOW])
+  if at > began + tonumber(ARGV[ARG_WINDOW_S]) then
     redis.call("HSET", KEYS[1], "last_error", "still waiting its turn when the retry window ended")
-    webhook_ended(KEYS[1], KEYS[6], ARGV[1], "given_up", ARGV[2], ARGV[9])
+    webhook_ended(KEYS[1], KEYS[6], ARGV[ARG_REQUEST_ID], "given_up", ARGV[ARG_NOW], ARGV[ARG_KEEP_S])
     return {"GAVE_UP"}
   end
-  redis.call("ZADD", KEYS[2], at, ARGV[1])
+  redis.call("ZADD", KEYS[2], at, ARGV[ARG_REQUEST_ID])
   return {code, tostring(at)}
 end
 
 -- The endpoint's circuit: open once its failures in a row reach the threshold.
 local probe = false
-if tonumber(ARGV[7]) > 0 then
+if tonumber(ARGV[ARG_CIRCUIT_FAILURES]) > 0 then
   local c = redis.call("HMGET", KEYS[4], "failures", "open_until", "probe_until")
-  if tonumber(c[1] or "0") >= tonumber(ARGV[7]) then
+  if tonumber(c[1] or "0") >= tonumber(ARGV[ARG_CIRCUIT_FAILURES]) then
     local open_until = tonumber(c[2] or "0")
     if open_until > now then
-      return defer("OPEN", open_until, tonumber(ARGV[10]))
+      return defer("OPEN", open_until, tonumber(ARGV[ARG_CIRCUIT_COOLING_S]))
     end
     if tonumber(c[3] or "0") > now then
-      return defer("OPEN", now, 2 * tonumber(ARGV[6]))  -- another attempt is probing it
+      return defer("OPEN", now, 2 * tonumber(ARGV[ARG_WAIT_S]))  -- another attempt is probing it
     end
     probe = true
   end
 end
 
--- The workspace's turn: at most ARGV[5] attempts in flight; a dead worker's
+-- The workspace's turn: at most max_in_flight attempts in flight; a dead worker's
 -- slot leaves at its lease's end.
-local cap = tonumber(ARGV[5])
+local cap = tonumber(ARGV[ARG_MAX_IN_FLIGHT])
 if cap > 0 then
-  redis.call("ZREMRANGEBYSCORE", KEYS[3], "-inf", ARGV[2])
+  redis.call("ZREMRANGEBYSCORE", KEYS[3], "-inf", ARGV[ARG_NOW])
   if redis.call("ZCARD", KEYS[3]) >= cap then
-    return defer("WAIT", now, 2 * tonumber(ARGV[6]))
+    return defer("WAIT", now, 2 * tonumber(ARGV[ARG_WAIT_S]))
   end
 end
-redis.call("ZADD", KEYS[3], lease_until, ARGV[4])
-redis.call("EXPIRE", KEYS[3], math.ceil(tonumber(ARGV[3])) + 1)
-redis.call("ZREMRANGEBYSCORE", KEYS[5], "-inf", ARGV[2])
-redis.call("ZADD", KEYS[5], lease_until, ARGV[4])
+redis.call("ZADD", KEYS[3], lease_until, ARGV[ARG_TOKEN])
+redis.call("EXPIRE", KEYS[3], math.ceil(tonumber(ARGV[ARG_LEASE_S])) + 1)
+redis.call("ZREMRANGEBYSCORE", KEYS[5], "-inf", ARGV[ARG_NOW])
+redis.call("ZADD", KEYS[5], lease_until, ARGV[ARG_TOKEN])
 if probe then
   redis.call("HSET", KEYS[4], "probe_until", tostring(lease_until))
 end
 
 redis.call("HINCRBY", KEYS[1], "attempts", 1)
-redis.call("HSET", KEYS[1], "token", ARGV[4], "lease_until", tostring(lease_until), "last_attempt_at", ARGV[2],
+redis.call("HSET", KEYS[1], "token", ARGV[ARG_TOKEN], "lease_until", tostring(lease_until), "last_attempt_at", ARGV[ARG_NOW],
   "waits", 0)
 if not e[4] then
-  redis.call("HSET", KEYS[1], "first_attempt_at", ARGV[2])
+  redis.call("HSET", KEYS[1], "first_attempt_at", ARGV[ARG_NOW])
 end
-redis.call("ZADD", KEYS[2], lease_until, ARGV[1])
+redis.call("ZADD", KEYS[2], lease_until, ARGV[ARG_REQUEST_ID])
 local reply = redis.call("HGETALL", KEYS[1])
 table.insert(reply, 1, "TAKEN")
 return reply
