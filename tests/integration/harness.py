@@ -38,6 +38,7 @@ from router_queue.dev.stack import ROOT, Stack, free_port
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Settings
 from router_queue.store import keys
+from tests.redis_servers import PrivateRedis
 
 #: The BFL model most tests use: submit, then poll; its adapter checks for a cancel between polls.
 FLUX = "bfl/flux-2-pro"
@@ -421,6 +422,21 @@ def _message(line: str) -> str:
     except ValueError:
         return line
     return parsed.get("message", "") if isinstance(parsed, dict) else line
+
+
+@contextmanager
+def private_stack(tmp_path_factory: Any, name: str, settings: dict[str, str], **start: Any) -> Iterator[RunningStack]:
+    """A stack on a redis-server of its own, so no other stack's worker takes its
+    work: ``settings`` go into its environment, ``start`` to :meth:`RunningStack.start`."""
+    server = PrivateRedis(tmp_path_factory.mktemp(f"{name}-redis"), persist=False)
+    server.start()
+    try:
+        env = stack_env(server.url, stub_port=free_port(), **settings)
+        with RunningStack.start(env, tmp_path_factory.mktemp(f"{name}-logs"), label=f"{name} stack",
+                                **start) as running:
+            yield running
+    finally:
+        server.stop()
 
 
 def running_stacks() -> list[RunningStack]:

@@ -26,11 +26,18 @@ import pytest
 import redis
 import requests
 
-from router_queue.dev.stack import free_port
 from router_queue.store import keys
-from tests.redis_servers import PrivateRedis
 
-from .harness import FLUX, ApiClient, RunningStack, ledger_by_request, make_caller, stack_env, unique_prompt, wait_for
+from .harness import (
+    FLUX,
+    ApiClient,
+    RunningStack,
+    ledger_by_request,
+    make_caller,
+    private_stack,
+    unique_prompt,
+    wait_for,
+)
 from .test_webhooks import Receiver, workspace_with_secret
 
 #: Front-door processes of the module's stack (gunicorn workers).
@@ -53,15 +60,9 @@ QUOTA_SETTINGS = {
 
 @pytest.fixture(scope="module")
 def quota_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    server = PrivateRedis(tmp_path_factory.mktemp("quota-redis"), persist=False)
-    server.start()
-    try:
-        env = stack_env(server.url, stub_port=free_port(), **QUOTA_SETTINGS)
-        with RunningStack.start(env, tmp_path_factory.mktemp("quota-logs"), label="quota stack",
-                                web_workers=WEB_PROCESSES, webhooks=True) as running:
-            yield running
-    finally:
-        server.stop()
+    with private_stack(tmp_path_factory, "quota", QUOTA_SETTINGS, web_workers=WEB_PROCESSES,
+                       webhooks=True) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

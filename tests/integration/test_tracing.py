@@ -22,11 +22,9 @@ from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
     ExportTraceServiceResponse,
 )
 
-from router_queue.dev.stack import free_port
 from router_queue.webhooks.event import new_secret
-from tests.redis_servers import PrivateRedis
 
-from .harness import FLUX, RunningStack, make_caller, stack_env, unique_prompt, wait_for
+from .harness import FLUX, RunningStack, make_caller, private_stack, unique_prompt, wait_for
 
 SUBMIT_SPAN = "POST /v2/models/<provider>/<model>/requests"
 CALLER_TRACE = "0af7651916cd43dd8448eb211c80319c"
@@ -114,16 +112,10 @@ def collector() -> Iterator[Collector]:
 def traced_stack(tmp_path_factory: pytest.TempPathFactory, collector: Collector) -> Iterator[RunningStack]:
     """A stack of its own (its Redis too) exporting to the collector, its
     span batches sent every 200 ms."""
-    server = PrivateRedis(tmp_path_factory.mktemp("traced-redis"), persist=False)
-    server.start()
-    try:
-        env = stack_env(server.url, stub_port=free_port(), OTEL_EXPORTER_OTLP_ENDPOINT=collector.url,
-                        OTEL_BSP_SCHEDULE_DELAY="200", WEBHOOK_ALLOW_LOOPBACK_HTTP="1")
-        with RunningStack.start(env, tmp_path_factory.mktemp("traced-logs"), label="traced stack",
-                                webhooks=True) as running:
-            yield running
-    finally:
-        server.stop()
+    settings = {"OTEL_EXPORTER_OTLP_ENDPOINT": collector.url, "OTEL_BSP_SCHEDULE_DELAY": "200",
+                "WEBHOOK_ALLOW_LOOPBACK_HTTP": "1"}
+    with private_stack(tmp_path_factory, "traced", settings, webhooks=True) as running:
+        yield running
 
 
 def test_web_worker_and_webhook_spans_of_a_request_share_its_trace(traced_stack: RunningStack,

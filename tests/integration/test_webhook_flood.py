@@ -39,12 +39,10 @@ from typing import Any, Iterator
 import pytest
 import requests
 
-from router_queue.dev.stack import free_port
 from router_queue.webhooks.event import new_secret
-from tests.redis_servers import PrivateRedis
 
 from .chaos_support import assert_settled_once
-from .harness import GEMINI, START_CREDITS, ApiClient, RunningStack, make_caller, stack_env, unique_prompt, wait_for
+from .harness import GEMINI, START_CREDITS, ApiClient, RunningStack, make_caller, private_stack, unique_prompt, wait_for
 from .test_webhooks import Receiver, cli_ok
 
 pytestmark = pytest.mark.slow
@@ -148,15 +146,8 @@ class Unaccepting:
 
 @pytest.fixture(scope="module")
 def flood_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    server = PrivateRedis(tmp_path_factory.mktemp("flood-redis"), persist=False)
-    server.start()
-    try:
-        env = stack_env(server.url, stub_port=free_port(), **SETTINGS)
-        with RunningStack.start(env, tmp_path_factory.mktemp("flood-logs"), label="webhook flood stack",
-                                webhooks=True) as running:
-            yield running
-    finally:
-        server.stop()
+    with private_stack(tmp_path_factory, "webhook flood", SETTINGS, webhooks=True) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")

@@ -37,9 +37,9 @@ import requests
 
 from router_queue.dev.stack import ROOT, free_port, wait_for_port
 from router_queue.webhooks.event import new_secret
-from tests.redis_servers import PrivateRedis, terminate
+from tests.redis_servers import terminate
 
-from .harness import FLUX, ApiClient, RunningStack, make_caller, stack_env, unique_prompt, wait_for
+from .harness import FLUX, ApiClient, RunningStack, make_caller, private_stack, unique_prompt, wait_for
 
 #: Seconds one attempt may take (connect, each read, the whole answer).
 TIMEOUT_S = 2.0
@@ -166,15 +166,8 @@ def ops_webhooks(env: dict[str, str], workspace: str) -> tuple[list[tuple[int, s
 def hook_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     """A stack of our own on a private redis-server (no other stack's worker
     may take our webhook deliveries), with :data:`WEBHOOK_SETTINGS`."""
-    server = PrivateRedis(tmp_path_factory.mktemp("webhook-redis"), persist=False)
-    server.start()
-    try:
-        env = stack_env(server.url, stub_port=free_port(), **WEBHOOK_SETTINGS)
-        with RunningStack.start(env, tmp_path_factory.mktemp("webhook-logs"), label="webhook stack",
-                                webhooks=True) as running:
-            yield running
-    finally:
-        server.stop()
+    with private_stack(tmp_path_factory, "webhook", WEBHOOK_SETTINGS, webhooks=True) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
