@@ -80,11 +80,13 @@ def test_dev_starts_a_killed_worker_again_and_work_resumes() -> None:
                                   json={"prompt": unique_prompt("after the worker was killed")}, timeout=10)
         assert submitted.status_code == 201, submitted.text
         status_url = submitted.json()["status_url"]
+        # a liveness bound, not a figure: the restarted worker boots (Celery, the
+        # providers' modules) before it consumes, which took over 30 s on a loaded machine
         body = wait_for(lambda: (b := requests.get(status_url, headers={"X-API-Key": key}, timeout=10).json())
-                        ["status"] == "COMPLETED" and b, timeout_s=30, what="the request completed")
+                        ["status"] == "COMPLETED" and b, timeout_s=90, what="the request completed")
         assert "error_type" not in body
         resumed_s = time.monotonic() - killed_at
-        assert resumed_s < 30, resumed_s
+        assert resumed_s < 90, resumed_s
         assert second != first
     finally:
         dev.send_signal(signal.SIGTERM)
