@@ -18,6 +18,7 @@ from ..errors import (
     Gone,
     InvalidInput,
     ModelNotFound,
+    NotRetryable,
     PayloadTooLarge,
     RequestNotFound,
     ServiceUnavailable,
@@ -292,6 +293,9 @@ def retry(provider: str, model: str, request_id: str) -> Response:
         rate=carried_allowance, raw_webhook_url=headers.get(admission.WEBHOOK_HEADER), base_url=base,
         headers=headers, retry_of=request_id, traceparent=tracing.traceparent(),
     )
+    if admitted.replayed:
+        raise NotRetryable(f"{request_id} was already retried under this Idempotency-Key, as "
+                           f"{admitted.request_id}; nothing new was admitted")
     answer = _handle(front, entry, workspace, admitted, base, "retry")
     current_call().id = answer.call_id
     return json_response(answer.body, answer.status, answer.headers)

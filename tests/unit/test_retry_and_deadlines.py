@@ -151,13 +151,15 @@ def test_a_failed_body_is_kept_for_the_retention_and_a_succeeded_one_is_not(http
     assert services.redis.exists(keys.body(done)) == 0
 
 
-def test_a_retrys_idempotency_key_replays_it_and_binds_to_that_retry(http, auth, services):
+def test_a_retry_already_made_under_its_idempotency_key_is_409_naming_it(http, auth, services, workspace):
     original, other = failed(http, auth, services), failed(http, auth, services, body={"prompt": "other"})
     first = retry(http, auth, original, headers={"Idempotency-Key": "again-1"})
-    replay = retry(http, auth, original, headers={"Idempotency-Key": "again-1"})
-    assert first.status_code == replay.status_code == 201
-    assert replay.json["request_id"] == first.json["request_id"]
-    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert first.status_code == 201
+    queued = services.accounts.get(workspace).queued
+    again = retry(http, auth, original, headers={"Idempotency-Key": "again-1"})
+    assert_error(again, 409, "invalid_input")
+    assert first.json["request_id"] in again.json["detail"]  # where the caller finds the retry it made
+    assert services.accounts.get(workspace).queued == queued  # nothing new admitted
     # the key is bound to this retry: another request's retry, or a submit, under it is refused
     assert_error(retry(http, auth, other, headers={"Idempotency-Key": "again-1"}), 409, "invalid_input")
     assert_error(submit(http, auth, BODY, headers={"Idempotency-Key": "again-1"}), 409, "invalid_input")
@@ -348,8 +350,9 @@ def test_racing_retries_under_one_key_admit_one_request(app, auth, services, wor
 
     with ThreadPoolExecutor(max_workers=8) as pool:
         answers = list(pool.map(one, range(16)))
-    assert {status for status, _ in answers} == {201}
-    (new,) = {request_id for _, request_id in answers}
+    # one is admitted; every other is told it was already retried (or is being admitted)
+    assert sorted(status for status, _ in answers) == [201] + [409] * 15
+    (new,) = {request_id for status, request_id in answers if status == 201}
     assert ledger_types(services, workspace, new) == ["hold"]
     assert services.store.queue_depth("bfl") == 1
 
