@@ -333,7 +333,8 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
         "description": "Allowed for a request of this caller and model that is COMPLETED with an error_type, "
                        "within its retention; admitted like a submit (credits, backlog, rate, quotas) with this "
                        "call's headers. The new request's status names `retry_of`. An Idempotency-Key is bound "
-                       "to the request retried: the same key replays the same new request. No body is read.",
+                       "to the request retried: sent again under it, the retry is 409 (already retried), naming the "
+                       "new request. No body is read.",
         "parameters": [rid, *submit_headers],
         "responses": {"201": handle, "410": gone, **_errors(400, 401, 402, 403, 404, 409, 429, 503)},
     }})
