@@ -74,6 +74,16 @@ def make_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celery:
         # its new execution finds the lease alive (each execution has its own
         # token), so nothing runs twice and nothing is cut.
         worker_cancel_long_running_tasks_on_connection_loss=False,
+        # After a broker reconnect Celery lowers the prefetch count and raises
+        # it again from each ack, in the pool threads; on py-amqp that put 27
+        # threads and the consumer on one socket, corrupted its frames and
+        # left a worker consuming nothing for 183 s after RabbitMQ came back
+        # (issue 23). With a prefetch of one per thread there is nothing to lower.
+        worker_enable_prefetch_count_reduction=False,
+        # Celery's consumer, with the kombu race that exited the worker on a
+        # lost Redis broker guarded (workers/consumer.py). A string, so the
+        # front door, which builds this app too, never imports the workers.
+        worker_consumer="workers.consumer:Consumer",
         worker_hijack_root_logger=False,
         beat_schedule={
             "sweep": {
