@@ -15,6 +15,7 @@ from .catalog import Catalog
 from .settings import Settings
 from .store.accounts import Accounts
 from .store.connect import connect
+from .store.fleet import Fleet
 from .store.ids import RequestIds
 from .store.metrics import MetricsRecorder
 from .store.requests import GrantPublishing, Replication, RequestStore
@@ -47,6 +48,7 @@ class Services:
     catalog: Catalog
     metrics: MetricsRecorder
     webhooks: WebhookStore
+    fleet: Fleet
     #: What publishes deliveries; the store publishes its grants through it.
     #: None where nothing publishes (a grant then waits for the reaper).
     dispatcher: Publisher | None = None
@@ -82,6 +84,7 @@ class Services:
             catalog=catalog,
             metrics=MetricsRecorder(client),
             webhooks=WebhookStore(client, keep_s=settings.result_retention_s, limits=webhook_limits(settings)),
+            fleet=Fleet(client),
             dispatcher=dispatcher,
         )
 

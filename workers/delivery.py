@@ -16,7 +16,7 @@ from typing import Any, Callable, TypeVar
 
 from router_queue import logs, states, tracing
 from router_queue.catalog import CallPolicy, ModelEntry
-from router_queue.store.connect import UNREACHABLE
+from router_queue.store.connect import FULL, UNREACHABLE
 from router_queue.store.metrics import DeliveryMetrics
 from router_queue.store.outcomes import Claim, Complete
 from router_queue.store.requests import WEBHOOK_DUE, Lease, RequestRecord
@@ -29,8 +29,9 @@ from .providers.hosts import ProviderHosts
 log = logging.getLogger(__name__)
 
 #: The store's faults a worker rides out: Redis restarting (refused, or still
-#: loading its AOF), stalled (timeouts) or failing over.
-STORE_FAULTS = UNREACHABLE
+#: loading its AOF), stalled (timeouts), failing over, or full (a refused
+#: write wrote nothing, so trying it again later is safe).
+STORE_FAULTS = UNREACHABLE + FULL
 #: Seconds between two tries of a write through a store fault: first, most.
 STORE_RETRY_S = (0.2, 2.0)
 #: Seconds after a fresh claim in which a step does not ask Redis for the

@@ -80,6 +80,12 @@ def make_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celery:
         # left a worker consuming nothing for 183 s after RabbitMQ came back
         # (issue 23). With a prefetch of one per thread there is nothing to lower.
         worker_enable_prefetch_count_reduction=False,
+        # A channel error ends the consumer's connection, not the worker: a
+        # Redis broker at maxmemory refuses the unacked-index write of the
+        # message just popped (OutOfMemoryError, a ResponseError), which
+        # otherwise is "Unrecoverable" and exits the worker. The popped grant
+        # never reached a task, and the sweeper publishes it again.
+        broker_channel_error_retry=True,
         # Celery's consumer, with the kombu race that exited the worker on a
         # lost Redis broker guarded (workers/consumer.py). A string, so the
         # front door, which builds this app too, never imports the workers.

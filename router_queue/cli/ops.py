@@ -36,13 +36,14 @@ def ops() -> None:
 
 @ops.command("depths")
 def depths() -> None:
-    """Per provider: waiting, in flight, cap, oldest waiting age."""
-    click.echo("provider\twaiting\tin_flight\tcap\toldest_wait_s\tdraining\tworkspaces_waiting\tlargest")
+    """Per provider: waiting, in flight, cap, oldest waiting age, and the
+    live workers consuming its queue (0: nothing will run what waits)."""
+    click.echo("provider\twaiting\tin_flight\tcap\toldest_wait_s\tdraining\tworkspaces_waiting\tlargest\tworkers")
     for row in summary(_services())["providers"]:
         largest = ",".join(f"{w['workspace']}:{w['waiting']}" for w in row["largest"]) or "-"
         click.echo(f"{row['provider']}\t{row['queued']}\t{row['in_flight']}\t{row['cap']}\t"
                    f"{row['oldest_wait_s']}\t{'yes' if row['draining'] else 'no'}\t"
-                   f"{row['waiting_workspaces']}\t{largest}")
+                   f"{row['waiting_workspaces']}\t{largest}\t{row['workers']}")
 
 
 def _record(request_id: str) -> dict[str, str]:

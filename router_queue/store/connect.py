@@ -24,6 +24,10 @@ from ..redis_urls import SENTINEL_SCHEME, RedisUrlError, SentinelAddress  # noqa
 #: (connection), stalled (timeout), or mid-failover. The front door answers it
 #: 503; a worker rides it out.
 UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+#: What a Redis at ``maxmemory`` under ``noeviction`` raises for a write, a
+#: script's included (refused at its first write, so it wrote nothing). The
+#: front door answers it 503 like an outage; a worker rides it out likewise.
+FULL = (redis.exceptions.OutOfMemoryError,)
 
 #: Seconds a process waits on one sentinel when asking where the primary is.
 SENTINEL_WAIT_S = 0.5

@@ -49,6 +49,11 @@ rq:metrics:sweeper             hash    none (counters)                 metrics.p
 rq:completions:{provider}:{t}  string  COMPLETIONS_TTL_S (completions  metrics.py
                                        in the 10 s starting at t*10)
 rq:draining                    set     none (providers not admitting)  cli (ops drain)
+rq:fleet:workers               zset    none (worker names by their     fleet.py (heartbeats)
+                                       last heartbeat; trimmed to the
+                                       last hour)
+rq:fleet:worker:{name}         hash    FORGET_AFTER_S from its last    fleet.py (heartbeats)
+                                       heartbeat (queues, pid)
 rq:webhook:{id}                hash    none while pending; retention   lua/lib.lua
                                        once its request's last event   (owe_*),
                                        is delivered or given up        webhook_*.lua
@@ -324,6 +329,16 @@ def sweeper_metrics() -> str:
 
 def draining() -> str:
     return f"{PREFIX}:draining"
+
+
+def fleet() -> str:
+    """The workers heard from, by their last heartbeat."""
+    return f"{PREFIX}:fleet:workers"
+
+
+def fleet_worker(name: str) -> str:
+    """What one worker consumes, as its last heartbeat said."""
+    return f"{PREFIX}:fleet:worker:{name}"
 
 
 def held(workspace_id: str) -> str:

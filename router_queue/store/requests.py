@@ -591,6 +591,16 @@ class RequestStore:
     def ping(self) -> bool:
         return bool(self.client.ping())
 
+    def unready(self) -> str | None:
+        """Why the store cannot take writes now (full: at ``maxmemory`` under
+        ``noeviction``), else None; one INFO, which also proves it answers."""
+        memory = self.client.info("memory")
+        used, limit = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
+        policy = memory.get("maxmemory_policy", "noeviction")
+        if limit and policy == "noeviction" and used >= limit:
+            return f"the request store is full: used_memory {used} of maxmemory {limit} (noeviction)"
+        return None
+
     def dump(self, request_id: str) -> tuple[dict[str, str], int]:
         """Every field stored for a request and its TTL (the operator's inspect)."""
         pipe = self.client.pipeline(transaction=False)

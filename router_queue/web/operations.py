@@ -19,14 +19,17 @@ from flask import Blueprint, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from werkzeug.exceptions import NotFound
 
+from ..broker.celery_app import MAINTENANCE_QUEUE, WEBHOOKS_QUEUE, queue_name
 from ..errors import ServiceUnavailable
 from ..services import Services
+from ..store.fleet import FleetCollector
 from ..store.metrics import RedisCollector
 from ..store.webhooks import WebhookStore
 from . import paths
 from .bodies import json_response
 from .front import front_door
 from .headers import page
+from .refusals import STORE_FULL_RETRY_S
 
 operations = Blueprint("operations", __name__)
 
@@ -56,10 +59,13 @@ def healthz() -> Response:
 
 @paths.READYZ.view(operations)
 def readyz() -> Response:
-    """Readiness: Redis and the broker both answer, else 503 service_unavailable,
-    within the front door's Redis wait (the broker is that Redis by default)."""
+    """Readiness: Redis answers and has room for writes, and the broker
+    answers, else 503 service_unavailable saying which, within the front
+    door's Redis wait (the broker is that Redis by default)."""
     front = front_door()
-    front.services.store.ping()
+    unready = front.services.store.unready()
+    if unready is not None:
+        raise ServiceUnavailable(unready, retry_after=STORE_FULL_RETRY_S)
     if front.dispatcher.broker_is_store:
         return json_response({"status": "ready"})
     try:
@@ -73,16 +79,22 @@ def readyz() -> Response:
 @paths.METRICS.view(operations)
 def metrics() -> Response:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(RedisCollector(front_door().services.redis, front_door().services.catalog))
+    services = front_door().services
+    registry.register(RedisCollector(services.redis, services.catalog))
+    queues = [queue_name(p) for p in services.catalog.providers()] + [WEBHOOKS_QUEUE, MAINTENANCE_QUEUE]
+    registry.register(FleetCollector(services.fleet, queues))
     return Response(generate_latest(registry), 200, content_type=CONTENT_TYPE_LATEST)
 
 
 def summary(services: Services) -> dict:
-    """Per provider: waiting, in flight, cap, oldest wait, pace, and the
-    workspaces waiting (how many, the largest); for the page and ``ops depths``."""
+    """Per provider: waiting, in flight, cap, oldest wait, pace, the
+    workspaces waiting (how many, the largest) and the live workers consuming
+    its queue; the workers heard from; for the page and ``ops depths``."""
     store, catalog = services.store, services.catalog
     now = time.time()
     draining = store.draining()
+    workers = services.fleet.workers()
+    alive = [w for w in workers if w.alive(now, services.fleet.heartbeat_s)]
     rows = []
     for provider in catalog.providers():
         head = store.queue_head(provider, 1)
@@ -102,8 +114,11 @@ def summary(services: Services) -> dict:
             "draining": provider in draining,
             "waiting_workspaces": waiting_workspaces,
             "largest": [{"workspace": ws, "waiting": n} for ws, n in largest],
+            "workers": sum(1 for w in alive if queue_name(provider) in w.queues),
         })
-    return {"providers": rows, "at": now, "webhooks": webhook_summary(services.webhooks, now)}
+    return {"providers": rows, "at": now, "webhooks": webhook_summary(services.webhooks, now),
+            "workers": [{"name": w.name, "queues": list(w.queues), "pid": w.pid, "alive": w in alive,
+                         "last_heartbeat_s": round(now - w.beat_at, 1)} for w in workers]}
 
 
 def webhook_summary(webhooks: WebhookStore, now: float) -> dict:

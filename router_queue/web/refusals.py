@@ -19,13 +19,16 @@ from ..errors import (
     RouterError,
     ServiceUnavailable,
 )
-from ..store.connect import UNREACHABLE
+from ..store.connect import FULL, UNREACHABLE
 from . import paths
 
 log = logging.getLogger(__name__)
 
 #: Paths that address a request; a miss under one is request_not_found.
 _REQUEST_PATH = re.compile(paths.prefix_pattern(paths.REQUESTS) + "/.")
+#: Seconds a caller is told to wait when the store is full: room comes back
+#: as results expire or an operator adds memory, not within a second.
+STORE_FULL_RETRY_S = 5
 #: Answered for every id we cannot show this caller, whatever the reason, so
 #: another workspace's ids are indistinguishable from ids that never existed.
 NOT_FOUND = "no such request for this caller and model"
@@ -33,7 +36,7 @@ NOT_FOUND = "no such request for this caller and model"
 
 def as_router_error(exc: BaseException, *, path: str, max_body: int | None) -> RouterError:
     """Ours as raised; werkzeug's refusals and a Redis outage as their
-    buckets; anything else is a bug, logged, and answered ``internal_error``."""
+    buckets (unreachable or full: 503); anything else is a bug, logged, and answered ``internal_error``."""
     if isinstance(exc, RouterError):
         return exc
     if isinstance(exc, HTTPException):
@@ -41,6 +44,9 @@ def as_router_error(exc: BaseException, *, path: str, max_body: int | None) -> R
     if isinstance(exc, UNREACHABLE):
         log.warning("redis unreachable: %s", exc)
         return ServiceUnavailable("the request store is briefly unreachable; retry shortly", retry_after=1)
+    if isinstance(exc, FULL):
+        log.error("redis full, writes refused: %s", exc)
+        return ServiceUnavailable("the request store is full; retry later", retry_after=STORE_FULL_RETRY_S)
     log.error("unhandled error", exc_info=exc)
     return InternalError("an internal error occurred; quote X-Comfy-Request-Id to support")
 

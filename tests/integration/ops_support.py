@@ -164,7 +164,7 @@ def depths_table(text: str) -> dict[str, dict[str, str]]:
     lines = [line.split("\t") for line in text.strip().splitlines()]
     header, rows = lines[0], lines[1:]
     assert header == ["provider", "waiting", "in_flight", "cap", "oldest_wait_s", "draining", "workspaces_waiting",
-                      "largest"], header
+                      "largest", "workers"], header
     return {row[0]: dict(zip(header, row)) for row in rows}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -242,6 +243,52 @@ def test_a_hung_redis_never_hangs_the_front_door(private: tuple[PrivateRedis, Ru
         server.resume()
     assert healthz.status_code == 200
     assert answers == {"submit without a key": 401, "operations summary": 503}, answers
+
+
+@pytest.mark.slow
+def test_a_full_redis_answers_503_keeps_the_worker_and_loses_nothing(private: tuple[PrivateRedis, RunningStack]) -> None:
+    """Redis at ``maxmemory`` (noeviction) refuses every write. The front door
+    answers 503 with Retry-After (never 500), readiness says the store is full,
+    and the worker that pops a grant it cannot record (kombu's unacked-index
+    write refused) reconnects instead of exiting. Once there is room, the grant
+    it popped is published again and every admitted request completes, charged once."""
+    server, running = private
+    store = running.services.redis
+    caller = running.caller("full")
+    worker = running.stack.procs["worker"]
+    before = caller.submit_ok(FLUX, {"prompt": unique_prompt("admitted before the store fills")})
+    # Stopped, the worker cannot record the next grant before Redis fills; resumed, it pops it into a full store.
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        popped = caller.submit_ok(FLUX, {"prompt": unique_prompt("granted while the worker is stopped")})
+        store.config_set("maxmemory", 1)
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    try:
+        submit = caller.submit(FLUX, {"prompt": unique_prompt("refused: the store is full")})
+        status = caller.status(FLUX, before)
+        result = caller.result(FLUX, before)
+        ready = requests.get(f"{running.base_url}/readyz", timeout=CLIENT_TIMEOUT_S)
+        time.sleep(2.0)  # the worker meets the full store
+        worker_alive = worker.poll() is None
+    finally:
+        store.config_set("maxmemory", 0)
+    context = f"\n\n{running.log_tails()}"
+    _assert_503(submit)
+    assert int(submit.headers["Retry-After"]) >= 5
+    for read in (status, result):
+        assert read.status_code in (200, 202, 503), (read.status_code, read.text)
+    _assert_503(ready)
+    assert "full" in ready.json()["detail"], ready.text
+    assert worker_alive and running.stack.exited() is None, f"{running.stack.exited()} exited{context}"
+
+    after = caller.submit_ok(FLUX, {"prompt": unique_prompt("admitted once there is room")})
+    for request_id in (before, popped, after):
+        body = caller.wait_status(FLUX, request_id, timeout_s=60)
+        assert "error_type" not in body, body
+    assert requests.get(f"{running.base_url}/readyz", timeout=CLIENT_TIMEOUT_S).status_code == 200
+    charged = [e.request_id for e in running.services.accounts.ledger(caller.workspace) if e.type == "charge"]
+    assert sorted(charged) == sorted({before, popped, after}), charged
 
 
 #: Longest a front-door answer may take while Redis is stalled: its 0.8 s wait

@@ -171,3 +171,40 @@ def test_per_minute_counts_what_completed_in_the_last_minute(http, ops_http, ser
     now = time.time()
     assert services.metrics.completed_last_minute("bfl", now + 61) == 0
     assert services.metrics.completed_last_minute("vertexai", now) == 0
+
+
+def test_workers_heard_from_lately_are_counted_per_queue_and_a_silent_one_is_dead(app, ops_http, services, workspace):
+    """The fleet's liveness: what the page, its JSON, ``ops depths`` and
+    ``router_queue_workers_alive`` show of the workers' heartbeats."""
+    fleet, now = services.fleet, time.time()
+    fleet.beat("worker-a@host", ("provider.bfl", "router.maintenance"), 101, now - 60, now=now - 1)
+    fleet.beat("worker-b@host", ("provider.bfl", "provider.openai"), 102, now - 60,
+               now=now - fleet.heartbeat_s * 3 - 1)  # missed three heartbeats: stopped, stuck or dead
+    fleet.beat("webhooks@host", ("router.webhooks",), 103, now - 60, now=now - 2)
+
+    summary = ops_http.get("/ops/summary.json").json
+    rows = {row["provider"]: row for row in summary["providers"]}
+    assert (rows["bfl"]["workers"], rows["openai"]["workers"], rows["vertexai"]["workers"]) == (1, 0, 0)
+    shown = {w["name"]: (w["alive"], w["pid"]) for w in summary["workers"]}
+    assert shown == {"worker-a@host": (True, 101), "worker-b@host": (False, 102), "webhooks@host": (True, 103)}
+
+    samples = scrape(ops_http)
+    alive = {labels[0][1]: value for (name, labels), value in samples.items() if name == "router_queue_workers_alive"}
+    assert alive == {"provider.bfl": 1, "provider.openai": 0, "provider.vertexai": 0, "router.webhooks": 1,
+                     "router.maintenance": 1}
+
+    page = ops_http.get("/ops").get_data(as_text=True)
+    assert "worker-b@host" in page and ">dead<" in page
+
+    depths = cli_runner(app).invoke(ops, ["depths"])
+    assert depths.exit_code == 0, depths.output
+    header, *lines = [line.split("\t") for line in depths.output.strip().splitlines()]
+    by_provider = {line[0]: dict(zip(header, line)) for line in lines}
+    assert (by_provider["bfl"]["workers"], by_provider["openai"]["workers"]) == ("1", "0")
+
+
+def test_a_worker_silent_for_an_hour_is_forgotten(services):
+    fleet, now = services.fleet, time.time()
+    fleet.beat("gone@host", ("provider.bfl",), 1, now - 7200, now=now - 3601)
+    fleet.beat("here@host", ("provider.bfl",), 2, now - 60, now=now)
+    assert [w.name for w in fleet.workers()] == ["here@host"]

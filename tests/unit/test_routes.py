@@ -300,6 +300,32 @@ def test_redis_down_is_503_service_unavailable(http, auth, services, request):
     assert int(response.headers["Retry-After"]) >= 1
 
 
+def test_a_full_redis_is_503_with_retry_after_and_readiness_says_why(http, auth, services, request):
+    """At ``maxmemory`` under noeviction Redis refuses every write
+    (OutOfMemoryError): the contract's 503, never a 500, and nothing admitted."""
+    if request.node.callspec.params["client"] != "redis":
+        pytest.skip("a real Redis's maxmemory")
+    queued = submit(http, auth, {"prompt": "before it filled"}).json["request_id"]
+    limit = services.redis.config_get("maxmemory")["maxmemory"]
+    services.redis.config_set("maxmemory", 1)
+    try:
+        refused = submit(http, auth, {"prompt": "while it is full"})
+        cancel = http.put(f"{FLUX}/requests/{queued}/cancel", headers=auth)
+        status = http.get(f"{FLUX}/requests/{queued}/status", headers=auth)
+        ready = http.get("/readyz")
+    finally:
+        services.redis.config_set("maxmemory", limit)
+    assert_error(refused, 503, "service_unavailable")
+    assert int(refused.headers["Retry-After"]) >= 5
+    assert_error(cancel, 503, "service_unavailable")
+    assert status.status_code in (200, 503), status.get_data(as_text=True)
+    assert_error(ready, 503, "service_unavailable")
+    assert "full" in ready.json["detail"]
+    assert services.store.queue_depth("bfl") == 1
+    assert http.get(f"{FLUX}/requests/{queued}/status", headers=auth).json["status"] == "IN_QUEUE"
+    assert http.get("/readyz").status_code == 200
+
+
 def test_a_write_that_reaches_redis_too_late_answers_503_and_takes_no_effect(http, auth, services, monkeypatch):
     queued = submit(http, auth, {"prompt": "before"}).json["request_id"]
     monkeypatch.setattr(services.store, "_deadline", lambda now: repr(now - 1))  # as if Redis stalled past it
