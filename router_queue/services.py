@@ -84,7 +84,7 @@ class Services:
             catalog=catalog,
             metrics=MetricsRecorder(client),
             webhooks=WebhookStore(client, keep_s=settings.result_retention_s, limits=webhook_limits(settings)),
-            fleet=Fleet(client),
+            fleet=Fleet(client, heartbeat_s=settings.worker_heartbeat_s),
             dispatcher=dispatcher,
         )
 

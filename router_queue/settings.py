@@ -133,6 +133,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "PROVIDER_ORIGIN_OVERRIDE": ("provider_origin_override", _url),
     "REPUBLISH_AFTER_SECONDS": ("republish_after_s", _float),
     "SWEEP_INTERVAL_SECONDS": ("sweep_interval_s", _float),
+    "WORKER_HEARTBEAT_SECONDS": ("worker_heartbeat_s", _float),
     "VISIBILITY_TIMEOUT_SECONDS": ("visibility_timeout_s", _int),
     "LEASE_SECONDS": ("lease_s", _float),
     "MAX_TAKEOVERS": ("max_takeovers", _int),
@@ -208,6 +209,9 @@ class Settings:
     #: Seconds between two sweeper runs (Celery beat): lost publishes, expired
     #: leases, queue timeouts.
     sweep_interval_s: float = 5.0
+    #: Seconds between two heartbeats of a worker's consumer
+    #: (``store/fleet.py``); three missed count it dead.
+    worker_heartbeat_s: float = 10.0
     #: Seconds the Redis broker waits for an ack before redelivering. Must be
     #: longer than any task runs; see router_queue/broker/celery_app.py.
     visibility_timeout_s: int = 43_200

@@ -25,7 +25,7 @@ from prometheus_client.registry import Collector
 
 from . import keys
 
-#: Seconds between two heartbeats of a worker.
+#: Seconds between two heartbeats of a worker (``WORKER_HEARTBEAT_SECONDS``).
 HEARTBEAT_S = 10.0
 #: Heartbeats a worker may miss before it is counted dead: a loaded machine
 #: may delay one, never three.

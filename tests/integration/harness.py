@@ -63,6 +63,8 @@ START_CREDITS = 1_000_000
 #: Every stack's sweeper runs every second and re-publishes what waited 2 s unpublished.
 SWEEP_INTERVAL_S = 1.0
 REPUBLISH_AFTER_S = 2.0
+#: A worker stopped for three of these is shown dead.
+WORKER_HEARTBEAT_S = 1.0
 #: The lease of the stacks that kill workers (``SHORT_LEASE``): a dead worker's
 #: request is taken over within seconds (heartbeat every second).
 LEASE_S = 3.0
@@ -217,6 +219,7 @@ def stack_env(redis_url: str, *, stub_port: int, broker_url: str | None = None, 
         **{name: "stub" for name in Catalog.credential_variables(env.get("CATALOG_PATH") or DEFAULT_CATALOG)},
         "SWEEP_INTERVAL_SECONDS": f"{SWEEP_INTERVAL_S:g}",
         "REPUBLISH_AFTER_SECONDS": f"{REPUBLISH_AFTER_S:g}",
+        "WORKER_HEARTBEAT_SECONDS": f"{WORKER_HEARTBEAT_S:g}",
         # Tests poll faster than a client honouring Retry-After would; the
         # rate-limit tests set a workspace's own, tighter limit.
         "DEFAULT_RATE_LIMIT": "2000/second",

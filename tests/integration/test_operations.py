@@ -291,6 +291,35 @@ def test_a_full_redis_answers_503_keeps_the_worker_and_loses_nothing(private: tu
     assert sorted(charged) == sorted({before, popped, after}), charged
 
 
+def test_a_stopped_worker_is_shown_dead_and_alive_again_once_resumed(private: tuple[PrivateRedis, RunningStack]) -> None:
+    """The heartbeat comes from the worker's own consumer loop: SIGSTOP it and
+    the page's JSON, ``ops depths`` and ``router_queue_workers_alive`` say no
+    live worker consumes the provider queues, though ``/readyz`` still says ready."""
+    _, running = private
+    worker = running.stack.procs["worker"]
+
+    def bfl_workers() -> int:
+        rows = requests.get(f"{running.ops_url}/ops/summary.json", timeout=CLIENT_TIMEOUT_S).json()["providers"]
+        return {row["provider"]: row["workers"] for row in rows}[BFL]
+
+    wait_for(lambda: bfl_workers() == 1, timeout_s=15, what="the worker's heartbeat")
+    worker.send_signal(signal.SIGSTOP)
+    try:
+        wait_for(lambda: bfl_workers() == 0, timeout_s=15, what="the stopped worker counted dead")
+        summary = requests.get(f"{running.ops_url}/ops/summary.json", timeout=CLIENT_TIMEOUT_S).json()
+        gauge = scrape(running.ops_url).get("router_queue_workers_alive", queue="provider.bfl")
+        depths = depths_table(ops_ok(dict(running.env), "depths"))
+        ready = requests.get(f"{running.base_url}/readyz", timeout=CLIENT_TIMEOUT_S)
+    finally:
+        worker.send_signal(signal.SIGCONT)
+    dead = [w for w in summary["workers"] if not w["alive"]]
+    assert [w["pid"] for w in dead] == [worker.pid], summary["workers"]
+    assert "provider.bfl" in dead[0]["queues"]
+    assert gauge == 0 and depths[BFL]["workers"] == "0"
+    assert ready.status_code == 200  # the front door can admit; the fleet's liveness is a separate signal
+    wait_for(lambda: bfl_workers() == 1, timeout_s=15, what="the resumed worker alive again")
+
+
 #: Longest a front-door answer may take while Redis is stalled: its 0.8 s wait
 #: (FRONT_DOOR_REDIS_WAIT_SECONDS) plus the HTTP round trip, with slack for a
 #: loaded machine.
