@@ -20,6 +20,35 @@ def test_every_flask_route_is_a_declared_one(app):
     assert registered == declared
 
 
+#: Every request hook the Flask app has, by blueprint (None: the app's own),
+#: and why the lane's calls lose nothing by not running it. A hook added
+#: straight to Flask (a CORS header, an audit line) would run for every call
+#: but the lane's polls and submits: put it in the envelope (``STEPS``), which
+#: both paths take, or list it here with the reason the lane needs none.
+FLASK_ONLY_HOOKS = {
+    ("before_request_funcs", None): ["_open_call"],  # the envelope's open, which the lane calls itself
+    ("after_request_funcs", None): ["_close_call"],  # the envelope's settle and headers, likewise
+    # 404 off the operator listener for /metrics and /ops; no lane route is an operator route
+    ("before_request_funcs", "operations"): ["_operators_only"],
+}
+_HOOK_REGISTRIES = ("before_request_funcs", "after_request_funcs", "teardown_request_funcs",
+                    "url_value_preprocessors", "url_default_functions", "template_context_processors")
+
+
+def test_flask_has_no_request_hook_the_lane_would_skip(app):
+    hooks = {(registry, blueprint): names for registry in _HOOK_REGISTRIES
+             for blueprint, funcs in getattr(app, registry).items()
+             # Flask's own context processor (request, session, g) runs for templates only
+             if (names := [f.__name__ for f in funcs if f.__name__ != "_default_template_ctx_processor"])}
+    assert hooks == FLASK_ONLY_HOOKS
+
+
+def test_a_hook_added_to_flask_alone_is_caught(app):
+    app.after_request(lambda response: response)
+    with pytest.raises(AssertionError):
+        test_flask_has_no_request_hook_the_lane_would_skip(app)
+
+
 def test_the_lane_matches_only_its_declared_routes():
     status, submit_route = paths.Pattern(paths.STATUS), paths.Pattern(paths.SUBMIT)
     assert status.match(f"{FLUX}/requests/abc/status".split("/")) == ("bfl", "flux-2-pro", "abc")
