@@ -266,7 +266,12 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                                f"plus its longest run ({policy.queue_timeout_s + policy.max_run_s:g} s); more, 0 "
                                "or not a plain number is 400.",
                 "schema": {"type": "string", "pattern": DEADLINE_PATTERN}}
-    submit_headers = [idem, priority, webhook, events, start_deadline, deadline]
+    trace = {"name": "traceparent", "in": "header", "required": False,
+             "description": "W3C Trace Context. Where the server exports traces, the submit's trace continues "
+                            "the caller's, and the request's delivery, provider calls, completion and webhook "
+                            "attempts are spans of that trace. Ignored otherwise, and when malformed.",
+             "schema": {"type": "string", "maxLength": 256}}
+    submit_headers = [idem, priority, webhook, events, start_deadline, deadline, trace]
     spec.path(path=paths.RUN.openapi(entry.id), operations={"post": {
         "summary": f"Run {entry.id} synchronously", "tags": [entry.id], "parameters": submit_headers,
         "requestBody": body,

@@ -149,6 +149,11 @@ def test_a_models_openapi_document_carries_its_schema_with_an_etag(http):
     audio = http.get("/v2/models/openai/gpt-4o-mini-tts/openapi.json").json
     post = audio["paths"]["/v2/models/openai/gpt-4o-mini-tts"]["post"]
     assert post["responses"]["200"]["content"]["audio/mpeg"]["schema"] == {"type": "string", "format": "binary"}
+    # the submit headers docs/API.md names, every one
+    submit = document["paths"]["/v2/models/bfl/flux-2-pro/requests"]["post"]
+    assert {p["name"] for p in submit["parameters"] if p["in"] == "header"} == {
+        "Idempotency-Key", "X-Comfy-Priority", "X-Comfy-Webhook-Url", "X-Comfy-Webhook-Events",
+        "X-Comfy-Start-Deadline", "X-Comfy-Deadline", "traceparent"}
 
 
 def test_an_unknown_models_document_is_404_with_suggestions(http):
