@@ -157,6 +157,10 @@ class ServiceUnavailable(RouterError):
     error_type = "service_unavailable"
 
 
+class StoreLost(ServiceUnavailable):
+    """The store no longer holds the data this process served (``store/epoch.py``)."""
+
+
 class CompletedWithError(RouterError):
     """The result read of a request that completed with ``error_type``."""
 

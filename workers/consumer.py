@@ -6,20 +6,22 @@ and its replica promoted), Celery's consumer first ``collect()``s the broken
 connection, which detaches its kombu transport (``transport.client = None``),
 and then ``close()``s it. If the task channel's first close was cut short by
 the dead socket (its pending ``BRPOP`` read raises before the channel is
-marked closed), the second close runs the channel's ``restore_unacked`` again,
-and the Redis transport's ``_connparams`` reads ``self.connection.client``:
-``AttributeError: 'NoneType' object has no attribute 'hostname'``. Celery
-wraps that close in ``ignore_errors``, which ignores only connection and
-channel errors, so the AttributeError becomes "Unrecoverable error" and the
-worker exits (celery 5.7.0, kombu 5.7.0), losing every delivery in flight on
-it and, under honcho or foreman, never coming back.
+marked closed, and a channel closed after it raises too), that channel is
+still open with its unacked messages, and everything it does next reads the
+detached client in the Redis transport's ``_connparams``: ``AttributeError:
+'NoneType' object has no attribute 'hostname'``. First the consumer's own
+``close()`` (its ``restore_unacked``), then the ack of every task that was
+running on the old connection, from the event loop. Neither is a connection
+error, so each is "Unrecoverable error" and the worker exits (celery 5.7.0,
+kombu 5.7.0), losing every delivery in flight on it and, under honcho or
+foreman, never coming back.
 
-Nothing is lost by carrying on: the messages that close would have restored
-stay in the Redis transport's unacked index (restored after the visibility
-timeout), the deliveries running on this worker keep running and write their
-outcome to Redis themselves, and the sweeper republishes any grant whose work
-never started. So the guard logs the failed close and lets Celery's reconnect
-cycle go on.
+The guard gives the transport its client back as soon as ``collect()`` took
+it: the kombu ``Connection``, closed, still holds the broker's address. The
+old channel then closes as kombu means it to (its unacked messages restored,
+or, with Redis still down, a connection error Celery ignores), and a late ack
+removes its message from the broker's unacked index, or fails with a
+connection error that Celery logs and the visibility timeout covers.
 
 The heartbeat (:class:`Heartbeat`, ``router_queue/store/fleet.py``) is a
 timer on the consumer's own event loop, started once the consumer consumes:
@@ -44,27 +46,26 @@ logger = logging.getLogger(__name__)
 
 
 class Consumer(CeleryConsumer):
-    """Celery's consumer, whose reconnect survives a close of a detached transport."""
+    """Celery's consumer, whose lost connection keeps its transport's client."""
 
     def on_connection_error_after_connected(self, exc: Exception) -> None:
         connection = self.connection
-        if connection is not None:
-            connection.close = _forgiving_close(connection.close)
+        if connection is not None and connection._transport is not None:  # not .transport: that makes one
+            connection.collect = _keeping_the_client(connection)
         super().on_connection_error_after_connected(exc)
 
 
-def _forgiving_close(close: Any) -> Any:
-    """``close``, with the AttributeError of a transport already detached by
-    ``collect()`` logged instead of raised."""
+def _keeping_the_client(connection: Any) -> Any:
+    """``connection.collect``, after which its transport has its client back."""
+    collect, transport = connection.collect, connection._transport
 
-    def close_after_collect() -> None:
+    def collect_keeping_the_client(*args: Any, **kwargs: Any) -> None:
         try:
-            close()
-        except AttributeError as error:
-            logger.warning("closing the lost broker connection failed after its transport was released (%r); "
-                           "its unacked messages stay in the broker and the sweeper covers their requests", error)
+            collect(*args, **kwargs)
+        finally:
+            transport.client = connection
 
-    return close_after_collect
+    return collect_keeping_the_client
 
 
 class Heartbeat(bootsteps.StartStopStep):

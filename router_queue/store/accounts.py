@@ -11,6 +11,7 @@ import redis
 
 from . import keys
 from .apikeys import ApiKeys
+from .epoch import StoreEpoch
 from .requests import load_script
 
 #: Seconds a rotated-out webhook secret keeps signing beside the new one, so
@@ -69,6 +70,7 @@ class Accounts:
     def __init__(self, client: redis.Redis):
         self.client = client
         self.keys = ApiKeys(client)
+        self.epoch = StoreEpoch(client)
         self._webhook_secret = load_script(client, "webhook_secret")
 
     def create_workspace(self, name: str, *, queue_enabled: bool = False, credits: int = 0) -> str:
@@ -84,6 +86,7 @@ class Accounts:
             },
         )
         pipe.sadd(keys.workspaces(), workspace_id)
+        StoreEpoch.mint(pipe)
         pipe.execute()
         return workspace_id
 

@@ -44,6 +44,9 @@ rq:keyaudit:{workspace}        list    none (its last key changes,     key_*.lua
 rq:config:keys-indexed         string  none (keys minted before the    apikeys.py
                                        index are indexed: done)
 rq:config:id-secret            string  none                            ids.py (SET NX)
+rq:config:epoch                string  none (the data's epoch marker,  accounts.py (SET NX,
+                                       written with the first          with a workspace),
+                                       workspace)                      epoch.py
 rq:metrics:{provider}          hash    none (counters)                 admit.lua, metrics.py
 rq:metrics:sweeper             hash    none (counters)                 metrics.py
 rq:completions:{provider}:{t}  string  COMPLETIONS_TTL_S (completions  metrics.py
@@ -284,6 +287,11 @@ def keys_indexed() -> str:
 
 def id_secret() -> str:
     return f"{PREFIX}:config:id-secret"
+
+
+def epoch() -> str:
+    """The token that says this store still holds the data it was set up with."""
+    return f"{PREFIX}:config:epoch"
 
 
 #: Every request's and provider's event channel: one subscription per process.

@@ -594,7 +594,11 @@ class RequestStore:
     def unready(self) -> str | None:
         """Why the store cannot take writes now (full: at ``maxmemory`` under
         ``noeviction``), else None; one INFO, which also proves it answers."""
-        memory = self.client.info("memory")
+        try:
+            memory = self.client.info("memory")
+        except redis.ResponseError:  # a server without INFO (fakeredis, the embedded default): no maxmemory
+            self.client.ping()
+            return None
         used, limit = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
         policy = memory.get("maxmemory_policy", "noeviction")
         if limit and policy == "noeviction" and used >= limit:

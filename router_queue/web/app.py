@@ -9,6 +9,7 @@ from ..broker.celery_app import make_celery
 from ..errors import RouterError
 from ..services import Services
 from ..settings import Settings
+from ..store.connect import UNREACHABLE
 from ..store.held import HeldSlots
 from .auth import KeyResolver
 from .bodies import json_response
@@ -32,6 +33,10 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     dispatcher = services.dispatcher
     if dispatcher is None:
         raise ValueError("the front door publishes deliveries: build its Services with a Celery app")
+    try:
+        services.accounts.epoch.check()  # the data this process serves, as it starts (store/epoch.py)
+    except UNREACHABLE:
+        pass  # adopted at the first check that reaches Redis
     app = Flask(__name__, static_folder=None, template_folder="templates")
     app.config["MAX_CONTENT_LENGTH"] = settings.max_body_bytes
     keys = KeyResolver(services.accounts)

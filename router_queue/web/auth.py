@@ -97,7 +97,9 @@ class KeyResolver:
         """The caller, and for how long the answer may be reused."""
         found = self.accounts.keys.resolve(key)
         if found is None:
+            self.accounts.epoch.check()  # an emptied store answers 503, not 401 for every key
             return None, CACHE_TTL_S
+        self.accounts.epoch.adopt()
         valid_s = CACHE_TTL_S if found.left_s is None else min(CACHE_TTL_S, found.left_s)
         if found.legacy:
             return Caller(found.workspace, legacy=True), valid_s

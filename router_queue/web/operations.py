@@ -59,10 +59,12 @@ def healthz() -> Response:
 
 @paths.READYZ.view(operations)
 def readyz() -> Response:
-    """Readiness: Redis answers and has room for writes, and the broker
-    answers, else 503 service_unavailable saying which, within the front
-    door's Redis wait (the broker is that Redis by default)."""
+    """Readiness: Redis answers, still holds the data this process served
+    (``store/epoch.py``) and has room for writes, and the broker answers;
+    else 503 service_unavailable saying which, within the front door's Redis
+    wait (the broker is that Redis by default)."""
     front = front_door()
+    front.services.accounts.epoch.check()
     unready = front.services.store.unready()
     if unready is not None:
         raise ServiceUnavailable(unready, retry_after=STORE_FULL_RETRY_S)
