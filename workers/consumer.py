@@ -31,6 +31,7 @@ beating, which a thread of its own would not.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import time
@@ -45,8 +46,22 @@ from .context import context_for
 logger = logging.getLogger(__name__)
 
 
+#: Longest wait between two of the consumer's attempts to reach a broker that
+#: went away, in seconds. kombu's default backs off to 30 s, so a worker could
+#: resume up to 30 s after the broker's return (issue 23 asks for 10 s); an
+#: attempt is one connect, cheap enough every 2 s for the length of an outage.
+RECONNECT_EVERY_S = 2.0
+
+
 class Consumer(CeleryConsumer):
-    """Celery's consumer, whose lost connection keeps its transport's client."""
+    """Celery's consumer, whose lost connection keeps its transport's client,
+    and which tries a lost broker again at least every ``RECONNECT_EVERY_S``."""
+
+    def ensure_connected(self, conn: Any) -> Any:
+        conn.ensure_connection = functools.partial(conn.ensure_connection, interval_start=RECONNECT_EVERY_S / 4,
+                                                   interval_step=RECONNECT_EVERY_S / 4,
+                                                   interval_max=RECONNECT_EVERY_S)
+        return super().ensure_connected(conn)
 
     def on_connection_error_after_connected(self, exc: Exception) -> None:
         connection = self.connection

@@ -17,10 +17,12 @@ Two ways to publish, chosen by where the broker is:
   UTF-8 text instead of base64 so that Lua can fill in the request id, task
   id and delivery tag (kombu decodes a body by its ``body_encoding``).
 * Any other broker (RabbitMQ, another Redis): the script returns the ids it
-  granted and ``send_task`` publishes them after. A crash between the two
-  leaves the grant unclaimed in ``rq:running``; the reaper publishes it again
-  once its grant lease (``REPUBLISH_AFTER_SECONDS``) ends, and the worker's
-  atomic claim runs it once.
+  granted and ``send_task`` publishes them after. A publish that fails (the
+  broker away) makes its grants due at once (``grant_unsent.lua``), so the
+  sweeper's first run after the broker's return publishes them; a crash
+  between the two leaves the grant unclaimed in ``rq:running``, and the
+  reaper publishes it again once its grant lease (``REPUBLISH_AFTER_SECONDS``)
+  ends. Either way the worker's atomic claim runs it once.
 """
 
 from __future__ import annotations

@@ -387,6 +387,7 @@ class RequestStore:
         self._expire_queued = load_script(client, "expire_queued", EXPIRE_QUEUED_ARGS)
         self._status = load_script(client, "status")
         self._reap = load_script(client, "reap")
+        self._grant_unsent = load_script(client, "grant_unsent")
         self._progress = load_script(client, "progress")
         self._history = load_script(client, "history")
         #: A call's rate count outside the hot routes' scripts waits this little
@@ -512,15 +513,21 @@ class RequestStore:
 
     def _publish_granted(self, provider: str, granted: list[Any]) -> None:
         """Publish what a script granted. The grant is already written, so a
-        failed publish must not fail the caller's step: the reaper publishes
-        the grant again once its lease ends."""
+        failed publish must not fail the caller's step: the grants are made
+        due at once (``grant_unsent.lua``), and the sweeper's first run that
+        can publish does; if even that write fails, their lease's end does."""
         if not granted or self.grants.publish is None:
             return
+        ids = [_text(i) for i in granted]
         try:
-            self.grants.publish(provider, [_text(i) for i in granted])
+            self.grants.publish(provider, ids)
         except Exception:
-            log.exception("publishing %d grant(s) for %s failed; the reaper publishes them again",
-                          len(granted), provider)
+            log.exception("publishing %d grant(s) for %s failed; the sweeper publishes them again", len(ids), provider)
+            try:
+                self._grant_unsent(keys=[keys.running(provider), *(keys.request(i) for i in ids)],
+                                   args=[repr(time.time()), *ids])
+            except redis.RedisError as exc:
+                log.warning("grants for %s left to their lease (%s)", provider, exc)
 
     def _granting_args(self, provider: str, now: float) -> tuple[list[str], list[Any]]:
         list_key, template, cap, grant_until = self._granting(provider, now)

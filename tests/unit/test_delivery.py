@@ -239,6 +239,28 @@ def test_a_second_delivery_of_one_request_does_nothing(worker_services, workspac
     assert calls[f"bfl_submit:{digest}"] == 1
 
 
+def test_a_grant_whose_publish_failed_is_published_by_the_next_sweep_not_after_its_lease(worker_services, workspace,
+                                                                                         monkeypatch):
+    """The broker apart from the store is away at the grant: the grant is made
+    due at once, so the first sweep that can publish does (issue 23: work
+    resumes within seconds of the broker's return, not REPUBLISH_AFTER_SECONDS)."""
+    worker_services.store.republish_after_s = 30.0
+    dispatcher = worker_services.dispatcher
+
+    def broker_away(request_id, provider):
+        raise ConnectionError("the broker is away")
+
+    monkeypatch.setattr(dispatcher, "publish", broker_away)
+    unsent, _ = admitted(worker_services, workspace, "bfl/flux-2-pro", {"prompt": "granted while the broker is away"})
+    monkeypatch.undo()
+    sent, _ = admitted(worker_services, workspace, "bfl/flux-2-pro", {"prompt": "granted once it is back"})
+    assert dispatcher.published == [(sent, "bfl")]
+    context = context_of(worker_services)
+    assert sweep(context, now=time.time() + 1).republished == 1  # long before the 30 s lease of a grant
+    assert dispatcher.published == [(sent, "bfl"), (unsent, "bfl")]
+    assert sweep(context, now=time.time() + 2).republished == 0
+
+
 def test_a_missing_record_is_dropped(worker_services):
     missing = worker_services.ids.mint("ws_x", "bfl/flux-2-pro")
     assert deliver(context_of(worker_services), missing, execution()) == "missing"

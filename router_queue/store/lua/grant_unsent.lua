@@ -1,0 +1,18 @@
+-- grant_unsent.lua: grants whose message could not be published (the broker
+-- apart from the store was away), made due at once: the sweeper's next run
+-- publishes them again, instead of once their grant lease ends
+-- (REPUBLISH_AFTER_SECONDS). Only a grant still waiting for its delivery
+-- (IN_QUEUE) is touched, and only brought forward (LT), so a claimed
+-- request's lease is never shortened.
+--
+-- KEYS[1] rq:running:{provider}  KEYS[2..] rq:req:{id} of each grant
+-- ARGV[1] due at (s)  ARGV[2..] the ids, in the order of KEYS[2..]
+-- returns how many were made due
+
+local due = 0
+for i = 2, #KEYS do
+  if redis.call("HGET", KEYS[i], "status") == "IN_QUEUE" then
+    due = due + redis.call("ZADD", KEYS[1], "XX", "LT", "CH", ARGV[1], ARGV[i])
+  end
+end
+return due
