@@ -41,6 +41,9 @@ import redis
 from celery import bootsteps
 from celery.worker.consumer import Consumer as CeleryConsumer
 
+from router_queue.store.connect import bounded
+from router_queue.store.fleet import Fleet
+
 from .context import context_for
 
 logger = logging.getLogger(__name__)
@@ -51,6 +54,8 @@ logger = logging.getLogger(__name__)
 #: resume up to 30 s after the broker's return (issue 23 asks for 10 s); an
 #: attempt is one connect, cheap enough every 2 s for the length of an outage.
 RECONNECT_EVERY_S = 2.0
+#: Seconds a heartbeat waits on Redis: it is written from the consumer's event loop.
+HEARTBEAT_WAIT_S = 1.0
 
 
 class Consumer(CeleryConsumer):
@@ -92,9 +97,14 @@ class Heartbeat(bootsteps.StartStopStep):
         super().__init__(parent, **kwargs)
         self.started_at = time.time()
         self.timer_entry: Any = None
+        self.fleet: Fleet | None = None
 
     def start(self, parent: CeleryConsumer) -> None:
-        fleet = context_for(parent.app).services.fleet
+        if self.fleet is None:  # made once; start runs again at every reconnect
+            services = context_for(parent.app).services
+            # a client of its own with a short wait: a stalled store holds the loop a second at most
+            self.fleet = Fleet(bounded(services.redis, HEARTBEAT_WAIT_S), services.fleet.heartbeat_s)
+        fleet = self.fleet
         queues = tuple(sorted(parent.app.amqp.queues.consume_from or {}))
 
         def beat() -> None:
