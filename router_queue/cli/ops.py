@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 import click
 
@@ -46,7 +47,9 @@ def depths() -> None:
                    f"{row['waiting_workspaces']}\t{largest}\t{row['workers']}")
 
 
-def _record(request_id: str) -> dict[str, str]:
+def _record(request_id: str) -> dict[str, Any]:
+    """The stored fields, and ``ttl_s``: values of ``Any`` type, since the
+    fields are text, ``ttl_s`` an int and ``inspect``'s ``position`` an int or None."""
     record, ttl_s = _services().store.dump(request_id)
     if not record:
         raise click.ClickException(f"no request {request_id} (never admitted, or past retention)")
@@ -97,6 +100,7 @@ def requeue(request_id: str) -> None:
         return
     if record["status"] == IN_PROGRESS and record.get("token"):
         services.store.renew(request_id, record["provider"], record["token"], 0, hand_back=True)
+    assert services.dispatcher is not None, "the CLI's Services are built with its Celery app"
     services.dispatcher.publish(request_id, record["provider"])
     click.echo(f"published {request_id} to {record['provider']}")
 

@@ -296,8 +296,8 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
         "responses": {"201": handle, **_errors(400, 401, 402, 403, 404, 409, 413, 422, 429, 503)},
     }, "get": listing})
     rid = {"name": "request_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}
-    status = {"content": {"application/json": {"schema": StatusSchema}},
-              "headers": {"Retry-After": "Retry-After", "X-Comfy-Request-Id": "X-Comfy-Request-Id"}}
+    status: dict[str, Any] = {"content": {"application/json": {"schema": StatusSchema}},
+                              "headers": {"Retry-After": "Retry-After", "X-Comfy-Request-Id": "X-Comfy-Request-Id"}}
     gone = {"description": "past its retention window, for good",
             "content": {"application/json": {"schema": GoneSchema}}}
     spec.path(path=paths.STATUS.openapi(entry.id), operations={"get": {
@@ -373,7 +373,9 @@ def api_document(catalog: Catalog) -> dict[str, Any]:
     spec = _spec("router-queue", "Queued and synchronous delivery of AI model runs. "
                  "Authenticate with X-API-Key or Authorization: Bearer.")
     for model_id in catalog.ids():
-        _model_paths(spec, catalog.by_id(model_id), queue_routes=catalog.by_id(model_id).queueable)
+        entry = catalog.by_id(model_id)
+        assert entry is not None  # an id the catalog itself listed
+        _model_paths(spec, entry, queue_routes=entry.queueable)
     spec.path(path=paths.HISTORY.openapi(), operations={"get": _history_operation(
         "This workspace's requests, newest first", "requests", _history_parameters(with_model=catalog.ids()))})
     spec.path(path=paths.CATALOG.openapi(), operations={"get": {

@@ -4,7 +4,7 @@ result, cancel) and the synchronous run that shares their admission."""
 from __future__ import annotations
 
 import logging
-from typing import Callable
+from typing import Any, Callable
 
 from flask import Blueprint, Request, Response, request
 from gunicorn.http.errors import NoMoreData, ParseException
@@ -102,6 +102,7 @@ def visible_view(front: FrontDoor, workspace: str, entry: ModelEntry, request_id
 def status_answer(front: FrontDoor, view: StatusView, base: str, status: int = 200) -> Answer:
     """A status read's JSON body, with ``Retry-After`` unless it is finished."""
     record = view.record
+    assert record is not None  # visible_view raised on a missing one
     body = status_body(record, view.position, base, front.services.settings.result_retention_s)
     hint = pacing.retry_after(record, view.position, view.pace)
     return Answer(status, body, {} if hint is None else {"Retry-After": str(hint)})
@@ -180,7 +181,7 @@ def _replayed_handle(front: FrontDoor, entry: ModelEntry, request_id: str, base:
     now), marked as a replay."""
     view = front.services.store.status_view(request_id, entry.provider)
     status = view.record.status if view.record is not None else COMPLETED  # past retention, key still alive
-    body = {"request_id": request_id, "status": status}
+    body: dict[str, Any] = {"request_id": request_id, "status": status}
     if status != COMPLETED:
         body["queue_position"] = view.position or 0
     body.update(request_urls(base, entry.id, request_id))
@@ -200,6 +201,7 @@ def events(provider: str, model: str, request_id: str) -> Response:
     It holds one of the workspace's held-connection slots until it is closed."""
     front = front_door()
     view = _caller_request(front, provider, model, request_id)
+    assert view.record is not None  # visible_view raised on a missing one
     slot = take_slot(front.held, view.record.workspace)
     frames = stream(front.services.store, front.events, view, base=_base_url(front),  # a generator: runs nothing yet
                     retention_s=front.services.settings.result_retention_s,
@@ -212,6 +214,7 @@ def events(provider: str, model: str, request_id: str) -> Response:
 def result(provider: str, model: str, request_id: str) -> Response:
     front = front_door()
     view = _caller_request(front, provider, model, request_id)
+    assert view.record is not None  # visible_view raised on a missing one
     if view.record.status != COMPLETED:
         response = _status_response(front, view, 202)
         response.headers.update(cost_headers(view.record))

@@ -96,6 +96,8 @@ class EventHub:
     def unfollow(self, follower: Follower) -> None:
         with self._lock:
             for index, key in ((self._by_request, follower.request_id), (self._by_provider, follower.provider)):
+                if key is None:  # followed without a provider: in no provider's set
+                    continue
                 followers = index.get(key)
                 if followers is not None:
                     followers.discard(follower)
@@ -109,7 +111,10 @@ class EventHub:
     def _dispatch(self, channel: str) -> None:
         provider, request_id = event_source(channel)
         with self._lock:
-            woken = list(self._by_provider.get(provider, ()) if provider else self._by_request.get(request_id, ()))
+            if provider:
+                woken = list(self._by_provider.get(provider, ()))
+            else:  # a request's channel; no request id only on a provider channel naming no provider
+                woken = list(self._by_request.get(request_id, ())) if request_id is not None else []
         for follower in woken:
             follower.wake(changed=provider is None)
 
@@ -157,6 +162,7 @@ class EventHub:
 def event_id(view: StatusView) -> str:
     """The state an event shows, as its ``id``: what a resuming client has seen."""
     record = view.record
+    assert record is not None  # stream() ends on a view without one before it asks
     if record.status == COMPLETED:
         return f"{COMPLETED}:{record.error_type or 'success'}"
     if record.status == IN_QUEUE:
@@ -166,6 +172,7 @@ def event_id(view: StatusView) -> str:
 
 def _event_name(before: str | None, view: StatusView) -> str:
     record = view.record
+    assert record is not None  # stream() ends on a view without one before it asks
     status = before.split(":", 1)[0] if before else None
     if record.status != status:
         return record.status.lower()
@@ -181,6 +188,7 @@ def stream(store: RequestStore, hub: EventHub, view: StatusView, *, base: str, r
     """The frames of one stream, from ``view`` (the request as this caller may
     see it, read by the route) until COMPLETED."""
     record = view.record
+    assert record is not None  # the route's view is one visible_view found
     request_id, provider = record.id, record.provider
     follower = hub.follow(request_id, provider)
     seen = last_event_id or None
