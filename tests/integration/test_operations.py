@@ -173,12 +173,16 @@ def _private_env(redis_url: str, **settings: str) -> dict[str, str]:
 def private(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivateRedis, RunningStack]]:
     """A redis-server of our own (append-only file on, so a kill keeps the data) and
     a stack on it (broker too); the tests below stop that Redis, never the session's."""
-    redis_dir = tmp_path_factory.mktemp("outage-redis")
-    server = PrivateRedis(redis_dir)
+    yield from _on_private_redis(tmp_path_factory, "outage", persist=True)
+
+
+def _on_private_redis(tmp_path_factory: pytest.TempPathFactory, name: str,
+                      persist: bool) -> Iterator[tuple[PrivateRedis, RunningStack]]:
+    server = PrivateRedis(tmp_path_factory.mktemp(f"{name}-redis"), persist=persist)
     server.start()
     try:
-        with RunningStack.start(_private_env(server.url), tmp_path_factory.mktemp("outage-logs"),
-                                label="outage stack") as running:
+        with RunningStack.start(_private_env(server.url), tmp_path_factory.mktemp(f"{name}-logs"),
+                                label=f"{name} stack") as running:
             yield server, running
     finally:
         server.stop()
@@ -325,14 +329,7 @@ def test_a_stopped_worker_is_shown_dead_and_alive_again_once_resumed(private: tu
 def forgetful(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[PrivateRedis, RunningStack]]:
     """A stack on a redis-server of its own without an append-only file: killed
     and started again, it comes back empty."""
-    server = PrivateRedis(tmp_path_factory.mktemp("forgetful-redis"), persist=False)
-    server.start()
-    try:
-        with RunningStack.start(_private_env(server.url), tmp_path_factory.mktemp("forgetful-logs"),
-                                label="forgetful stack") as running:
-            yield server, running
-    finally:
-        server.stop()
+    yield from _on_private_redis(tmp_path_factory, "forgetful", persist=False)
 
 
 @pytest.mark.slow
