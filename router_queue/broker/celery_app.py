@@ -31,7 +31,7 @@ from __future__ import annotations
 from celery import Celery
 
 from ..settings import Settings
-from ..store.connect import celery_broker
+from ..store.connect import BROKER_WAIT_S, celery_broker
 
 #: Registered name of the delivery task; the front door publishes by name so
 #: it never imports the provider adapters.
@@ -53,8 +53,10 @@ def queue_name(provider: str) -> str:
     return f"provider.{provider}"
 
 
-def make_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celery:
-    broker_url, broker_options = celery_broker(settings.effective_broker_url)
+def make_celery(settings: Settings, *, include: tuple[str, ...] = (), broker_wait_s: float = BROKER_WAIT_S) -> Celery:
+    """``broker_wait_s``: how long a Redis broker's sockets wait (the front door
+    passes its own Redis wait, so a hung broker costs a submit little more)."""
+    broker_url, broker_options = celery_broker(settings.effective_broker_url, broker_wait_s)
     app = Celery("router_queue", broker=broker_url, include=list(include))
     transport_options = {"visibility_timeout": settings.visibility_timeout_s, **broker_options}
     app.conf.update(
@@ -68,6 +70,11 @@ def make_celery(settings: Settings, *, include: tuple[str, ...] = ()) -> Celery:
         broker_transport_options=transport_options,
         result_backend_transport_options=transport_options,
         broker_connection_retry_on_startup=True,
+        # A publish tries twice, not Celery's four times: a failed grant
+        # publish is made due and the next sweep publishes it (dispatch.py),
+        # so retrying longer only holds the submit or completion that granted it.
+        task_publish_retry_policy={"max_retries": 1, "interval_start": 0, "interval_step": 0.2,
+                                   "interval_max": 0.2},
         # Set explicitly (Celery 6 flips the default). On a lost broker
         # connection a running task keeps running and writes its outcome to
         # Redis itself; the message it can no longer ack is redelivered, and

@@ -53,12 +53,21 @@ def connect(url: str, *, wait_s: float, connect_s: float | None = None,
     return sentinel.master_for(address.master_name)
 
 
-def celery_broker(url: str) -> tuple[str, dict]:
-    """(URL, extra transport options) for Celery's broker at ``url``."""
+#: Seconds a Redis broker's socket waits, connecting or for a reply. Without it
+#: a hung broker (SIGSTOP, a stalled host) holds every publish, and the submit
+#: or completion that granted it, for good. The consumer's BRPOP is answered
+#: within kombu's 1 s brpop timeout, so it never waits this long on a live one.
+BROKER_WAIT_S = 2.0
+
+
+def celery_broker(url: str, wait_s: float = BROKER_WAIT_S) -> tuple[str, dict]:
+    """(URL, extra transport options) for Celery's broker at ``url``; a Redis
+    broker's sockets wait ``wait_s`` at most."""
+    waits = {"socket_timeout": wait_s, "socket_connect_timeout": wait_s}
     address = SentinelAddress.parse(url)
     if address is None:
-        return url, {}
-    return address.kombu_url(), {"master_name": address.master_name}
+        return url, (waits if url.startswith(("redis://", "rediss://")) else {})
+    return address.kombu_url(), {"master_name": address.master_name, **waits}
 
 
 def bounded(client: redis.Redis, timeout_s: float) -> redis.Redis:

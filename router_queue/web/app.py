@@ -27,9 +27,9 @@ from .stream import EventHub
 def create_app(settings: Settings | None = None, *, services: Services | None = None) -> Flask:
     """Build the front door. Tests pass ``services`` (fakeredis, a stand-in dispatcher)."""
     settings = settings or Settings.from_env()
-    services = services or Services.build(settings, celery=make_celery(settings),
-                                          wait_s=settings.front_door_redis_wait_s,
-                                          write_deadline_s=settings.front_door_redis_wait_s)
+    wait_s = settings.front_door_redis_wait_s
+    services = services or Services.build(settings, celery=make_celery(settings, broker_wait_s=wait_s),
+                                          wait_s=wait_s, write_deadline_s=wait_s)
     dispatcher = services.dispatcher
     if dispatcher is None:
         raise ValueError("the front door publishes deliveries: build its Services with a Celery app")
