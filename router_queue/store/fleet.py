@@ -80,10 +80,12 @@ class Fleet:
                                    beat_at=float(values["beat_at"])))
         return seen
 
-    def alive_per_queue(self, queues: list[str], now: float | None = None) -> dict[str, int]:
-        """How many live workers consume each of ``queues``."""
+    def alive_per_queue(self, queues: list[str], workers: list[WorkerSeen] | None = None,
+                        now: float | None = None) -> dict[str, int]:
+        """How many live workers consume each of ``queues``, among ``workers``
+        (as :meth:`workers` read them; read here when not given)."""
         now = time.time() if now is None else now
-        alive = [w for w in self.workers() if w.alive(now, self.heartbeat_s)]
+        alive = [w for w in (self.workers() if workers is None else workers) if w.alive(now, self.heartbeat_s)]
         return {queue: sum(1 for w in alive if queue in w.queues) for queue in queues}
 
 

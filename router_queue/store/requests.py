@@ -595,9 +595,6 @@ class RequestStore:
         window's (index, ms left) when it refuses, else empty."""
         return self._spend_rate(keys=rate_keys, args=rate_args)
 
-    def ping(self) -> bool:
-        return bool(self.client.ping())
-
     def unready(self) -> str | None:
         """Why the store cannot take writes now (full: at ``maxmemory`` under
         ``noeviction``), else None; one INFO, which also proves it answers."""

@@ -95,8 +95,9 @@ def summary(services: Services) -> dict:
     store, catalog = services.store, services.catalog
     now = time.time()
     draining = store.draining()
-    workers = services.fleet.workers()
-    alive = [w for w in workers if w.alive(now, services.fleet.heartbeat_s)]
+    fleet = services.fleet
+    workers = fleet.workers()
+    consuming = fleet.alive_per_queue([queue_name(p) for p in catalog.providers()], workers, now)
     rows = []
     for provider in catalog.providers():
         head = store.queue_head(provider, 1)
@@ -116,11 +117,12 @@ def summary(services: Services) -> dict:
             "draining": provider in draining,
             "waiting_workspaces": waiting_workspaces,
             "largest": [{"workspace": ws, "waiting": n} for ws, n in largest],
-            "workers": sum(1 for w in alive if queue_name(provider) in w.queues),
+            "workers": consuming[queue_name(provider)],
         })
     return {"providers": rows, "at": now, "webhooks": webhook_summary(services.webhooks, now),
-            "workers": [{"name": w.name, "queues": list(w.queues), "pid": w.pid, "alive": w in alive,
-                         "last_heartbeat_s": round(now - w.beat_at, 1)} for w in workers]}
+            "workers": [{"name": w.name, "queues": list(w.queues), "pid": w.pid,
+                         "alive": w.alive(now, fleet.heartbeat_s), "last_heartbeat_s": round(now - w.beat_at, 1)}
+                        for w in workers]}
 
 
 def webhook_summary(webhooks: WebhookStore, now: float) -> dict:
