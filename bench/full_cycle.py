@@ -11,6 +11,7 @@ import sys
 import threading
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass
 from typing import Callable
 
@@ -87,7 +88,7 @@ class Snapshot:
     at: float
     cpu: dict[str, float]
     redis_cpu: float
-    calls: int  # INFO commandstats calls, those inside scripts included
+    calls: Counter  # INFO commandstats calls per command, those inside scripts included
 
 
 @dataclass
@@ -98,7 +99,7 @@ class Run:
     latencies_ms: list[float]
     cpu_s: dict[str, float]          # group -> CPU s over the window (redis and the client included)
     redis_cpu_s: float
-    calls: int
+    calls: Counter  # per command over the window
     polls: int
 
     @property
@@ -118,7 +119,10 @@ class Run:
 
     @property
     def commands_per_delivery(self) -> float:
-        return self.calls / self.deliveries
+        return sum(self.calls.values()) / self.deliveries
+
+    def top_commands(self, n: int = 10) -> str:
+        return " ".join(f"{name} {calls / self.deliveries:.1f}" for name, calls in self.calls.most_common(n))
 
     @property
     def total_cpu_s(self) -> float:
@@ -132,7 +136,7 @@ def _snapshot(side: Side, redis_client) -> Snapshot:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     cpu["client"] = usage.ru_utime + usage.ru_stime
     stats = redis_client.info("commandstats")
-    calls = sum(int(v["calls"]) for v in stats.values())
+    calls = Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
     return Snapshot(time.perf_counter(), cpu, redis_cpu(redis_client), calls)
 
 
@@ -224,7 +228,8 @@ def _describe(run: Run) -> str:
             f"{run.polls / run.deliveries:.2f} status reads per delivery; CPU ms/delivery: {groups} "
             f"redis {run.redis_ms:.2f} = {run.per_delivery_ms(total):.2f} "
             f"({total / run.seconds:.2f} of {cores} cores busy with these); "
-            f"Redis {run.commands_per_delivery:.1f} commands/delivery (those inside scripts included)")
+            f"Redis {run.commands_per_delivery:.1f} commands/delivery (those inside scripts included; "
+            f"the most run: {run.top_commands()})")
 
 
 # -- the minimal loop's processes --------------------------------------------------------

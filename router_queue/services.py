@@ -12,12 +12,12 @@ from celery import Celery
 
 from .broker.dispatch import Dispatcher
 from .catalog import Catalog
+from .metrics import Recorder
 from .settings import Settings
 from .store.accounts import Accounts
 from .store.connect import connect
 from .store.fleet import Fleet
 from .store.ids import RequestIds
-from .store.metrics import MetricsRecorder
 from .store.requests import GrantPublishing, Replication, RequestStore
 from .store.webhooks import DeliveryLimits, WebhookStore
 
@@ -46,7 +46,8 @@ class Services:
     accounts: Accounts
     ids: RequestIds
     catalog: Catalog
-    metrics: MetricsRecorder
+    #: What this process counts (in its own memory: ``metrics.py``).
+    metrics: Recorder
     webhooks: WebhookStore
     fleet: Fleet
     #: What publishes deliveries; the store publishes its grants through it.
@@ -82,7 +83,7 @@ class Services:
             accounts=Accounts(client),
             ids=RequestIds(client),
             catalog=catalog,
-            metrics=MetricsRecorder(client),
+            metrics=Recorder(),
             webhooks=WebhookStore(client, keep_s=settings.result_retention_s, limits=webhook_limits(settings)),
             fleet=Fleet(client, heartbeat_s=settings.worker_heartbeat_s),
             dispatcher=dispatcher,

@@ -125,6 +125,8 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "PUBLIC_BASE_URL": ("public_base_url", _url),
     "TRUSTED_HOSTS": ("trusted_hosts", _names),
     "OPS_PORT": ("ops_port", _port),
+    "OPS_HOST": ("ops_host", _str),
+    "WORKER_METRICS_PORT": ("worker_metrics_port", _port),
     "PROVIDER_HOSTS": ("provider_hosts", _names),
     "RESULT_RETENTION_SECONDS": ("result_retention_s", _int),
     "IDEMPOTENCY_TTL_SECONDS": ("idempotency_ttl_s", _int),
@@ -178,6 +180,14 @@ class Settings:
     #: (the Procfile binds it, on ``OPS_HOST``), and 404 on every other port.
     #: 0: nowhere.
     ops_port: int = 8900
+    #: The address operator listeners bind: gunicorn's (the Procfile's
+    #: ``--bind``) and a worker's metrics endpoint.
+    ops_host: str = "127.0.0.1"
+    #: The port a Celery worker serves its own counters and histograms on
+    #: (``/metrics``, prometheus_client's server on ``ops_host``; workers/main.py),
+    #: for Prometheus to scrape each worker. 0: none (``router-queue dev`` and the
+    #: tests share one metrics directory, served by the front door instead).
+    worker_metrics_port: int = 0
     #: Hosts provider calls may go to (``fnmatch`` patterns on the host name),
     #: over https; plus the origin of ``provider_origin_override`` when set. A
     #: catalog URL or a provider-given URL (BFL's ``polling_url``) elsewhere is

@@ -16,8 +16,8 @@ from typing import Any, Callable, TypeVar
 
 from router_queue import logs, states, tracing
 from router_queue.catalog import CallPolicy, ModelEntry
+from router_queue.metrics import Recorder
 from router_queue.store.connect import FULL, UNREACHABLE
-from router_queue.store.metrics import DeliveryMetrics
 from router_queue.store.outcomes import Claim, Complete
 from router_queue.store.requests import WEBHOOK_DUE, Lease, RequestRecord
 from router_queue.webhooks import delivery as webhook_delivery
@@ -122,26 +122,23 @@ def _claim_and_run(context: WorkerContext, record: RequestRecord, body: bytes | 
     services, store, request_id = context.services, context.services.store, record.id
     claim = store.claim(record, lease)
     log.info("claim: %s", claim, extra={"outcome": claim.lower()})
-    metrics = services.metrics.delivery()  # one round trip for all of them, at the end
+    metrics = services.metrics
+    if claim is Claim.CLAIMED:
+        metrics.claimed(record.provider, record.model, time.time() - record.created_at)
+        webhook_delivery.nudge(services, context.dispatcher, record)  # its "started" event, when it chose one
+    elif claim in _ENDED_BY_CLAIM:
+        metrics.completed(record.provider, record.model, _ENDED_BY_CLAIM[claim])
+        webhook_delivery.nudge(context.services, context.dispatcher, record)
+    if claim not in (Claim.CLAIMED, Claim.RESUMED):
+        log.info("request %s: %s; this delivery does nothing", request_id, claim)
+        return claim.lower()
+    context.leases.hold(request_id, record.provider, execution.token, for_s=entry.policy.hung_after_s)
+    # a resumed request may have been flagged while it ran elsewhere: it asks at once
+    flag_unread_until = time.monotonic() + CANCEL_FRESH_S if claim is Claim.CLAIMED else 0.0
     try:
-        if claim is Claim.CLAIMED:
-            metrics.claimed(record.provider, record.model, time.time() - record.created_at)
-            webhook_delivery.nudge(services, context.dispatcher, record)  # its "started" event, when it chose one
-        elif claim in _ENDED_BY_CLAIM:
-            metrics.completed(record.provider, record.model, _ENDED_BY_CLAIM[claim])
-            webhook_delivery.nudge(context.services, context.dispatcher, record)
-        if claim not in (Claim.CLAIMED, Claim.RESUMED):
-            log.info("request %s: %s; this delivery does nothing", request_id, claim)
-            return claim.lower()
-        context.leases.hold(request_id, record.provider, execution.token, for_s=entry.policy.hung_after_s)
-        # a resumed request may have been flagged while it ran elsewhere: it asks at once
-        flag_unread_until = time.monotonic() + CANCEL_FRESH_S if claim is Claim.CLAIMED else 0.0
-        try:
-            return _run(context, record, body or b"{}", entry, execution, metrics, flag_unread_until)
-        finally:
-            context.leases.release(request_id)
+        return _run(context, record, body or b"{}", entry, execution, metrics, flag_unread_until)
     finally:
-        metrics.flush()
+        context.leases.release(request_id)
 
 
 def through_store_faults(what: str, write: Callable[[], T], within_s: float) -> T:
@@ -180,7 +177,7 @@ def _upstream_ref(record: RequestRecord) -> dict[str, Any] | None:
 
 
 def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: ModelEntry, execution: Execution,
-         metrics: DeliveryMetrics, flag_unread_until: float) -> str:
+         metrics: Recorder, flag_unread_until: float) -> str:
     services, store, request_id = context.services, context.services.store, record.id
     lease_s = services.settings.lease_s
 
@@ -271,7 +268,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
     return "completed"
 
 
-def _completed(context: WorkerContext, metrics: DeliveryMetrics, record: RequestRecord, written: Complete,
+def _completed(context: WorkerContext, metrics: Recorder, record: RequestRecord, written: Complete,
                outcome: str, started_at: float) -> None:
     """Count a completion this delivery wrote (not one a duplicate found done)."""
     if written is Complete.COMPLETED:

@@ -1,8 +1,11 @@
 """Worker and beat entry point: ``celery -A workers.main worker|beat``."""
 
-from celery.signals import setup_logging
+import logging
 
-from router_queue import logs, tracing
+from celery.signals import setup_logging, worker_init
+from prometheus_client import start_http_server
+
+from router_queue import logs, metrics, tracing
 from router_queue.broker.celery_app import make_celery
 from router_queue.settings import Settings
 from workers.consumer import Heartbeat
@@ -17,3 +20,17 @@ app.steps["consumer"].add(Heartbeat)
 def _json_logs(**_: object) -> None:
     """Celery's own lines and ours, as JSON through one handler."""
     logs.configure(settings.log_level)
+
+
+@worker_init.connect
+def _serve_metrics(**_: object) -> None:
+    """This worker's counters on ``WORKER_METRICS_PORT`` (none when 0). A
+    port already taken (two workers on one machine) is logged, never fatal:
+    the worker serves requests, the metrics are for watching it."""
+    if not settings.worker_metrics_port:
+        return
+    try:
+        start_http_server(settings.worker_metrics_port, addr=settings.ops_host, registry=metrics.exposed())
+    except OSError as exc:
+        logging.getLogger(__name__).error("metrics not served on %s:%d: %s", settings.ops_host,
+                                          settings.worker_metrics_port, exc)

@@ -109,6 +109,14 @@ class Stack:
     quiet: bool = True
     _argv: dict[str, list[str]] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # One metrics directory for every child (router_queue/metrics.py): the
+        # front door's /metrics then shows the workers' counters too, as one
+        # machine's fleet. Not the parent's: it is a directory of this stack.
+        directory = self.log_dir / "metrics"
+        directory.mkdir(exist_ok=True)
+        self.env["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+
     def _spawn(self, name: str, argv: list[str]) -> subprocess.Popen:
         self._argv[name] = argv
         if not self.quiet:

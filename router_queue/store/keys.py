@@ -25,7 +25,8 @@ rq:sched:{provider}:ws:{ws}    zset    none (a workspace's waiting)    lib.lua
 rq:sched:{provider}:wslots:{ws} zset   none (a workspace's slots)      lib.lua
 rq:sched:{provider}:granted    zset    none (granted, not started)     lib.lua, claim.lua
 rq:sched:{provider}:depths     zset    none (waiting per workspace)    lib.lua
-rq:stats:{provider}            hash    none                            complete.lua
+rq:stats:{provider}            hash    none (pace, and the ops page's  complete.lua
+                                       completion totals)
 rq:idem:{workspace}:{keyhash}  string  IDEMPOTENCY_TTL_SECONDS         admit.lua
 rq:ws:{workspace}              hash    none                            cli (accounts.py)
 rq:workspaces                  set     none (all workspace ids)        cli (accounts.py)
@@ -47,10 +48,6 @@ rq:config:id-secret            string  none                            ids.py (S
 rq:config:epoch                string  none (the data's epoch marker,  accounts.py (SET NX,
                                        written with the first          with a workspace),
                                        workspace)                      epoch.py
-rq:metrics:{provider}          hash    none (counters)                 admit.lua, metrics.py
-rq:metrics:sweeper             hash    none (counters)                 metrics.py
-rq:completions:{provider}:{t}  string  COMPLETIONS_TTL_S (completions  metrics.py
-                                       in the 10 s starting at t*10)
 rq:draining                    set     none (providers not admitting)  cli (ops drain)
 rq:fleet:workers               zset    none (worker names by their     fleet.py (heartbeats)
                                        last heartbeat; trimmed to the
@@ -75,7 +72,6 @@ rq:webhooks:inflight:{ws}      zset    a lease (attempts running:      webhook_t
 rq:webhooks:inflight           zset    none (every workspace's;        webhook_take.lua,
                                        members leave at the record     webhook_record.lua
                                        or their lease's end)
-rq:metrics:webhooks            hash    none (counters, histogram)      metrics.py
 rq:held:{workspace}            zset    a lease (slots lapse unless     held.py (HeldSlots),
                                        renewed)                        held_take.lua
 rq:history:{workspace}         stream  retention (renewed by every     admit.lua (lib.lua,
@@ -326,15 +322,6 @@ def metrics(provider: str) -> str:
     return f"{PREFIX}:metrics:{provider}"
 
 
-def completions(provider: str, window: int) -> str:
-    """Completions of ``provider`` in the ``window``-th 10 s of the Unix epoch."""
-    return f"{PREFIX}:completions:{provider}:{window}"
-
-
-def sweeper_metrics() -> str:
-    return f"{PREFIX}:metrics:sweeper"
-
-
 def draining() -> str:
     return f"{PREFIX}:draining"
 
@@ -391,10 +378,6 @@ def webhook_in_flight(workspace_id: str) -> str:
 def webhooks_in_flight() -> str:
     """Every webhook attempt running now."""
     return f"{PREFIX}:webhooks:inflight"
-
-
-def webhook_metrics() -> str:
-    return f"{PREFIX}:metrics:webhooks"
 
 
 def _lua_layout() -> str:

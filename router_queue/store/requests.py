@@ -36,6 +36,13 @@ _FIELDS = (
 )
 
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
+#: complete.lua also counts, in rq:stats:{provider}, completions in windows
+#: of this many seconds, in a ring of this many fields ("done|<window mod
+#: ring>" = "<window>:<count>"): "per minute" is what ended in the last
+#: minute, written in the write complete.lua already makes.
+COMPLETIONS_WINDOW_S = 10
+COMPLETIONS_RING = 6
+_TOTALS_FIELDS = ("completed", "ran", "waited_s", *(f"done|{slot}" for slot in range(COMPLETIONS_RING)))
 #: status.lua's refusal as it arrives (bytes): the hot path compares without decoding.
 _RATE_LIMITED = Status.RATE_LIMITED.encode()
 #: Seconds a rate count outside the hot routes' own scripts may wait on Redis.
@@ -232,6 +239,18 @@ class Pace:
 
     avg_run_s: float | None
     avg_gap_s: float | None
+
+
+@dataclass(frozen=True)
+class DeliveryTotals:
+    """A provider's completions, fleet-wide, for the operations page: those
+    complete.lua wrote (a delivery's outcome, or a cancel of one running)."""
+
+    completed: int
+    #: Completed in the last minute (the current window and the five before it: 50 to 60 s).
+    last_minute: int
+    #: Mean seconds the completed requests that ran had waited IN_QUEUE.
+    avg_wait_s: float
 
 
 @dataclass(frozen=True)
@@ -633,6 +652,17 @@ class RequestStore:
     def pace(self, provider: str) -> Pace:
         avg_run, avg_gap = self.client.hmget(keys.stats(provider), _PACE_FIELDS)
         return Pace(_seconds(avg_run), _seconds(avg_gap))
+
+    def delivery_totals(self, provider: str, now: float | None = None) -> DeliveryTotals:
+        completed, ran, waited_s, *ring = self.client.hmget(keys.stats(provider), _TOTALS_FIELDS)
+        current = int((now or time.time()) // COMPLETIONS_WINDOW_S)
+        last_minute = 0
+        for entry in ring:
+            window, _, count = (_text(entry) or "").partition(":")
+            if window and current - int(window) < COMPLETIONS_RING:
+                last_minute += int(count)
+        ran_n = _int(ran)
+        return DeliveryTotals(_int(completed), last_minute, (_seconds(waited_s) or 0.0) / ran_n if ran_n else 0.0)
 
     def result(self, request_id: str) -> bytes | None:
         return self.client.get(keys.result(request_id))

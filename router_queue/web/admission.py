@@ -269,6 +269,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         traceparent=traceparent,
         webhook_events=events,
     )
+    _count(services, entry, admission.outcome)
     if admission.outcome is Admit.EXPIRED:
         raise ServiceUnavailable("the request store answered too late; nothing was admitted or charged; "
                                  "retry shortly", retry_after=1)
@@ -316,6 +317,20 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         assert admission.request_id is not None  # a replay names the request it replays
         return Admitted(admission.request_id, True, None)
     return Admitted(request_id, False, admission.position)
+
+
+#: The refusals counted as ``router_queue_refusals{reason}``: what the
+#: workspace's or the provider's state refused, not a malformed call.
+COUNTED_REFUSALS = frozenset({Admit.DRAINING, Admit.NOT_ENABLED, Admit.NO_WEBHOOK, Admit.NO_WEBHOOK_SECRET,
+                              Admit.BACKLOG_FULL, Admit.QUEUED_BYTES_FULL, Admit.PENDING_WEBHOOKS_FULL,
+                              Admit.INSUFFICIENT_CREDITS})
+
+
+def _count(services: Services, entry: ModelEntry, outcome: Admit) -> None:
+    if outcome is Admit.ADMITTED:
+        services.metrics.admitted(entry.provider, entry.id)
+    elif outcome in COUNTED_REFUSALS:
+        services.metrics.refused(entry.provider, entry.id, outcome.value)
 
 
 def _not_retryable(request_id: str, status: str | None) -> str:

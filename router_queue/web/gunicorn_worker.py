@@ -4,10 +4,13 @@ take. Why, and what it may import: docs/SERVING.md."""
 
 from __future__ import annotations
 
+import atexit
 import json
 import math
 import os
 import resource
+import shutil
+import tempfile
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -168,7 +171,38 @@ class _Connection:
     heads: int = 0
 
 
+#: Where the workers' counters meet (router_queue/metrics.py): prometheus_client's variable.
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+def share_metrics_directory(log: Any, environ: Any = os.environ) -> str:
+    """Give the workers one directory to count in, so that ``/metrics``,
+    served by whichever worker a scrape reaches, sums them all. An operator's
+    own ``PROMETHEUS_MULTIPROC_DIR`` is kept; otherwise this master makes a
+    fresh one (counters start at 0 with it, as after any restart) and
+    removes it when it exits. Runs in the master before any worker forks."""
+    if environ.get(METRICS_DIR_ENV):
+        return environ[METRICS_DIR_ENV]
+    directory = tempfile.mkdtemp(prefix="router-queue-metrics-")
+    environ[METRICS_DIR_ENV] = directory
+    master = os.getpid()
+
+    def remove() -> None:
+        if os.getpid() == master:  # a worker exiting leaves it to the others
+            shutil.rmtree(directory, ignore_errors=True)
+
+    atexit.register(remove)
+    log.info("Counting the workers' metrics in %s", directory)
+    return directory
+
+
 class GeventWorker(ggevent.GeventWorker):
+    @classmethod
+    def check_config(cls, cfg: Any, log: Any) -> None:
+        """gunicorn's hook in the master, before the workers start (gevent's
+        worker class has none of its own)."""
+        share_metrics_directory(log)
+
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.header_timeout_s = header_timeout_s()

@@ -19,11 +19,12 @@ from flask import Blueprint, Response, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from werkzeug.exceptions import NotFound
 
+from .. import metrics as process_metrics
 from ..broker.celery_app import MAINTENANCE_QUEUE, WEBHOOKS_QUEUE, queue_name
 from ..errors import ServiceUnavailable
 from ..services import Services
 from ..store.fleet import FleetCollector
-from ..store.metrics import RedisCollector
+from ..store.gauges import QueueGauges
 from ..store.webhooks import WebhookStore
 from . import paths
 from .bodies import json_response
@@ -80,12 +81,20 @@ def readyz() -> Response:
 
 @paths.METRICS.view(operations)
 def metrics() -> Response:
-    registry = CollectorRegistry(auto_describe=False)
+    """The counters of every process sharing this one's directory (its
+    gunicorn workers; in ``router-queue dev``, the whole stack), and the
+    queue's state and the fleet's liveness read from Redis."""
     services = front_door().services
-    registry.register(RedisCollector(services.redis, services.catalog))
     queues = [queue_name(p) for p in services.catalog.providers()] + [WEBHOOKS_QUEUE, MAINTENANCE_QUEUE]
+    text = generate_latest(process_metrics.exposed()) + generate_latest(_store_registry(services, queues))
+    return Response(text, 200, content_type=CONTENT_TYPE_LATEST)
+
+
+def _store_registry(services: Services, queues: list[str]) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(QueueGauges(services.redis, services.catalog))
     registry.register(FleetCollector(services.fleet, queues))
-    return Response(generate_latest(registry), 200, content_type=CONTENT_TYPE_LATEST)
+    return registry
 
 
 def summary(services: Services) -> dict:
@@ -103,16 +112,16 @@ def summary(services: Services) -> dict:
         head = store.queue_head(provider, 1)
         pace = store.pace(provider)
         waiting_workspaces, largest = store.waiting_workspaces(provider)
-        totals = services.metrics.totals(provider)
+        totals = store.delivery_totals(provider, now)
         rows.append({
             "provider": provider,
             "queued": store.queue_depth(provider),
             "in_flight": store.in_flight(provider),
             "cap": catalog.max_in_flight(provider),
             "oldest_wait_s": round(now - head[0].created_at, 1) if head else 0.0,
-            "per_minute": services.metrics.completed_last_minute(provider, now),
+            "per_minute": totals.last_minute,
             "avg_run_s": round(pace.avg_run_s, 2) if pace.avg_run_s else 0.0,
-            "avg_wait_s": round(totals.wait_s / totals.claimed, 2) if totals.claimed else 0.0,
+            "avg_wait_s": round(totals.avg_wait_s, 2),
             "completed": totals.completed,
             "draining": provider in draining,
             "waiting_workspaces": waiting_workspaces,

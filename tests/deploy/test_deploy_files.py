@@ -50,6 +50,7 @@ import pytest
 import redis
 import yaml
 
+from router_queue import metrics as process_metrics
 from router_queue.broker.celery_app import MAINTENANCE_QUEUE, WEBHOOKS_QUEUE, queue_name
 from router_queue.dev.stack import WEB_SERVING, WEB_WORKER_CLASS, free_port, redis_answers
 from router_queue.settings import _ENV, Settings
@@ -919,7 +920,20 @@ def test_redis_asks_for_a_password_and_admits_only_our_pods() -> None:
         assert labels["app.kubernetes.io/name"] == "router-queue", f"{name} would be refused by Redis"
         covering = [p for p, spec in policies.items() if _selects(spec["podSelector"], labels)]
         assert len(covering) == 1, f"{name}: one NetworkPolicy decides who reaches it, got {covering}"
-    assert policies["workers-and-beat"]["ingress"] == []
+    # the workers and beat admit Prometheus alone, on a worker's metrics port
+    assert policies["workers-and-beat"]["ingress"] == [{
+        "from": [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "monitoring"}}}],
+        "ports": [{"port": "metrics", "protocol": "TCP"}]}]
+
+
+def test_every_worker_serves_its_own_metrics_where_prometheus_is_told_to_look():
+    port = int(_configmap()["WORKER_METRICS_PORT"])
+    for path in [*K8S.glob("base/worker-*.yaml"), K8S / "base" / "webhooks.yaml"]:
+        deployment = next(d for d in yaml.safe_load_all(path.read_text()) if d["kind"] == "Deployment")
+        template = deployment["spec"]["template"]
+        (container,) = template["spec"]["containers"]
+        assert {"name": "metrics", "containerPort": port, "protocol": "TCP"} in container["ports"], path
+        assert template["metadata"]["annotations"]["prometheus.io/port"] == str(port), path
 
 
 def _selects(selector: dict, labels: dict[str, str]) -> bool:
@@ -1249,13 +1263,16 @@ def test_procfile_web_answers_the_probes_and_serves_the_metrics_the_autoscalers_
         assert _get(f"{ops}{path}")[0] == 200, path
     status, metrics = _get(f"{ops}/metrics")
     assert status == 200
-    families = set(re.findall(r"^# TYPE (\S+) ", metrics, flags=re.M))
+    # what the web serves, and the counters any process serves once it counted
+    # them (a worker's on WORKER_METRICS_PORT; router_queue/metrics.py)
+    families = set(re.findall(r"^# TYPE (\S+) ", metrics, flags=re.M)) | {
+        family.name + ("_total" if family.type == "counter" else "") for family in process_metrics.REGISTRY.collect()}
     for provider in PROVIDERS:
         assert f'router_queue_depth{{provider="{provider}"}}' in metrics
         assert f'router_queue_in_flight{{provider="{provider}"}}' in metrics
     unknown = {name for name in _metric_names_used()
                if name not in families and re.sub(r"_(bucket|sum|count|created)$", "", name) not in families}
-    assert not unknown, f"deploy/ refers to metrics /metrics does not serve: {sorted(unknown)}"
+    assert not unknown, f"deploy/ refers to metrics no /metrics serves: {sorted(unknown)}"
     assert web.stop(), f"web did not stop on SIGTERM:\n{web.log()}"
 
 

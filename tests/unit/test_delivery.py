@@ -17,6 +17,7 @@ import redis
 import requests
 from werkzeug.serving import make_server
 
+from router_queue import metrics
 from router_queue.catalog import Catalog
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Secret, Settings
@@ -299,20 +300,6 @@ def test_a_handed_back_request_is_resumed_without_counting_a_takeover(worker_ser
 # -- the state store failing under a running generation --------------------------------------
 
 
-def _unreachable_redis():
-    from router_queue.dev.stack import free_port
-    return redis.Redis(port=free_port(), socket_timeout=0.1, socket_connect_timeout=0.1)
-
-
-def test_metrics_that_cannot_be_written_never_cost_the_output(worker_services, workspace):
-    worker_services.metrics.client = _unreachable_redis()
-    body = {"contents": [{"role": "user", "parts": [{"text": "metrics down"}]}]}
-    outcome, record, request_id = run(worker_services, workspace, "vertexai/gemini-3.1-flash-image", body)
-    assert (outcome, record.status, record.error_type) == ("completed", COMPLETED, None)
-    assert json.loads(worker_services.store.result(request_id))["candidates"]
-    assert worker_services.metrics.dropped == 1  # the delivery's metrics: one write, dropped
-
-
 def test_the_outcome_is_written_through_a_redis_restart(worker_services, workspace, monkeypatch):
     store, calls = worker_services.store, []
     real_complete = store.complete
@@ -404,17 +391,24 @@ def test_the_limit_covers_the_run_bound_and_one_more_exchange():
     assert policy.hung_after_s > policy.max_run_s
 
 
-def test_a_deliverys_metrics_are_one_round_trip(worker_services, workspace, monkeypatch):
-    """Claimed, the provider exchange and the completion are counted in one write."""
-    writes = []
-    write = worker_services.metrics._write
-    monkeypatch.setattr(worker_services.metrics, "_write", lambda what, fill: (writes.append(what), write(what, fill)))
+def _sample(name: str, **labels: str) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+def test_a_deliverys_metrics_are_counted_in_its_process_and_cost_redis_nothing(worker_services, workspace):
+    """Claimed, the provider exchange and the completion are counted in the
+    worker's memory; Redis keeps only what complete.lua writes anyway."""
+    model = {"provider": "vertexai", "model": "vertexai/gemini-3.1-flash-image"}
+    names = ("router_queue_wait_seconds_count", "router_queue_call_seconds_count", "router_queue_run_seconds_count")
+    before = [_sample(name, **model) for name in names]
+    succeeded = _sample("router_queue_completions_total", outcome="success", **model)
     body = {"contents": [{"role": "user", "parts": [{"text": "counted once"}]}]}
     outcome, _, _ = run(worker_services, workspace, "vertexai/gemini-3.1-flash-image", body)
     assert outcome == "completed"
-    assert writes == ["delivery"]
-    totals = worker_services.metrics.totals("vertexai")
-    assert (totals.claimed, totals.completed) == (1, 1)
+    assert [_sample(name, **model) - was for name, was in zip(names, before)] == [1, 1, 1]
+    assert _sample("router_queue_completions_total", outcome="success", **model) == succeeded + 1
+    assert not list(worker_services.redis.scan_iter("rq:metrics*"))
+    assert worker_services.store.delivery_totals("vertexai").completed == 1
 
 
 def test_a_fresh_claim_calls_the_provider_without_reading_the_cancel_flag(worker_services, workspace, monkeypatch):

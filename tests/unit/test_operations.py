@@ -31,7 +31,14 @@ def submit(http, auth, prompt):
                      headers={**auth, "Content-Type": "application/json"})
 
 
+def _counted(before: dict, after: dict) -> dict:
+    """What the traffic between two scrapes counted: the counters' growth
+    (the counters are this process's, and other tests counted before)."""
+    return {key: value - before.get(key, 0.0) for key, value in after.items()}
+
+
 def test_metrics_match_known_traffic(http, ops_http, auth, services, workspace):
+    before = scrape(ops_http)
     ids = [submit(http, auth, f"p{n}").json["request_id"] for n in range(4)]
     poor = services.accounts.create_workspace("poor", queue_enabled=True, credits=0)
     assert submit(http, {"X-API-Key": services.accounts.mint_key(poor)}, "x").status_code == 402
@@ -48,24 +55,29 @@ def test_metrics_match_known_traffic(http, ops_http, auth, services, workspace):
     metrics.swept(republished=2, reaped=1, timed_out=0)
 
     samples = scrape(ops_http)
+    counted = _counted(before, samples)
     bfl = (("provider", "bfl"),)
     model = (("model", "bfl/flux-2-pro"), ("provider", "bfl"))
     assert samples[("router_queue_depth", bfl)] == 1
     assert samples[("router_queue_in_flight", bfl)] == 1  # ids[3] holds the slot it was granted
-    assert samples[("router_queue_admissions_total", model)] == 4
-    assert samples[("router_queue_refusals_total", tuple(sorted(model + (("reason", "insufficient_credits"),))))] == 1
-    completions = {labels: value for (name, labels), value in samples.items() if name == "router_queue_completions_total"}
+    assert counted[("router_queue_admissions_total", model)] == 4
+    assert counted[("router_queue_refusals_total", tuple(sorted(model + (("reason", "insufficient_credits"),))))] == 1
+    completions = {labels: value for (name, labels), value in counted.items()
+                   if name == "router_queue_completions_total" and value}
     assert completions == {
         (("model", "bfl/flux-2-pro"), ("outcome", "success"), ("provider", "bfl")): 1,
         (("model", "bfl/flux-2-pro"), ("outcome", "provider_error"), ("provider", "bfl")): 1,
         (("model", "bfl/flux-2-pro"), ("outcome", "cancelled"), ("provider", "bfl")): 1,
     }
-    assert samples[("router_queue_wait_seconds_count", model)] == 2
-    assert samples[("router_queue_wait_seconds_bucket", tuple(sorted(model + (("le", "0.25"),))))] == 0
-    assert samples[("router_queue_wait_seconds_bucket", tuple(sorted(model + (("le", "0.5"),))))] == 2
-    assert samples[("router_queue_run_seconds_sum", model)] == 4.0
-    assert samples[("router_queue_sweeper_actions_total", (("action", "republished"),))] == 2
+    assert counted[("router_queue_wait_seconds_count", model)] == 2
+    assert counted[("router_queue_wait_seconds_bucket", tuple(sorted(model + (("le", "0.25"),))))] == 0
+    assert counted[("router_queue_wait_seconds_bucket", tuple(sorted(model + (("le", "0.5"),))))] == 2
+    assert counted[("router_queue_run_seconds_sum", model)] == 4.0
+    assert counted[("router_queue_sweeper_actions_total", (("action", "republished"),))] == 2
     assert samples[("router_queue_oldest_wait_seconds", bfl)] >= 0
+    # counted in this process: none of it was written to Redis
+    assert not [key for key in services.redis.scan_iter("rq:metrics*")]
+    assert not [key for key in services.redis.scan_iter("rq:completions*")]
 
 
 def test_a_draining_provider_admits_nothing_and_says_so(http, auth, services):
@@ -157,20 +169,28 @@ def test_gunicorns_own_log_lines_are_json_too(capsys):
     assert "Logging error" not in err and len(err.strip().splitlines()) == 1, err
 
 
-def test_per_minute_counts_what_completed_in_the_last_minute(http, ops_http, services):
+def test_per_minute_counts_what_completed_in_the_last_minute(http, ops_http, auth, services, workspace):
     """It read 639.8 after one completion: it was 60 / the pace estimate's gap,
-    which is capped at the run time. Now it is a count."""
-    def per_minute() -> int:
-        return {r["provider"]: r for r in ops_http.get("/ops/summary.json").json["providers"]}["bfl"]["per_minute"]
+    which is capped at the run time. Now it is a count, fleet-wide: complete.lua
+    keeps it with the pace, in the write it already makes."""
+    def bfl_row() -> dict:
+        return {r["provider"]: r for r in ops_http.get("/ops/summary.json").json["providers"]}["bfl"]
 
-    assert per_minute() == 0
-    services.metrics.completed("bfl", "bfl/flux-2-pro", "success", ran_s=0.09)
-    assert per_minute() == 1
-    services.metrics.completed("bfl", "bfl/flux-2-pro", "provider_error", ran_s=0.5)
-    assert per_minute() == 2
+    assert bfl_row()["per_minute"] == 0
+    store = services.store
+    ids = [submit(http, auth, f"per minute {n}").json["request_id"] for n in range(2)]
     now = time.time()
-    assert services.metrics.completed_last_minute("bfl", now + 61) == 0
-    assert services.metrics.completed_last_minute("vertexai", now) == 0
+    store.claim(record_of(services, ids[0], "bfl"), Lease("t", 30, 3600, 3), now=now)
+    store.complete(record_of(services, ids[0], "bfl"), output=b"{}", content_type="application/json")
+    assert (bfl_row()["per_minute"], bfl_row()["completed"]) == (1, 1)
+    store.claim(record_of(services, ids[1], "bfl"), Lease("t", 30, 3600, 3), now=now)
+    store.complete(record_of(services, ids[1], "bfl"), error_type="provider_error", detail="x")
+    row = bfl_row()
+    assert (row["per_minute"], row["completed"]) == (2, 2)
+    assert 0 <= row["avg_wait_s"] < 5
+    assert store.delivery_totals("bfl", time.time() + 61).last_minute == 0
+    assert store.delivery_totals("bfl", time.time() + 61).completed == 2
+    assert store.delivery_totals("vertexai").last_minute == 0
 
 
 def test_workers_heard_from_lately_are_counted_per_queue_and_a_silent_one_is_dead(app, ops_http, services, workspace):

@@ -12,6 +12,7 @@ from datetime import datetime
 import pytest
 import requests
 
+from router_queue import metrics
 from router_queue.store import keys
 from router_queue.store.outcomes import Claim
 from router_queue.store.requests import Lease
@@ -360,5 +361,7 @@ def test_racing_retries_under_one_key_admit_one_request(app, auth, services, wor
 def test_the_sweeper_counts_what_deadlines_did(http, auth, services):
     request_id = submit(http, auth, headers={"X-Comfy-Deadline": "2"}).json["request_id"]
     created = record_of(services, request_id, "bfl").created_at
+    counted = metrics.REGISTRY.get_sample_value("router_queue_sweeper_actions_total", {"action": "deadline_cancels"})
     sweep(context_of(services), now=created + 3)
-    assert services.redis.hget(keys.sweeper_metrics(), "deadline_cancels") == b"1"
+    assert metrics.REGISTRY.get_sample_value("router_queue_sweeper_actions_total",
+                                             {"action": "deadline_cancels"}) == counted + 1

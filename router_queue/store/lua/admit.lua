@@ -63,10 +63,10 @@
 --       | {"RETRY_MISSING"} (no such request of this caller and model)
 --       | {"NOT_RETRYABLE", its status} (not COMPLETED with an error_type)
 --       | {"RETRY_BODY_GONE"} (its body is no longer kept)
--- Admissions and refusals are counted in rq:metrics:{provider} on the way.
+-- Admissions and refusals are counted by the front door (web/admission.py),
+-- in its own process, from what this returns.
 
 local function refused(reason)
-  redis.call("HINCRBY", KEYS[8], "refused|" .. ARGV[ARG_MODEL] .. "|" .. reason, 1)
   return {reason}
 end
 
@@ -197,7 +197,6 @@ if ARGV[ARG_FINGERPRINT] ~= "" then
   redis.call("HSET", KEYS[1], "idem", string.match(KEYS[6], "[^:]+$"))
   redis.call("SET", KEYS[6], ARGV[ARG_FINGERPRINT] .. "|" .. ARGV[ARG_ID], "EX", ARGV[ARG_IDEM_TTL])
 end
-redis.call("HINCRBY", KEYS[8], "admitted|" .. ARGV[ARG_MODEL], 1)
 history_add(KEYS[15], KEYS[16], ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION])
 
 local S = sched_ctx(KEYS[4], KEYS[10], KEYS[11], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])

@@ -59,20 +59,43 @@ redis.call("ZREM", KEYS[3], ARGV[ARG_ID])
 
 -- Pace estimates for Retry-After: moving averages (weight 0.2) of run time
 -- and of the interval between completions, the latter capped at the run time
--- so an idle hour does not read as a slow queue.
-local started = tonumber(redis.call("HGET", KEYS[1], "started_at"))
+-- so an idle hour does not read as a slow queue. In the same read and write,
+-- the operations page's totals (RequestStore.delivery_totals): completions,
+-- those that ran and the seconds they waited, and completions per 10 s
+-- window in a ring of 6 fields "done|<window mod 6>" = "<window>:<count>"
+-- (requests.py, COMPLETIONS_WINDOW_S and COMPLETIONS_RING).
+local times = redis.call("HMGET", KEYS[1], "started_at", "created_at")
+local window = math.floor(now / 10)
+local ring = "done|" .. (window % 6)
+local stats = redis.call("HMGET", KEYS[4], "avg_run_s", "last_completed_at", "avg_gap_s", "completed", "ran",
+  "waited_s", ring)
+local done = stats[7]
+local in_window = 1
+if done then
+  local at, count = string.match(done, "^(%d+):(%d+)$")
+  if tonumber(at) == window then
+    in_window = tonumber(count) + 1
+  end
+end
+local update = {"completed", (tonumber(stats[4]) or 0) + 1, ring, window .. ":" .. in_window}
+local started = tonumber(times[1])
 if started then
   local run = math.max(now - started, 0)
-  local avg_run = tonumber(redis.call("HGET", KEYS[4], "avg_run_s")) or run
+  local avg_run = tonumber(stats[1]) or run
   avg_run = avg_run * 0.8 + run * 0.2
-  local last = tonumber(redis.call("HGET", KEYS[4], "last_completed_at"))
   local gap = avg_run
-  if last then
-    gap = math.min(math.max(now - last, 0), avg_run)
+  if stats[2] then
+    gap = math.min(math.max(now - tonumber(stats[2]), 0), avg_run)
   end
-  local avg_gap = tonumber(redis.call("HGET", KEYS[4], "avg_gap_s")) or gap
+  local avg_gap = tonumber(stats[3]) or gap
   avg_gap = avg_gap * 0.8 + gap * 0.2
-  redis.call("HSET", KEYS[4], "avg_run_s", tostring(avg_run), "avg_gap_s", tostring(avg_gap),
-    "last_completed_at", ARGV[ARG_NOW])
+  local waited = math.max(started - (tonumber(times[2]) or started), 0)
+  for _, pair in ipairs({{"avg_run_s", tostring(avg_run)}, {"avg_gap_s", tostring(avg_gap)},
+      {"last_completed_at", ARGV[ARG_NOW]},
+      {"ran", (tonumber(stats[5]) or 0) + 1}, {"waited_s", tostring((tonumber(stats[6]) or 0) + waited)}}) do
+    table.insert(update, pair[1])
+    table.insert(update, pair[2])
+  end
 end
+redis.call("HSET", KEYS[4], unpack(update))
 return with_granted("COMPLETED", grant(S))

@@ -1,0 +1,121 @@
+"""Counters and histograms, kept in the process that counts them.
+
+Each process (a gunicorn worker, a Celery worker, the CLI) counts in its own
+memory, at no Redis cost; Prometheus sums the processes. gunicorn's workers
+share ``PROMETHEUS_MULTIPROC_DIR`` (``web/gunicorn_worker.py`` gives its master
+a fresh one when none is set), so the front door's ``/metrics`` serves all of
+them; a Celery worker serves its own on ``WORKER_METRICS_PORT``
+(``workers/main.py``). Processes that share one directory, as every process
+of ``router-queue dev`` and of the test stacks does, are served together by
+whichever of them is scraped. The queue's own state (depth, in flight, the
+oldest wait) is not counted here: ``store/gauges.py`` reads it from Redis at
+scrape time. What the operations page shows fleet-wide comes from the
+request store (``RequestStore.delivery_totals``), written by complete.lua
+in the write it already makes.
+"""
+
+from __future__ import annotations
+
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess
+
+#: Histogram bucket bounds, seconds: from a fast poll to a long generation.
+BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
+#: What a webhook attempt can come to, and an event given up, as counted.
+WEBHOOK_OUTCOMES = ("delivered", "failed", "gone", "refused", "given_up")
+#: What the sweeper does, as counted.
+SWEEPER_ACTIONS = ("republished", "reaped", "timed_out", "deadline_cancels")
+
+#: This process's metrics (never prometheus_client's global registry, which
+#: libraries may add to).
+REGISTRY = CollectorRegistry(auto_describe=False)
+
+_MODEL = ("provider", "model")
+ADMISSIONS = Counter("router_queue_admissions", "Requests admitted.", _MODEL, registry=REGISTRY)
+REFUSALS = Counter("router_queue_refusals", "Submits refused at admission.", (*_MODEL, "reason"),
+                   registry=REGISTRY)
+COMPLETIONS = Counter("router_queue_completions", "Requests completed, by outcome.", (*_MODEL, "outcome"),
+                      registry=REGISTRY)
+RETRIES = Counter("router_queue_provider_retries", "Provider calls retried.", _MODEL, registry=REGISTRY)
+WAIT = Histogram("router_queue_wait_seconds", "Seconds a request waited IN_QUEUE before a worker claimed it.",
+                 _MODEL, buckets=BUCKETS, registry=REGISTRY)
+RUN = Histogram("router_queue_run_seconds", "Seconds from claim to completion.", _MODEL, buckets=BUCKETS,
+                registry=REGISTRY)
+CALL = Histogram("router_queue_call_seconds", "Seconds one HTTP exchange with the provider took.", _MODEL,
+                 buckets=BUCKETS, registry=REGISTRY)
+SWEEPS = Counter("router_queue_sweeper_actions", "What the sweeper did.", ("action",), registry=REGISTRY)
+WEBHOOK_DELIVERIES = Counter("router_queue_webhook_deliveries",
+                             "Webhook attempts by outcome (delivered, failed, gone, refused), and events given up "
+                             "(given_up).", ("outcome",), registry=REGISTRY)
+WEBHOOK_SECONDS = Histogram("router_queue_webhook_delivery_seconds",
+                            "Seconds one webhook attempt took, to the receiver's answer or failure.",
+                            buckets=BUCKETS, registry=REGISTRY)
+
+# Series a dashboard reads before anything happened: shown at 0 from the start.
+for _action in SWEEPER_ACTIONS:
+    SWEEPS.labels(_action)
+for _outcome in WEBHOOK_OUTCOMES:
+    WEBHOOK_DELIVERIES.labels(_outcome)
+
+
+def shared_directory() -> str | None:
+    """The directory this process's counts go to for other processes to
+    serve, or None when they live in this process alone. prometheus_client
+    reads the variable once, when it is first imported."""
+    return os.environ.get("PROMETHEUS_MULTIPROC_DIR") or None
+
+
+def exposed() -> CollectorRegistry:
+    """What a scrape of this process serves: every process sharing its
+    directory, summed, or this process's own counts."""
+    directory = shared_directory()
+    if directory is None:
+        return REGISTRY
+    registry = CollectorRegistry(auto_describe=False)
+    multiprocess.MultiProcessCollector(registry, path=directory)
+    return registry
+
+
+class Recorder:
+    """What the front door, the workers and the sweeper count, by name.
+
+    Every call is a few in-memory additions: no I/O, nothing that can fail
+    into the request it describes.
+    """
+
+    def admitted(self, provider: str, model: str) -> None:
+        ADMISSIONS.labels(provider, model).inc()
+
+    def refused(self, provider: str, model: str, reason: str) -> None:
+        REFUSALS.labels(provider, model, reason.lower()).inc()
+
+    def claimed(self, provider: str, model: str, waited_s: float) -> None:
+        WAIT.labels(provider, model).observe(max(0.0, waited_s))
+
+    def completed(self, provider: str, model: str, outcome: str, ran_s: float | None = None) -> None:
+        """One request completed; ``outcome`` is "success" or its error_type."""
+        COMPLETIONS.labels(provider, model, outcome).inc()
+        if ran_s is not None:
+            RUN.labels(provider, model).observe(max(0.0, ran_s))
+
+    def provider_call(self, provider: str, model: str, seconds: float) -> None:
+        CALL.labels(provider, model).observe(max(0.0, seconds))
+
+    def retried(self, provider: str, model: str) -> None:
+        RETRIES.labels(provider, model).inc()
+
+    def webhook_attempt(self, outcome: str, seconds: float) -> None:
+        """One webhook attempt: "delivered", "failed", "gone", "refused" (its URL
+        resolved to an address we do not call), and its latency."""
+        WEBHOOK_DELIVERIES.labels(outcome).inc()
+        WEBHOOK_SECONDS.observe(max(0.0, seconds))
+
+    def webhook_given_up(self) -> None:
+        WEBHOOK_DELIVERIES.labels("given_up").inc()
+
+    def swept(self, *, republished: int, reaped: int, timed_out: int, deadline_cancels: int = 0) -> None:
+        for action, count in (("republished", republished), ("reaped", reaped), ("timed_out", timed_out),
+                              ("deadline_cancels", deadline_cancels)):
+            if count:
+                SWEEPS.labels(action).inc(count)

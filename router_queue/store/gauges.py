@@ -1,0 +1,87 @@
+"""The queue's own state as Prometheus gauges, read from Redis at scrape time.
+
+Depth, in flight, the oldest wait, the waiting workspaces, draining and the
+webhook backlog are read off the very indexes the queue runs on, so they are
+the fleet's whichever process is scraped, and cost Redis one pipelined read a
+scrape, nothing per delivery. Counters and histograms are not here: each
+process keeps its own (``router_queue/metrics.py``).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Iterable
+
+import redis
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ..catalog import Catalog
+from . import keys
+
+
+class QueueGauges(Collector):
+    """Reads the queue's state from Redis on each scrape."""
+
+    def __init__(self, client: redis.Redis, catalog: Catalog):
+        self.client = client
+        self.catalog = catalog
+
+    def collect(self) -> Iterable:
+        providers = self.catalog.providers()
+        pipe = self.client.pipeline(transaction=False)
+        for provider in providers:
+            pipe.zcard(keys.queue(provider))
+            pipe.zcard(keys.running(provider))
+            pipe.zrange(keys.queue(provider), 0, 0)
+            pipe.zcard(keys.schedule_workspaces(provider))
+        pipe.smembers(keys.draining())
+        now = time.time()
+        pipe.zcount(keys.webhooks_due(), "-inf", repr(now))
+        pipe.zcount(keys.webhooks_in_flight(), f"({now!r}", "+inf")
+        replies = pipe.execute()
+        webhooks_due, webhooks_in_flight = replies[-2], replies[-1]
+        draining = {d.decode() for d in replies[-3]}
+
+        depth = GaugeMetricFamily("router_queue_depth", "Requests waiting IN_QUEUE.", labels=["provider"])
+        in_flight = GaugeMetricFamily("router_queue_in_flight",
+                                      "Requests holding a provider slot: IN_PROGRESS, "
+                                      "or granted one and not yet started.",
+                                      labels=["provider"])
+        cap = GaugeMetricFamily("router_queue_in_flight_limit", "The provider's cap on requests in flight.",
+                                labels=["provider"])
+        workspaces = GaugeMetricFamily("router_queue_waiting_workspaces",
+                                       "Workspaces with requests waiting for a provider slot.", labels=["provider"])
+        oldest = GaugeMetricFamily("router_queue_oldest_wait_seconds", "Age of the longest-waiting request.",
+                                   labels=["provider"])
+        drain = GaugeMetricFamily("router_queue_draining", "1 while the provider admits nothing new.",
+                                  labels=["provider"])
+        oldest_ids = []
+        for index, provider in enumerate(providers):
+            queued, running, head, waiting_workspaces = replies[index * 4: index * 4 + 4]
+            depth.add_metric([provider], queued)
+            workspaces.add_metric([provider], waiting_workspaces)
+            in_flight.add_metric([provider], running)
+            cap.add_metric([provider], self.catalog.max_in_flight(provider))
+            drain.add_metric([provider], 1 if provider in draining else 0)
+            oldest_ids.append((provider, head[0].decode() if head else None))
+        created = self._created_at([request_id for _, request_id in oldest_ids if request_id])
+        for provider, request_id in oldest_ids:
+            age = now - created[request_id] if request_id in created else 0.0
+            oldest.add_metric([provider], max(0.0, age))
+        # The webhooks Deployment's autoscaler reads these two (deploy/k8s).
+        due_now = GaugeMetricFamily("router_queue_webhooks_due",
+                                    "Webhook events due now and not yet published to router.webhooks.")
+        due_now.add_metric([], webhooks_due)
+        attempts = GaugeMetricFamily("router_queue_webhook_attempts_in_flight",
+                                     "Webhook attempts running now (each holds a thread of the webhooks worker).")
+        attempts.add_metric([], webhooks_in_flight)
+        yield from (depth, in_flight, cap, workspaces, oldest, drain, due_now, attempts)
+
+    def _created_at(self, request_ids: list[str]) -> dict[str, float]:
+        if not request_ids:
+            return {}
+        pipe = self.client.pipeline(transaction=False)
+        for request_id in request_ids:
+            pipe.hget(keys.request(request_id), "created_at")
+        return {rid: float(value) for rid, value in zip(request_ids, pipe.execute()) if value}
