@@ -1256,6 +1256,9 @@ def test_procfile_web_answers_the_probes_and_serves_the_metrics_the_autoscalers_
 
     web.wait_for(healthy, 20, "200 from /healthz")
     assert any(f"Using worker: {WEB_WORKER_CLASS}" in line for line in web.lines), web.log()
+    # the master gave its workers one metrics directory, and removes it when it stops
+    (shared,) = [m.group(1) for m in map(re.compile(r"Counting the workers' metrics in (\S+)").search, web.lines) if m]
+    assert Path(shared).is_dir()
     assert _get(f"{base}/readyz")[0] == 200, web.log()
     # The operator surfaces: on OPS_PORT (the Procfile's second bind) only.
     for path in ("/metrics", "/ops", "/ops/summary.json"):
@@ -1274,6 +1277,7 @@ def test_procfile_web_answers_the_probes_and_serves_the_metrics_the_autoscalers_
                if name not in families and re.sub(r"_(bucket|sum|count|created)$", "", name) not in families}
     assert not unknown, f"deploy/ refers to metrics no /metrics serves: {sorted(unknown)}"
     assert web.stop(), f"web did not stop on SIGTERM:\n{web.log()}"
+    assert not Path(shared).exists()
 
 
 @pytest.mark.integration
@@ -1293,10 +1297,15 @@ def test_procfile_web_refuses_to_start_without_a_public_origin(tmp_path: Path, r
 @pytest.mark.integration
 def test_procfile_worker_gets_ready_and_passes_its_liveness_probe(
         tmp_path: Path, redis_url: str, started: list[Process]) -> None:
-    env = _clean_env(tmp_path, redis_url)
+    metrics_port = free_port()
+    env = _clean_env(tmp_path, redis_url, WORKER_METRICS_PORT=str(metrics_port))
     worker = Process.start("worker", env)
     started.append(worker)
     worker.wait_for(worker.logged(r"\bready\b"), 30, '"ready" in the log')
+    # its own counters, on WORKER_METRICS_PORT, for Prometheus to scrape pod by pod
+    status, metrics = _get(f"http://127.0.0.1:{metrics_port}/metrics")
+    assert status == 200, worker.log()
+    assert 'router_queue_sweeper_actions_total{action="reaped"} 0.0' in metrics, metrics
 
     # The Kubernetes liveness probe, as the kubelet runs it (HOSTNAME is the pod's).
     probe = _container(_worker_deployments()["bfl"])["livenessProbe"]["exec"]["command"]
