@@ -21,6 +21,7 @@ from .core import (
     median_round,
     option,
     phase,
+    redis_cpu,
     server_env,
     wait_http,
 )
@@ -251,15 +252,8 @@ def replicated(ctx: Context) -> None:
         log("replicated: skipped: the bench attaches a replica only to its own private Redis")
         return
     front, children = ctx.front, ctx.children
-    primary = urlsplit(ctx.redis_url)
-    start_redis(children, shutil.which("redis-server"), "redis-replica",
-                ("--replicaof", primary.hostname, str(primary.port)))
     try:
-        deadline = time.monotonic() + 30
-        while front.services.redis.info("replication").get("connected_slaves") != 1:
-            if time.monotonic() > deadline:
-                raise MeasurementError("replicated: the replica did not connect within 30 s")
-            time.sleep(0.1)
+        _attach_replica(ctx, "replicated")
         waiting, waiting_proc = start_gunicorn(children, "frontdoor-wait", "router_queue.wsgi:app",
                                                dict(front.env, REDIS_WAIT_REPLICAS="1"), ctx.args.workers)
         wait_http(f"{waiting}/healthz", waiting_proc)
@@ -269,6 +263,60 @@ def replicated(ctx: Context) -> None:
     finally:
         children.stop({"frontdoor-wait", "redis-replica"})
     emit("submit_throughput_wait_1_replica", v.rate, "req/s", b.rate)
+
+
+def _attach_replica(ctx: Context, what: str) -> str:
+    """A replica of the bench's private Redis (``redis-replica``), once it follows it; its URL."""
+    primary = urlsplit(ctx.redis_url)
+    url, _ = start_redis(ctx.children, shutil.which("redis-server"), "redis-replica",
+                         ("--replicaof", primary.hostname, str(primary.port)))
+    deadline = time.monotonic() + 30
+    while ctx.front.services.redis.info("replication").get("connected_slaves") != 1:
+        if time.monotonic() > deadline:
+            raise MeasurementError(f"{what}: the replica did not connect within 30 s")
+        time.sleep(0.1)
+    return url
+
+
+@phase("replica_reads", "front", 45)
+def replica_reads(ctx: Context) -> None:
+    """The primary's CPU per status poll when a replica serves the reads (a second front door
+    with REDIS_READ_URL) against the same polls served by the primary (the plain front door)."""
+    import os
+
+    if os.environ.get("REDIS_URL"):
+        log("replica_reads: skipped: the bench attaches a replica only to its own private Redis")
+        return
+    front, children, args = ctx.front, ctx.children, ctx.args
+    code, handle = http_json("POST", front.submit_url, front.post_headers, SUBMIT_BODY)
+    if code != 201 or "request_id" not in handle:
+        raise MeasurementError(f"replica_reads: the target submit answered {code}: {handle}")
+    path = f"/v2/models/{MODEL_ID}/requests/{handle['request_id']}/status"
+    try:
+        replica_url = _attach_replica(ctx, "replica_reads")
+        reading, reading_proc = start_gunicorn(children, "frontdoor-replica", "router_queue.wsgi:app",
+                                               dict(front.env, REDIS_READ_URL=replica_url), args.workers)
+        wait_http(f"{reading}/healthz", reading_proc)
+        sides = (Target("status read, primary", Shot("GET", front.url + path, 200, front.auth), front.proc.pid),
+                 Target("status read, replica", Shot("GET", reading + path, 200, front.auth), reading_proc.pid))
+        primary = front.services.redis
+        for target in sides:
+            _run(front.driver, target, args.warmup or 1)
+        pairs = []
+        for round_no in range(1, args.rounds + 1):
+            per_poll = []
+            for target in sides:
+                before = redis_cpu(primary)
+                result, _ = _run(front.driver, target, args.duration)
+                _checked(result, f"replica_reads {target.label}", 200)
+                per_poll.append(1000.0 * (redis_cpu(primary) - before) / result.requests)
+                log(f"replica_reads round {round_no}/{args.rounds}: {target.label} {result.rate:.1f} req/s, "
+                    f"primary CPU {1000 * per_poll[-1]:.1f} µs/poll")
+            pairs.append(tuple(per_poll))
+    finally:
+        children.stop({"frontdoor-replica", "redis-replica"})
+    b, v = median_round(pairs, lambda b, v: v / b)
+    emit("status_primary_cpu_with_replica", v, "ms", b)
 
 
 def _depth_side(ctx: Context, which: str, ahead: int, url: str, catalog_path) -> tuple[Target, Any, str]:

@@ -66,6 +66,9 @@ class Services:
         within it change nothing (the front door's, inside its wait)."""
         if client is None:
             client = connect(settings.redis_url, wait_s=wait_s, connect_s=min(2.0, wait_s))
+        reads = None
+        if settings.redis_read_url:
+            reads = connect(settings.redis_read_url, wait_s=wait_s, connect_s=min(2.0, wait_s), replica=True)
         catalog = Catalog.load(settings.catalog_path)
         if dispatcher is None and celery is not None:
             dispatcher = Dispatcher(celery, providers=tuple(catalog.providers()),
@@ -78,7 +81,7 @@ class Services:
                 republish_after_s=settings.republish_after_s, max_queued=settings.max_queued,
                 max_in_flight=catalog.max_in_flight, write_deadline_s=write_deadline_s,
                 replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
-                grants=dispatcher.grants if dispatcher is not None else None,
+                grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
             ),
             accounts=Accounts(client),
             ids=RequestIds(client),

@@ -122,6 +122,7 @@ def _floats(name: str, raw: str) -> tuple[float, ...]:
 _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "REDIS_URL": ("redis_url", _redis_url),
     "CELERY_BROKER_URL": ("broker_url", _redis_url),
+    "REDIS_READ_URL": ("redis_read_url", _redis_url),
     "PUBLIC_BASE_URL": ("public_base_url", _url),
     "TRUSTED_HOSTS": ("trusted_hosts", _names),
     "OPS_PORT": ("ops_port", _port),
@@ -166,6 +167,10 @@ class Settings:
     redis_url: str = "redis://127.0.0.1:6379/0"
     #: Celery broker; empty means the same Redis as ``redis_url``.
     broker_url: str = ""
+    #: A replica of ``redis_url`` that serves status polls and event streams'
+    #: position reads (``redis://``; a ``sentinel://`` URL reads the replicas
+    #: those sentinels name). Empty: the primary serves them.
+    redis_read_url: str = ""
     #: Origin the absolute status/response/cancel URLs (and a webhook's
     #: ``response_url``) are built on. Empty: the origin the caller used, when
     #: its Host is one of ``trusted_hosts``. The web process needs one of the

@@ -34,11 +34,12 @@ SENTINEL_WAIT_S = 0.5
 
 
 def connect(url: str, *, wait_s: float, connect_s: float | None = None,
-            health_check_interval: int = 30) -> redis.Redis:
+            health_check_interval: int = 30, replica: bool = False) -> redis.Redis:
     """A client for ``url`` whose socket waits are ``wait_s`` (connecting:
     ``connect_s``, default the same). Through Sentinel, the client asks the
     sentinels for the primary on every new connection, so after a failover
-    the next command reaches the promoted replica."""
+    the next command reaches the promoted replica; with ``replica``, for one
+    of its replicas instead (the primary when none is up)."""
     connect_s = wait_s if connect_s is None else connect_s
     address = SentinelAddress.parse(url)
     if address is None:
@@ -50,6 +51,8 @@ def connect(url: str, *, wait_s: float, connect_s: float | None = None,
         socket_timeout=wait_s, socket_connect_timeout=connect_s, health_check_interval=health_check_interval,
         db=address.db, password=address.password,
     )
+    if replica:
+        return sentinel.slave_for(address.master_name)
     return sentinel.master_for(address.master_name)
 
 

@@ -21,6 +21,7 @@ from . import keys
 from .connect import bounded
 from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
 from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES
+from .rate_counts import SyncedRateCounts
 
 log = logging.getLogger(__name__)
 
@@ -261,6 +262,13 @@ class StatusView:
     pace: Pace
 
 
+def _status_view(reply: list[Any]) -> StatusView:
+    """status.lua's ``{"OK", values, ttl, position, pace}`` answer."""
+    _, values, ttl, rank, pace = reply
+    return StatusView(record=RequestRecord.from_values(values, ttl), position=rank,
+                      pace=Pace(_seconds(pace[0]), _seconds(pace[1])))
+
+
 @dataclass(frozen=True)
 class HistoryPage:
     """One page of a workspace's requests, newest first (``history.lua``)."""
@@ -374,8 +382,14 @@ class RequestStore:
                  max_in_flight: Callable[[str], int] = lambda provider: 100,
                  write_deadline_s: float | None = None, replication: Replication = Replication(),
                  max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
-                 max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS, grants: GrantPublishing | None = None):
+                 max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS, grants: GrantPublishing | None = None,
+                 reads: redis.Redis | None = None):
         self.client = client
+        #: A replica that serves status polls and event streams' position
+        #: reads (``REDIS_READ_URL``), or None: the primary serves them.
+        self.reads = reads
+        #: Those reads' rate counts, synced with the primary in batches.
+        self.read_rate_counts = SyncedRateCounts(load_script(client, "rate_add")) if reads is not None else None
         self.replication = replication
         #: Writes answered before ``replication.replicas`` replicas had them.
         self.unreplicated = 0
@@ -561,25 +575,41 @@ class RequestStore:
                               args=[cap, repr(now), grant_until, template])
         self._publish_granted(provider, granted)
 
-    def status_view(self, request_id: str, provider: str, rate=None) -> StatusView:
+    def status_view(self, request_id: str, provider: str, rate=None, *, replica: bool = False) -> StatusView:
         """Record, queue position and provider pace, in one round trip (``status.lua``).
 
         ``rate`` (a ``ratelimit.Allowance``) is counted in the same step; a
-        spent window raises the refusal it makes.
-        """
+        spent window raises the refusal it makes. With ``replica`` and a
+        replica to read (:attr:`reads`), the replica answers: ``rate`` is
+        counted in this process and synced with the primary in batches
+        (``rate_counts.py``), and a request the replica does not have yet (just
+        admitted) or a replica that cannot answer falls back to the primary.
+        A replica's view lags the primary's by its replication delay."""
+        request_keys = [keys.request(request_id), keys.schedule(provider), keys.stats(provider)]
+        if replica and self.reads is not None:
+            view = self._replica_view(request_id, request_keys, rate)
+            if view is not None:
+                return view
+            rate = None  # counted already
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
-        reply = self._status(
-            keys=[keys.request(request_id), keys.schedule(provider), keys.stats(provider), *rate_keys],
-            args=[request_id, *_STATUS_FIELD_ARGS, *rate_args],
-        )
+        reply = self._status(keys=[*request_keys, *rate_keys], args=[request_id, *_STATUS_FIELD_ARGS, *rate_args])
         if reply[0] == _RATE_LIMITED:
             raise rate.refusal(reply[1:])
-        _, values, ttl, rank, pace = reply
-        return StatusView(
-            record=RequestRecord.from_values(values, ttl),
-            position=rank,
-            pace=Pace(_seconds(pace[0]), _seconds(pace[1])),
-        )
+        return _status_view(reply)
+
+    def _replica_view(self, request_id: str, request_keys: list[str], rate) -> StatusView | None:
+        assert self.read_rate_counts is not None  # built with the replica
+        if rate is not None:
+            spent = self.read_rate_counts.spend(rate.keys, rate.args)
+            if spent is not None:
+                raise rate.refusal(spent)
+        try:
+            reply = self._status(keys=request_keys, args=[request_id, *_STATUS_FIELD_ARGS], client=self.reads)
+        except redis.RedisError as exc:
+            log.warning("the read replica did not answer (%s); reading the primary", exc)
+            return None
+        view = _status_view(reply)
+        return view if view.record is not None else None
 
     def history(self, workspace: str, *, model: str | None = None, since: float, until: float | None = None,
                 after: str | None = None, limit: int = 20, status: str = "",

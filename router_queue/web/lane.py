@@ -113,7 +113,7 @@ class Lane:
     def _status(self, request: Request, caller: Caller, entry: ModelEntry, values: tuple[str, ...],
                 call: Call) -> Answer:
         front = self.front
-        view = visible_view(front, caller.workspace, entry, values[2], call.take())
+        view = visible_view(front, caller.workspace, entry, values[2], call.take(), replica=True)
         return status_answer(front, view, base_url(front, request))
 
     def _submit(self, request: Request, caller: Caller, entry: ModelEntry, values: tuple[str, ...],

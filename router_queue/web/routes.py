@@ -74,21 +74,23 @@ def model_entry(provider: str, model: str, catalog: Catalog | None = None) -> Mo
     return entry
 
 
-def _caller_request(front: FrontDoor, provider: str, model: str, request_id: str) -> StatusView:
+def _caller_request(front: FrontDoor, provider: str, model: str, request_id: str,
+                    replica: bool = False) -> StatusView:
     """The request's view as this caller may see it, or 404/410."""
     workspace = front.keys.workspace(request)
     entry = model_entry(provider, model, front.services.catalog)
     if not well_formed(request_id):
         raise RequestNotFound(NOT_FOUND)
-    return visible_view(front, workspace, entry, request_id, carried_allowance())
+    return visible_view(front, workspace, entry, request_id, carried_allowance(), replica=replica)
 
 
 def visible_view(front: FrontDoor, workspace: str, entry: ModelEntry, request_id: str,
-                 allowance: Allowance | None) -> StatusView:
+                 allowance: Allowance | None, *, replica: bool = False) -> StatusView:
     """A well-formed id's view, counted against ``allowance`` in the same
     round trip; 404 unless it is this workspace's request for this model,
-    410 when it was but is past retention. (The lane calls it too.)"""
-    view = front.services.store.status_view(request_id, entry.provider, allowance)
+    410 when it was but is past retention. (The lane calls it too.) With
+    ``replica`` (status polls), a read replica answers when there is one."""
+    view = front.services.store.status_view(request_id, entry.provider, allowance, replica=replica)
     record = view.record
     if record is None:
         if front.services.ids.is_ours(request_id, workspace, entry.id):
@@ -191,7 +193,7 @@ def _replayed_handle(front: FrontDoor, entry: ModelEntry, request_id: str, base:
 @paths.STATUS.view(queue)
 def status(provider: str, model: str, request_id: str) -> Response:
     front = front_door()
-    return _status_response(front, _caller_request(front, provider, model, request_id))
+    return _status_response(front, _caller_request(front, provider, model, request_id, replica=True))
 
 
 @paths.EVENTS.view(queue)

@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 import redis
 
-from ..states import COMPLETED, IN_QUEUE
+from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from ..store.requests import RequestStore, StatusView, event_source
 from .bodies import status_body
 
@@ -159,6 +159,10 @@ class EventHub:
                     feed.close()
 
 
+#: A request's statuses in the only order they move in.
+_STATUS_ORDER = {IN_QUEUE: 0, IN_PROGRESS: 1, COMPLETED: 2}
+
+
 def event_id(view: StatusView) -> str:
     """The state an event shows, as its ``id``: what a resuming client has seen."""
     record = view.record
@@ -219,8 +223,13 @@ def stream(store: RequestStore, hub: EventHub, view: StatusView, *, base: str, r
                 pause = read_at + POSITION_REFRESH_S - clock()
                 if pause > 0:
                     time.sleep(pause)
-            follower.changed = False
+            # Its own change is read on the primary, which announced it; a
+            # position (its queue moved, or a heartbeat) on the read replica,
+            # unless that replica still shows an earlier state.
+            own_change, follower.changed = follower.changed, False
             read_at = clock()
-            view = store.status_view(request_id, provider)
+            fresh = store.status_view(request_id, provider, replica=not own_change)
+            if fresh.record is None or _STATUS_ORDER[fresh.record.status] >= _STATUS_ORDER[view.record.status]:
+                view = fresh
     finally:
         hub.unfollow(follower)

@@ -1,0 +1,92 @@
+"""Rate counting for the reads a replica serves, at one primary write per
+caller per process every :data:`SYNC_S`, not one per call.
+
+A status poll served by a replica must still count against its caller's rate
+windows, and those live on the primary (``web/ratelimit.py``). Counting each
+poll there would cost the primary a write per poll, most of what moving the
+read away saved. So each process counts a caller's polls in memory and adds
+them to the primary's windows at most every :data:`SYNC_S` seconds per
+caller (``rate_add.lua``), learning the windows' fleet-wide counts in the same
+step; between syncs it refuses once what it last learnt plus what it counted
+since passes the limit. The price: a window can admit up to what each
+process lets through in one :data:`SYNC_S` beyond its limit before every
+process knows it is spent.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import redis
+
+log = logging.getLogger(__name__)
+
+#: Seconds between two syncs of one caller's counts with the primary.
+SYNC_S = 0.1
+#: Windows remembered per process; past it, those whose window ended are dropped.
+MAX_WINDOWS = 10_000
+
+
+@dataclass
+class _Window:
+    #: Calls counted here and not yet added to the primary's window.
+    pending: int = 0
+    #: The window's fleet-wide count at the last sync (ours included).
+    total: int = 0
+    #: When the window ends, on this process's monotonic clock.
+    ends_at: float = -math.inf
+    synced_at: float = -math.inf
+
+
+class SyncedRateCounts:
+    """One process's counts of the calls it let a replica answer."""
+
+    def __init__(self, add: Any, sync_s: float = SYNC_S, clock: Callable[[], float] = time.monotonic):
+        """``add``: ``rate_add.lua`` loaded on the primary (``requests.load_script``)."""
+        self._add = add
+        self.sync_s = sync_s
+        self.clock = clock
+        self._windows: dict[str, _Window] = {}
+
+    def spend(self, keys: Sequence[str], args: Sequence[int]) -> list[int] | None:
+        """Count one call in ``keys``' windows (``args``: a (limit, seconds)
+        pair each, as ``ratelimit.Allowance`` carries them); ``[window index,
+        ms left]`` when one is spent, as ``status.lua`` answers, else None."""
+        now = self.clock()
+        windows = [self._window(key, now) for key in keys]
+        for window in windows:
+            window.pending += 1
+        if now - windows[0].synced_at >= self.sync_s:
+            self._sync(keys, args, windows, now)
+        for index, window in enumerate(windows):
+            if window.total + window.pending > args[2 * index]:
+                return [index + 1, max(1, int((window.ends_at - now) * 1000))]
+        return None
+
+    def _window(self, key: str, now: float) -> _Window:
+        window = self._windows.get(key)
+        if window is None:
+            if len(self._windows) >= MAX_WINDOWS:
+                self._windows = {k: w for k, w in self._windows.items() if w.ends_at > now or w.pending}
+            window = self._windows[key] = _Window()
+        elif window.ends_at <= now and window.synced_at > -math.inf:
+            window.total, window.synced_at = 0, -math.inf  # its window ended: learn the next one's at once
+        return window
+
+    def _sync(self, keys: Sequence[str], args: Sequence[int], windows: list[_Window], now: float) -> None:
+        sent = [window.pending for window in windows]
+        for window in windows:
+            window.pending, window.synced_at = 0, now  # other greenlets count on meanwhile
+        try:
+            reply = self._add(keys=list(keys), args=[n for pair in zip(sent, args[1::2]) for n in pair])
+        except redis.RedisError:  # the counter store's trouble must not refuse calls
+            log.warning("rate-limit counters unreachable; reads let through", exc_info=True)
+            for window, count in zip(windows, sent):
+                window.pending += count
+            return
+        for window, (total, left_ms) in zip(windows, reply):
+            window.total, window.ends_at = int(total), now + int(left_ms) / 1000
