@@ -200,8 +200,12 @@ end
 history_add(KEYS[15], KEYS[16], ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION])
 
 local S = sched_ctx(KEYS[4], KEYS[10], KEYS[11], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
-enqueue(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID], seq, ARGV[ARG_PRIORITY])
-local granted = grant(S)
+-- Nobody waiting ahead and a slot free: granted at once (lib.lua, grant_directly).
+local granted = grant_directly(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID])
+if not granted then
+  enqueue(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID], seq, ARGV[ARG_PRIORITY])
+  granted = grant(S)
+end
 local reply = with_granted("ADMITTED", granted)
 table.insert(reply, 2, ARGV[ARG_ID])
 table.insert(reply, 3, position(S.base, ARGV[ARG_WORKSPACE], ARGV[ARG_ID]))

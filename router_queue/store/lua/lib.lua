@@ -7,7 +7,8 @@
 --   * the caller's deadlines (forget_deadlines, passed, past_deadline);
 --   * pub/sub: telling event streams and held calls what changed (announce*);
 --   * rate counting (spend_rate);
---   * the fair schedule behind each provider's cap (enqueue, grant, position);
+--   * the fair schedule behind each provider's cap (enqueue, grant, grant_directly,
+--     position);
 --   * webhook events, owed in the step that makes the change they report
 --     (owe_started, owe_progress, owe_webhook, webhook_ended);
 --   * endings several scripts share (finish_unbilled, with_granted);
@@ -329,6 +330,27 @@ local function leave_schedule(S, ws, request_id)
   end
 end
 
+-- The request (IN_QUEUE, out of the schedule's waiting structures) takes a
+-- slot in rq:running: it is granted, in grant order, counted in its
+-- workspace's run|ws, and its Celery message pushed (S.template), else its
+-- id added to `granted` for the caller to publish.
+local function give_slot(S, ws, request_id, granted)
+  local base = S.base
+  local n = redis.call("HINCRBY", base, "grantseq", 1)
+  redis.call("HSET", KEY_REQUEST .. request_id, "granted_at", S.now)
+  redis.call("ZADD", S.running, S.grant_until, request_id)
+  redis.call("ZADD", base .. ":granted", n, request_id)
+  redis.call("HINCRBY", base, "run|" .. ws, 1)
+  if S.template ~= "" then
+    local task = request_id .. "." .. n
+    local message = string.gsub(string.gsub(string.gsub(S.template, "RQTPLREQ", request_id),
+      "RQTPLTASK", task), "RQTPLTAG", task)
+    redis.call("LPUSH", S.list, message)
+  else
+    granted[#granted + 1] = request_id
+  end
+end
+
 -- Give every free slot to the request the schedule names next; returns the
 -- ids granted that the caller must publish (none when S.template pushed them).
 local function grant(S)
@@ -359,19 +381,7 @@ local function grant(S)
       forget_workspace_if_idle(S, ws)
       local request_id = popped[1]
       if request_id and redis.call("HGET", KEY_REQUEST .. request_id, "status") == "IN_QUEUE" then
-        local n = redis.call("HINCRBY", base, "grantseq", 1)
-        redis.call("HSET", KEY_REQUEST .. request_id, "granted_at", S.now)
-        redis.call("ZADD", S.running, S.grant_until, request_id)
-        redis.call("ZADD", base .. ":granted", n, request_id)
-        redis.call("HINCRBY", base, "run|" .. ws, 1)
-        if S.template ~= "" then
-          local task = request_id .. "." .. n
-          local message = string.gsub(string.gsub(string.gsub(S.template, "RQTPLREQ", request_id),
-            "RQTPLTASK", task), "RQTPLTAG", task)
-          redis.call("LPUSH", S.list, message)
-        else
-          granted[#granted + 1] = request_id
-        end
+        give_slot(S, ws, request_id, granted)
         S.moved = true
       end
     end
@@ -379,6 +389,33 @@ local function grant(S)
   if S.moved then
     announce_moved(base)
   end
+  return granted
+end
+
+-- admit.lua's fast path: a new request (its record just written IN_QUEUE)
+-- that nobody waits ahead of takes a free slot at once. Returns the ids to
+-- publish, as grant() does, or nil when the request must take the slow path
+-- (enqueue, then grant). It applies when no workspace has a request waiting
+-- ({base}:depths is empty: a parked workspace's waiting requests are counted
+-- there too), the provider has a free slot and the workspace is under its
+-- own max_in_flight. There, enqueue() then grant() would give the request a
+-- slot tagged max(vtime, f|ws) + QUANTUM / weight and take it straight back:
+-- the request is the only head, so it is granted, and its workspace, now
+-- idle, drops its f|ws and, no one waiting, vtime (both absent before: no
+-- one waited). So this leaves what they leave (the same give_slot, the same
+-- announcement) without writing and deleting the slot; only the slotseq
+-- counter, which only names slots in creation order, is not advanced.
+local function grant_directly(S, ws, request_id)
+  if redis.call("ZCARD", S.base .. ":depths") > 0 or redis.call("ZCARD", S.running) >= S.cap then
+    return nil
+  end
+  local _, limit = ws_limits(ws)
+  if limit > 0 and tonumber(redis.call("HGET", S.base, "run|" .. ws) or "0") >= limit then
+    return nil
+  end
+  local granted = {}
+  give_slot(S, ws, request_id, granted)
+  announce_moved(S.base)
   return granted
 end
 
