@@ -232,3 +232,29 @@ def test_a_page_is_one_call_against_the_rate(http, auth, services, workspace):
     assert http.get("/v2/requests", headers=auth).status_code == 200
     assert http.get("/v2/requests?limit=0", headers=auth).status_code == 400  # refused, still counted
     assert_error(http.get("/v2/requests", headers=auth), 429, "rate_limited")
+
+
+def test_an_admission_stamped_before_the_last_entry_is_listed_at_its_ms(services, workspace):
+    """Ids only grow: a front door whose clock is behind another's lists its
+    admission at the stream's last ms, in both streams, and trims by it."""
+    now = time.time()
+    ahead = admit(services, workspace, now=now)
+    behind = admit(services, workspace, now=now - 5)
+    ids = [entry_id for entry_id, _ in services.redis.xrange(keys.history(workspace))]
+    ms = int(now * 1000)
+    assert ids == [f"{ms}-0".encode(), f"{ms}-1".encode()]
+    assert [e for e, _ in services.redis.xrange(keys.model_history(workspace, MODEL))] == ids
+    assert walk(services.store, workspace, since=now - 60, limit=10) == [[behind, ahead]]
+
+
+def test_a_model_stream_ahead_of_its_workspaces_misses_the_entry_and_is_trimmed(services, workspace):
+    now = time.time()
+    retention = services.store.retention_s
+    model_stream = keys.model_history(workspace, MODEL)
+    old_ms = int((now - retention - 60) * 1000)
+    services.redis.xadd(model_stream, {"i": ""}, id=f"{old_ms}-0")
+    services.redis.xadd(model_stream, {"i": ""}, id=f"{int((now + 60) * 1000)}-0")  # planted ahead
+    admitted = admit(services, workspace, now=now)
+    assert [e for e, _ in services.redis.xrange(model_stream)] == [f"{int((now + 60) * 1000)}-0".encode()]
+    assert walk(services.store, workspace, since=now - 60, limit=10) == [[admitted]]
+    assert 0 < services.redis.ttl(model_stream) <= retention

@@ -681,30 +681,43 @@ local function last_ms(stream)
   return last and tonumber(string.match(last[1], "^%d+")) or 0
 end
 
+-- XADD the entry under `id` and trim what is older than `oldest` (ms) in
+-- the same command (exact MINID, as XTRIM would); nil, nothing changed, when
+-- XADD refuses the id because the stream's last entry is not below it.
+local function xadd_trimmed(stream, oldest, id, field, value)
+  local added = redis.pcall("XADD", stream, "MINID", oldest, id, field, value)
+  if type(added) == "table" and added.err then
+    return nil
+  end
+  return added
+end
+
 -- List a request just admitted (now: Unix seconds) in its workspace's and
 -- its model's history; trim what is older than `keep` seconds, and let a
--- history nobody admits to any more expire with its newest entry. Never an
+-- history nobody admits to any more expire with its newest entry. An entry's
+-- ms is its admission's, or the stream's last one's when that is later (the
+-- clock of another front door ahead of this one's): ids only grow. That is
+-- rare, so it is read only when XADD refuses the admission's own ms. Never an
 -- error (a script that failed here would leave the admission half done): a
 -- model's stream that is somehow ahead of its workspace's (one was deleted
--- by hand) just misses the entry.
+-- by hand) just misses the entry, and is trimmed all the same.
 local function history_add(ws_stream, model_stream, request_id, now, keep)
-  local ms = math.max(math.floor(tonumber(now) * 1000), last_ms(ws_stream))
-  local id = redis.call("XADD", ws_stream, string.format("%.0f-*", ms), "i", pack_id(request_id))
-  local seq = tonumber(string.match(id, "-(%d+)$"))
-  local model_last = redis.call("XREVRANGE", model_stream, "+", "-", "COUNT", 1)[1]
-  local ahead = false
-  if model_last then
-    local m, q = string.match(model_last[1], "^(%d+)-(%d+)$")
-    ahead = tonumber(m) > ms or (tonumber(m) == ms and tonumber(q) >= seq)
+  local keep_ms = tonumber(keep) * 1000
+  local function oldest(ms)  -- the trim's MINID for an entry at ms
+    return string.format("%.0f", math.max(0, ms - keep_ms))
   end
-  if not ahead then
-    redis.call("XADD", model_stream, id, "i", "")
+  local ms = math.floor(tonumber(now) * 1000)
+  local packed = pack_id(request_id)
+  local id = xadd_trimmed(ws_stream, oldest(ms), string.format("%.0f-*", ms), "i", packed)
+  if not id then
+    ms = math.max(ms, last_ms(ws_stream))
+    id = redis.call("XADD", ws_stream, "MINID", oldest(ms), string.format("%.0f-*", ms), "i", packed)
   end
-  local oldest = string.format("%.0f", math.max(0, ms - tonumber(keep) * 1000))
-  for _, stream in ipairs({ws_stream, model_stream}) do
-    redis.call("XTRIM", stream, "MINID", oldest)
-    redis.call("EXPIRE", stream, keep)
+  if not xadd_trimmed(model_stream, oldest(ms), id, "i", "") then
+    redis.call("XTRIM", model_stream, "MINID", oldest(ms))
   end
+  redis.call("EXPIRE", ws_stream, keep)
+  redis.call("EXPIRE", model_stream, keep)
 end
 
 -- {code, ids...}: a script's answer with the granted ids its caller publishes.
