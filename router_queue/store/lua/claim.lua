@@ -36,7 +36,7 @@
 
 local now = tonumber(ARGV[ARG_NOW])
 local rec = redis.call("HMGET", KEYS[1], "status", "created_at", "successor", "lease_until", "takeovers",
-  "handed_back", "workspace", "seq", "priority", "start_deadline_at", "deadline_at")
+  "handed_back", "workspace", "seq", "priority", "start_deadline_at", "deadline_at", "webhook_url", "webhook_events")
 local status = rec[1]
 if not status then
   return {"MISSING"}
@@ -56,10 +56,17 @@ local function finish(code, error_type, detail)
   return with_granted(code, grant(S))
 end
 
-local function lease()
+-- The lease goes to this execution; `fields`, the record's other changes in
+-- this step, are written with it (one HSET). successor and handed_back are
+-- the previous holder's: deleted when the record has them (read above).
+local function lease(fields)
   local until_ = now + tonumber(ARGV[ARG_LEASE_S])
-  redis.call("HSET", KEYS[1], "token", ARGV[ARG_TOKEN], "holder", ARGV[ARG_RESUME_KEY], "lease_until", tostring(until_))
-  redis.call("HDEL", KEYS[1], "successor", "handed_back")
+  fields = fields or {}
+  append(fields, "token", ARGV[ARG_TOKEN], "holder", ARGV[ARG_RESUME_KEY], "lease_until", tostring(until_))
+  redis.call("HSET", KEYS[1], unpack(fields))
+  if rec[3] or rec[6] then
+    redis.call("HDEL", KEYS[1], "successor", "handed_back")
+  end
   redis.call("ZADD", KEYS[4], until_, ARGV[ARG_ID])
 end
 
@@ -81,13 +88,15 @@ if status == "IN_QUEUE" then
   if passed(rec[11], now) then
     return finish("DEADLINE", "cancelled", DEADLINE_DETAIL)
   end
-  redis.call("HSET", KEYS[1], "status", "IN_PROGRESS", "started_at", ARGV[ARG_NOW])
-  redis.call("ZREM", KEYS[8], "start|" .. ARGV[ARG_ID])
+  if rec[10] then  -- admitted with a start deadline: it no longer needs it
+    redis.call("ZREM", KEYS[8], "start|" .. ARGV[ARG_ID])
+  end
   left_queue(KEYS[5])
   redis.call("ZREM", KEYS[2], ARGV[ARG_ID])
   redis.call("ZREM", S.base .. ":granted", ARGV[ARG_ID])
-  lease()
-  owe_started(KEYS[1], ARGV[ARG_ID], ARGV[ARG_NOW])  -- its webhook's "started" event, if chosen (lib.lua)
+  lease({"status", "IN_PROGRESS", "started_at", ARGV[ARG_NOW]})
+  -- its webhook's "started" event, if chosen (lib.lua)
+  owe_started(KEYS[1], ARGV[ARG_ID], ARGV[ARG_NOW], rec[12], rec[13])
   announce(ARGV[ARG_ID], "IN_PROGRESS")
   announce_moved(KEYS[3])
   return {"CLAIMED"}
@@ -109,6 +118,5 @@ local takeovers = tonumber(rec[5] or "0") + 1
 if takeovers > tonumber(ARGV[ARG_MAX_TAKEOVERS]) then
   return finish("EXHAUSTED", "provider_error", "the request's worker was lost " .. (takeovers - 1) .. " times; giving up")
 end
-redis.call("HSET", KEYS[1], "takeovers", takeovers)
-lease()
+lease({"takeovers", takeovers})
 return {"RESUMED"}

@@ -20,8 +20,9 @@
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
 -- returns {"COMPLETED", granted ids to publish...} | {"ALREADY_COMPLETED"} | {"MISSING"}
 
-local rec = redis.call("HMGET", KEYS[1], "status", "workspace")
-local status = rec[1]
+-- The record once: what this step reads of it, and what its ending reads (lib.lua).
+local rec = read_fields(KEYS[1], ENDING_FIELDS, {"status", "workspace", "started_at", "created_at", "cancel_detail"})
+local status = rec.status
 if not status then
   return {"MISSING"}
 end
@@ -33,29 +34,32 @@ local now = tonumber(ARGV[ARG_NOW])
 local S = sched_ctx(KEYS[5], KEYS[6], KEYS[9], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
 if status == "IN_QUEUE" then
   left_queue(KEYS[7])
-  leave_schedule(S, rec[2], ARGV[ARG_ID])
+  leave_schedule(S, rec.workspace, ARGV[ARG_ID])
+  redis.call("ZREM", KEYS[3], ARGV[ARG_ID])  -- a started one left it when it started (claim.lua)
 else
-  release_slot(S, rec[2], ARGV[ARG_ID])
+  release_slot(S, rec.workspace, ARGV[ARG_ID], true)
 end
-redis.call("HSET", KEYS[1], "status", "COMPLETED", "completed_at", ARGV[ARG_NOW])
-settle(KEYS[1], KEYS[7], KEYS[8], ARGV[ARG_ID], ARGV[ARG_BILLABLE] == "1" and "charge" or "release", ARGV[ARG_NOW])
+-- The record's changes, written in one HSET: its outcome, its cost (settle)
+-- and its body's bytes given back (drop_body).
+local fields = {"status", "COMPLETED", "completed_at", ARGV[ARG_NOW]}
+settle(KEYS[7], KEYS[8], ARGV[ARG_ID], ARGV[ARG_BILLABLE] == "1" and "charge" or "release", ARGV[ARG_NOW], rec, fields)
 if ARGV[ARG_ERROR_TYPE] == "" then
-  redis.call("HSET", KEYS[1], "content_type", ARGV[ARG_CONTENT_TYPE])
+  append(fields, "content_type", ARGV[ARG_CONTENT_TYPE])
   redis.call("SET", KEYS[2], ARGV[ARG_OUTPUT], "EX", ARGV[ARG_RETENTION])
 else
   local detail = ARGV[ARG_DETAIL]
   if ARGV[ARG_ERROR_TYPE] == "cancelled" then
-    detail = redis.call("HGET", KEYS[1], "cancel_detail") or detail
+    detail = rec.cancel_detail or detail
   end
-  redis.call("HSET", KEYS[1], "error_type", ARGV[ARG_ERROR_TYPE], "detail", detail)
+  append(fields, "error_type", ARGV[ARG_ERROR_TYPE], "detail", detail)
 end
-redis.call("EXPIRE", KEYS[1], ARGV[ARG_RETENTION])
 -- a failed request's body is kept for its retention: it may be retried
-drop_body(KEYS[1], KEYS[11], KEYS[7], ARGV[ARG_ERROR_TYPE] ~= "" and ARGV[ARG_RETENTION] or nil)
-forget_deadlines(KEYS[10], ARGV[ARG_ID])
-owe_webhook(KEYS[1], KEYS[7], ARGV[ARG_ID], ARGV[ARG_NOW])
+drop_body(KEYS[11], KEYS[7], ARGV[ARG_ERROR_TYPE] ~= "" and ARGV[ARG_RETENTION] or nil, rec, fields)
+redis.call("HSET", KEYS[1], unpack(fields))
+redis.call("EXPIRE", KEYS[1], ARGV[ARG_RETENTION])
+forget_deadlines(KEYS[10], ARGV[ARG_ID], rec)
+owe_webhook(KEYS[1], KEYS[7], ARGV[ARG_ID], ARGV[ARG_NOW], rec)
 announce_completed(ARGV[ARG_ID])
-redis.call("ZREM", KEYS[3], ARGV[ARG_ID])
 
 -- Pace estimates for Retry-After: moving averages (weight 0.2) of run time
 -- and of the interval between completions, the latter capped at the run time
@@ -64,7 +68,6 @@ redis.call("ZREM", KEYS[3], ARGV[ARG_ID])
 -- those that ran and the seconds they waited, and completions per 10 s
 -- window in a ring of 6 fields "done|<window mod 6>" = "<window>:<count>"
 -- (requests.py, COMPLETIONS_WINDOW_S and COMPLETIONS_RING).
-local times = redis.call("HMGET", KEYS[1], "started_at", "created_at")
 local window = math.floor(now / 10)
 local ring = "done|" .. (window % 6)
 local stats = redis.call("HMGET", KEYS[4], "avg_run_s", "last_completed_at", "avg_gap_s", "completed", "ran",
@@ -78,7 +81,7 @@ if done then
   end
 end
 local update = {"completed", (tonumber(stats[4]) or 0) + 1, ring, window .. ":" .. in_window}
-local started = tonumber(times[1])
+local started = tonumber(rec.started_at)
 if started then
   local run = math.max(now - started, 0)
   local avg_run = tonumber(stats[1]) or run
@@ -89,7 +92,7 @@ if started then
   end
   local avg_gap = tonumber(stats[3]) or gap
   avg_gap = avg_gap * 0.8 + gap * 0.2
-  local waited = math.max(started - (tonumber(times[2]) or started), 0)
+  local waited = math.max(started - (tonumber(rec.created_at) or started), 0)
   for _, pair in ipairs({{"avg_run_s", tostring(avg_run)}, {"avg_gap_s", tostring(avg_gap)},
       {"last_completed_at", ARGV[ARG_NOW]},
       {"ran", (tonumber(stats[5]) or 0) + 1}, {"waited_s", tostring((tonumber(stats[6]) or 0) + waited)}}) do

@@ -18,6 +18,34 @@
 -- (the request the schedule names next, a request's webhook event) is built
 -- from KEY_*.
 
+-- Appends its further arguments to the list `fields` (a hash's field-value
+-- pairs, collected to be written in one HSET).
+local function append(fields, ...)
+  for i = 1, select("#", ...) do
+    fields[#fields + 1] = (select(i, ...))
+  end
+end
+
+-- The hash's fields `names` (and `more`, if given) in one HMGET, as a table
+-- by name (false for a field the hash lacks).
+local function read_fields(key, names, more)
+  local all = {unpack(names)}
+  for _, name in ipairs(more or {}) do
+    all[#all + 1] = name
+  end
+  local values = redis.call("HMGET", key, unpack(all))
+  local byname = {}
+  for i, name in ipairs(all) do
+    byname[name] = values[i]
+  end
+  return byname
+end
+
+--: The record's fields a request's ending reads (settle, drop_body,
+--: forget_deadlines, owe_webhook), read once by whatever ends it.
+local ENDING_FIELDS = {"hold", "cost_state", "price", "body_bytes", "start_deadline_at", "deadline_at",
+  "webhook_url", "webhook_events", "webhook_counted", "webhook_final"}
+
 -- One fewer request of this workspace is waiting IN_QUEUE.
 local function left_queue(ws_key)
   if redis.call("HINCRBY", ws_key, "queued", -1) < 0 then
@@ -31,18 +59,19 @@ end
 -- many seconds (the retention), no longer counted. The record's body_bytes
 -- is zeroed in the same step, as settle() zeroes the hold, so no second
 -- ending can give them back twice; a request admitted before bodies were
--- counted has none and gives back nothing.
-local function drop_body(req_key, body_key, ws_key, keep_s)
+-- counted has none and gives back nothing. rec: the record's ENDING_FIELDS;
+-- its fields to write are appended to `fields` (the caller's one HSET).
+local function drop_body(body_key, ws_key, keep_s, rec, fields)
   if keep_s then
     redis.call("EXPIRE", body_key, keep_s)
   else
     redis.call("DEL", body_key)
   end
-  local bytes = tonumber(redis.call("HGET", req_key, "body_bytes") or "0")
+  local bytes = tonumber(rec.body_bytes or "0")
   if bytes <= 0 then
     return
   end
-  redis.call("HSET", req_key, "body_bytes", 0)
+  append(fields, "body_bytes", 0)
   if redis.call("HINCRBY", ws_key, "queued_bytes", -bytes) < 0 then
     redis.call("HSET", ws_key, "queued_bytes", 0)
   end
@@ -58,8 +87,10 @@ local START_DEADLINE_DETAIL =
   "not started by its start deadline (X-Comfy-Start-Deadline); never run, never billed"
 local DEADLINE_DETAIL = "cancelled: its deadline (X-Comfy-Deadline) passed before it completed"
 
-local function forget_deadlines(deadlines_key, request_id)
-  if deadlines_key then
+-- rec: the record's ENDING_FIELDS; a request admitted with neither deadline
+-- has no member to forget (admit.lua writes each field with its member).
+local function forget_deadlines(deadlines_key, request_id, rec)
+  if deadlines_key and (rec.start_deadline_at or rec.deadline_at) then
     redis.call("ZREM", deadlines_key, "start|" .. request_id, "run|" .. request_id)
   end
 end
@@ -81,24 +112,25 @@ end
 -- it at admission: a waiting request costs no more memory); here it becomes
 -- "charged" or "released", with the price the hold was, in the same step as
 -- the ledger's entry, so the two always agree; a free request (price 0)
--- settles too, with no ledger entry.
-local function settle(req_key, ws_key, ledger_key, request_id, how, now)
-  local r = redis.call("HMGET", req_key, "hold", "cost_state", "price")
-  local hold = tonumber(r[1] or "0")
-  if r[2] ~= "charged" and r[2] ~= "released" then
-    redis.call("HSET", req_key, "cost_state", how == "charge" and "charged" or "released")
-    if not r[3] then  -- admitted before the price was kept: what it held is its price
-      redis.call("HSET", req_key, "price", hold)
+-- settles too, with no ledger entry. rec: the record's ENDING_FIELDS; its
+-- fields to write are appended to `fields`, which the caller writes in the
+-- same step (one HSET with its own).
+local function settle(ws_key, ledger_key, request_id, how, now, rec, fields)
+  local hold = tonumber(rec.hold or "0")
+  if rec.cost_state ~= "charged" and rec.cost_state ~= "released" then
+    append(fields, "cost_state", how == "charge" and "charged" or "released")
+    if not rec.price then  -- admitted before the price was kept: what it held is its price
+      append(fields, "price", hold)
     end
   end
   if hold <= 0 then
     return
   end
-  redis.call("HSET", req_key, "hold", 0)
+  append(fields, "hold", 0)
   local held = redis.call("HINCRBY", ws_key, "held", -hold)
   local credits
   if how == "charge" then
-    redis.call("HSET", req_key, "charged", hold)
+    append(fields, "charged", hold)
     credits = redis.call("HINCRBY", ws_key, "credits", -hold)
   else
     credits = tonumber(redis.call("HGET", ws_key, "credits") or "0")
@@ -304,17 +336,24 @@ local function dequeue_waiting(S, ws, request_id)
 end
 
 -- A request leaves rq:running (it ended, or a grant ended unclaimed): its
--- workspace has one fewer in flight and may be unparked. True when it held a slot.
-local function release_slot(S, ws, request_id)
+-- workspace has one fewer in flight and may be unparked. True when it held a
+-- slot. `started`: it is IN_PROGRESS, so claim.lua already took it out of
+-- :granted, in the step that started it (nothing grants a started request).
+local function release_slot(S, ws, request_id, started)
   if redis.call("ZREM", S.running, request_id) == 0 then
     return false
   end
-  redis.call("ZREM", S.base .. ":granted", request_id)
-  local left = redis.call("HINCRBY", S.base, "run|" .. ws, -1)
+  if not started then
+    redis.call("ZREM", S.base .. ":granted", request_id)
+  end
+  local counts = redis.call("HMGET", S.base, "run|" .. ws, "parked|" .. ws)
+  local left = tonumber(counts[1] or "0") - 1
   if left <= 0 then
     redis.call("HDEL", S.base, "run|" .. ws)
+  else
+    redis.call("HINCRBY", S.base, "run|" .. ws, -1)
   end
-  if redis.call("HEXISTS", S.base, "parked|" .. ws) == 1 then
+  if counts[2] then
     local _, limit = ws_limits(ws)
     if limit <= 0 or left < limit then
       unpark(S, ws)
@@ -565,18 +604,18 @@ end
 -- A request that just completed: it owes its "completed" event when it
 -- chose it, and its workspace's count moves to its events, given back when
 -- the last ends (at once when none is pending). Once per request
--- ("webhook_final"), whichever script completes it.
-local function owe_webhook(req_key, ws_key, request_id, now)
-  local r = redis.call("HMGET", req_key, "webhook_url", "webhook_events", "webhook_counted", "webhook_final")
-  if not r[1] or r[1] == "" or r[4] then
+-- ("webhook_final"), whichever script completes it. rec: the record's
+-- ENDING_FIELDS as they were before this step.
+local function owe_webhook(req_key, ws_key, request_id, now, rec)
+  if not rec.webhook_url or rec.webhook_url == "" or rec.webhook_final then
     return
   end
   redis.call("HSET", req_key, "webhook_final", 1)
   local event_key = KEY_WEBHOOK .. request_id
-  if wants_event(r[2], "completed") then
+  if wants_event(rec.webhook_events, "completed") then
     owe_event(webhook_snapshot(req_key, request_id, "completed", "msg_" .. request_id, now), now)
   end
-  if r[3] == "1" then
+  if rec.webhook_counted == "1" then
     redis.call("HSET", event_key, "counted", 1)
     if redis.call("HGET", event_key, "state") ~= "pending" then
       webhook_uncount(event_key, ws_key)
@@ -585,10 +624,10 @@ local function owe_webhook(req_key, ws_key, request_id, now)
 end
 
 -- A request just started (claim.lua): its "started" event, when chosen.
--- Returns true when it is due now (publish it).
-local function owe_started(req_key, request_id, now)
-  local r = redis.call("HMGET", req_key, "webhook_url", "webhook_events")
-  if not r[1] or r[1] == "" or not wants_event(r[2], "started") then
+-- Returns true when it is due now (publish it). url, events: the record's
+-- webhook_url and webhook_events (claim.lua read them with the rest).
+local function owe_started(req_key, request_id, now, url, events)
+  if not url or url == "" or not wants_event(events, "started") then
     return false
   end
   local event = webhook_snapshot(req_key, request_id, "started", "msg_" .. request_id .. "_started", now)
@@ -635,19 +674,21 @@ end
 -- workspace id ws_id; S the provider's
 -- scheduler context (the caller runs grant(S) after, for the freed slot).
 local function finish_unbilled(k, S, request_id, now, retention, was_queued, error_type, detail)
+  local rec = read_fields(k.req, ENDING_FIELDS)
   if was_queued then
     left_queue(k.ws)
     leave_schedule(S, k.ws_id, request_id)
+    redis.call("ZREM", k.queue, request_id)  -- a started one left it when it started (claim.lua)
   else
-    release_slot(S, k.ws_id, request_id)
+    release_slot(S, k.ws_id, request_id, true)
   end
-  redis.call("HSET", k.req, "status", "COMPLETED", "completed_at", now, "error_type", error_type, "detail", detail)
-  settle(k.req, k.ws, k.ledger, request_id, "release", now)
+  local fields = {"status", "COMPLETED", "completed_at", now, "error_type", error_type, "detail", detail}
+  settle(k.ws, k.ledger, request_id, "release", now, rec, fields)
+  drop_body(k.body, k.ws, retention, rec, fields)
+  redis.call("HSET", k.req, unpack(fields))
   redis.call("EXPIRE", k.req, retention)
-  drop_body(k.req, k.body, k.ws, retention)
-  forget_deadlines(k.deadlines, request_id)
-  redis.call("ZREM", k.queue, request_id)
-  owe_webhook(k.req, k.ws, request_id, now)
+  forget_deadlines(k.deadlines, request_id, rec)
+  owe_webhook(k.req, k.ws, request_id, now, rec)
   announce_completed(request_id)
 end
 
