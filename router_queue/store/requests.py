@@ -721,13 +721,18 @@ class RequestStore:
         return value.decode() if value else ""
 
     def load(self, request_id: str) -> tuple[RequestRecord | None, bytes | None]:
-        """A request's record and its native body."""
+        """A request's record and its native body, in one round trip. A record
+        admitted before bodies had a key of their own (an older version's, still
+        waiting) holds its body in its ``body`` field: read in a second trip,
+        only when the body's key has none."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hmget(keys.request(request_id), _FIELDS)
         pipe.get(keys.body(request_id))
-        pipe.hget(keys.request(request_id), "body")  # admitted before bodies had a key of their own
-        values, body, in_record = pipe.execute()
-        return RequestRecord.from_values(values), body if body is not None else in_record
+        values, body = pipe.execute()
+        record = RequestRecord.from_values(values)
+        if body is None and record is not None:
+            body = self.client.hget(keys.request(request_id), "body")
+        return record, body
 
     def claim(self, record: RequestRecord, lease: Lease, now: float | None = None) -> Claim:
         """Take the request to run it (see :class:`~router_queue.store.outcomes.Claim`)."""
