@@ -24,6 +24,7 @@ import logging
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import redis
 
@@ -100,6 +101,10 @@ class Resolved:
     legacy: bool
     #: Seconds until it stops working; None: no end.
     left_s: float | None
+    #: Its workspace's own rate limit (None: the default), when ``resolve``
+    #: was asked for it (``rate_limit_read``).
+    rate_limit: str | None = None
+    rate_limit_read: bool = False
 
 
 def _text(value) -> str:
@@ -127,20 +132,45 @@ class ApiKeys:
         self._adopt = load_script(client, "key_adopt")
 
     # -- the front door ----------------------------------------------------
-    def resolve(self, api_key: str, now: float | None = None) -> Resolved | None:
+    def resolve(self, api_key: str, now: float | None = None, *,
+                rate_limit_of: str | None = None) -> Resolved | None:
         """Who ``api_key`` is, or None; one round trip, and at most once a
-        minute per key a write of when it was last used."""
+        minute per key a write of when it was last used. ``rate_limit_of``:
+        the workspace the key likely belongs to (what it resolved to last):
+        its ``rate_limit`` is read in the same round trip, and answered
+        (``Resolved.rate_limit_read``) when the key does belong to it."""
         digest = hash_key(api_key)
         ident = key_id(digest)
-        reply = self._resolve(keys=[keys.api_key(digest), keys.key_record(ident)],
-                              args=[repr(now or time.time()), LAST_USED_EVERY_S])
+        key_names = [keys.api_key(digest), keys.key_record(ident)]
+        args = [repr(now or time.time()), LAST_USED_EVERY_S]
+        limit = None
+        if rate_limit_of is None:
+            reply = self._resolve(keys=key_names, args=args)
+        else:
+            reply, limit = self._resolve_with(key_names, args, keys.workspace(rate_limit_of))
         if not reply:
             return None
         owner, left_ms, namespace = _text(reply[0]), int(reply[1]), _text(reply[2])
         left_s = left_ms / 1000 if left_ms >= 0 else None
         if owner == NO_WORKSPACE:
             return Resolved(namespace or legacy_namespace(ident), True, left_s)
+        if owner == rate_limit_of:
+            return Resolved(owner, False, left_s, _text(limit) if limit else None, True)
         return Resolved(owner, False, left_s)
+
+    def _resolve_with(self, key_names: builtins.list[str], args: builtins.list, workspace_key: str) -> tuple[Any, Any]:
+        """key_resolve.lua's reply and a workspace's rate_limit, pipelined. The
+        EVALSHA is sent by hand: a pipeline handed the script object asks
+        ``SCRIPT EXISTS`` first, a round trip of its own. A server without the
+        script (restarted, flushed) answers NOSCRIPT: then the plain call loads it."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.evalsha(self._resolve.sha, len(key_names), *key_names, *args)
+        pipe.hget(workspace_key, "rate_limit")
+        try:
+            reply, limit = pipe.execute()
+        except redis.exceptions.NoScriptError:
+            return self._resolve(keys=key_names, args=args), self.client.hget(workspace_key, "rate_limit")
+        return reply, limit
 
     # -- the operator's commands -------------------------------------------
     def mint(self, workspace: str | None, *, label: str = "", now: float | None = None) -> tuple[str, KeyInfo]:

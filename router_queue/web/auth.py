@@ -6,7 +6,9 @@ a revoked key, a rotated-out key past its overlap or a changed rate limit
 takes effect within that on every process (a rotated-out key's entry never
 outlives the key itself). A lookup is one script (``key_resolve.lua``) that
 also notes, at most once a minute, that the key was used; a workspace key's
-rate limit is a second read.
+rate limit is read with it, in the same round trip, from the workspace the
+key resolved to last (the first lookup in a process, or a key whose workspace
+is not the one it had, takes a second read).
 """
 
 from __future__ import annotations
@@ -87,15 +89,17 @@ class KeyResolver:
         else:
             if len(self._cache) >= CACHE_MAX_ENTRIES:
                 self._cache.clear()
-            caller, valid_s = self._lookup(key)
+            caller, valid_s = self._lookup(key, cached[1] if cached is not None else None)
             self._cache[digest] = (now + valid_s, caller)
         if caller is None:
             raise Unauthorized("the API key is not valid")
         return caller
 
-    def _lookup(self, key: str) -> tuple[Caller | None, float]:
-        """The caller, and for how long the answer may be reused."""
-        found = self.accounts.keys.resolve(key)
+    def _lookup(self, key: str, previous: Caller | None) -> tuple[Caller | None, float]:
+        """The caller, and for how long the answer may be reused. ``previous``:
+        the key's last answer, whose workspace's rate limit is read with it."""
+        guess = previous.workspace if previous is not None and not previous.legacy else None
+        found = self.accounts.keys.resolve(key, rate_limit_of=guess)
         if found is None:
             self.accounts.epoch.check()  # an emptied store answers 503, not 401 for every key
             return None, CACHE_TTL_S
@@ -103,7 +107,8 @@ class KeyResolver:
         valid_s = CACHE_TTL_S if found.left_s is None else min(CACHE_TTL_S, found.left_s)
         if found.legacy:
             return Caller(found.workspace, legacy=True), valid_s
-        return Caller(found.workspace, self.accounts.rate_limit(found.workspace)), valid_s
+        limit = found.rate_limit if found.rate_limit_read else self.accounts.rate_limit(found.workspace)
+        return Caller(found.workspace, limit), valid_s
 
     def workspace(self, request: Request) -> str:
         """The caller's workspace, for the queue routes: a legacy key belongs to

@@ -172,7 +172,7 @@ def round_trips(monkeypatch) -> list[int]:
     return sent
 
 
-def test_a_warm_poll_or_submit_costs_one_round_trip_and_a_cache_miss_two_more(http, services, workspace, auth, clock,
+def test_a_warm_poll_or_submit_costs_one_round_trip_and_a_cache_miss_one_more(http, services, workspace, auth, clock,
                                                                   round_trips):
     request_id = http.post(f"{FLUX}/requests", json={"prompt": "p"}, headers=auth).json["request_id"]
     poll = f"{FLUX}/requests/{request_id}/status"
@@ -185,10 +185,22 @@ def test_a_warm_poll_or_submit_costs_one_round_trip_and_a_cache_miss_two_more(ht
     for i in range(10):  # a submit: admit.lua alone (the test's dispatcher publishes nothing)
         assert http.post(f"{FLUX}/requests", json={"prompt": f"p{i}"}, headers=auth).status_code == 201
     assert round_trips[0] - before == 10
-    clock.now += auth_module.CACHE_TTL_S  # the entry is stale: key_resolve.lua, the rate limit, the poll
+    clock.now += auth_module.CACHE_TTL_S  # the entry is stale: key_resolve.lua with the rate limit, the poll
     before = round_trips[0]
     assert http.get(poll, headers=auth).status_code == 200
-    assert round_trips[0] - before == 3
+    assert round_trips[0] - before == 2
+
+
+def test_a_changed_rate_limit_applies_once_the_cached_resolution_ends(http, services, workspace, auth, clock):
+    """The rate limit travels with the key's cached resolution: a change takes
+    up to CACHE_TTL_S to apply, then applies (read with the key, one round trip)."""
+    request_id = http.post(f"{FLUX}/requests", json={"prompt": "p"}, headers=auth).json["request_id"]
+    poll = f"{FLUX}/requests/{request_id}/status"
+    services.accounts.set_limits(workspace, rate_limit="2/minute")
+    assert http.get(poll, headers=auth).status_code == 200  # cached: the old limit still holds
+    clock.now += auth_module.CACHE_TTL_S
+    codes = [http.get(poll, headers=auth).status_code for _ in range(3)]
+    assert codes[-1] == 429
 
 
 # -- legacy keys -------------------------------------------------------------------------------
