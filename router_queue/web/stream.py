@@ -28,7 +28,7 @@ from typing import Callable, Iterator
 
 import redis
 
-from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
+from ..states import COMPLETED, IN_QUEUE
 from ..store.requests import RequestStore, StatusView, event_source
 from .bodies import status_body
 
@@ -159,10 +159,6 @@ class EventHub:
                     feed.close()
 
 
-#: A request's statuses in the only order they move in.
-_STATUS_ORDER = {IN_QUEUE: 0, IN_PROGRESS: 1, COMPLETED: 2}
-
-
 def event_id(view: StatusView) -> str:
     """The state an event shows, as its ``id``: what a resuming client has seen."""
     record = view.record
@@ -223,13 +219,13 @@ def stream(store: RequestStore, hub: EventHub, view: StatusView, *, base: str, r
                 pause = read_at + POSITION_REFRESH_S - clock()
                 if pause > 0:
                     time.sleep(pause)
-            # Its own change is read on the primary, which announced it; a
-            # position (its queue moved, or a heartbeat) on the read replica,
-            # unless that replica still shows an earlier state.
+            # Its own change is read on the primary that announced it; a
+            # waiting request's position (its queue moved, or a heartbeat) on
+            # the read replica. Only a waiting request reads there, and a
+            # replica's lag can show no status earlier than IN_QUEUE, so a
+            # stream never shows an earlier status than it has.
             own_change, follower.changed = follower.changed, False
             read_at = clock()
-            fresh = store.status_view(request_id, provider, replica=not own_change)
-            if fresh.record is None or _STATUS_ORDER[fresh.record.status] >= _STATUS_ORDER[view.record.status]:
-                view = fresh
+            view = store.status_view(request_id, provider, replica=not own_change)
     finally:
         hub.unfollow(follower)

@@ -114,3 +114,53 @@ def test_each_change_is_one_event_in_order_until_completed(http, auth, services,
     assert "queue_position" in names[1:-3] or got[1]["data"]["queue_position"] == 0, got
     assert got[-2]["data"]["progress"] == 0.5 and got[-1]["data"]["progress"] == 1.0
     assert len({f["id"] for f in got}) == len(got)
+
+
+class _ScriptedStore:
+    """Answers each status read with the next view, and remembers where it was asked to read."""
+
+    def __init__(self, views):
+        self.views, self.asked = list(views), []
+
+    def status_view(self, request_id, provider, rate=None, *, replica=False):
+        self.asked.append(replica)
+        return self.views.pop(0)
+
+
+class _Waking:
+    """A hub whose follower wakes at once, with its own change or a queue move, as scripted."""
+
+    def __init__(self, changes):
+        self.changes = list(changes)
+
+    def follow(self, request_id, provider):
+        hub = self
+
+        class Follower:
+            changed = False
+
+            def wait(self, timeout):
+                self.changed = hub.changes.pop(0)
+                return True
+        return Follower()
+
+    def unfollow(self, follower):
+        pass
+
+
+def test_a_stream_reads_positions_on_the_replica_and_its_own_changes_on_the_primary():
+    """Its queue's moves are read on the read replica (REDIS_READ_URL); its own
+    changes on the primary that announced them, so a lagging replica never
+    shows it a status earlier than one it has shown."""
+    from router_queue.store.requests import Pace, RequestRecord, StatusView
+
+    def view(status: str, position: int | None = None) -> StatusView:
+        record = RequestRecord("r", "ws", "bfl/flux-2-pro", "bfl", status, created_at=1.0)
+        return StatusView(record, position, Pace(None, None))
+
+    store = _ScriptedStore([view("IN_QUEUE", 1), view("IN_PROGRESS"), view("COMPLETED")])
+    frames_ = list(stream.stream(store, _Waking([False, True, True]), view("IN_QUEUE", 2), base="http://x",
+                                 retention_s=60, last_event_id=None))
+    events = [f.split("\n")[1] for f in frames_ if f.startswith("id:")]
+    assert events == ["event: in_queue", "event: queue_position", "event: in_progress", "event: completed"]
+    assert store.asked == [True, False, False]  # its queue moved (replica), then its own changes (primary)
