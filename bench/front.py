@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 from urllib.parse import urlsplit
 
+import redis
+
 from . import schedule
 from .core import (
     MODEL_ID,
@@ -299,19 +301,20 @@ def replica_reads(ctx: Context) -> None:
         wait_http(f"{reading}/healthz", reading_proc)
         sides = (Target("status read, primary", Shot("GET", front.url + path, 200, front.auth), front.proc.pid),
                  Target("status read, replica", Shot("GET", reading + path, 200, front.auth), reading_proc.pid))
-        primary = front.services.redis
+        primary, replica = front.services.redis, redis.Redis.from_url(replica_url)
         for target in sides:
             _run(front.driver, target, args.warmup or 1)
         pairs = []
         for round_no in range(1, args.rounds + 1):
             per_poll = []
             for target in sides:
-                before = redis_cpu(primary)
+                before, replica_before = redis_cpu(primary), redis_cpu(replica)
                 result, _ = _run(front.driver, target, args.duration)
                 _checked(result, f"replica_reads {target.label}", 200)
                 per_poll.append(1000.0 * (redis_cpu(primary) - before) / result.requests)
+                replica_us = 1e6 * (redis_cpu(replica) - replica_before) / result.requests
                 log(f"replica_reads round {round_no}/{args.rounds}: {target.label} {result.rate:.1f} req/s, "
-                    f"primary CPU {1000 * per_poll[-1]:.1f} µs/poll")
+                    f"CPU per poll: primary {1000 * per_poll[-1]:.1f} µs, replica {replica_us:.1f} µs")
             pairs.append(tuple(per_poll))
     finally:
         children.stop({"frontdoor-replica", "redis-replica"})
