@@ -318,10 +318,6 @@ def model_history(workspace_id: str, model_id: str) -> str:
     return f"{history(workspace_id)}:{model_id}"
 
 
-def metrics(provider: str) -> str:
-    return f"{PREFIX}:metrics:{provider}"
-
-
 def draining() -> str:
     return f"{PREFIX}:draining"
 

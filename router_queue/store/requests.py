@@ -473,7 +473,7 @@ class RequestStore:
             keys=[
                 keys.request(request_id), keys.queue(provider), keys.sequence(provider),
                 keys.schedule(provider), keys.workspace(workspace), idem_key, keys.ledger(workspace),
-                keys.metrics(provider), keys.draining(), keys.running(provider), list_key,
+                keys.draining(), keys.running(provider), list_key,
                 keys.request(retry_of or request_id), keys.body(retry_of or request_id), keys.deadlines(provider),
                 keys.history(workspace), keys.model_history(workspace, model), keys.body(request_id), *rate_keys,
             ],

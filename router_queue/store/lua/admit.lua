@@ -7,15 +7,15 @@
 -- KEYS[1] rq:req:{id}            KEYS[2] rq:queue:{provider}
 -- KEYS[3] rq:seq:{provider}      KEYS[4] rq:sched:{provider}
 -- KEYS[5] rq:ws:{workspace}      KEYS[6] rq:idem:{workspace}:{keyhash}
--- KEYS[7] rq:ledger:{workspace}  KEYS[8] rq:metrics:{provider}  KEYS[9] rq:draining
--- KEYS[10] rq:running:{provider} KEYS[11] the broker's list for the provider
--- KEYS[12] rq:req:{original}  KEYS[13] rq:body:{original}: the failed
+-- KEYS[7] rq:ledger:{workspace}  KEYS[8] rq:draining
+-- KEYS[9] rq:running:{provider}  KEYS[10] the broker's list for the provider
+-- KEYS[11] rq:req:{original}  KEYS[12] rq:body:{original}: the failed
 --          request a retry submits again (the new request's own keys when
 --          this is no retry: not read)
--- KEYS[14] rq:deadlines:{provider} (lib.lua: the caller's deadlines)
--- KEYS[15] rq:history:{workspace}  KEYS[16] rq:history:{workspace}:{model} (lib.lua, history_add)
--- KEYS[17] rq:body:{id}
--- KEYS[18..] the caller's rate-window counters, with a (limit, window
+-- KEYS[13] rq:deadlines:{provider} (lib.lua: the caller's deadlines)
+-- KEYS[14] rq:history:{workspace}  KEYS[15] rq:history:{workspace}:{model} (lib.lua, history_add)
+-- KEYS[16] rq:body:{id}
+-- KEYS[17..] the caller's rate-window counters, with a (limit, window
 --          seconds) pair each in ARGV from ARG_REST, after the named ones
 --          (ratelimit.py): counted first
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, ADMIT_ARGS, whose order
@@ -74,7 +74,7 @@ if past_deadline(ARGV[ARG_WRITE_DEADLINE]) then
   return {"EXPIRED"}
 end
 
-local spent = spend_rate(18, ARG_REST)
+local spent = spend_rate(17, ARG_REST)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
@@ -94,20 +94,20 @@ end
 -- failed (COMPLETED with an error_type), kept until its retention ends.
 local body = ARGV[ARG_BODY]
 if ARGV[ARG_RETRY_OF] ~= "" then
-  local original = redis.call("HMGET", KEYS[12], "status", "workspace", "model", "error_type", "body")
+  local original = redis.call("HMGET", KEYS[11], "status", "workspace", "model", "error_type", "body")
   if not original[1] or original[2] ~= ARGV[ARG_WORKSPACE] or original[3] ~= ARGV[ARG_MODEL] then
     return {"RETRY_MISSING"}
   end
   if original[1] ~= "COMPLETED" or not original[4] or original[4] == "" then
     return {"NOT_RETRYABLE", original[1] == "COMPLETED" and "SUCCEEDED" or original[1]}
   end
-  body = redis.call("GET", KEYS[13]) or original[5]
+  body = redis.call("GET", KEYS[12]) or original[5]
   if not body then
     return {"RETRY_BODY_GONE"}
   end
 end
 
-if redis.call("SISMEMBER", KEYS[9], ARGV[ARG_PROVIDER]) == 1 then
+if redis.call("SISMEMBER", KEYS[8], ARGV[ARG_PROVIDER]) == 1 then
   return refused("DRAINING")
 end
 local ws = redis.call("HMGET", KEYS[5], "queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url",
@@ -163,17 +163,17 @@ if ARGV[ARG_TRACEPARENT] ~= "" then
 end
 -- The body apart: every other field is short, so the record stays a compact
 -- listpack while the request waits (keys.py, body()).
-redis.call("SET", KEYS[17], body)
+redis.call("SET", KEYS[16], body)
 if ARGV[ARG_RETRY_OF] ~= "" then
   redis.call("HSET", KEYS[1], "retry_of", ARGV[ARG_RETRY_OF])
 end
 if ARGV[ARG_START_DEADLINE_AT] ~= "" then
   redis.call("HSET", KEYS[1], "start_deadline_at", ARGV[ARG_START_DEADLINE_AT])
-  redis.call("ZADD", KEYS[14], ARGV[ARG_START_DEADLINE_AT], "start|" .. ARGV[ARG_ID])
+  redis.call("ZADD", KEYS[13], ARGV[ARG_START_DEADLINE_AT], "start|" .. ARGV[ARG_ID])
 end
 if ARGV[ARG_DEADLINE_AT] ~= "" then
   redis.call("HSET", KEYS[1], "deadline_at", ARGV[ARG_DEADLINE_AT])
-  redis.call("ZADD", KEYS[14], ARGV[ARG_DEADLINE_AT], "run|" .. ARGV[ARG_ID])
+  redis.call("ZADD", KEYS[13], ARGV[ARG_DEADLINE_AT], "run|" .. ARGV[ARG_ID])
 end
 redis.call("ZADD", KEYS[2], seq, ARGV[ARG_ID])
 redis.call("HINCRBY", KEYS[5], "queued", 1)
@@ -197,9 +197,9 @@ if ARGV[ARG_FINGERPRINT] ~= "" then
   redis.call("HSET", KEYS[1], "idem", string.match(KEYS[6], "[^:]+$"))
   redis.call("SET", KEYS[6], ARGV[ARG_FINGERPRINT] .. "|" .. ARGV[ARG_ID], "EX", ARGV[ARG_IDEM_TTL])
 end
-history_add(KEYS[15], KEYS[16], ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION])
+history_add(KEYS[14], KEYS[15], ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION])
 
-local S = sched_ctx(KEYS[4], KEYS[10], KEYS[11], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
+local S = sched_ctx(KEYS[4], KEYS[9], KEYS[10], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
 -- Nobody waiting ahead and a slot free: granted at once (lib.lua, grant_directly).
 local granted = grant_directly(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID])
 if not granted then
