@@ -329,3 +329,22 @@ def test_a_record_admitted_before_bodies_had_their_own_key_still_loads_its_body(
     services.redis.delete(keys.body(request_id))
     services.redis.hset(keys.request(request_id), "body", '{"prompt": "old"}')
     assert services.store.load(request_id)[1] == b'{"prompt": "old"}'
+
+
+def test_an_admission_adds_to_the_workspaces_counts_exactly_from_what_they_were(services, workspace):
+    """admit.lua writes the counts it read back in one HSET: the same values HINCRBY would leave."""
+    ws_key = keys.workspace(workspace)
+    services.redis.hset(ws_key, mapping={"queued": 2, "queued_bytes": 10, "held": 5, "webhooks_pending": 1,
+                                         "webhook_secret": "whsec_test", "credits": 1000})
+    body = '{"prompt": "count me"}'
+    request_id = services.ids.mint(workspace, MODEL)
+    outcome = services.store.admit(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl",
+                                   body=body, price=7, webhook_url="https://example.com/hook")
+    assert outcome.outcome == "ADMITTED"
+    counts = services.redis.hmget(ws_key, "queued", "queued_bytes", "held", "webhooks_pending")
+    assert [int(v) for v in counts] == [3, 10 + len(body), 12, 2]
+    _, entry = services.redis.xrevrange(keys.ledger(workspace), count=1)[0]
+    assert (entry[b"type"], entry[b"held"], entry[b"balance"]) == (b"hold", b"12", b"1000")
+    # without a price or a webhook, those two counts are left as they were
+    admit(services, workspace)
+    assert [int(v) for v in services.redis.hmget(ws_key, "queued", "held", "webhooks_pending")] == [4, 12, 2]

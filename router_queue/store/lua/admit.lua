@@ -110,8 +110,12 @@ end
 if redis.call("SISMEMBER", KEYS[8], ARGV[ARG_PROVIDER]) == 1 then
   return refused("DRAINING")
 end
+-- The workspace's hash, once: what admission checks, the counts it adds to
+-- (written back in one HSET below: nothing in this script writes them in
+-- between) and the schedule's weight and max_in_flight (lib.lua, ws_limits).
 local ws = redis.call("HMGET", KEYS[5], "queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url",
-  "webhook_secret", "queued_bytes", "max_queued_bytes", "webhooks_pending", "max_pending_webhooks", "webhook_events")
+  "webhook_secret", "queued_bytes", "max_queued_bytes", "webhooks_pending", "max_pending_webhooks", "webhook_events",
+  "weight", "max_in_flight")
 if ARGV[ARG_REQUIRE_ENABLED] == "1" and ws[1] ~= "1" then
   return refused("NOT_ENABLED")
 end
@@ -176,20 +180,25 @@ if ARGV[ARG_DEADLINE_AT] ~= "" then
   redis.call("ZADD", KEYS[13], ARGV[ARG_DEADLINE_AT], "run|" .. ARGV[ARG_ID])
 end
 redis.call("ZADD", KEYS[2], seq, ARGV[ARG_ID])
-redis.call("HINCRBY", KEYS[5], "queued", 1)
-redis.call("HINCRBY", KEYS[5], "queued_bytes", bytes)
+-- The workspace's counts, as HINCRBY would leave them, from the values read
+-- above in this same step: one fewer write per count.
+local counts = {"queued", tonumber(ws[2] or "0") + 1, "queued_bytes", tonumber(ws[8] or "0") + bytes}
 if price > 0 then
-  local held = redis.call("HINCRBY", KEYS[5], "held", price)
+  local held = tonumber(ws[5] or "0") + price
+  append(counts, "held", held)
   redis.call("XADD", KEYS[7], "*", "type", "hold", "request_id", ARGV[ARG_ID], "amount", price,
     "balance", tonumber(ws[4] or "0"), "held", held, "at", ARGV[ARG_NOW])
 end
+if webhook then
+  append(counts, "webhooks_pending", tonumber(ws[10] or "0") + 1)
+end
+redis.call("HSET", KEYS[5], unpack(counts))
 if webhook then
   redis.call("HSET", KEYS[1], "webhook_url", webhook, "webhook_response_url", ARGV[ARG_RESPONSE_URL], "webhook_counted", 1)
   local events = ARGV[ARG_WEBHOOK_EVENTS] ~= "" and ARGV[ARG_WEBHOOK_EVENTS] or ws[12]
   if events and events ~= "" and events ~= "completed" then
     redis.call("HSET", KEYS[1], "webhook_events", events)  -- absent: "completed"
   end
-  redis.call("HINCRBY", KEYS[5], "webhooks_pending", 1)
 end
 if ARGV[ARG_FINGERPRINT] ~= "" then
   -- the key's hash alone (64 characters): the whole key name would push the
@@ -200,6 +209,7 @@ end
 history_add(KEYS[14], KEYS[15], ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION])
 
 local S = sched_ctx(KEYS[4], KEYS[9], KEYS[10], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
+S.limits[ARGV[ARG_WORKSPACE]] = limits_of(ws[13], ws[14])
 -- Nobody waiting ahead and a slot free: granted at once (lib.lua, grant_directly).
 local granted = grant_directly(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID])
 if not granted then

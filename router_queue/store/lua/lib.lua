@@ -249,14 +249,28 @@ end
 
 local function sched_ctx(base, running, list, cap, now, grant_until, template)
   return {base = base, running = running, list = list, cap = tonumber(cap), now = now,
-          grant_until = grant_until, template = template}
+          grant_until = grant_until, template = template, limits = {}}
 end
 
--- The workspace's weight (>= 1) and its own cap on requests in flight per
--- provider (0: none).
-local function ws_limits(ws)
-  local v = redis.call("HMGET", KEY_WORKSPACE .. ws, "weight", "max_in_flight")
-  return math.max(tonumber(v[1] or "1") or 1, 1), tonumber(v[2] or "0") or 0
+-- A workspace's weight (>= 1) and its own cap on requests in flight per
+-- provider (0: none), from its hash's "weight" and "max_in_flight" (v1, v2:
+-- strings, or false when absent).
+local function limits_of(v1, v2)
+  return {math.max(tonumber(v1 or "1") or 1, 1), tonumber(v2 or "0") or 0}
+end
+
+-- The workspace's weight and its own cap (limits_of), read once per script:
+-- no script writes them (accounts.py does, outside any script), so what one
+-- step read stays true until it ends. A caller that read them with the rest
+-- of the workspace's hash puts them in S.limits first (admit.lua).
+local function ws_limits(S, ws)
+  local known = S.limits[ws]
+  if not known then
+    local v = redis.call("HMGET", KEY_WORKSPACE .. ws, "weight", "max_in_flight")
+    known = limits_of(v[1], v[2])
+    S.limits[ws] = known
+  end
+  return known[1], known[2]
 end
 
 -- The workspace's first slot, as a {member, tag} pair, or nil when it has none.
@@ -287,7 +301,7 @@ end
 -- A new waiting request takes the next slot of its workspace.
 local function enqueue(S, ws, request_id, seq, priority)
   local base = S.base
-  local weight = ws_limits(ws)
+  local weight = ws_limits(S, ws)
   local vtime = tonumber(redis.call("HGET", base, "vtime") or "0")
   local last = tonumber(redis.call("HGET", base, "f|" .. ws) or "0")
   local tag = math.max(vtime, last) + math.floor(QUANTUM / weight)
@@ -354,7 +368,7 @@ local function release_slot(S, ws, request_id, started)
     redis.call("HINCRBY", S.base, "run|" .. ws, -1)
   end
   if counts[2] then
-    local _, limit = ws_limits(ws)
+    local _, limit = ws_limits(S, ws)
     if limit <= 0 or left < limit then
       unpark(S, ws)
     end
@@ -402,7 +416,7 @@ local function grant(S)
     end
     local member, tag = head[1], tonumber(head[2])
     local ws = workspace_of_slot(member)
-    local _, limit = ws_limits(ws)
+    local _, limit = ws_limits(S, ws)
     if limit > 0 and tonumber(redis.call("HGET", base, "run|" .. ws) or "0") >= limit then
       park(S, ws)
     else
@@ -448,7 +462,7 @@ local function grant_directly(S, ws, request_id)
   if redis.call("ZCARD", S.base .. ":depths") > 0 or redis.call("ZCARD", S.running) >= S.cap then
     return nil
   end
-  local _, limit = ws_limits(ws)
+  local _, limit = ws_limits(S, ws)
   if limit > 0 and tonumber(redis.call("HGET", S.base, "run|" .. ws) or "0") >= limit then
     return nil
   end
