@@ -99,8 +99,12 @@ def test_a_direct_grant_leaves_what_the_slow_path_leaves_on_a_fresh_provider(ser
     fleet = Fleet(services, cap=2)
     ws = fleet.workspace("a")
     fast, slow = _both_paths(services.redis, ws, "req-new", 2, template)
-    assert fast[0][0] == b"ADMITTED" and fast == slow
+    assert fast[0][0] == b"ADMITTED" and fast[:2] == slow[:2]
     assert fast[0][1] == 0  # its position: first of the granted
+    # Nobody else waits or is granted: no follower can see a change, so the
+    # direct grant announces nothing (the slow path's grant() does).
+    moved = (f"{keys.PROVIDER_EVENTS}{PROVIDER}".encode(), b"MOVED")
+    assert fast[2] == [] and slow[2] == [moved]
 
 
 @pytest.mark.parametrize("template", [TEMPLATE, ""])
@@ -118,6 +122,8 @@ def test_a_direct_grant_leaves_what_the_slow_path_leaves_after_traffic(services,
     fast, slow = _both_paths(services.redis, heavy, "req-new", 4, template)
     assert fast[0][0] == b"ADMITTED" and fast == slow
     assert fast[0][1] == 1
+    # another is granted, not started: both paths announce that the queue moved
+    assert fast[2] == [(f"{keys.PROVIDER_EVENTS}{PROVIDER}".encode(), b"MOVED")]
 
 
 def test_no_direct_grant_when_someone_waits_or_no_slot_is_free(services):
@@ -158,3 +164,28 @@ def test_admissions_take_the_slow_path_while_others_wait_and_keep_their_turns(se
     assert fleet.run_all() == ["c0", "o0", "c1", "o1"]
     o2 = fleet.submit(other, "o2")
     assert slots_made() == 3 and fleet.granted() == [o2]  # nobody waits again: direct
+
+
+def test_a_direct_grant_behind_nobody_announces_nothing_and_every_position_stays_right(services):
+    fleet = Fleet(services, cap=3)
+    a, b = fleet.workspace("a"), fleet.workspace("b")
+    pubsub = services.redis.pubsub(ignore_subscribe_messages=True)
+    pubsub.psubscribe(keys.PROVIDER_EVENTS + "*")
+    pubsub.get_message(timeout=1)
+
+    def announced() -> int:
+        count = 0
+        while pubsub.get_message(timeout=0.2) is not None:
+            count += 1
+        return count
+
+    a0 = fleet.submit(a, "a0")  # granted directly, nobody else granted: silent
+    assert fleet.granted() == [a0] and fleet.position(a0) == 0 and announced() == 0
+    b0 = fleet.submit(b, "b0")  # granted directly behind a0, which is not started: announced
+    assert fleet.granted() == [a0, b0] and [fleet.position(a0), fleet.position(b0)] == [0, 1]
+    assert announced() == 1
+    fleet.start_granted()
+    assert announced() >= 1  # claims announce as they always did
+    b1 = fleet.submit(b, "b1")  # the others run: granted directly, silent
+    assert fleet.position(b1) == 0 and announced() == 0
+    pubsub.close()

@@ -158,25 +158,27 @@ if price > 0 and available < price then
 end
 
 local seq = redis.call("INCR", KEYS[3])
-redis.call("HSET", KEYS[1],
+-- The record's fields, collected here and written in one HSET once the
+-- schedule has decided whether it is granted at once (with its granted_at).
+local record = {
   "id", ARGV[ARG_ID], "workspace", ARGV[ARG_WORKSPACE], "model", ARGV[ARG_MODEL], "provider", ARGV[ARG_PROVIDER],
   "status", "IN_QUEUE", "seq", seq, "created_at", ARGV[ARG_NOW], "hold", price,
-  "priority", ARGV[ARG_PRIORITY], "body_bytes", bytes)
+  "priority", ARGV[ARG_PRIORITY], "body_bytes", bytes}
 if ARGV[ARG_TRACEPARENT] ~= "" then
-  redis.call("HSET", KEYS[1], "traceparent", ARGV[ARG_TRACEPARENT])
+  append(record, "traceparent", ARGV[ARG_TRACEPARENT])
 end
 -- The body apart: every other field is short, so the record stays a compact
 -- listpack while the request waits (keys.py, body()).
 redis.call("SET", KEYS[16], body)
 if ARGV[ARG_RETRY_OF] ~= "" then
-  redis.call("HSET", KEYS[1], "retry_of", ARGV[ARG_RETRY_OF])
+  append(record, "retry_of", ARGV[ARG_RETRY_OF])
 end
 if ARGV[ARG_START_DEADLINE_AT] ~= "" then
-  redis.call("HSET", KEYS[1], "start_deadline_at", ARGV[ARG_START_DEADLINE_AT])
+  append(record, "start_deadline_at", ARGV[ARG_START_DEADLINE_AT])
   redis.call("ZADD", KEYS[13], ARGV[ARG_START_DEADLINE_AT], "start|" .. ARGV[ARG_ID])
 end
 if ARGV[ARG_DEADLINE_AT] ~= "" then
-  redis.call("HSET", KEYS[1], "deadline_at", ARGV[ARG_DEADLINE_AT])
+  append(record, "deadline_at", ARGV[ARG_DEADLINE_AT])
   redis.call("ZADD", KEYS[13], ARGV[ARG_DEADLINE_AT], "run|" .. ARGV[ARG_ID])
 end
 redis.call("ZADD", KEYS[2], seq, ARGV[ARG_ID])
@@ -194,29 +196,33 @@ if webhook then
 end
 redis.call("HSET", KEYS[5], unpack(counts))
 if webhook then
-  redis.call("HSET", KEYS[1], "webhook_url", webhook, "webhook_response_url", ARGV[ARG_RESPONSE_URL], "webhook_counted", 1)
+  append(record, "webhook_url", webhook, "webhook_response_url", ARGV[ARG_RESPONSE_URL], "webhook_counted", 1)
   local events = ARGV[ARG_WEBHOOK_EVENTS] ~= "" and ARGV[ARG_WEBHOOK_EVENTS] or ws[12]
   if events and events ~= "" and events ~= "completed" then
-    redis.call("HSET", KEYS[1], "webhook_events", events)  -- absent: "completed"
+    append(record, "webhook_events", events)  -- absent: "completed"
   end
 end
 if ARGV[ARG_FINGERPRINT] ~= "" then
   -- the key's hash alone (64 characters): the whole key name would push the
   -- record out of its compact encoding
-  redis.call("HSET", KEYS[1], "idem", string.match(KEYS[6], "[^:]+$"))
+  append(record, "idem", string.match(KEYS[6], "[^:]+$"))
   redis.call("SET", KEYS[6], ARGV[ARG_FINGERPRINT] .. "|" .. ARGV[ARG_ID], "EX", ARGV[ARG_IDEM_TTL])
 end
 history_add(KEYS[14], KEYS[15], ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION])
 
 local S = sched_ctx(KEYS[4], KEYS[9], KEYS[10], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
 S.limits[ARGV[ARG_WORKSPACE]] = limits_of(ws[13], ws[14])
--- Nobody waiting ahead and a slot free: granted at once (lib.lua, grant_directly).
-local granted = grant_directly(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID])
+-- Nobody waiting ahead and a slot free: granted at once (lib.lua,
+-- grant_directly), its granted_at written with the record.
+local granted, rank = grant_directly(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID], record)
+-- The record before grant(): it reads the status of the request it grants.
+redis.call("HSET", KEYS[1], unpack(record))
 if not granted then
   enqueue(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID], seq, ARGV[ARG_PRIORITY])
   granted = grant(S)
+  rank = position(S.base, ARGV[ARG_WORKSPACE], ARGV[ARG_ID])
 end
 local reply = with_granted("ADMITTED", granted)
 table.insert(reply, 2, ARGV[ARG_ID])
-table.insert(reply, 3, position(S.base, ARGV[ARG_WORKSPACE], ARGV[ARG_ID]))
+table.insert(reply, 3, rank)
 return reply

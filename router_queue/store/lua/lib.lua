@@ -386,11 +386,17 @@ end
 -- The request (IN_QUEUE, out of the schedule's waiting structures) takes a
 -- slot in rq:running: it is granted, in grant order, counted in its
 -- workspace's run|ws, and its Celery message pushed (S.template), else its
--- id added to `granted` for the caller to publish.
-local function give_slot(S, ws, request_id, granted)
+-- id added to `granted` for the caller to publish. `record`, when given, is
+-- the request's fields its caller is about to write (admit.lua, one HSET):
+-- granted_at goes with them instead of in a write of its own.
+local function give_slot(S, ws, request_id, granted, record)
   local base = S.base
   local n = redis.call("HINCRBY", base, "grantseq", 1)
-  redis.call("HSET", KEY_REQUEST .. request_id, "granted_at", S.now)
+  if record then
+    append(record, "granted_at", S.now)
+  else
+    redis.call("HSET", KEY_REQUEST .. request_id, "granted_at", S.now)
+  end
   redis.call("ZADD", S.running, S.grant_until, request_id)
   redis.call("ZADD", base .. ":granted", n, request_id)
   redis.call("HINCRBY", base, "run|" .. ws, 1)
@@ -455,10 +461,24 @@ end
 -- slot tagged max(vtime, f|ws) + QUANTUM / weight and take it straight back:
 -- the request is the only head, so it is granted, and its workspace, now
 -- idle, drops its f|ws and, no one waiting, vtime (both absent before: no
--- one waited). So this leaves what they leave (the same give_slot, the same
--- announcement) without writing and deleting the slot; only the slotseq
--- counter, which only names slots in creation order, is not advanced.
-local function grant_directly(S, ws, request_id)
+-- one waited). So this leaves what they leave (the same give_slot) without
+-- writing and deleting the slot; only the slotseq counter, which only names
+-- slots in creation order, is not advanced. `record`: as give_slot's.
+-- Also returns the request's position (position(): its rank in :granted).
+--
+-- The announcement (announce_moved) is made only when someone else is
+-- granted and not started (that rank > 0). Otherwise no follower can see a
+-- change: nobody waits ({base}:depths is empty) and nobody else is granted,
+-- so no other IN_QUEUE request of this provider has a position (position()
+-- is false for it) and a running one has none; the new request is appended
+-- at the end of :granted (the highest grantseq), and the request itself has
+-- no follower yet (its id is answered by this admission). When others are
+-- granted, their positions do not change either (they are ahead of it), but
+-- a stream of one may still show a position from before a request ahead of
+-- it ended unstarted without a grant (release_slot announces nothing then),
+-- which this announcement has always woken it to read again: kept, so no
+-- stream shows anything later than it did.
+local function grant_directly(S, ws, request_id, record)
   if redis.call("ZCARD", S.base .. ":depths") > 0 or redis.call("ZCARD", S.running) >= S.cap then
     return nil
   end
@@ -467,9 +487,12 @@ local function grant_directly(S, ws, request_id)
     return nil
   end
   local granted = {}
-  give_slot(S, ws, request_id, granted)
-  announce_moved(S.base)
-  return granted
+  give_slot(S, ws, request_id, granted, record)
+  local rank = redis.call("ZRANK", S.base .. ":granted", request_id)
+  if rank > 0 then
+    announce_moved(S.base)
+  end
+  return granted, rank
 end
 
 -- queue_position: how many requests start before this one if nothing else
