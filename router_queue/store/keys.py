@@ -74,9 +74,13 @@ rq:webhooks:inflight           zset    none (every workspace's;        webhook_t
                                        or their lease's end)
 rq:held:{workspace}            zset    a lease (slots lapse unless     held.py (HeldSlots),
                                        renewed)                        held_take.lua
-rq:history:{workspace}         stream  retention (renewed by every     admit.lua (lib.lua,
-                                       admission; entries older than   history_add)
-                                       retention trimmed on admission)
+rq:history:{workspace}         stream  retention + 60 s, renewed by    admit.lua (lib.lua,
+                                       an admission at most once a     history_add)
+                                       minute (rq:ws history_until),
+                                       so never less than retention
+                                       after the last admission;
+                                       entries older than retention
+                                       trimmed on admission
 rq:history:{workspace}:{model} stream  as rq:history:{workspace}       admit.lua
 rq:events:{id}                 pubsub  (a channel, not a key)          lua/lib.lua
                                                                        (announce): claim,
@@ -102,7 +106,9 @@ yet completed; admit.lua adds, lib.lua's ``drop_body`` gives back) under
 ``max_queued_bytes``; ``webhooks_pending`` (requests admitted with a webhook
 whose last event is not yet delivered or given up, however many events each
 chose; admit.lua adds, lib.lua's ``webhook_ended`` gives back) under
-``max_pending_webhooks``; ``max_held``
+``max_pending_webhooks``; ``history_until`` and ``history_until|{model}``
+(until when its history streams last: admit.lua renews them when an
+admission finds less than the retention left, at most once a minute); ``max_held``
 (the cap on ``rq:held:{workspace}``, its synchronous calls and event streams
 held open, whose members are slot ids scored by when their lease lapses).
 Request hash fields for them: ``body_bytes`` (counted in ``queued_bytes``,

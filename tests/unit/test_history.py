@@ -29,6 +29,10 @@ def admit(services, workspace, *, now, model=MODEL, provider="bfl", price=0):
     return request_id
 
 
+#: Seconds between renewals of a history stream's expiry (lib.lua, HISTORY_RENEW_S).
+RENEW_S = 60
+
+
 def walk(store, workspace, **kwargs):
     """Every page from the first, as lists of ids."""
     pages, after = [], None
@@ -126,7 +130,8 @@ def test_only_admissions_are_indexed_and_old_entries_are_trimmed(services):
     assert str(uuid.UUID(bytes=fields[b"i"])) == new != old
     assert int(entry_id.split(b"-")[0]) == int(now * 1000)  # the admission time, in ms
     assert [e for e, _ in services.redis.xrange(keys.model_history(poor, MODEL))] == [entry_id]
-    assert 0 < services.redis.ttl(keys.history(poor)) <= retention
+    # renewed at most once a minute, so a minute over the retention (lib.lua, history_renewals)
+    assert retention < services.redis.ttl(keys.history(poor)) <= retention + RENEW_S
 
 
 def test_the_cursor_round_trips_and_refuses_forgeries():
@@ -257,4 +262,35 @@ def test_a_model_stream_ahead_of_its_workspaces_misses_the_entry_and_is_trimmed(
     admitted = admit(services, workspace, now=now)
     assert [e for e, _ in services.redis.xrange(model_stream)] == [f"{int((now + 60) * 1000)}-0".encode()]
     assert walk(services.store, workspace, since=now - 60, limit=10) == [[admitted]]
-    assert 0 < services.redis.ttl(model_stream) <= retention
+    assert retention < services.redis.ttl(model_stream) <= retention + RENEW_S
+
+
+def test_the_history_expiry_is_renewed_within_a_minute_and_never_leaves_less_than_the_retention(services, workspace):
+    retention = services.store.retention_s
+    streams = (keys.history(workspace), keys.model_history(workspace, MODEL))
+    start = float(int(time.time()))
+
+    def ttls() -> list[int]:
+        return [services.redis.ttl(stream) for stream in streams]
+
+    admit(services, workspace, now=start)
+    assert all(retention < ttl <= retention + RENEW_S for ttl in ttls())
+    for stream in streams:  # marks: a renewal would overwrite them
+        services.redis.expire(stream, retention + 7)
+    admit(services, workspace, now=start + RENEW_S - 1)  # within the minute: the streams still last
+    assert ttls() == [retention + 7] * 2
+    other = "bfl/other-model"
+    admit(services, workspace, now=start + RENEW_S - 1, model=other)  # a model's first entry: its stream renewed
+    assert retention < services.redis.ttl(keys.model_history(workspace, other)) <= retention + RENEW_S
+    assert services.redis.ttl(keys.history(workspace)) == retention + 7
+    admit(services, workspace, now=start + RENEW_S + 1)  # past the minute: less than the retention would be left
+    assert all(retention < ttl <= retention + RENEW_S for ttl in ttls())
+    # what each renewal promised: the retention from every admission until the next renewal
+    until = services.redis.hmget(keys.workspace(workspace), "history_until", f"history_until|{MODEL}")
+    assert [int(value) for value in until] == [int(start + RENEW_S + 1) + retention + RENEW_S] * 2
+    # a shorter retention (a new setting) is not left waiting on the longer one
+    services.store.retention_s = retention - 3600
+    for stream in streams:
+        services.redis.expire(stream, retention + 7)
+    admit(services, workspace, now=start + RENEW_S + 2)
+    assert all(retention - 3600 < ttl <= retention - 3600 + RENEW_S for ttl in ttls())

@@ -112,10 +112,11 @@ if redis.call("SISMEMBER", KEYS[8], ARGV[ARG_PROVIDER]) == 1 then
 end
 -- The workspace's hash, once: what admission checks, the counts it adds to
 -- (written back in one HSET below: nothing in this script writes them in
--- between) and the schedule's weight and max_in_flight (lib.lua, ws_limits).
+-- between), the schedule's weight and max_in_flight (lib.lua, ws_limits) and
+-- until when the history's streams last (lib.lua, history_renewals).
 local ws = redis.call("HMGET", KEYS[5], "queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url",
   "webhook_secret", "queued_bytes", "max_queued_bytes", "webhooks_pending", "max_pending_webhooks", "webhook_events",
-  "weight", "max_in_flight")
+  "weight", "max_in_flight", "history_until", "history_until|" .. ARGV[ARG_MODEL])
 if ARGV[ARG_REQUIRE_ENABLED] == "1" and ws[1] ~= "1" then
   return refused("NOT_ENABLED")
 end
@@ -194,6 +195,7 @@ end
 if webhook then
   append(counts, "webhooks_pending", tonumber(ws[10] or "0") + 1)
 end
+local renew = history_renewals(ARGV[ARG_MODEL], ARGV[ARG_NOW], ARGV[ARG_RETENTION], ws[15], ws[16], counts)
 redis.call("HSET", KEYS[5], unpack(counts))
 if webhook then
   append(record, "webhook_url", webhook, "webhook_response_url", ARGV[ARG_RESPONSE_URL], "webhook_counted", 1)
@@ -208,7 +210,7 @@ if ARGV[ARG_FINGERPRINT] ~= "" then
   append(record, "idem", string.match(KEYS[6], "[^:]+$"))
   redis.call("SET", KEYS[6], ARGV[ARG_FINGERPRINT] .. "|" .. ARGV[ARG_ID], "EX", ARGV[ARG_IDEM_TTL])
 end
-history_add(KEYS[14], KEYS[15], ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION])
+history_add(KEYS[14], KEYS[15], ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION], renew)
 
 local S = sched_ctx(KEYS[4], KEYS[9], KEYS[10], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
 S.limits[ARGV[ARG_WORKSPACE]] = limits_of(ws[13], ws[14])

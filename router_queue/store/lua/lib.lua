@@ -770,16 +770,50 @@ local function xadd_trimmed(stream, oldest, id, field, value)
   return added
 end
 
+--: Seconds between renewals of a history stream's expiry (history_add).
+local HISTORY_RENEW_S = 60
+
+-- Whether a history stream whose expiry was last renewed to last at least
+-- until `until_` (Unix seconds, the workspace hash's field history_add
+-- names; false: never renewed) still lasts `keep` seconds past `now`. It
+-- must not last more than one renewal longer (a shorter retention, or a
+-- renewal stamped by a clock ahead of this one): renewed then too.
+local function history_lasts(until_, now, keep)
+  local u = tonumber(until_)
+  return u ~= nil and now + keep <= u and u <= now + keep + HISTORY_RENEW_S
+end
+
+-- The history's expiry, renewed at most once a minute per stream: the
+-- workspace hash's fields a renewal writes (admit.lua writes them with its
+-- counts), appended to `fields`, and whether each stream is due. A stream is
+-- renewed to keep + HISTORY_RENEW_S seconds, and its field says until when
+-- (at most that), so that until the next renewal, at most a minute later,
+-- every admission's entry is kept at least `keep` seconds, as when each
+-- admission renewed it to `keep`. ws_until, model_until: the fields' values.
+local function history_renewals(model, now, keep, ws_until, model_until, fields)
+  now, keep = tonumber(now), tonumber(keep)
+  local until_ = math.floor(now) + keep + HISTORY_RENEW_S
+  local renew = {ws = not history_lasts(ws_until, now, keep), model = not history_lasts(model_until, now, keep)}
+  if renew.ws then
+    append(fields, "history_until", until_)
+  end
+  if renew.model then
+    append(fields, "history_until|" .. model, until_)
+  end
+  return renew
+end
+
 -- List a request just admitted (now: Unix seconds) in its workspace's and
 -- its model's history; trim what is older than `keep` seconds, and let a
--- history nobody admits to any more expire with its newest entry. An entry's
+-- history nobody admits to any more expire after its newest entry (renew:
+-- history_renewals, which streams' expiry to renew now). An entry's
 -- ms is its admission's, or the stream's last one's when that is later (the
 -- clock of another front door ahead of this one's): ids only grow. That is
 -- rare, so it is read only when XADD refuses the admission's own ms. Never an
 -- error (a script that failed here would leave the admission half done): a
 -- model's stream that is somehow ahead of its workspace's (one was deleted
 -- by hand) just misses the entry, and is trimmed all the same.
-local function history_add(ws_stream, model_stream, request_id, now, keep)
+local function history_add(ws_stream, model_stream, request_id, now, keep, renew)
   local keep_ms = tonumber(keep) * 1000
   local function oldest(ms)  -- the trim's MINID for an entry at ms
     return string.format("%.0f", math.max(0, ms - keep_ms))
@@ -794,8 +828,12 @@ local function history_add(ws_stream, model_stream, request_id, now, keep)
   if not xadd_trimmed(model_stream, oldest(ms), id, "i", "") then
     redis.call("XTRIM", model_stream, "MINID", oldest(ms))
   end
-  redis.call("EXPIRE", ws_stream, keep)
-  redis.call("EXPIRE", model_stream, keep)
+  if renew.ws then
+    redis.call("EXPIRE", ws_stream, tonumber(keep) + HISTORY_RENEW_S)
+  end
+  if renew.model then
+    redis.call("EXPIRE", model_stream, tonumber(keep) + HISTORY_RENEW_S)
+  end
 end
 
 -- {code, ids...}: a script's answer with the granted ids its caller publishes.
