@@ -241,3 +241,29 @@ def test_a_request_admitted_before_the_schedule_existed_joins_it_when_its_messag
     assert fleet.position(old) == 0
     fleet.finish(running)
     assert fleet.granted() == [old]
+
+
+def test_one_grant_fills_exactly_the_free_slots_past_a_parked_workspace_and_no_more(services):
+    """grant() counts the slots it gives as it goes (lib.lua): it reads rq:running once."""
+    fleet = Fleet(services, cap=1)
+    capped = fleet.workspace("capped", max_in_flight=1)
+    other = fleet.workspace("other")
+    c = [fleet.submit(capped, f"c{n}") for n in range(3)]
+    o = [fleet.submit(other, f"o{n}") for n in range(3)]
+    assert fleet.granted() == c[:1]
+    services.store.max_in_flight = lambda provider: 3  # two slots free; capped is at its own cap
+    services.store.grant(PROVIDER)
+    assert fleet.granted() == [c[0], o[0], o[1]] and services.store.in_flight(PROVIDER) == 3
+    services.store.grant(PROVIDER)  # no slot free: nothing more
+    assert fleet.granted() == [c[0], o[0], o[1]]
+    services.store.max_in_flight = lambda provider: 2  # a lowered cap: below what is in flight
+    fleet.start_granted()
+    fleet.finish(o[0])
+    assert services.store.in_flight(PROVIDER) == 2 and fleet.granted() == []
+    services.store.max_in_flight = lambda provider: 4
+    services.store.grant(PROVIDER)
+    assert fleet.granted() == [o[2]]  # capped still at its own cap: the one free slot left stays free
+    assert services.store.in_flight(PROVIDER) == 3
+    assert fleet.run_all() == ["c0", "o0", "o1", "o2", "c1", "c2"]
+    services.store.grant(PROVIDER)  # nothing waits: nothing granted
+    assert fleet.granted() == [] and services.store.in_flight(PROVIDER) == 0

@@ -388,7 +388,8 @@ end
 -- workspace's run|ws, and its Celery message pushed (S.template), else its
 -- id added to `granted` for the caller to publish. `record`, when given, is
 -- the request's fields its caller is about to write (admit.lua, one HSET):
--- granted_at goes with them instead of in a write of its own.
+-- granted_at goes with them instead of in a write of its own. Returns how
+-- many requests it added to rq:running (1; 0 if it somehow held a slot).
 local function give_slot(S, ws, request_id, granted, record)
   local base = S.base
   local n = redis.call("HINCRBY", base, "grantseq", 1)
@@ -397,7 +398,7 @@ local function give_slot(S, ws, request_id, granted, record)
   else
     redis.call("HSET", KEY_REQUEST .. request_id, "granted_at", S.now)
   end
-  redis.call("ZADD", S.running, S.grant_until, request_id)
+  local added = redis.call("ZADD", S.running, S.grant_until, request_id)
   redis.call("ZADD", base .. ":granted", n, request_id)
   redis.call("HINCRBY", base, "run|" .. ws, 1)
   if S.template ~= "" then
@@ -408,17 +409,32 @@ local function give_slot(S, ws, request_id, granted, record)
   else
     granted[#granted + 1] = request_id
   end
+  return added
 end
 
 -- Give every free slot to the request the schedule names next; returns the
 -- ids granted that the caller must publish (none when S.template pushed them).
+-- The provider's count in flight (ZCARD rq:running) is read once: given by
+-- the caller, who read it in this step with nothing changing it since
+-- (S.in_flight: grant_directly's, for admit.lua's slow path), else read once
+-- the schedule names a head, so that nothing waiting costs one read; then
+-- counted here as give_slot adds to it (no other write in this step changes
+-- it). The loop is the same: grant while a slot is free and a head exists.
 local function grant(S)
   local base, heads = S.base, S.base .. ":heads"
   local granted = {}
-  while redis.call("ZCARD", S.running) < S.cap do
+  local in_flight = S.in_flight
+  S.in_flight = nil
+  while in_flight == nil or in_flight < S.cap do
     local head = redis.call("ZRANGE", heads, 0, 0, "WITHSCORES")
     if #head == 0 then
       break
+    end
+    if in_flight == nil then
+      in_flight = redis.call("ZCARD", S.running)
+      if in_flight >= S.cap then
+        break
+      end
     end
     local member, tag = head[1], tonumber(head[2])
     local ws = workspace_of_slot(member)
@@ -440,7 +456,7 @@ local function grant(S)
       forget_workspace_if_idle(S, ws)
       local request_id = popped[1]
       if request_id and redis.call("HGET", KEY_REQUEST .. request_id, "status") == "IN_QUEUE" then
-        give_slot(S, ws, request_id, granted)
+        in_flight = in_flight + give_slot(S, ws, request_id, granted)
         S.moved = true
       end
     end
@@ -478,12 +494,14 @@ end
 -- it ended unstarted without a grant (release_slot announces nothing then),
 -- which this announcement has always woken it to read again: kept, so no
 -- stream shows anything later than it did.
+-- When it does not apply, S.in_flight keeps the count in flight it read (if
+-- it did), for the grant() that follows in the same step.
 local function grant_directly(S, ws, request_id, record)
-  if redis.call("ZCARD", S.base .. ":depths") > 0 or redis.call("ZCARD", S.running) >= S.cap then
-    return nil
-  end
+  local in_flight = redis.call("ZCARD", S.running)
   local _, limit = ws_limits(S, ws)
-  if limit > 0 and tonumber(redis.call("HGET", S.base, "run|" .. ws) or "0") >= limit then
+  if in_flight >= S.cap or redis.call("ZCARD", S.base .. ":depths") > 0
+      or (limit > 0 and tonumber(redis.call("HGET", S.base, "run|" .. ws) or "0") >= limit) then
+    S.in_flight = in_flight
     return nil
   end
   local granted = {}
