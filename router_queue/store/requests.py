@@ -259,14 +259,21 @@ class StatusView:
     record: RequestRecord | None
     #: Requests ahead in the provider's queue; None once the request left it.
     position: int | None
+    #: The provider's pace, for Retry-After: not read (all None) for a
+    #: COMPLETED request, which is sent none (web/pacing.py).
     pace: Pace
 
 
+#: The pace of a status read that did not read it (a COMPLETED or missing request: status.lua).
+_NO_PACE = Pace(None, None)
+
+
 def _status_view(reply: list[Any]) -> StatusView:
-    """status.lua's ``{"OK", values, ttl, position, pace}`` answer."""
+    """status.lua's ``{"OK", values, ttl, position, pace}`` answer; ``ttl`` is
+    None unless the request is COMPLETED, ``pace`` None when it is."""
     _, values, ttl, rank, pace = reply
     return StatusView(record=RequestRecord.from_values(values, ttl), position=rank,
-                      pace=Pace(_seconds(pace[0]), _seconds(pace[1])))
+                      pace=Pace(_seconds(pace[0]), _seconds(pace[1])) if pace else _NO_PACE)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import pytest
 
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from router_queue.store import keys
-from router_queue.store.requests import Lease
+from router_queue.store.requests import Lease, Pace
 from tests.unit.support import record_of
 
 MODEL = "bfl/flux-2-pro"
@@ -158,9 +158,27 @@ def test_completion_feeds_the_pace_averages(services, workspace):
     request_id, _ = admit(services, workspace)
     services.store.claim(record_of(services, request_id, "bfl"), lease())
     services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
-    pace = services.store.status_view(request_id, "bfl").pace
+    waiting, _ = admit(services, workspace)  # the pace is read for a request that is sent Retry-After
+    pace = services.store.status_view(waiting, "bfl").pace
     assert pace.avg_run_s is not None and pace.avg_run_s >= 0
     assert pace.avg_gap_s is not None
+    assert services.store.pace("bfl") == pace
+    # a COMPLETED request is sent no Retry-After (pacing.py): its status read skips the pace
+    assert services.store.status_view(request_id, "bfl").pace == Pace(None, None)
+
+
+def test_a_status_read_takes_the_ttl_only_of_a_completed_record(services, workspace):
+    request_id, _ = admit(services, workspace)
+    view = services.store.status_view(request_id, "bfl")
+    assert view.record.ttl_s is None and view.pace is not None and view.position == 0
+    services.store.claim(record_of(services, request_id, "bfl"), lease())
+    view = services.store.status_view(request_id, "bfl")
+    assert (view.record.status, view.record.ttl_s, view.position) == (IN_PROGRESS, None, None)
+    services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
+    view = services.store.status_view(request_id, "bfl")
+    assert view.record.status == COMPLETED and 0 < view.record.ttl_s <= services.store.retention_s
+    missing = services.store.status_view(services.ids.mint(workspace, MODEL), "bfl")
+    assert (missing.record, missing.position, missing.pace) == (None, None, Pace(None, None))
 
 
 def test_a_provider_at_its_cap_leaves_requests_waiting_without_a_slot(services, workspace):

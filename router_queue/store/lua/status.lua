@@ -7,8 +7,13 @@
 -- follow  ARGV[5..] the fields (requests.py, _FIELDS), then a (limit, window
 -- seconds) pair per rate-window counter
 -- returns {"RATE_LIMITED", window index, ms left}
---       | {"OK", field values, ttl, position or false, {avg_run_s, avg_gap_s}}
--- The position (lib.lua, position) is read only while the request waits.
+--       | {"OK", field values, ttl or false, position or false, {avg_run_s, avg_gap_s} or false}
+-- The position (lib.lua, position) is read only while the request waits;
+-- the record's TTL only once it is COMPLETED (a record expires only from
+-- the step that completes it: complete.lua, lib.lua's finish_unbilled; before
+-- that its TTL is -1, which reads as none); the provider's pace only while
+-- it is not COMPLETED (it is for Retry-After, which a finished request is
+-- not sent: web/pacing.py). A missing record reads neither.
 
 local at_ws, at_status, nfields = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local spent = spend_rate(4, 5 + nfields)
@@ -16,14 +21,14 @@ if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
 local values = redis.call("HMGET", KEYS[1], unpack(ARGV, 5, 4 + nfields))
-local rank = false
-if values[at_status] == "IN_QUEUE" then
-  rank = position(KEYS[2], values[at_ws], ARGV[1])
+local status = values[at_status]
+local rank, ttl, pace = false, false, false
+if status == "COMPLETED" then
+  ttl = redis.call("TTL", KEYS[1])
+elseif status then
+  if status == "IN_QUEUE" then
+    rank = position(KEYS[2], values[at_ws], ARGV[1])
+  end
+  pace = redis.call("HMGET", KEYS[3], "avg_run_s", "avg_gap_s")
 end
-return {
-  "OK",
-  values,
-  redis.call("TTL", KEYS[1]),
-  rank,
-  redis.call("HMGET", KEYS[3], "avg_run_s", "avg_gap_s"),
-}
+return {"OK", values, ttl, rank, pace}
