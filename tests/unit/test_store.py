@@ -366,3 +366,29 @@ def test_an_admission_adds_to_the_workspaces_counts_exactly_from_what_they_were(
     # without a price or a webhook, those two counts are left as they were
     admit(services, workspace)
     assert [int(v) for v in services.redis.hmget(ws_key, "queued", "held", "webhooks_pending")] == [4, 12, 2]
+
+
+@pytest.mark.parametrize("ending", ["charge", "release", "cancel"])
+def test_an_ending_settles_the_workspaces_counts_exactly_from_what_they_were(services, workspace, ending):
+    """complete.lua and finish_unbilled write held, credits and queued_bytes back in one HSET."""
+    ws_key = keys.workspace(workspace)
+    body = '{"prompt": "settle me"}'
+    request_id = services.ids.mint(workspace, MODEL)
+    services.store.admit(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl", body=body, price=9)
+    services.redis.hset(ws_key, mapping={"held": 20, "credits": 500, "queued_bytes": len(body) + 4})
+    if ending == "cancel":
+        services.store.cancel(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl")
+    else:
+        services.store.claim(record_of(services, request_id, "bfl"), lease())
+        services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json",
+                                billable=ending == "charge")
+    credits = 500 - 9 if ending == "charge" else 500
+    assert [int(v) for v in services.redis.hmget(ws_key, "held", "credits", "queued_bytes")] == [11, credits, 4]
+    _, entry = services.redis.xrevrange(keys.ledger(workspace), count=1)[0]
+    assert (entry[b"held"], entry[b"balance"], entry[b"amount"]) == (b"11", str(credits).encode(), b"9")
+    # bytes larger than the count left (a count set by hand): floored at 0, as before
+    other = services.ids.mint(workspace, MODEL)
+    services.store.admit(request_id=other, workspace=workspace, model=MODEL, provider="bfl", body=body, price=1)
+    services.redis.hset(ws_key, "queued_bytes", 3)
+    services.store.cancel(request_id=other, workspace=workspace, model=MODEL, provider="bfl")
+    assert int(services.redis.hget(ws_key, "queued_bytes")) == 0

@@ -42,7 +42,8 @@ end
 -- The record's changes, written in one HSET: its outcome, its cost (settle)
 -- and its body's bytes given back (drop_body).
 local fields = {"status", "COMPLETED", "completed_at", ARGV[ARG_NOW]}
-settle(KEYS[7], KEYS[8], ARGV[ARG_ID], ARGV[ARG_BILLABLE] == "1" and "charge" or "release", ARGV[ARG_NOW], rec, fields)
+local W = ws_changes(KEYS[7])  -- the workspace's counts, written in one HSET (lib.lua)
+settle(W, KEYS[8], ARGV[ARG_ID], ARGV[ARG_BILLABLE] == "1" and "charge" or "release", ARGV[ARG_NOW], rec, fields)
 if ARGV[ARG_ERROR_TYPE] == "" then
   append(fields, "content_type", ARGV[ARG_CONTENT_TYPE])
   redis.call("SET", KEYS[2], ARGV[ARG_OUTPUT], "EX", ARGV[ARG_RETENTION])
@@ -54,7 +55,8 @@ else
   append(fields, "error_type", ARGV[ARG_ERROR_TYPE], "detail", detail)
 end
 -- a failed request's body is kept for its retention: it may be retried
-drop_body(KEYS[11], KEYS[7], ARGV[ARG_ERROR_TYPE] ~= "" and ARGV[ARG_RETENTION] or nil, rec, fields)
+drop_body(KEYS[11], W, ARGV[ARG_ERROR_TYPE] ~= "" and ARGV[ARG_RETENTION] or nil, rec, fields)
+write_ws_changes(W)
 redis.call("HSET", KEYS[1], unpack(fields))
 redis.call("EXPIRE", KEYS[1], ARGV[ARG_RETENTION])
 forget_deadlines(KEYS[10], ARGV[ARG_ID], rec)

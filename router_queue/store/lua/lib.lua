@@ -46,6 +46,21 @@ end
 local ENDING_FIELDS = {"hold", "cost_state", "price", "body_bytes", "start_deadline_at", "deadline_at",
   "webhook_url", "webhook_events", "webhook_counted", "webhook_final"}
 
+-- The workspace's counts a request's ending changes (settle, then
+-- drop_body), collected to be written in one HSET (write_ws_changes): W.key
+-- the workspace hash, W.fields its field-value pairs, W.queued_bytes its
+-- queued_bytes when settle read it for drop_body. Those fields are read and
+-- written in the same step, and nothing else in it writes them in between.
+local function ws_changes(ws_key)
+  return {key = ws_key, fields = {}}
+end
+
+local function write_ws_changes(W)
+  if #W.fields > 0 then
+    redis.call("HSET", W.key, unpack(W.fields))
+  end
+end
+
 -- One fewer request of this workspace is waiting IN_QUEUE.
 local function left_queue(ws_key)
   if redis.call("HINCRBY", ws_key, "queued", -1) < 0 then
@@ -60,8 +75,10 @@ end
 -- is zeroed in the same step, as settle() zeroes the hold, so no second
 -- ending can give them back twice; a request admitted before bodies were
 -- counted has none and gives back nothing. rec: the record's ENDING_FIELDS;
--- its fields to write are appended to `fields` (the caller's one HSET).
-local function drop_body(body_key, ws_key, keep_s, rec, fields)
+-- its fields to write are appended to `fields` (the caller's one HSET), the
+-- workspace's to W (ws_changes) when settle() read its queued_bytes, else
+-- given back by one HINCRBY.
+local function drop_body(body_key, W, keep_s, rec, fields)
   if keep_s then
     redis.call("EXPIRE", body_key, keep_s)
   else
@@ -72,8 +89,10 @@ local function drop_body(body_key, ws_key, keep_s, rec, fields)
     return
   end
   append(fields, "body_bytes", 0)
-  if redis.call("HINCRBY", ws_key, "queued_bytes", -bytes) < 0 then
-    redis.call("HSET", ws_key, "queued_bytes", 0)
+  if W.queued_bytes then
+    append(W.fields, "queued_bytes", math.max(W.queued_bytes - bytes, 0))
+  elseif redis.call("HINCRBY", W.key, "queued_bytes", -bytes) < 0 then
+    redis.call("HSET", W.key, "queued_bytes", 0)
   end
 end
 
@@ -114,8 +133,11 @@ end
 -- the ledger's entry, so the two always agree; a free request (price 0)
 -- settles too, with no ledger entry. rec: the record's ENDING_FIELDS; its
 -- fields to write are appended to `fields`, which the caller writes in the
--- same step (one HSET with its own).
-local function settle(ws_key, ledger_key, request_id, how, now, rec, fields)
+-- same step (one HSET with its own). The workspace's held and credits (and
+-- its queued_bytes, when drop_body will give some back) are read in one
+-- HMGET and their new values go to W (ws_changes), as HINCRBY would have
+-- left them; settle runs before drop_body.
+local function settle(W, ledger_key, request_id, how, now, rec, fields)
   local hold = tonumber(rec.hold or "0")
   if rec.cost_state ~= "charged" and rec.cost_state ~= "released" then
     append(fields, "cost_state", how == "charge" and "charged" or "released")
@@ -127,13 +149,22 @@ local function settle(ws_key, ledger_key, request_id, how, now, rec, fields)
     return
   end
   append(fields, "hold", 0)
-  local held = redis.call("HINCRBY", ws_key, "held", -hold)
-  local credits
+  local gives_bytes = tonumber(rec.body_bytes or "0") > 0
+  local names = {"held", "credits"}
+  if gives_bytes then
+    names[3] = "queued_bytes"
+  end
+  local v = redis.call("HMGET", W.key, unpack(names))
+  local held = tonumber(v[1] or "0") - hold
+  local credits = tonumber(v[2] or "0")
+  append(W.fields, "held", held)
   if how == "charge" then
     append(fields, "charged", hold)
-    credits = redis.call("HINCRBY", ws_key, "credits", -hold)
-  else
-    credits = tonumber(redis.call("HGET", ws_key, "credits") or "0")
+    credits = credits - hold
+    append(W.fields, "credits", credits)
+  end
+  if gives_bytes then
+    W.queued_bytes = tonumber(v[3] or "0")
   end
   redis.call("XADD", ledger_key, "*", "type", how, "request_id", request_id, "amount", hold,
     "balance", credits, "held", held, "at", now)
@@ -738,8 +769,10 @@ local function finish_unbilled(k, S, request_id, now, retention, was_queued, err
     release_slot(S, k.ws_id, request_id, true)
   end
   local fields = {"status", "COMPLETED", "completed_at", now, "error_type", error_type, "detail", detail}
-  settle(k.ws, k.ledger, request_id, "release", now, rec, fields)
-  drop_body(k.body, k.ws, retention, rec, fields)
+  local W = ws_changes(k.ws)
+  settle(W, k.ledger, request_id, "release", now, rec, fields)
+  drop_body(k.body, W, retention, rec, fields)
+  write_ws_changes(W)
   redis.call("HSET", k.req, unpack(fields))
   redis.call("EXPIRE", k.req, retention)
   forget_deadlines(k.deadlines, request_id, rec)
