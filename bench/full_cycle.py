@@ -89,6 +89,7 @@ class Snapshot:
     cpu: dict[str, float]
     redis_cpu: float
     calls: Counter  # INFO commandstats calls per command, those inside scripts included
+    usec: Counter  # and the µs Redis spent in each (a script's include its commands')
 
 
 @dataclass
@@ -100,6 +101,7 @@ class Run:
     cpu_s: dict[str, float]          # group -> CPU s over the window (redis and the client included)
     redis_cpu_s: float
     calls: Counter  # per command over the window
+    usec: Counter
     polls: int
 
     @property
@@ -125,6 +127,11 @@ class Run:
         return " ".join(f"{name} {calls / self.deliveries:.1f}" for name, calls in self.calls.most_common(n))
 
     @property
+    def script_ms(self) -> float:
+        """Redis's ms per delivery inside scripts, their commands included (commandstats)."""
+        return sum(self.usec[name] for name in ("evalsha", "eval")) / 1000.0 / self.deliveries
+
+    @property
     def total_cpu_s(self) -> float:
         return sum(self.cpu_s.values())
 
@@ -137,7 +144,8 @@ def _snapshot(side: Side, redis_client) -> Snapshot:
     cpu["client"] = usage.ru_utime + usage.ru_stime
     stats = redis_client.info("commandstats")
     calls = Counter({name.removeprefix("cmdstat_"): int(v["calls"]) for name, v in stats.items()})
-    return Snapshot(time.perf_counter(), cpu, redis_cpu(redis_client), calls)
+    usec = Counter({name.removeprefix("cmdstat_"): int(v["usec"]) for name, v in stats.items()})
+    return Snapshot(time.perf_counter(), cpu, redis_cpu(redis_client), calls, usec)
 
 
 def _prompt_body(label: str) -> bytes:
@@ -216,7 +224,7 @@ def run_once(side: Side, args, redis_client, alive: Callable[[], None]) -> Run:
         raise MeasurementError(f"full_cycle {side.label}: no delivery completed in the window")
     return Run(side.label, len(window), after.at - before.at, [1000.0 * lat for _, lat in window],
                {g: after.cpu[g] - before.cpu.get(g, 0.0) for g in after.cpu},
-               after.redis_cpu - before.redis_cpu, after.calls - before.calls,
+               after.redis_cpu - before.redis_cpu, after.calls - before.calls, after.usec - before.usec,
                polls_after - polls_before)
 
 
@@ -229,7 +237,7 @@ def _describe(run: Run) -> str:
             f"redis {run.redis_ms:.2f} = {run.per_delivery_ms(total):.2f} "
             f"({total / run.seconds:.2f} of {cores} cores busy with these); "
             f"Redis {run.commands_per_delivery:.1f} commands/delivery (those inside scripts included; "
-            f"the most run: {run.top_commands()})")
+            f"the most run: {run.top_commands()}; {run.script_ms:.3f} ms of it per delivery in scripts)")
 
 
 # -- the minimal loop's processes --------------------------------------------------------

@@ -1,5 +1,7 @@
 -- lib.lua: what the scripts share, each written once. load_script
--- (store/requests.py) puts it in front of every script, after the key layout
+-- (store/requests.py) puts what a script uses of it (lib_for: the top-level
+-- locals it names, and theirs, in this file's order; so define a name before
+-- its users) in front of the script, after the key layout
 -- (KEY_*, generated from store/keys.py) and the script's argument positions
 -- (ARG_*, generated from its names in Python, lua_arg_names). In order:
 --   * the accounting: the waiting count, the body's bytes, holds and their
