@@ -47,6 +47,8 @@ COMPLETIONS_RING = 6
 _TOTALS_FIELDS = ("completed", "ran", "waited_s", *(f"done|{slot}" for slot in range(COMPLETIONS_RING)))
 #: status.lua's refusal as it arrives (bytes): the hot path compares without decoding.
 _RATE_LIMITED = Status.RATE_LIMITED.encode()
+#: Seconds the read replica is passed over once it failed to answer.
+REPLICA_RETRY_S = 5.0
 #: Seconds a rate count outside the hot routes' own scripts may wait on Redis.
 SPEND_RATE_TIMEOUT_S = 0.5
 #: Seconds by which Redis's clock may lag the front door's without a late
@@ -430,6 +432,9 @@ class RequestStore:
         #: A replica that serves status polls and event streams' position
         #: reads (``REDIS_READ_URL``), or None: the primary serves them.
         self.reads = reads
+        #: Until when (monotonic s) the replica is passed over after it failed
+        #: to answer: a stalled one costs one poll per REPLICA_RETRY_S its wait, not every poll.
+        self._replica_down_until = 0.0
         #: Those reads' rate counts, synced with the primary in batches.
         self.read_rate_counts = SyncedRateCounts(load_script(client, "rate_add")) if reads is not None else None
         self.replication = replication
@@ -628,7 +633,7 @@ class RequestStore:
         admitted) or a replica that cannot answer falls back to the primary.
         A replica's view lags the primary's by its replication delay."""
         request_keys = [keys.request(request_id), keys.schedule(provider), keys.stats(provider)]
-        if replica and self.reads is not None:
+        if replica and self.reads is not None and time.monotonic() >= self._replica_down_until:
             view = self._replica_view(request_id, request_keys, rate)
             if view is not None:
                 return view
@@ -648,7 +653,8 @@ class RequestStore:
         try:
             reply = self._status(keys=request_keys, args=[request_id, *_STATUS_FIELD_ARGS], client=self.reads)
         except redis.RedisError as exc:
-            log.warning("the read replica did not answer (%s); reading the primary", exc)
+            self._replica_down_until = time.monotonic() + REPLICA_RETRY_S
+            log.warning("the read replica did not answer (%s); reading the primary for %.0f s", exc, REPLICA_RETRY_S)
             return None
         view = _status_view(reply)
         return view if view.record is not None else None

@@ -126,3 +126,26 @@ def test_batched_counts_refuse_past_the_limit_and_start_again_in_a_new_window(pa
     now[0] += 2.0
     assert counts.spend(keys, args) is None
     assert int(client.get("rq:rate:test")) == 1
+
+
+def test_a_stalled_replica_is_passed_over_after_one_poll_waited_for_it(pair):
+    primary, replica = pair
+    settings = Settings(redis_url=primary.url, redis_read_url=replica.url, public_base_url="http://router.test")
+    services = Services.build(settings, dispatcher=RecordingDispatcher(), wait_s=0.3)
+    workspace = services.accounts.create_workspace("stall", queue_enabled=True, credits=10_000)
+    auth = {"X-API-Key": services.accounts.mint_key(workspace)}
+    http = create_app(settings, services=services).test_client()
+    request_id = _submit(http, auth)
+    wait_for(lambda: services.store.reads.exists(f"rq:req:{request_id}"), timeout_s=5, what="replication")
+    replica_client = redis.Redis(port=replica.port)
+    assert http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).status_code == 200
+    before = _script_calls(replica_client)
+    replica.pause()
+    try:
+        answers = [http.get(f"{FLUX}/requests/{request_id}/status", headers=auth) for _ in range(5)]
+    finally:
+        replica.resume()
+    assert [a.status_code for a in answers] == [200] * 5 and {a.json["status"] for a in answers} == {"IN_QUEUE"}
+    # only the first of the five was sent to the stalled replica (it ran once the replica woke)
+    wait_for(lambda: _script_calls(replica_client) >= before + 1, timeout_s=5, what="the buffered read")
+    assert _script_calls(replica_client) == before + 1
