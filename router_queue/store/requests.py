@@ -7,6 +7,7 @@ trip. The key layout is in ``keys.py``.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import re
@@ -101,14 +102,9 @@ _LIB_DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)")
 _LUA_COMMENT = re.compile(r"--.*$", re.M)
 
 
-def lib_for(body: str) -> str:
-    """The part of lib.lua that ``body`` uses: its definitions ``body`` names,
-    and those they name, in lib.lua's order. Redis runs a script's whole text
-    on every call, so each of lib.lua's 50-odd definitions would cost every
-    call its closure (about 14 µs a call for all of them, measured); a script
-    pays for what it uses. A definition is a top-level ``local`` and the
-    lines down to the next one; names are matched as whole words, so a name
-    outside comments (lib.lua has no "--" inside a string)."""
+@functools.cache
+def _lib_definitions() -> tuple[tuple[str, str], ...]:
+    """lib.lua as (name, text) per top-level definition, in order."""
     chunks: list[tuple[str, str]] = []
     for line in _lua("lib.lua").splitlines(keepends=True):
         defined = _LIB_DEFINITION.match(line)
@@ -116,6 +112,18 @@ def lib_for(body: str) -> str:
             chunks.append((defined.group(1), line))
         elif chunks:
             chunks[-1] = (chunks[-1][0], chunks[-1][1] + line)
+    return tuple(chunks)
+
+
+def lib_for(body: str) -> str:
+    """The part of lib.lua that ``body`` uses: its definitions ``body`` names,
+    and those they name, in lib.lua's order. Redis runs a script's whole text
+    on every call, so each of lib.lua's 50-odd definitions would cost every
+    call its closure (about 14 µs a call for all of them, measured); a script
+    pays for what it uses. A definition is a top-level ``local`` and the
+    lines down to the next one; names are matched as whole words outside
+    comments (lib.lua has no "--" inside a string)."""
+    chunks = _lib_definitions()
     wanted: set[str] = set()
     pending = [body]
     while pending:
