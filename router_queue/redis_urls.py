@@ -1,6 +1,6 @@
 """Redis URLs as the settings and the store read them: ``redis://`` for one
-server, ``sentinel://`` for a primary found through Sentinel (``store/connect.py``
-says how each is reached). Parsed here, below the settings, so a bad URL is an
+server, ``sentinel://`` for a primary found through Sentinel, ``redis+cluster://``
+for a Redis Cluster (``store/connect.py`` says how each is reached). Parsed here, below the settings, so a bad URL is an
 error at the edge."""
 
 from __future__ import annotations
@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from urllib.parse import parse_qs, unquote, urlsplit
 
 SENTINEL_SCHEME = "sentinel"
+CLUSTER_SCHEME = "redis+cluster"
 
 
 class RedisUrlError(ValueError):
@@ -53,3 +54,31 @@ class SentinelAddress:
         auth = f":{self.password}@" if self.password else ""
         return ";".join(f"{SENTINEL_SCHEME}://{auth if i == 0 else ''}{host}:{port}/{self.db}"
                         for i, (host, port) in enumerate(self.sentinels))
+
+
+@dataclass(frozen=True)
+class ClusterAddress:
+    """A Redis Cluster named by its seed nodes: ``redis+cluster://[:PASSWORD@]HOST:PORT[,HOST:PORT…]``.
+    The client learns the rest of the cluster from whichever seed answers."""
+
+    seeds: tuple[tuple[str, int], ...]
+    password: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> "ClusterAddress | None":
+        """The cluster ``url`` names, or None when it is not a cluster URL."""
+        if not url.startswith(f"{CLUSTER_SCHEME}://"):
+            return None
+        rest = url[len(CLUSTER_SCHEME) + 3:]
+        auth, _, hosts = rest.rpartition("@")
+        hosts, _, path = hosts.partition("/")
+        if path.strip("/") not in ("", "0"):
+            raise RedisUrlError(f"a Redis Cluster has database 0 only, got /{path} in {url!r}")
+        seeds = []
+        for part in hosts.split(","):
+            host, _, port = part.strip().rpartition(":")
+            if not host or not port.isdigit():
+                raise RedisUrlError(f"each seed of a cluster URL must be HOST:PORT, got {part!r}")
+            seeds.append((host, int(port)))
+        password = unquote(auth.partition(":")[2]) if auth else None
+        return cls(tuple(seeds), password or None)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from .provider_credentials import credential_variables
-from .redis_urls import RedisUrlError, SentinelAddress
+from .redis_urls import CLUSTER_SCHEME, ClusterAddress, RedisUrlError, SentinelAddress
 
 DEFAULT_CATALOG = Path(__file__).with_name("catalog.json")
 
@@ -60,10 +60,12 @@ def _url(name: str, raw: str) -> str:
 
 
 def _redis_url(name: str, raw: str) -> str:
-    """A ``redis://`` URL or a ``sentinel://`` one that names its primary."""
+    """A ``redis://`` URL, a ``sentinel://`` one that names its primary, or a
+    ``redis+cluster://`` one that names its seeds."""
     raw = _url(name, raw)
     try:
         SentinelAddress.parse(raw)
+        ClusterAddress.parse(raw)
     except RedisUrlError as exc:
         raise SettingsError(f"{name}: {exc}") from None
     return raw
@@ -303,6 +305,22 @@ class Settings:
         """How long the synchronous route really holds: the deadline less a
         margin (5 s, or a tenth of a short deadline) for the 504 to arrive."""
         return max(0.5, self.sync_deadline_s - min(5.0, self.sync_deadline_s / 10))
+
+    def __post_init__(self) -> None:
+        cluster = f"{CLUSTER_SCHEME}://"
+        if self.broker_url.startswith(cluster):
+            raise SettingsError("CELERY_BROKER_URL cannot be a Redis Cluster (kombu has no transport for one): "
+                                "name RabbitMQ (amqp://) or a Redis of its own")
+        if self.redis_url.startswith(cluster):
+            if not self.broker_url:
+                raise SettingsError("REDIS_URL names a Redis Cluster, which cannot carry Celery's messages: set "
+                                    "CELERY_BROKER_URL to RabbitMQ (amqp://) or a Redis of its own")
+            if self.wait_replicas:
+                raise SettingsError("REDIS_WAIT_REPLICAS waits on one primary's connection; with REDIS_URL a Redis "
+                                    "Cluster, leave it 0")
+            if self.redis_read_url:
+                raise SettingsError("REDIS_READ_URL names one replica or a Sentinel's; with REDIS_URL a Redis "
+                                    "Cluster, leave it unset")
 
     @property
     def effective_broker_url(self) -> str:

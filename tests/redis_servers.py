@@ -202,3 +202,100 @@ class SentinelGroup:
             terminate(proc)
         self.replica.stop()
         self.primary.stop()
+
+
+def redis_errors() -> type[Exception]:
+    import redis
+
+    return redis.RedisError
+
+
+def cluster_port() -> int:
+    """A free port whose cluster bus port (10,000 above it) is free too."""
+    import socket
+
+    while True:
+        port = free_port()
+        if port > 55535:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+
+
+class ClusterGroup:
+    """A Redis Cluster of our own: three primaries and a replica of each
+    (``redis-cli --cluster create``), a node called down after 1 s; :attr:`url`
+    is the ``redis+cluster://`` URL the stack is given."""
+
+    NODE_TIMEOUT_MS = 1000
+
+    def __init__(self, directory: Path, size: int = 6):
+        self.directory = directory
+        self.nodes = []
+        for n in range(size):
+            node_dir = directory / f"node-{n}"
+            node_dir.mkdir(parents=True, exist_ok=True)
+            self.nodes.append(PrivateRedis(node_dir, port=cluster_port(), extra=(
+                "--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf",
+                "--cluster-node-timeout", str(self.NODE_TIMEOUT_MS))))
+
+    @property
+    def url(self) -> str:
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.nodes[:3])
+
+    def start(self) -> None:
+        for node in self.nodes:
+            node.start()
+        subprocess.run([shutil.which("redis-cli"), "--cluster", "create",
+                        *(f"127.0.0.1:{node.port}" for node in self.nodes),
+                        "--cluster-replicas", "1", "--cluster-yes"],
+                       check=True, capture_output=True, timeout=60)
+        wait_for(lambda: all(self._info(node.port).get("cluster_state") == "ok" for node in self.nodes),
+                 timeout_s=30, what="every cluster node reporting cluster_state:ok")
+        wait_for(lambda: all(self._role(node.port).get("master_link_status", "up") == "up" for node in self.nodes),
+                 timeout_s=30, what="every replica in sync")
+
+    def _client(self, port: int):
+        import redis
+
+        return redis.Redis(port=port, socket_timeout=1, decode_responses=True)
+
+    def _info(self, port: int) -> dict:
+        with self._client(port) as client:
+            text = client.execute_command("CLUSTER", "INFO")
+        return dict(line.split(":", 1) for line in text.strip().splitlines() if ":" in line)
+
+    def _role(self, port: int) -> dict:
+        with self._client(port) as client:
+            return client.info("replication")
+
+    def owner(self, key: str) -> PrivateRedis:
+        """The node serving ``key``'s slot as a primary (asked of a live node)."""
+        live = next(node for node in self.nodes if node.proc is not None and node.proc.poll() is None)
+        with self._client(live.port) as client:
+            slot = client.execute_command("CLUSTER", "KEYSLOT", key)
+            for start, end, primary, *_ in client.execute_command("CLUSTER", "SLOTS"):
+                if start <= slot <= end:
+                    return next(node for node in self.nodes if node.port == int(primary[1]))
+        raise AssertionError(f"no node serves {key}'s slot")
+
+    def kill_owner(self, key: str) -> Callable[[], bool]:
+        """SIGKILL the primary of ``key``'s slot; returns whether its replica has taken the slot over."""
+        killed = self.owner(key)
+        killed.kill()
+
+        def promoted() -> bool:
+            try:
+                return self.owner(key) is not killed and all(
+                    self._info(node.port).get("cluster_state") == "ok" for node in self.nodes if node is not killed)
+            except (OSError, StopIteration, AssertionError, redis_errors()):
+                return False  # a node mid-failover: not yet
+        return promoted
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()

@@ -10,6 +10,7 @@ import click
 
 from ..settings import without_password
 from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
+from ..store.migrate import migrate
 from ..store.outcomes import Cancel
 from ..store.webhooks import FailingEndpoint
 from ..web.operations import summary
@@ -30,9 +31,11 @@ def require_router_queue_data() -> None:
 
 
 @click.group("ops")
-def ops() -> None:
+@click.pass_context
+def ops(ctx: click.Context) -> None:
     """Inspect and steer the queues."""
-    require_router_queue_data()
+    if ctx.invoked_subcommand != "migrate-keys":  # its store holds data only under the earlier layout
+        require_router_queue_data()
 
 
 @ops.command("depths")
@@ -160,3 +163,15 @@ def purge_expired() -> None:
     services = _services()
     purged = services.store.purge_expired(services.catalog.providers())
     click.echo(f"purged {purged} index entries of expired requests")
+
+
+@ops.command("migrate-keys")
+def migrate_keys() -> None:
+    """Rename a store's keys from the layout before the {rq} hash tag (rq:...)
+    to today's. Run it with every process of the service stopped."""
+    services = _services()
+    done = migrate(services.redis)
+    click.echo(f"renamed {done.renamed} keys to the {{rq}} layout")
+    if done.clashes:
+        raise click.ClickException(f"{len(done.clashes)} keys were left: their new name is taken "
+                                   f"(first: {', '.join(done.clashes[:5])})")

@@ -30,6 +30,7 @@ import redis
 
 from ..logs import AUDIT_LOGGER
 from . import keys
+from .connect import queue_script
 from .requests import argv, load_script
 
 log = logging.getLogger(AUDIT_LOGGER)
@@ -159,12 +160,10 @@ class ApiKeys:
         return Resolved(owner, False, left_s)
 
     def _resolve_with(self, key_names: builtins.list[str], args: builtins.list, workspace_key: str) -> tuple[Any, Any]:
-        """key_resolve.lua's reply and a workspace's rate_limit, pipelined. The
-        EVALSHA is sent by hand: a pipeline handed the script object asks
-        ``SCRIPT EXISTS`` first, a round trip of its own. A server without the
-        script (restarted, flushed) answers NOSCRIPT: then the plain call loads it."""
+        """key_resolve.lua's reply and a workspace's rate_limit, pipelined
+        (``queue_script``); on NOSCRIPT, the plain call loads the script."""
         pipe = self.client.pipeline(transaction=False)
-        pipe.evalsha(self._resolve.sha, len(key_names), *key_names, *args)
+        queue_script(pipe, self._resolve, key_names, args)
         pipe.hget(workspace_key, "rate_limit")
         try:
             reply, limit = pipe.execute()

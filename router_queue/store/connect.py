@@ -10,20 +10,28 @@ clients for side work that must not wait as long as the store does.
   by ``;``) with the master name carried in the URL, so one string serves the
   store (redis-py's ``Sentinel``) and the Celery broker (kombu's ``sentinel``
   transport) alike. ``PASSWORD`` is the primary's; sentinels without a password
-  are assumed.
+  are assumed;
+* ``redis+cluster://[:PASSWORD@]HOST:PORT[,HOST:PORT…]``: a Redis Cluster,
+  through its seed nodes (redis-py's ``RedisCluster``, which follows MOVED and
+  a failover's new primary). Every key carries the ``{rq}`` hash tag
+  (``keys.PREFIX``), so each script's keys share a slot. Celery's broker is
+  then RabbitMQ or a Redis of its own (``settings.py`` refuses the cluster).
 """
 
 from __future__ import annotations
 
 import redis
+from redis.cluster import ClusterNode, RedisCluster
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from ..redis_urls import SENTINEL_SCHEME, RedisUrlError, SentinelAddress  # noqa: F401 - the store's door names them
+from ..redis_urls import SENTINEL_SCHEME, ClusterAddress, RedisUrlError, SentinelAddress  # noqa: F401 - the store's door names them
 
 #: What a Redis that cannot be reached raises: refused or restarting
 #: (connection), stalled (timeout), or mid-failover. The front door answers it
 #: 503; a worker rides it out.
-UNREACHABLE = (redis.ConnectionError, redis.TimeoutError)
+#: On a cluster, also a slot whose primary failed and has no successor yet.
+UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.ClusterDownError,
+               redis.exceptions.TryAgainError, redis.exceptions.SlotNotCoveredError)
 #: What a Redis at ``maxmemory`` under ``noeviction`` raises for a write, a
 #: script's included (refused at its first write, so it wrote nothing). The
 #: front door answers it 503 like an outage; a worker rides it out likewise.
@@ -41,6 +49,10 @@ def connect(url: str, *, wait_s: float, connect_s: float | None = None,
     the next command reaches the promoted replica; with ``replica``, for one
     of its replicas instead (the primary when none is up)."""
     connect_s = wait_s if connect_s is None else connect_s
+    cluster = ClusterAddress.parse(url)
+    if cluster is not None:
+        return _cluster(cluster, socket_connect_timeout=connect_s, socket_timeout=wait_s,
+                        health_check_interval=health_check_interval)
     address = SentinelAddress.parse(url)
     if address is None:
         return redis.Redis.from_url(url, socket_connect_timeout=connect_s, socket_timeout=wait_s,
@@ -76,6 +88,11 @@ def celery_broker(url: str, wait_s: float = BROKER_WAIT_S) -> tuple[str, dict]:
 def bounded(client: redis.Redis, timeout_s: float) -> redis.Redis:
     """The same server through a pool of its own whose socket waits are
     ``timeout_s``: a stalled Redis costs such a caller that long at most."""
+    if isinstance(client, RedisCluster):
+        seeds = tuple((node.host, node.port) for node in client.nodes_manager.startup_nodes.values())
+        kwargs = client.nodes_manager.connection_kwargs
+        return _cluster(ClusterAddress(seeds, kwargs.get("password")), socket_timeout=timeout_s,
+                        socket_connect_timeout=timeout_s, health_check_interval=kwargs.get("health_check_interval", 0))
     pool = client.connection_pool
     kwargs = {**pool.connection_kwargs, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
     if isinstance(pool, SentinelConnectionPool):
@@ -83,3 +100,28 @@ def bounded(client: redis.Redis, timeout_s: float) -> redis.Redis:
         return redis.Redis(connection_pool=SentinelConnectionPool(
             pool.service_name, pool.sentinel_manager, connection_class=pool.connection_class, **kwargs))
     return redis.Redis(connection_pool=type(pool)(connection_class=pool.connection_class, **kwargs))
+
+
+def _cluster(address: ClusterAddress, **waits) -> redis.Redis:
+    """A cluster client for ``address``. Typed as ``redis.Redis``: the store
+    uses the commands both answer alike (a script's keys share one slot)."""
+    client = RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in address.seeds],
+                          password=address.password, **waits)
+    return client
+
+
+def primaries_info(client: redis.Redis, section: str) -> list[dict]:
+    """``INFO section`` of every primary: the one server, or each of a
+    cluster's (where plain INFO asks whichever node the client picks)."""
+    if isinstance(client, RedisCluster):
+        return list(client.info(section, target_nodes=RedisCluster.PRIMARIES).values())
+    return [client.info(section)]
+
+
+def queue_script(pipe, script, keys: list, args: list) -> None:
+    """Queue ``script`` on ``pipe`` as a bare EVALSHA: no ``SCRIPT EXISTS``
+    round trip first, and the form a cluster's pipeline accepts (it refuses
+    ``evalsha()`` and script objects). A server without the script (restarted,
+    flushed, a promoted replica) answers NOSCRIPT; the caller then runs the
+    script plainly, which loads it."""
+    pipe.execute_command("EVALSHA", script.sha, len(keys), *keys, *args)

@@ -1,4 +1,5 @@
 """The Redis key layout, in one place. Every key is built by a function here.
+Every key starts with the hash tag ``{rq}`` (:data:`PREFIX`), written ``rq`` below.
 
 =============================  ======  ==============================  ==================
 key                            type    TTL                             written by
@@ -48,6 +49,8 @@ rq:config:id-secret            string  none                            ids.py (S
 rq:config:epoch                string  none (the data's epoch marker,  accounts.py (SET NX,
                                        written with the first          with a workspace),
                                        workspace)                      epoch.py
+rq:rate:{limits item key}      string a window (INCR, PEXPIRE)         rate.lua, admit.lua,
+                                                                       rate_add.lua
 rq:draining                    set     none (providers not admitting)  cli (ops drain)
 rq:fleet:workers               zset    none (worker names by their     fleet.py (heartbeats)
                                        last heartbeat; trimmed to the
@@ -206,7 +209,14 @@ key it is given, and the keys of the workspaces and requests the schedule names
 
 from __future__ import annotations
 
-PREFIX = "rq"
+#: What every key starts with: ``{rq}``, a Redis Cluster hash tag, so that on a
+#: cluster every key hashes to one slot and each script's keys sit together
+#: (``docs/ARCHITECTURE.md``, "Redis Cluster"). On one Redis the braces are
+#: plain characters. Stores from before the tag hold ``rq:…`` keys:
+#: ``router-queue ops migrate-keys`` renames them (``store/migrate.py``).
+PREFIX = "{rq}"
+#: The prefix of the keys written before the hash tag.
+UNTAGGED_PREFIX = "rq"
 
 
 def request(request_id: str) -> str:
@@ -322,6 +332,12 @@ def history(workspace_id: str) -> str:
 def model_history(workspace_id: str, model_id: str) -> str:
     """The workspace's requests of one model by admission time."""
     return f"{history(workspace_id)}:{model_id}"
+
+
+def rate_window(name: str) -> str:
+    """A caller's request-rate counter for one window (``web/ratelimit.py``:
+    ``name`` is the ``limits`` item's own key)."""
+    return f"{PREFIX}:rate:{name}"
 
 
 def draining() -> str:

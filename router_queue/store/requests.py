@@ -20,7 +20,7 @@ import redis
 
 from ..webhooks.event import PROGRESS_EVENT_EVERY_S
 from . import keys
-from .connect import bounded
+from .connect import bounded, primaries_info, queue_script
 from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
 from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES
 from .rate_counts import SyncedRateCounts
@@ -83,6 +83,11 @@ COMPLETE_ARGS = ("id", "now", "retention", "error_type", "detail", "content_type
 EXPIRE_QUEUED_ARGS = ("id", "now", "queue_timeout_s", "retention", "workspace", "cap", "grant_until", "template")
 CANCEL_ARGS = ("id", "workspace", "model", "now", "retention", "cap", "grant_until", "template", "write_deadline",
                "by")
+
+
+#: A caller's rate-window key (``keys.rate_window``), for the front door's
+#: rate limits, which name their windows but leave the layout to the store.
+rate_window = keys.rate_window
 
 
 def load_script(client: redis.Redis, name: str, args: tuple[str, ...] = ()):
@@ -704,14 +709,15 @@ class RequestStore:
         """Why the store cannot take writes now (full: at ``maxmemory`` under
         ``noeviction``), else None; one INFO, which also proves it answers."""
         try:
-            memory = self.client.info("memory")
+            primaries = primaries_info(self.client, "memory")
         except redis.ResponseError:  # a server without INFO (fakeredis, the embedded default): no maxmemory
             self.client.ping()
             return None
-        used, limit = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
-        policy = memory.get("maxmemory_policy", "noeviction")
-        if limit and policy == "noeviction" and used >= limit:
-            return f"the request store is full: used_memory {used} of maxmemory {limit} (noeviction)"
+        for memory in primaries:
+            used, limit = int(memory.get("used_memory", 0)), int(memory.get("maxmemory", 0))
+            policy = memory.get("maxmemory_policy", "noeviction")
+            if limit and policy == "noeviction" and used >= limit:
+                return f"the request store is full: used_memory {used} of maxmemory {limit} (noeviction)"
         return None
 
     def dump(self, request_id: str) -> tuple[dict[str, str], int]:
@@ -819,10 +825,15 @@ class RequestStore:
         """Heartbeat: extend every (id, provider, token) lease in one round trip."""
         pipe = self.client.pipeline(transaction=False)
         now = repr(time.time())
-        for request_id, provider, token in held:
-            self._renew(keys=[keys.request(request_id), keys.running(provider)],
-                        args=[request_id, token, now, lease_s, "", ""], client=pipe)
-        pipe.execute()
+        calls = [([keys.request(request_id), keys.running(provider)], [request_id, token, now, lease_s, "", ""])
+                 for request_id, provider, token in held]
+        for call_keys, args in calls:
+            queue_script(pipe, self._renew, call_keys, args)
+        try:
+            pipe.execute()
+        except redis.exceptions.NoScriptError:
+            for call_keys, args in calls:
+                self._renew(keys=call_keys, args=args)
 
     def record_attempt(self, request_id: str) -> int:
         """Count one failed provider call worth retrying; returns the count so far."""

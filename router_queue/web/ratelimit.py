@@ -29,7 +29,7 @@ from flask import Request
 from limits import RateLimitItem, parse_many
 
 from ..errors import RateLimited, Unauthorized
-from ..store.requests import RequestStore
+from ..store.requests import RequestStore, rate_window
 from . import paths
 from .auth import Caller, KeyResolver
 
@@ -39,8 +39,6 @@ log = logging.getLogger(__name__)
 EXEMPT_ENDPOINTS = paths.endpoints(paths.Rate.EXEMPT)
 #: Routes that count the call inside their own script (see the module docstring).
 CARRIED_ENDPOINTS = paths.endpoints(paths.Rate.CARRIED)
-#: Prefix of the counters' keys (``limits``' storage prefix, kept for continuity).
-KEY_PREFIX = "rq:rate:"
 
 
 @dataclass(frozen=True)
@@ -71,7 +69,7 @@ def _allowance(bucket: str, spec: str) -> Allowance:
     items = _items(spec)
     return Allowance(
         items=items,
-        keys=tuple(KEY_PREFIX + item.key_for(bucket) for item in items),
+        keys=tuple(rate_window(item.key_for(bucket)) for item in items),
         args=tuple(n for item in items for n in (item.amount, item.get_expiry())),
     )
 

@@ -120,7 +120,7 @@ def test_200_concurrent_submits_under_one_key_create_exactly_one_request(stack, 
         assert settlements(ledger(services, caller.workspace)).keys() == {request_id}
         row = workspace(services, caller.workspace)
         assert row.queued in (0, 1) and row.held in (0, cost), row
-        assert services.redis.keys(f"rq:idem:{caller.workspace}:*") == [
+        assert services.redis.keys(keys.idempotency(caller.workspace, "*")) == [
             idempotency_key_name(caller.workspace, key).encode()]
         ttl = services.redis.ttl(idempotency_key_name(caller.workspace, key))
         assert IDEMPOTENCY_TTL_S - 60 < ttl <= IDEMPOTENCY_TTL_S, ttl
@@ -606,7 +606,7 @@ def test_bad_input_is_refused_before_any_worker(rig: Rig, status: int, send) -> 
         assert isinstance(body["detail"], str)
     assert sequence(rig.services, "bfl") == before, "a refused body was admitted"
     _nothing_admitted(rig.services, caller.workspace)
-    assert rig.services.redis.keys(f"rq:idem:{caller.workspace}:*") == []
+    assert rig.services.redis.keys(keys.idempotency(caller.workspace, "*")) == []
 
 
 def test_a_key_of_255_characters_is_accepted(rig: Rig) -> None:

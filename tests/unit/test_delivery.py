@@ -22,6 +22,7 @@ from router_queue.catalog import Catalog
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Secret, Settings
 from router_queue.states import COMPLETED
+from router_queue.store import keys
 from router_queue.store.requests import Lease
 from router_queue.web.admission import fingerprint
 from router_queue.web.app import create_app
@@ -407,7 +408,7 @@ def test_a_deliverys_metrics_are_counted_in_its_process_and_cost_redis_nothing(w
     assert outcome == "completed"
     assert [_sample(name, **model) - was for name, was in zip(names, before)] == [1, 1, 1]
     assert _sample("router_queue_completions_total", outcome="success", **model) == succeeded + 1
-    assert not list(worker_services.redis.scan_iter("rq:metrics*"))
+    assert not list(worker_services.redis.scan_iter(keys.PREFIX + ":metrics*"))
     assert worker_services.store.delivery_totals("vertexai").completed == 1
 
 

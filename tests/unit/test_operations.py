@@ -10,6 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from router_queue import logs
 from router_queue.cli.ops import ops
+from router_queue.store import keys
 from router_queue.store.requests import Lease
 from tests.unit.support import cli_runner, record_of
 
@@ -76,8 +77,8 @@ def test_metrics_match_known_traffic(http, ops_http, auth, services, workspace):
     assert counted[("router_queue_sweeper_actions_total", (("action", "republished"),))] == 2
     assert samples[("router_queue_oldest_wait_seconds", bfl)] >= 0
     # counted in this process: none of it was written to Redis
-    assert not [key for key in services.redis.scan_iter("rq:metrics*")]
-    assert not [key for key in services.redis.scan_iter("rq:completions*")]
+    assert not [key for key in services.redis.scan_iter(keys.PREFIX + ":metrics*")]
+    assert not [key for key in services.redis.scan_iter(keys.PREFIX + ":completions*")]
 
 
 def test_a_draining_provider_admits_nothing_and_says_so(http, auth, services):

@@ -9,7 +9,7 @@ from redis.sentinel import SentinelConnectionPool
 
 from router_queue.broker.celery_app import make_celery
 from router_queue.settings import Settings, SettingsError
-from router_queue.store.connect import RedisUrlError, SentinelAddress, bounded, celery_broker, connect
+from router_queue.store.connect import ClusterAddress, RedisUrlError, SentinelAddress, bounded, celery_broker, connect
 from router_queue.store.requests import Replication
 
 SENTINELS = "sentinel://:s3cret@10.0.0.1:26379;sentinel://10.0.0.2:26380;sentinel://10.0.0.3/2?master_name=rq"
@@ -79,3 +79,35 @@ def test_a_write_answered_before_its_replicas_had_it_is_counted_and_still_made(s
     assert store.cancel(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl") in (
         "CANCELLED", "REQUESTED")
     assert store.unreplicated == 2
+
+
+CLUSTER = "redis+cluster://:pw@10.0.0.1:7000,10.0.0.2:7001"
+
+
+def test_a_cluster_url_names_its_seeds():
+    assert ClusterAddress.parse(CLUSTER) == ClusterAddress((("10.0.0.1", 7000), ("10.0.0.2", 7001)), "pw")
+    assert ClusterAddress.parse("redis://127.0.0.1:6379/0") is None
+
+
+@pytest.mark.parametrize("url,complaint", [
+    ("redis+cluster://10.0.0.1", "HOST:PORT"),
+    ("redis+cluster://10.0.0.1:7000,:7001", "HOST:PORT"),
+    ("redis+cluster://10.0.0.1:7000/3", "database 0"),
+])
+def test_a_cluster_url_that_cannot_work_is_refused_at_startup(url, complaint):
+    with pytest.raises(SettingsError, match=f"REDIS_URL: .*{complaint}"):
+        Settings.from_env({"REDIS_URL": url, "CELERY_BROKER_URL": "amqp://guest@127.0.0.1//"})
+
+
+@pytest.mark.parametrize("env,complaint", [
+    ({"REDIS_URL": CLUSTER}, "set CELERY_BROKER_URL to RabbitMQ"),
+    ({"REDIS_URL": "redis://127.0.0.1:6379/0", "CELERY_BROKER_URL": CLUSTER}, "kombu has no transport"),
+    ({"REDIS_URL": CLUSTER, "CELERY_BROKER_URL": "amqp://x//", "REDIS_WAIT_REPLICAS": "1"}, "REDIS_WAIT_REPLICAS"),
+    ({"REDIS_URL": CLUSTER, "CELERY_BROKER_URL": "amqp://x//", "REDIS_READ_URL": "redis://r:6379/0"},
+     "REDIS_READ_URL"),
+])
+def test_a_cluster_store_needs_a_broker_of_its_own_and_no_single_server_options(env, complaint):
+    with pytest.raises(SettingsError, match=complaint):
+        Settings.from_env(env)
+    assert Settings.from_env({"REDIS_URL": CLUSTER, "CELERY_BROKER_URL": "redis://127.0.0.1:6380/0"}).redis_url == \
+        CLUSTER.rstrip("/")

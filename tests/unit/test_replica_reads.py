@@ -14,6 +14,7 @@ import redis
 
 from router_queue.services import Services
 from router_queue.settings import Settings
+from router_queue.store import keys
 from router_queue.store.rate_counts import SyncedRateCounts
 from router_queue.store.requests import load_script
 from router_queue.web.app import create_app
@@ -65,7 +66,7 @@ def test_polls_are_read_on_the_replica_and_a_request_it_lacks_on_the_primary(pai
     primary, replica = pair
     services, http, auth = _front(primary, replica)
     request_id = _submit(http, auth)
-    wait_for(lambda: services.store.reads.exists(f"rq:req:{request_id}"), timeout_s=5, what="replication")
+    wait_for(lambda: services.store.reads.exists(keys.request(request_id)), timeout_s=5, what="replication")
     replica_client = redis.Redis(port=replica.port)
     assert http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).status_code == 200  # loads the script there
     before, primary_before = _script_calls(replica_client), _script_calls(redis.Redis(port=primary.port))
@@ -96,7 +97,7 @@ def test_polls_read_on_the_replica_are_still_rate_limited_and_cost_the_primary_a
     primary, replica = pair
     services, http, auth = _front(primary, replica, rate_limit="20/minute")
     request_id = _submit(http, auth)  # one call of the 20
-    wait_for(lambda: services.store.reads.exists(f"rq:req:{request_id}"), timeout_s=5, what="replication")
+    wait_for(lambda: services.store.reads.exists(keys.request(request_id)), timeout_s=5, what="replication")
     primary_client = redis.Redis(port=primary.port)
     syncs = int(primary_client.info("commandstats").get("cmdstat_incrby", {}).get("calls", 0))
     answers = [http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).status_code for _ in range(25)]
@@ -114,18 +115,19 @@ def test_batched_counts_refuse_past_the_limit_and_start_again_in_a_new_window(pa
     client = redis.Redis(port=primary.port)
     now = [100.0]
     counts = SyncedRateCounts(load_script(client, "rate_add"), sync_s=0.1, clock=lambda: now[0])
-    keys, args = ["rq:rate:test"], [3, 2]  # 3 calls per 2 s
-    assert [counts.spend(keys, args) for _ in range(3)] == [None, None, None]
-    refused = counts.spend(keys, args)
+    window = keys.rate_window("test")
+    windows, args = [window], [3, 2]  # 3 calls per 2 s
+    assert [counts.spend(windows, args) for _ in range(3)] == [None, None, None]
+    refused = counts.spend(windows, args)
     assert refused is not None and refused[0] == 1 and 0 < refused[1] <= 2000
-    assert int(client.get("rq:rate:test")) == 1  # synced once, at the first call; the rest counted here
+    assert int(client.get(window)) == 1  # synced once, at the first call; the rest counted here
     now[0] += 0.2
-    assert counts.spend(keys, args) is not None  # the sync adds the 4 counted since: still spent
-    assert int(client.get("rq:rate:test")) == 5
-    client.delete("rq:rate:test")  # the window ended on the primary (as its expiry would)
+    assert counts.spend(windows, args) is not None  # the sync adds the 4 counted since: still spent
+    assert int(client.get(window)) == 5
+    client.delete(window)  # the window ended on the primary (as its expiry would)
     now[0] += 2.0
-    assert counts.spend(keys, args) is None
-    assert int(client.get("rq:rate:test")) == 1
+    assert counts.spend(windows, args) is None
+    assert int(client.get(window)) == 1
 
 
 def test_a_stalled_replica_is_passed_over_after_one_poll_waited_for_it(pair):
@@ -136,7 +138,7 @@ def test_a_stalled_replica_is_passed_over_after_one_poll_waited_for_it(pair):
     auth = {"X-API-Key": services.accounts.mint_key(workspace)}
     http = create_app(settings, services=services).test_client()
     request_id = _submit(http, auth)
-    wait_for(lambda: services.store.reads.exists(f"rq:req:{request_id}"), timeout_s=5, what="replication")
+    wait_for(lambda: services.store.reads.exists(keys.request(request_id)), timeout_s=5, what="replication")
     replica_client = redis.Redis(port=replica.port)
     assert http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).status_code == 200
     before = _script_calls(replica_client)

@@ -7,8 +7,11 @@ import logging
 
 import pytest
 
+from router_queue.cli import main
 from router_queue.errors import StoreLost
-from router_queue.store import keys
+from router_queue.store import keys, migrate
+from router_queue.web.app import create_app
+from tests.unit.support import cli_runner
 from tests.unit.test_delivery import context_of
 from tests.unit.test_routes import FLUX, assert_error, submit
 from workers.sweeper import sweep
@@ -56,3 +59,48 @@ def test_a_process_that_started_on_an_empty_store_adopts_the_marker_at_its_first
     client.flushdb()
     assert_error(http.get(f"{FLUX}/requests/x/status", headers={"X-API-Key": "rq_other"}), 503,
                  "service_unavailable")
+
+
+def _to_legacy_layout(client) -> int:
+    """Rename every key to the layout before the {rq} hash tag, as an earlier version wrote it."""
+    names = list(client.scan_iter(match=keys.PREFIX.replace("{", "[{]") + ":*"))
+    for name in names:
+        client.rename(name, keys.UNTAGGED_PREFIX.encode() + name[len(keys.PREFIX):])
+    return len(names)
+
+
+def test_a_store_in_the_earlier_key_layout_is_refused_until_migrated(app, http, auth, services, client, settings,
+                                                                    caplog: pytest.LogCaptureFixture):
+    request_id = submit(http, auth, {"prompt": "written before the tag"}).json["request_id"]
+    before = http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).json
+    legacy = _to_legacy_layout(client)
+    services.accounts.epoch.known = None  # a process of this version starting on that store
+    with caplog.at_level(logging.CRITICAL):
+        with pytest.raises(StoreLost, match="migrate-keys"):
+            create_app(settings, services=services)  # a front door does not start on it
+        ready = http.get("/readyz")
+        refused = http.get(f"{FLUX}/requests/{request_id}/status", headers={"X-API-Key": "rq_not_cached_here"})
+    assert_error(ready, 503, "service_unavailable")
+    assert "migrate-keys" in ready.json["detail"] and "migrate-keys" in caplog.text
+    assert_error(refused, 503, "service_unavailable")  # not a 401 for a key it cannot see
+    with pytest.raises(StoreLost):
+        sweep(context_of(services))
+
+    migrated = cli_runner(app).invoke(main, ["ops", "migrate-keys"])
+    assert migrated.exit_code == 0, migrated.output
+    assert migrated.output.strip() == f"renamed {legacy} keys to the {{rq}} layout"
+    assert list(client.scan_iter(match=migrate.LEGACY_MATCH)) == []
+    assert http.get("/readyz").status_code == 200
+    after = http.get(f"{FLUX}/requests/{request_id}/status", headers=auth)
+    assert after.status_code == 200 and after.json == before  # the same request, the same state
+    again = cli_runner(app).invoke(main, ["ops", "migrate-keys"])
+    assert again.exit_code == 0 and again.output.strip() == "renamed 0 keys to the {rq} layout"
+
+
+def test_migration_leaves_a_key_whose_new_name_is_taken(client):
+    client.set("rq:config:id-secret", "old")
+    client.set(keys.id_secret(), "new")
+    client.set("rq:workspaces-unrelated", "x")
+    done = migrate.migrate(client)
+    assert done.renamed == 1 and done.clashes == ["rq:config:id-secret"]
+    assert client.get(keys.id_secret()) == b"new" and client.get("rq:config:id-secret") == b"old"

@@ -11,6 +11,7 @@ import dataclasses
 import pytest
 from werkzeug.test import Client
 
+from router_queue.store import keys
 from router_queue.webhooks import event as webhook_event
 from tests.unit.test_routes import FLUX, assert_error
 
@@ -41,7 +42,7 @@ def _nothing_admitted(services, workspace):
     ws = services.accounts.get(workspace)
     assert (ws.queued, ws.held, ws.credits) == (0, 0, 1000)
     assert services.accounts.ledger(workspace) == []
-    assert list(services.redis.scan_iter("rq:req:*")) == []
+    assert list(services.redis.scan_iter(keys.request("*"))) == []
 
 
 @pytest.mark.parametrize("route", [_queued, _synchronous], ids=["queued", "synchronous"])
@@ -61,7 +62,7 @@ def test_a_webhook_header_without_a_secret_is_refused_saying_how_to_make_one(
     if route is _queued:
         again = _queued(client, auth, {"X-Comfy-Webhook-Url": HOOK, "Idempotency-Key": "hook-1"})
         assert again.status_code == 201
-        assert services.redis.hget(f"rq:req:{again.json['request_id']}", "webhook_url").decode() == HOOK
+        assert services.redis.hget(keys.request(again.json["request_id"]), "webhook_url").decode() == HOOK
 
 
 def test_the_workspace_default_without_a_secret_is_refused_too(http, ops_http, auth, services, workspace):

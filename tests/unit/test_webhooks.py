@@ -18,6 +18,7 @@ import requests
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
+from router_queue.store import keys
 from router_queue.webhooks import event as webhook_event, retry_policy, safety
 from tests.unit.support import cli_runner, deliver_webhook, record_of
 from workers.context import WorkerContext
@@ -319,9 +320,9 @@ def test_a_worker_attempt_signs_retries_and_delivers(hooked, http, auth, workspa
     context = context_of(hooked)
     assert deliver_webhook(context, request_id) == "retry"
     assert deliver_webhook(context, request_id) == "not_due"
-    hooked.redis.hset(f"rq:webhook:{request_id}", "next_at", 0)
+    hooked.redis.hset(keys.webhook_event(request_id), "next_at", 0)
     assert deliver_webhook(context, request_id) == "retry"  # a redirect is not followed
-    hooked.redis.hset(f"rq:webhook:{request_id}", "next_at", 0)
+    hooked.redis.hset(keys.webhook_event(request_id), "next_at", 0)
     assert deliver_webhook(context, request_id) == "delivered"
     assert len(hook.got) == 3
     ids = {headers["webhook-id"] for headers, _ in hook.got}

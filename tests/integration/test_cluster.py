@@ -1,0 +1,68 @@
+"""The store on a Redis Cluster (``REDIS_URL=redis+cluster://…``): three
+primaries and a replica of each, started here; Celery's broker a Redis of its
+own, as ``settings.py`` requires. Every key carries the ``{rq}`` hash tag, so
+one primary serves the store and the others stand by for its slot's failover
+(``docs/ARCHITECTURE.md``, "Redis Cluster")."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from router_queue.store import keys
+from tests.integration.harness import FLUX, RunningStack, unique_prompt
+from tests.integration.test_operations import Fault, _outage_under_load, _private_env
+from tests.redis_servers import ClusterGroup, PrivateRedis
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterGroup, RunningStack]]:
+    group = ClusterGroup(tmp_path_factory.mktemp("cluster-redis"))
+    broker = PrivateRedis(tmp_path_factory.mktemp("cluster-broker"))
+    try:
+        group.start()
+        broker.start()
+        with RunningStack.start(_private_env(group.url, CELERY_BROKER_URL=broker.url),
+                                tmp_path_factory.mktemp("cluster-logs"), label="cluster stack") as running:
+            yield group, running
+    finally:
+        broker.stop()
+        group.stop()
+
+
+def test_a_request_runs_on_a_cluster_store_from_submit_to_result(cluster: tuple[ClusterGroup, RunningStack]) -> None:
+    group, running = cluster
+    with running.caller("cluster-flow") as caller:
+        body = {"prompt": unique_prompt("on a cluster")}
+        first = caller.submit(FLUX, body, headers={"Idempotency-Key": "cluster-1"})
+        assert first.status_code == 201, first.text
+        request_id = first.json()["request_id"]
+        replay = caller.submit(FLUX, body, headers={"Idempotency-Key": "cluster-1"})
+        assert replay.json()["request_id"] == request_id
+        assert caller.wait_status(FLUX, request_id)["status"] == "COMPLETED"
+        assert caller.result(FLUX, request_id).status_code == 200
+        assert running.stub.submits("bfl_submit", body) == 1
+        waiting = caller.submit_ok(FLUX, {"prompt": unique_prompt("cancelled on a cluster", "[stub:latency=30]")})
+        assert caller.cancel(FLUX, waiting).status_code in (200, 202)
+        assert caller.wait_status(FLUX, waiting)["error_type"] == "cancelled"
+        charged = [e.request_id for e in running.services.accounts.ledger(caller.workspace) if e.type == "charge"]
+        assert request_id in charged and len(charged) == len(set(charged))
+    # every key of the store sits in the one slot of the {rq} tag, on that slot's primary
+    owner = group.owner(keys.PREFIX)
+    assert len(running.services.redis.keys(keys.request("*"))) >= 2
+    for node in group.nodes:
+        if node is not owner and node.proc is not None:
+            with group._client(node.port) as client:
+                if client.info("replication")["role"] == "master":
+                    assert client.dbsize() == 0, node.port
+
+
+@pytest.mark.slow
+def test_cluster_failover_under_load(cluster: tuple[ClusterGroup, RunningStack]) -> None:
+    """The primary serving the store's slot SIGKILLed; the cluster promotes its
+    replica; the front door and workers follow the slot with no restart."""
+    group, running = cluster
+    promoted: list = []
+    _outage_under_load(running, Fault("cluster failover", lambda: promoted.append(group.kill_owner(keys.PREFIX)),
+                                      healed=lambda: bool(promoted) and promoted[0]()))
