@@ -24,14 +24,15 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 import pytest
-import redis
 
 from router_queue.broker.celery_app import MAINTENANCE_QUEUE, queue_name
 from router_queue.dev.stack import ROOT, free_port
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG
 from router_queue.store import keys
+from router_queue.store.connect import connect
 
+from . import harness
 from .harness import (
     FLUX,
     GEMINI,
@@ -61,7 +62,10 @@ def chaos_redis_url(session_url: str) -> str:
     """Another database of the session's Redis: ours alone, flushed by us only.
 
     ``CHAOS_REDIS_DB`` picks it; by default 14 (13 when the session uses 14).
+    A cluster has database 0 only: the pool then has a cluster of its own.
     """
+    if session_url.startswith("redis+cluster://"):
+        return harness.CHAOS_CLUSTER_URL
     parts = urlsplit(session_url)
     session_db = parts.path.strip("/") or "0"
     db = os.environ.get("CHAOS_REDIS_DB") or ("13" if session_db == "14" else "14")
@@ -89,7 +93,11 @@ def require_rabbitmq() -> None:
     pytest.skip(reason)
 
 
-def broker_url(broker: str, redis_url: str) -> str:
+def broker_url(broker: str, redis_url: str) -> str | None:
+    """The broker's URL: a Redis broker is the store's, unless the store is a
+    cluster (None: ``stack_env`` gives it one of its own)."""
+    if broker == "redis" and redis_url.startswith("redis+cluster://"):
+        return None
     return {"redis": redis_url, "rabbitmq": RABBITMQ_URL}[broker]
 
 
@@ -259,7 +267,7 @@ class StackPool:
         if broker == "rabbitmq":
             require_rabbitmq()
         self.stop_current()
-        client = redis.Redis.from_url(self.redis_url)
+        client = connect(self.redis_url, wait_s=5.0)
         try:
             client.flushdb()
         finally:

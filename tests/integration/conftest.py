@@ -10,6 +10,7 @@ stack running (the session's, and a test's own) attached to its report.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Iterator
 
@@ -18,8 +19,9 @@ import redis
 
 from router_queue.dev.stack import free_port
 from router_queue.services import Services
-from tests.redis_servers import STACK_DB, with_db
+from tests.redis_servers import STACK_DB, ClusterGroup, PrivateRedis, with_db
 
+from . import harness
 from .chaos_support import StackPool, stack_pool
 from .harness import ApiClient, RunningStack, Stub, forget_pace, make_caller, running_stacks, stack_env
 
@@ -43,14 +45,36 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
 # -- Redis ---------------------------------------------------------------------
 
 
+#: ``TEST_STORE=cluster``: the session's stacks keep their store on a Redis Cluster of
+#: their own (3 primaries, a replica each) and Celery's broker on a Redis of its own.
+ON_CLUSTER = os.environ.get("TEST_STORE", "") == "cluster"
+
+
 @pytest.fixture(scope="session")
-def redis_url(redis_server: str) -> str:
-    """Database 15 of the session's Redis server (``tests/conftest.py``), flushed at start."""
-    url = with_db(redis_server, STACK_DB)
+def redis_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Database 15 of the session's Redis server (``tests/conftest.py``), flushed
+    at start; or, with ``TEST_STORE=cluster``, a cluster started here."""
+    if ON_CLUSTER:
+        # the session stack's cluster, the chaos pool's (chaos_support.chaos_redis_url), one broker
+        clusters = [ClusterGroup(tmp_path_factory.mktemp(f"session-cluster-{n}")) for n in range(2)]
+        broker = PrivateRedis(tmp_path_factory.mktemp("session-cluster-broker"), persist=False)
+        try:
+            for cluster in clusters:
+                cluster.start()
+            broker.start()
+            harness.CLUSTER_BROKER_URL = broker.url
+            harness.CHAOS_CLUSTER_URL = clusters[1].url
+            yield clusters[0].url
+        finally:
+            broker.stop()
+            for cluster in clusters:
+                cluster.stop()
+        return
+    url = with_db(request.getfixturevalue("redis_server"), STACK_DB)
     client = redis.Redis.from_url(url)
     client.flushdb()
     client.close()
-    return url
+    yield url
 
 
 # -- the stack -----------------------------------------------------------------

@@ -38,7 +38,7 @@ from router_queue.dev.stack import ROOT, Stack, free_port
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Settings
 from router_queue.store import keys
-from tests.redis_servers import PrivateRedis
+from tests.redis_servers import PrivateRedis, with_db
 
 #: The BFL model most tests use: submit, then poll; its adapter checks for a cancel between polls.
 FLUX = "bfl/flux-2-pro"
@@ -198,6 +198,12 @@ class Stub:
 # -- the environment ---------------------------------------------------------------------
 
 
+#: With ``TEST_STORE=cluster``: the broker of every stack whose store is a cluster (the chaos
+#: pool's on database 1), and the chaos pool's own cluster (conftest.py, ``redis_url``).
+CLUSTER_BROKER_URL = ""
+CHAOS_CLUSTER_URL = ""
+
+
 def stack_env(redis_url: str, *, stub_port: int, broker_url: str | None = None, catalog: str | Path | None = None,
               **settings: str) -> dict[str, str]:
     """This process's environment for a stack's children: the store on
@@ -209,6 +215,8 @@ def stack_env(redis_url: str, *, stub_port: int, broker_url: str | None = None, 
     # The children must not inherit a base URL meant for the client under test, nor a broker.
     for name in ("PUBLIC_BASE_URL", "CELERY_BROKER_URL"):
         env.pop(name, None)
+    if broker_url is None and redis_url.startswith("redis+cluster://"):
+        broker_url = CLUSTER_BROKER_URL if redis_url != CHAOS_CLUSTER_URL else with_db(CLUSTER_BROKER_URL, 1)
     if broker_url is not None:
         env["CELERY_BROKER_URL"] = broker_url
     if catalog is not None:
