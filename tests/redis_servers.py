@@ -273,28 +273,37 @@ class ClusterGroup:
         with self._client(port) as client:
             return client.info("replication")
 
-    def owner(self, key: str) -> PrivateRedis:
-        """The node serving ``key``'s slot as a primary (asked of a live node)."""
+    def serving(self, key: str) -> list[PrivateRedis]:
+        """The nodes of ``key``'s slot, its primary first, as a live node sees them."""
         live = next(node for node in self.nodes if node.proc is not None and node.proc.poll() is None)
         with self._client(live.port) as client:
             slot = client.execute_command("CLUSTER", "KEYSLOT", key)
-            for start, end, primary, *_ in client.execute_command("CLUSTER", "SLOTS"):
+            for start, end, *nodes in client.execute_command("CLUSTER", "SLOTS"):
                 if start <= slot <= end:
-                    return next(node for node in self.nodes if node.port == int(primary[1]))
+                    ports = [int(node[1]) for node in nodes]
+                    return [next(node for node in self.nodes if node.port == port) for port in ports]
         raise AssertionError(f"no node serves {key}'s slot")
 
-    def kill_owner(self, key: str) -> Callable[[], bool]:
-        """SIGKILL the primary of ``key``'s slot; returns whether its replica has taken the slot over."""
-        killed = self.owner(key)
-        killed.kill()
+    def owner(self, key: str) -> PrivateRedis:
+        """The node serving ``key``'s slot as its primary."""
+        return self.serving(key)[0]
 
-        def promoted() -> bool:
+    def moved_from(self, node: PrivateRedis, key: str) -> bool:
+        """Whether some live node names another primary for ``key``'s slot: the
+        replica promoted (the first to know is the promoted one itself)."""
+        for other in self.nodes:
+            if other is node or other.proc is None or other.proc.poll() is not None:
+                continue
             try:
-                return self.owner(key) is not killed and all(
-                    self._info(node.port).get("cluster_state") == "ok" for node in self.nodes if node is not killed)
-            except (OSError, StopIteration, AssertionError, redis_errors()):
-                return False  # a node mid-failover: not yet
-        return promoted
+                with self._client(other.port) as client:
+                    slot = client.execute_command("CLUSTER", "KEYSLOT", key)
+                    owners = [int(primary[1]) for start, end, primary, *_ in client.execute_command("CLUSTER", "SLOTS")
+                              if start <= slot <= end]
+            except (OSError, redis_errors()):
+                continue  # stalled, or mid-failover
+            if owners and owners[0] != node.port:
+                return True
+        return False
 
     def stop(self) -> None:
         for node in self.nodes:

@@ -21,7 +21,10 @@ clients for side work that must not wait as long as the store does.
 from __future__ import annotations
 
 import redis
-from redis.cluster import ClusterNode, RedisCluster
+from redis.backoff import NoBackoff
+from redis.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.commands.core import Script
+from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from ..redis_urls import SENTINEL_SCHEME, ClusterAddress, RedisUrlError, SentinelAddress  # noqa: F401 - the store's door names them
@@ -37,6 +40,13 @@ UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.Clust
 #: front door answers it 503 like an outage; a worker rides it out likewise.
 FULL = (redis.exceptions.OutOfMemoryError,)
 
+#: Times a cluster client sends a command again after a node failed to answer.
+CLUSTER_RETRIES = 0
+#: Nodes one call may wait on in a cluster: the one that did not answer, then,
+#: as redis-py rebuilds its slot map on a failed connection, a seed that may be
+#: the same stalled node. Each gets this share of the caller's wait.
+CLUSTER_WAITS_PER_CALL = 2
+
 #: Seconds a process waits on one sentinel when asking where the primary is.
 SENTINEL_WAIT_S = 0.5
 
@@ -51,7 +61,8 @@ def connect(url: str, *, wait_s: float, connect_s: float | None = None,
     connect_s = wait_s if connect_s is None else connect_s
     cluster = ClusterAddress.parse(url)
     if cluster is not None:
-        return _cluster(cluster, socket_connect_timeout=connect_s, socket_timeout=wait_s,
+        node_wait_s = wait_s / CLUSTER_WAITS_PER_CALL
+        return _cluster(cluster, socket_connect_timeout=min(connect_s, node_wait_s), socket_timeout=node_wait_s,
                         health_check_interval=health_check_interval)
     address = SentinelAddress.parse(url)
     if address is None:
@@ -102,11 +113,51 @@ def bounded(client: redis.Redis, timeout_s: float) -> redis.Redis:
     return redis.Redis(connection_pool=type(pool)(connection_class=pool.connection_class, **kwargs))
 
 
+# A pipelined command that failed because its node did not answer is not sent
+# again one by one: redis-py re-sends each such command on its own, each waiting
+# the full socket timeout on the same node, so a stalled primary held a pipeline
+# of n commands for n + 1 waits (a key lookup 2.4 s where the front door promises
+# an answer within its one wait). MOVED, ASK and TRYAGAIN are still followed.
+# Read by name in redis-py's ClusterPipeline, so it is set on the class: every
+# cluster client in a router-queue process is the store's.
+ClusterPipeline.ERRORS_ALLOW_RETRY = (redis.exceptions.MovedError, redis.exceptions.AskError,
+                                      redis.exceptions.TryAgainError)
+
+
+class SlotScript(Script):
+    """A script on a cluster: on NOSCRIPT (a promoted replica has none of the
+    scripts its primary was given), it is loaded on the node serving its first
+    key's slot, where redis-py's ``Script`` loads it on the primaries its slot
+    map names, which at a failover may not yet include the promoted one. A
+    second NOSCRIPT is the slot still moving: raised as unreachable (503)."""
+
+    def __call__(self, keys=None, args=None, client=None):
+        client = client or self.registered_client
+        keys, args = list(keys or []), list(args or [])
+        for _ in range(2):
+            try:
+                return client.evalsha(self.sha, len(keys), *keys, *args)
+            except redis.exceptions.NoScriptError:
+                node = client.get_node_from_key(keys[0]) if keys else None
+                self.sha = client.execute_command("SCRIPT LOAD", self.script, target_nodes=node)
+        raise redis.ConnectionError("the node serving this script's slot keeps losing its scripts (failing over)")
+
+
+def register_script(client: redis.Redis, text: str) -> Script:
+    """``text`` as a script object for ``client`` (a :class:`SlotScript` on a cluster)."""
+    if isinstance(client, RedisCluster):
+        return SlotScript(client, text)
+    return client.register_script(text)
+
+
 def _cluster(address: ClusterAddress, **waits) -> redis.Redis:
     """A cluster client for ``address``. Typed as ``redis.Redis``: the store
-    uses the commands both answer alike (a script's keys share one slot)."""
+    uses the commands both answer alike (a script's keys share one slot).
+    It asks again only after a redirect (``MOVED``, followed at once), never
+    after a node failed to answer: redis-py's three retries would turn the
+    front door's one wait on a stalled node into four."""
     client = RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in address.seeds],
-                          password=address.password, **waits)
+                          password=address.password, retry=Retry(NoBackoff(), CLUSTER_RETRIES), **waits)
     return client
 
 

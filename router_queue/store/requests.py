@@ -20,7 +20,7 @@ import redis
 
 from ..webhooks.event import PROGRESS_EVENT_EVERY_S
 from . import keys
-from .connect import bounded, primaries_info, queue_script
+from .connect import bounded, primaries_info, queue_script, register_script
 from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
 from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES
 from .rate_counts import SyncedRateCounts
@@ -95,7 +95,7 @@ def load_script(client: redis.Redis, name: str, args: tuple[str, ...] = ()):
     its arguments' names (``lua_arg_names``) and what it uses of what the
     scripts share (``lua/lib.lua``, :func:`lib_for`) in front."""
     body = _lua(f"{name}.lua")
-    return client.register_script(keys.LUA_LAYOUT + lua_arg_names(args) + lib_for(body) + body)
+    return register_script(client, keys.LUA_LAYOUT + lua_arg_names(args) + lib_for(body) + body)
 
 
 def _lua(name: str) -> str:

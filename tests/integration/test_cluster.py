@@ -58,11 +58,63 @@ def test_a_request_runs_on_a_cluster_store_from_submit_to_result(cluster: tuple[
                     assert client.dbsize() == 0, node.port
 
 
+def test_a_node_without_the_scripts_is_given_them_at_the_first_call(cluster: tuple[ClusterGroup, RunningStack]) -> None:
+    """What a promoted replica is: a primary holding the data but none of the
+    scripts (SCRIPT FLUSH here). The first call loads each on the slot's node."""
+    group, running = cluster
+    with group._client(group.owner(keys.PREFIX).port) as client:
+        client.script_flush()
+    with running.caller("cluster-noscript") as caller:
+        request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("after a script flush")})
+        assert caller.wait_status(FLUX, request_id)["status"] == "COMPLETED"
+        assert "error_type" not in caller.status_body(FLUX, request_id)
+
+
+def _slot_fault(group: ClusterGroup, name: str, act: str, undo: str) -> Fault:
+    """``act`` ("kill", "pause") on the primary serving the store's slot; the fault ends
+    when its replica has taken the slot over, then ``undo`` ("start", "resume") brings
+    the old primary back, as a replica of the new one."""
+    hit: list[PrivateRedis] = []
+
+    def begin() -> None:
+        hit.append(group.owner(keys.PREFIX))
+        getattr(hit[0], act)()
+
+    return Fault(name, begin, heal=lambda: getattr(hit[0], undo)(),
+                 healed=lambda: bool(hit) and group.moved_from(hit[0], keys.PREFIX))
+
+
 @pytest.mark.slow
 def test_cluster_failover_under_load(cluster: tuple[ClusterGroup, RunningStack]) -> None:
     """The primary serving the store's slot SIGKILLed; the cluster promotes its
     replica; the front door and workers follow the slot with no restart."""
     group, running = cluster
-    promoted: list = []
-    _outage_under_load(running, Fault("cluster failover", lambda: promoted.append(group.kill_owner(keys.PREFIX)),
-                                      healed=lambda: bool(promoted) and promoted[0]()))
+    _outage_under_load(running, _slot_fault(group, "cluster failover", "kill", "start"))
+
+
+@pytest.mark.slow
+def test_cluster_stall_under_load(cluster: tuple[ClusterGroup, RunningStack]) -> None:
+    """The slot's primary SIGSTOPped (a hung host): the cluster calls it down after
+    its node timeout and promotes the replica; once resumed, the old primary
+    follows the new one and writes nothing of its own."""
+    group, running = cluster
+    _outage_under_load(running, _slot_fault(group, "cluster stall", "pause", "resume"))
+
+
+@pytest.mark.slow
+def test_the_whole_slot_killed_under_load(cluster: tuple[ClusterGroup, RunningStack]) -> None:
+    """The slot's primary and its replica SIGKILLed together, restarted from their
+    append-only files 4 s later: an outage, as one Redis killed is."""
+    group, running = cluster
+    nodes: list[PrivateRedis] = []
+
+    def begin() -> None:
+        nodes.extend(group.serving(keys.PREFIX))
+        for node in nodes:
+            node.kill()
+
+    def heal() -> None:
+        for node in nodes:
+            node.start()
+
+    _outage_under_load(running, Fault("cluster slot killed", begin, heal=heal))
