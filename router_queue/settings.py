@@ -318,9 +318,9 @@ class Settings:
             if self.wait_replicas:
                 raise SettingsError("REDIS_WAIT_REPLICAS waits on one primary's connection; with REDIS_URL a Redis "
                                     "Cluster, leave it 0")
-            if self.redis_read_url:
-                raise SettingsError("REDIS_READ_URL names one replica or a Sentinel's; with REDIS_URL a Redis "
-                                    "Cluster, leave it unset")
+            if self.redis_read_url and self.redis_read_url != self.redis_url:
+                raise SettingsError("with REDIS_URL a Redis Cluster, REDIS_READ_URL is the same URL (the cluster's "
+                                    "replicas serve the reads) or unset")
 
     @property
     def effective_broker_url(self) -> str:

@@ -232,6 +232,7 @@ class ClusterGroup:
     is the ``redis+cluster://`` URL the stack is given."""
 
     NODE_TIMEOUT_MS = 1000
+    PRIMARIES = 3
 
     def __init__(self, directory: Path, size: int = 6):
         self.directory = directory
@@ -258,6 +259,10 @@ class ClusterGroup:
                  timeout_s=30, what="every cluster node reporting cluster_state:ok")
         wait_for(lambda: all(self._role(node.port).get("master_link_status", "up") == "up" for node in self.nodes),
                  timeout_s=30, what="every replica in sync")
+        # a client learns the replicas from CLUSTER SLOTS, which lists one once the cluster agrees on it
+        wait_for(lambda: all(len(nodes) == len(self.nodes) // self.PRIMARIES
+                             for node in self.nodes for nodes in self._slot_ranges(node.port)),
+                 timeout_s=30, what="every node listing each slot range's replica")
 
     def _client(self, port: int):
         import redis
@@ -272,6 +277,11 @@ class ClusterGroup:
     def _role(self, port: int) -> dict:
         with self._client(port) as client:
             return client.info("replication")
+
+    def _slot_ranges(self, port: int) -> list[list]:
+        """Each slot range's nodes (primary first), as the node at ``port`` lists them."""
+        with self._client(port) as client:
+            return [nodes for _, _, *nodes in client.execute_command("CLUSTER", "SLOTS")]
 
     def serving(self, key: str) -> list[PrivateRedis]:
         """The nodes of ``key``'s slot, its primary first, as a live node sees them."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import redis
 from redis.backoff import NoBackoff
-from redis.cluster import ClusterNode, ClusterPipeline, RedisCluster
+from redis.cluster import ClusterNode, ClusterPipeline, LoadBalancingStrategy, RedisCluster
 from redis.commands.core import Script
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
@@ -57,13 +57,15 @@ def connect(url: str, *, wait_s: float, connect_s: float | None = None,
     ``connect_s``, default the same). Through Sentinel, the client asks the
     sentinels for the primary on every new connection, so after a failover
     the next command reaches the promoted replica; with ``replica``, for one
-    of its replicas instead (the primary when none is up)."""
+    of its replicas instead (the primary when none is up). A cluster client
+    with ``replica`` reads each slot's replicas (read-only commands and
+    scripts: :class:`SlotScript` sends ``EVALSHA_RO``)."""
     connect_s = wait_s if connect_s is None else connect_s
     cluster = ClusterAddress.parse(url)
     if cluster is not None:
         node_wait_s = wait_s / CLUSTER_WAITS_PER_CALL
         return _cluster(cluster, socket_connect_timeout=min(connect_s, node_wait_s), socket_timeout=node_wait_s,
-                        health_check_interval=health_check_interval)
+                        health_check_interval=health_check_interval, replica=replica)
     address = SentinelAddress.parse(url)
     if address is None:
         return redis.Redis.from_url(url, socket_connect_timeout=connect_s, socket_timeout=wait_s,
@@ -126,20 +128,29 @@ ClusterPipeline.ERRORS_ALLOW_RETRY = (redis.exceptions.MovedError, redis.excepti
 
 class SlotScript(Script):
     """A script on a cluster: on NOSCRIPT (a promoted replica has none of the
-    scripts its primary was given), it is loaded on the node serving its first
-    key's slot, where redis-py's ``Script`` loads it on the primaries its slot
-    map names, which at a failover may not yet include the promoted one. A
-    second NOSCRIPT is the slot still moving: raised as unreachable (503)."""
+    scripts its primary was given), it is loaded on every node serving its
+    first key's slot, where redis-py's ``Script`` loads it on the primaries its
+    slot map names, which at a failover may not yet include the promoted one.
+    A second NOSCRIPT is the slot still moving: raised as unreachable (503).
+    On a client reading replicas it is sent as ``EVALSHA_RO``, which redis-py
+    routes to a replica (a script sent so must not write)."""
 
     def __call__(self, keys=None, args=None, client=None):
         client = client or self.registered_client
         keys, args = list(keys or []), list(args or [])
+        replica = client.load_balancing_strategy is not None  # a reader of replicas: read-only scripts
         for _ in range(2):
             try:
+                if replica:
+                    return client.evalsha_ro(self.sha, len(keys), *keys, *args)
                 return client.evalsha(self.sha, len(keys), *keys, *args)
             except redis.exceptions.NoScriptError:
-                node = client.get_node_from_key(keys[0]) if keys else None
-                self.sha = client.execute_command("SCRIPT LOAD", self.script, target_nodes=node)
+                # every node of the slot, the replicas a reader may pick included (the sha is the text's)
+                serving = client.nodes_manager.slots_cache.get(client.keyslot(keys[0])) if keys else None
+                for node in serving or ():
+                    client.execute_command("SCRIPT LOAD", self.script, target_nodes=node)
+                if not serving:
+                    client.script_load(self.script)
         raise redis.ConnectionError("the node serving this script's slot keeps losing its scripts (failing over)")
 
 
@@ -150,12 +161,14 @@ def register_script(client: redis.Redis, text: str) -> Script:
     return client.register_script(text)
 
 
-def _cluster(address: ClusterAddress, **waits) -> redis.Redis:
+def _cluster(address: ClusterAddress, *, replica: bool = False, **waits) -> redis.Redis:
     """A cluster client for ``address``. Typed as ``redis.Redis``: the store
     uses the commands both answer alike (a script's keys share one slot).
     It asks again only after a redirect (``MOVED``, followed at once), never
     after a node failed to answer: redis-py's three retries would turn the
     front door's one wait on a stalled node into four."""
+    if replica:
+        waits["load_balancing_strategy"] = LoadBalancingStrategy.ROUND_ROBIN_REPLICAS
     client = RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in address.seeds],
                           password=address.password, retry=Retry(NoBackoff(), CLUSTER_RETRIES), **waits)
     return client

@@ -23,7 +23,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterG
     try:
         group.start()
         broker.start()
-        with RunningStack.start(_private_env(group.url, CELERY_BROKER_URL=broker.url),
+        with RunningStack.start(_private_env(group.url, CELERY_BROKER_URL=broker.url, REDIS_READ_URL=group.url),
                                 tmp_path_factory.mktemp("cluster-logs"), label="cluster stack") as running:
             yield group, running
     finally:
@@ -68,6 +68,27 @@ def test_a_node_without_the_scripts_is_given_them_at_the_first_call(cluster: tup
         request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("after a script flush")})
         assert caller.wait_status(FLUX, request_id)["status"] == "COMPLETED"
         assert "error_type" not in caller.status_body(FLUX, request_id)
+
+
+def _evalsha_ro_calls(group: ClusterGroup, node: PrivateRedis) -> int:
+    with group._client(node.port) as client:
+        return int(client.info("commandstats").get("cmdstat_evalsha_ro", {}).get("calls", 0))
+
+
+def test_status_polls_are_served_by_the_slots_replica(cluster: tuple[ClusterGroup, RunningStack]) -> None:
+    """REDIS_READ_URL is the cluster's own URL: polls read the slot's replica
+    (EVALSHA_RO), and one sent right after the 201 is read on the primary."""
+    group, running = cluster
+    primary, *replicas = group.serving(keys.PREFIX)
+    before = {node.port: _evalsha_ro_calls(group, node) for node in (primary, *replicas)}
+    with running.caller("cluster-replica-reads") as caller:
+        request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("read on a replica", "[stub:latency=1]")})
+        assert caller.status(FLUX, request_id).status_code == 200  # at once: never 404
+        for _ in range(20):
+            assert caller.status(FLUX, request_id).status_code == 200
+        assert caller.wait_status(FLUX, request_id)["status"] == "COMPLETED"
+    assert _evalsha_ro_calls(group, primary) == before[primary.port]
+    assert sum(_evalsha_ro_calls(group, node) - before[node.port] for node in replicas) >= 15
 
 
 def _slot_fault(group: ClusterGroup, name: str, act: str, undo: str) -> Fault:

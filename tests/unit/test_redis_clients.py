@@ -111,3 +111,6 @@ def test_a_cluster_store_needs_a_broker_of_its_own_and_no_single_server_options(
         Settings.from_env(env)
     assert Settings.from_env({"REDIS_URL": CLUSTER, "CELERY_BROKER_URL": "redis://127.0.0.1:6380/0"}).redis_url == \
         CLUSTER.rstrip("/")
+    # the cluster's own URL as the read URL: its replicas serve the reads
+    assert Settings.from_env({"REDIS_URL": CLUSTER, "REDIS_READ_URL": CLUSTER,
+                              "CELERY_BROKER_URL": "amqp://x//"}).redis_read_url == CLUSTER
