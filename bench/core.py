@@ -294,6 +294,8 @@ class Fleet:
     caps: dict[str, int] = field(default_factory=lambda: {CAPPED_PROVIDER: CAP})
     #: Prefix of the children's names (their logs) when a phase starts a fleet of its own.
     log_prefix: str = ""
+    #: Celery's broker when it is not the store (a store on a cluster needs one).
+    broker_url: str = ""
 
     def __post_init__(self) -> None:
         from router_queue.services import Services
@@ -305,6 +307,8 @@ class Fleet:
                               DEFAULT_RATE_LIMIT="100000/second")
         if self.caps:
             self.env["CATALOG_PATH"] = str(capped_catalog(self.children.log_dir, self.caps))
+        if self.broker_url:
+            self.env["CELERY_BROKER_URL"] = self.broker_url
         self.settings = Settings.from_env(self.env)
         self.services = Services.build(self.settings)
         self.client = self.services.redis

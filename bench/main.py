@@ -12,12 +12,12 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import capped, delivery, front, full_cycle, history, hostile, schedule, streams, sync_held
+from . import capped, cluster, delivery, front, full_cycle, history, hostile, schedule, streams, sync_held
 from .core import Context, Fleet, MeasurementError, add_fleet_arguments, check_limits, ordered, with_db
 from .procs import Children, ensure_tool, log, start_redis
 
 #: Every module that adds phases (and their options); importing one registers its phases.
-PHASE_MODULES = (front, hostile, history, schedule, full_cycle, delivery, capped, sync_held, streams)
+PHASE_MODULES = (front, hostile, history, schedule, full_cycle, cluster, delivery, capped, sync_held, streams)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
