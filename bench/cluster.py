@@ -13,8 +13,20 @@ from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
-from .core import Context, Fleet, MeasurementError, emit, free_port, http_json, log, option, phase, redis_cpu
-from .procs import start_redis, wait_for_port
+from .core import (
+    Context,
+    Fleet,
+    MeasurementError,
+    emit,
+    free_port,
+    http_json,
+    log,
+    option,
+    phase,
+    redis_cpu,
+    start_redis,
+    wait_for_port,
+)
 
 PRIMARIES = 3
 #: One model per provider, with a body its stub answers at once.
@@ -28,8 +40,8 @@ BODIES = {
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("cluster")
-    option(group, "--cluster-workspaces", 100, "workspaces submitting in the cluster phase (default 100)")
-    option(group, "--cluster-deliveries", 900, "deliveries measured in the cluster phase (default 900)")
+    option(group, "--cluster-workspaces", 100, "workspaces submitting in the cluster phase")
+    option(group, "--cluster-deliveries", 900, "deliveries measured in the cluster phase")
 
 
 def _cluster_port() -> int:
@@ -74,7 +86,7 @@ def _start_cluster(ctx: Context) -> tuple[str, list[redis.Redis]]:
 def measure(ctx: Context) -> None:
     args, children = ctx.args, ctx.children
     url, nodes = _start_cluster(ctx)
-    broker_url, _ = start_redis(children, shutil.which("redis-server"), "cluster-broker")
+    broker_url = start_redis(children, shutil.which("redis-server"), "cluster-broker")
     fleet = Fleet(args, children, url, caps={}, log_prefix="cluster-", broker_url=broker_url)
     try:
         fleet.start()

@@ -9,10 +9,8 @@ from typing import Any
 from urllib.parse import urlencode
 
 from . import schedule
-from .core import Context, KeepAlive, MeasurementError, emit, option, phase
-from .procs import log
+from .core import MODEL_ID, Context, KeepAlive, MeasurementError, emit, log, new_workspace, option, phase
 
-MODEL = "bfl/flux-2-pro"
 #: Entries per page (the most the route lists).
 LIMIT = 100
 #: One in this many requests is left waiting; the rest are cancelled.
@@ -43,23 +41,24 @@ def _walk(connection: KeepAlive, query: dict[str, Any]) -> tuple[list[str], str,
 
 def _compare(connection: KeepAlive, first: str, last: str, rounds: int) -> tuple[float, float, list[float]]:
     """Medians (ms) of the first and the last page, read interleaved; the per-round ratios."""
-    timings: dict[str, list[float]] = {"first": [], "last": []}
+    first_ms: list[float] = []
+    last_ms: list[float] = []
     ratios = []
     for path in (first, last):  # warm-up
         connection.get_json(path)
     for _ in range(rounds):
-        this_round: dict[str, list[float]] = {"first": [], "last": []}
+        this_round: tuple[list[float], list[float]] = ([], [])
         for _ in range(READS_PER_ROUND):
-            for side, path in (("first", first), ("last", last)):
+            for times, path in zip(this_round, (first, last)):
                 ms, status, body = connection.get_json(path)
                 if status != 200 or not body["requests"]:
                     raise MeasurementError(f"history_paging: {path} answered {status} with "
-                                     f"{len(body.get('requests', []))} entries")
-                this_round[side].append(ms)
-        for side in timings:
-            timings[side] += this_round[side]
-        ratios.append(statistics.median(this_round["last"]) / statistics.median(this_round["first"]))
-    return statistics.median(timings["first"]), statistics.median(timings["last"]), ratios
+                                           f"{len(body.get('requests', []))} entries")
+                times.append(ms)
+        first_ms += this_round[0]
+        last_ms += this_round[1]
+        ratios.append(statistics.median(this_round[1]) / statistics.median(this_round[0]))
+    return statistics.median(first_ms), statistics.median(last_ms), ratios
 
 
 def add_arguments(parser) -> None:
@@ -72,10 +71,8 @@ def add_arguments(parser) -> None:
 def measure(ctx: Context) -> None:
     services, front_url = ctx.front.services, ctx.front.url
     count, rounds = ctx.args.history_requests, ctx.args.history_rounds
-    entry = services.catalog.by_id(MODEL)
-    workspace = services.accounts.create_workspace("history-bench", queue_enabled=True, credits=10**12)
-    services.accounts.set_limits(workspace, max_queued=10**9, rate_limit="10000000/second",
-                                 max_queued_bytes=10**12)
+    entry = services.catalog.by_id(MODEL_ID)
+    workspace = new_workspace(services, "history-bench")
     began = time.perf_counter()
     ids = schedule.seed_spread(services, [workspace], entry, count, '{"prompt": "history"}')
     cancelled = [request_id for n, request_id in enumerate(ids) if n % WAITING_ONE_IN]

@@ -7,10 +7,8 @@ import json
 import statistics
 from typing import Callable
 
-from .core import Context, KeepAlive, MeasurementError, emit, option, phase
-from .procs import log
+from .core import CAPPED_MODEL_ID, Context, KeepAlive, MeasurementError, emit, log, option, phase
 
-MODEL = "vertexai/gemini-3.1-flash-image"
 #: Body size the figures compare, in bytes (under the front door's 1 MiB limit).
 SIZE = 1_000_000
 
@@ -19,14 +17,14 @@ def _compact(body: object) -> bytes:
     return json.dumps(body, separators=(",", ":")).encode()
 
 
-def _fill(make: Callable[[int], object], size: int = SIZE) -> bytes:
-    """``make(n)`` for the largest n (doubling, then bisecting) whose JSON fits ``size`` bytes."""
+def _fill(make: Callable[[int], object]) -> bytes:
+    """``make(n)`` for the largest n (doubling, then bisecting) whose JSON fits ``SIZE`` bytes."""
     low, high = 1, 2
-    while len(_compact(make(high))) <= size:
+    while len(_compact(make(high))) <= SIZE:
         low, high = high, high * 2
     while high - low > 1:
         middle = (low + high) // 2
-        low, high = (middle, high) if len(_compact(make(middle))) <= size else (low, middle)
+        low, high = (middle, high) if len(_compact(make(middle))) <= SIZE else (low, middle)
     return _compact(make(low))
 
 
@@ -44,13 +42,10 @@ def bodies() -> dict[str, bytes]:
         # lists nested as deep as the JSON parser goes, where a part's text belongs
         "deeply_nested": b'{"contents":[{"parts":[{"text":' + b"[" * (SIZE // 2 - 40) + b"]" * (SIZE // 2 - 40)
                          + b"}]}]}",
-        # every list at its maximum length (64 turns, 4 parts each: 256 in all), every item wrong
-        # (a role no turn has, a mimeType that is no string), each part's data filling the megabyte
+        # every list at its maximum length (64 turns of 4 parts), every item wrong, the data filling the megabyte
         "max_length_lists": _fill(lambda n: {"contents": [
             {"role": "robot", "parts": [{"inlineData": {"mimeType": 1, "data": "a" * n}}] * 4}] * 64}),
-        # as many small parts as fit in a megabyte
         "many_small_parts": _fill(lambda n: {"contents": [_turn(*[{"text": "a"}] * n)]}),
-        # one key of a megabyte
         "huge_key": _fill(lambda n: {"contents": [_turn({"text": "a cat"})], "k" * n: 1}),
     }
 
@@ -62,16 +57,15 @@ def add_arguments(parser) -> None:
 
 @phase("hostile_body_ratio", "front", 60)
 def measure(ctx: Context) -> None:
-    front_url, headers, rounds = ctx.front.url, ctx.front.post_headers, ctx.args.hostile_rounds
-    path = f"/v2/models/{MODEL}/requests"
+    path, headers = f"/v2/models/{CAPPED_MODEL_ID}/requests", ctx.front.post_headers
     cases = bodies()
-    connection = KeepAlive(front_url)
+    connection = KeepAlive(ctx.front.url)
     timings: dict[str, list[float]] = {name: [] for name in cases}
     answers: dict[str, tuple[int, int]] = {}
     try:
-        for name, body in cases.items():  # warm-up: each kind once
+        for body in cases.values():  # warm-up: each kind once
             connection.call("POST", path, headers, body)
-        for _ in range(rounds):
+        for _ in range(ctx.args.hostile_rounds):
             for name, body in cases.items():
                 ms, status, answer = connection.call("POST", path, headers, body)
                 timings[name].append(ms)
@@ -80,13 +74,12 @@ def measure(ctx: Context) -> None:
         connection.close()
     if answers["plain"][0] != 201:
         raise MeasurementError(f"hostile_body_ratio: the plain 1 MB prompt answered {answers['plain'][0]}, not 201")
-    plain = statistics.median(timings["plain"])
-    worst = 0.0
+    plain, worst = statistics.median(timings["plain"]), 0.0
     for name, (status, size) in answers.items():
         log(f"hostile_body_ratio: {name}: {len(cases[name])} bytes, HTTP {status}, {size} bytes answered")
         if name == "plain":
             continue
-        if status < 400 or status >= 500:
+        if not 400 <= status < 500:
             raise MeasurementError(f"hostile_body_ratio: the {name} body answered {status}, not a refusal")
         value = statistics.median(timings[name])
         emit(f"hostile_body_ratio_{name}", value, "ms", plain)

@@ -9,15 +9,29 @@ import shutil
 import signal
 import sys
 import tempfile
+import traceback
 from contextlib import contextmanager
 from pathlib import Path
 
-from . import capped, cluster, delivery, front, full_cycle, history, hostile, schedule, streams, sync_held
-from .core import Context, Fleet, MeasurementError, add_fleet_arguments, check_limits, ordered, with_db
-from .procs import Children, ensure_tool, log, start_redis
+from . import cluster, delivery, front, full_cycle, history, hostile, schedule, sync_held
+from .core import (
+    Children,
+    Context,
+    Fleet,
+    MeasurementError,
+    add_fleet_arguments,
+    check_limits,
+    ensure_tool,
+    flush_quietly,
+    log,
+    ordered,
+    start_redis,
+    with_db,
+)
 
 #: Every module that adds phases (and their options); importing one registers its phases.
-PHASE_MODULES = (front, hostile, history, schedule, full_cycle, cluster, delivery, capped, sync_held, streams)
+PHASE_MODULES = (front, hostile, history, schedule, full_cycle, cluster, delivery, sync_held)
+SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -34,41 +48,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp dir with server logs")
     add_fleet_arguments(parser)
     for module in PHASE_MODULES:
-        if hasattr(module, "add_arguments"):
-            module.add_arguments(parser)
+        module.add_arguments(parser)
     args = parser.parse_args(argv)
     args.only = {p.strip() for p in args.only.split(",") if p.strip()}
-    unknown = args.only - set(names)
-    if unknown:
+    if unknown := args.only - set(names):
         parser.error(f"unknown phase(s): {', '.join(sorted(unknown))}")
     try:
         args.side_dbs = tuple(int(d) for d in args.side_dbs.split(","))
     except ValueError:
         parser.error("--side-dbs takes two database numbers, e.g. 12,13")
-    if len(args.side_dbs) != 2 or len(set(args.side_dbs)) != 2 or args.redis_db in args.side_dbs \
-            or 0 in args.side_dbs:
+    if len(set(args.side_dbs)) != 2 or len(args.side_dbs) != 2 or {0, args.redis_db} & set(args.side_dbs):
         parser.error("--side-dbs takes two distinct database numbers, neither 0 nor --redis-db")
     check_limits(parser, args)
     for module in PHASE_MODULES:
         if hasattr(module, "check_arguments"):
             module.check_arguments(parser, args)
     return args
-
-
-def _flushed_at_end(children: Children, client, db: int) -> None:
-    """Flush ``client``'s database now and after the servers stopped (requests still in their
-    listen backlogs when the last run ended are answered after it, and write to Redis)."""
-    import redis
-
-    client.flushdb()
-
-    def flush() -> None:
-        try:
-            client.flushdb()
-        except redis.RedisError as exc:
-            log(f"could not flush database {db} at the end: {exc}")
-
-    children.after_stop.append(flush)
 
 
 def start_redis_for(args, children: Children) -> tuple[str, bool]:
@@ -78,10 +73,9 @@ def start_redis_for(args, children: Children) -> tuple[str, bool]:
             raise SystemExit("refusing to use (and flush) db 0 of a shared server; pass --redis-db N")
         log(f"using the Redis at REDIS_URL, database {args.redis_db} (flushed before and after)")
         return with_db(os.environ["REDIS_URL"], args.redis_db), True
-    binary = ensure_tool("redis-server", "redis-server")
-    if binary is None:
+    if (binary := ensure_tool("redis-server", "redis-server")) is None:
         raise SystemExit("redis-server is missing and apt-get could not install it; set REDIS_URL")
-    redis_url, _ = start_redis(children, binary)
+    redis_url = start_redis(children, binary)
     log(f"private redis-server at {redis_url}")
     return redis_url, False
 
@@ -100,8 +94,7 @@ def stage(ctx: Context, name: str, failures: list[str]):
         ctx.fleet = Fleet(ctx.args, ctx.children, ctx.redis_url)
         ctx.fleet.start()
         yield
-        dead = ctx.fleet.stack.exited()
-        if dead is not None:
+        if (dead := ctx.fleet.stack.exited()) is not None:
             log(f"ERROR: {dead} exited during the run; see {ctx.children.log_dir / (dead + '.log')}")
             failures.append(dead)
     else:
@@ -116,21 +109,20 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
     client.ping()
     ctx = Context(args, children, tmp, redis_url, tuple(with_db(redis_url, db) for db in args.side_dbs))
     chosen = [p for p in ordered() if p.name in args.only]
-    side_phases = [p.name for p in chosen if p.side_dbs]
-    if shared and side_phases:
+    flushed = [(client, args.redis_db)] if shared else []
+    if shared and (side_phases := [p.name for p in chosen if p.side_dbs]):
         log(f"databases {args.side_dbs[0]} and {args.side_dbs[1]} there hold the two sides of "
             f"{', '.join(side_phases)} (flushed before and after)")
-        for db, url in zip(args.side_dbs, ctx.side_urls):
-            _flushed_at_end(children, redis.Redis.from_url(url), db)
-    if shared:
-        _flushed_at_end(children, client, args.redis_db)
+        flushed += [(redis.Redis.from_url(url), db) for db, url in zip(args.side_dbs, ctx.side_urls)]
+    for db_client, db in flushed:
+        # now, and after the servers stopped (requests still in their listen backlogs write to Redis)
+        db_client.flushdb()
+        children.after_stop.append(lambda c=db_client, d=db: flush_quietly(c, d))
     failures: list[str] = []
     ran: set[str] = set()
     for stage_name in dict.fromkeys(p.stage for p in chosen):
         if stage_name in ("own_fleet", "fleet") and ran & {"front", "own_fleet"}:
-            # what the earlier stages left (published deliveries, records, workspaces) must not
-            # reach this stage's workers
-            client.flushdb()
+            client.flushdb()  # what earlier stages left must not reach this stage's workers
         with stage(ctx, stage_name, failures):
             for p in (p for p in chosen if p.stage == stage_name):
                 try:
@@ -145,15 +137,15 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
     return 0
 
 
+def _terminate(signum, _frame):
+    raise KeyboardInterrupt
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-
-    def _terminate(signum, _frame):
-        raise KeyboardInterrupt
-
-    # Ctrl-C, kill and a closed terminal all end in the same clean-up (SIGINT explicitly,
-    # as a shell starting us in the background leaves it ignored)
-    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+    # Ctrl-C, kill and a closed terminal all end in the same clean-up (SIGINT explicitly: a shell
+    # starting us in the background leaves it ignored)
+    for signum in SIGNALS:
         signal.signal(signum, _terminate)
     tmp = Path(tempfile.mkdtemp(prefix="router-queue-bench-"))
     children = Children(tmp)
@@ -165,14 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         code = 130
     except (MeasurementError, RuntimeError, TimeoutError, OSError) as exc:
         log(f"ERROR: {exc}")
-        code = 1
     except Exception:  # noqa: BLE001 - report, then still clean up
-        import traceback
-
         traceback.print_exc(file=sys.stderr)
-        code = 1
     finally:
-        for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        for signum in SIGNALS:
             signal.signal(signum, signal.SIG_IGN)  # a second Ctrl-C must not cut the clean-up short
         children.stop_all()
         if args.keep_logs or code != 0:
