@@ -95,6 +95,8 @@ def option(group, flag: str, default, help: str, *, minimum: float | None = 1, a
            **kwargs) -> None:
     """``--flag``, typed as ``default``; ``bench/run`` refuses a value under ``minimum`` (or at it, ``above``)."""
     kwargs.setdefault("type", type(default) if default is not None else int)
+    if "(default" not in help:
+        help += f" (default {default:g})" if isinstance(default, (int, float)) else f" (default {default})"
     action = group.add_argument(flag, default=default, help=help, **kwargs)
     if minimum is not None:
         LIMITS[action.dest] = (minimum, above)
@@ -405,8 +407,8 @@ class BenchStack(Stack):
 
 def add_fleet_arguments(parser) -> None:
     group = parser.add_argument_group("the fleet (every delivery phase)")
-    option(group, "--fleet-workers", 2, "Celery worker processes (default 2)")
-    option(group, "--worker-threads", 256, "threads per Celery worker, --pool threads (default 256)")
+    option(group, "--fleet-workers", 2, "Celery worker processes")
+    option(group, "--worker-threads", 256, "threads per Celery worker, --pool threads")
     option(group, "--web-workers", 2,
            "gunicorn gevent workers of the stack's front door (default 2, as router-queue dev)")
 

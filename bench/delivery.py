@@ -42,20 +42,18 @@ SETTLE_S = 3.0
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("delivery figures (inflight, dispatch)")
-    option(group, "--inflight", 500, "generations submitted at once for the in-flight figure (default 500)")
-    option(group, "--latency", 5.0, "stub generation time in seconds, [stub:latency=...] (default 5)", minimum=0)
-    option(group, "--submitters", 32, "concurrent HTTP submitters for the in-flight burst (default 32)")
-    option(group, "--inflight-rounds", 1, "(one alone, n at once) rounds; the median-ratio round is reported "
-           "(default 1)")
-    option(group, "--inflight-timeout", 300.0, "seconds the n generations may take before the figure fails "
-           "(default 300)", minimum=0, above=True)
-    option(group, "--samples", 50, "dispatch samples (and as many pings), interleaved (default 50)")
+    option(group, "--inflight", 500, "generations submitted at once for the in-flight figure")
+    option(group, "--latency", 5.0, "stub generation time in seconds, [stub:latency=...]", minimum=0)
+    option(group, "--submitters", 32, "concurrent HTTP submitters for the in-flight burst")
+    option(group, "--inflight-rounds", 1, "(one alone, n at once) rounds; the median-ratio round is reported")
+    option(group, "--inflight-timeout", 300.0, "seconds the n generations may take before the figure fails",
+           minimum=0, above=True)
+    option(group, "--samples", 50, "dispatch samples (and as many pings), interleaved")
     group = parser.add_argument_group("behind a cap of 1 (grant_to_start, waiting_cpu)")
-    option(group, "--grant-chain", 40, "short generations run one after another behind vertexai's cap of 1 for "
-           "grant_to_start (default 40)", minimum=2)
-    option(group, "--waiting", 10_000, "requests waiting behind vertexai's cap of 1 for waiting_cpu (default 10000)")
-    option(group, "--waiting-window", 20.0, "seconds of each CPU window of waiting_cpu (default 20)", minimum=0,
-           above=True)
+    option(group, "--grant-chain", 40, "generations run one after another behind the cap for grant_to_start",
+           minimum=2)
+    option(group, "--waiting", 10_000, "requests waiting behind vertexai's cap of 1 for waiting_cpu")
+    option(group, "--waiting-window", 20.0, "seconds of each CPU window of waiting_cpu", minimum=0, above=True)
 
 
 def capped_body(text: str) -> str:

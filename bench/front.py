@@ -47,13 +47,13 @@ APP = "router_queue.wsgi:app"
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("front door (status_read, floor, submit, replicated, depth)")
     option(group, "--workers", 2, "gunicorn gevent workers per app (default 2, the Procfile's WEB_CONCURRENCY)")
-    option(group, "--threads", 2, "wrk threads (default 2)")
+    option(group, "--threads", 2, "wrk threads")
     option(group, "--connections", 16, "wrk connections (default 16; at least --threads)")
-    option(group, "--duration", 5, "seconds per measured run (default 5)")
-    option(group, "--warmup", 2, "seconds of warm-up per target (default 2)", minimum=0)
-    option(group, "--rounds", 3, "interleaved baseline/subject rounds; medians are reported (default 3)")
-    option(group, "--near", 10, "requests ahead for the cost baseline (default 10)")
-    option(group, "--depth", 100_000, "requests ahead for the deep read (default 100000)")
+    option(group, "--duration", 5, "seconds per measured run")
+    option(group, "--warmup", 2, "seconds of warm-up per target", minimum=0)
+    option(group, "--rounds", 3, "interleaved baseline/subject rounds; medians are reported")
+    option(group, "--near", 10, "requests ahead for the cost baseline")
+    option(group, "--depth", 100_000, "requests ahead for the deep read")
     option(group, "--depth-rounds", 5, "interleaved rounds of the depth figure (default 5: its A/A spread on this "
            "machine is wider than the target)")
     option(group, "--depth-workspaces", 1000, "workspaces the requests ahead are spread over (default 1000; "

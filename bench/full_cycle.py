@@ -48,22 +48,18 @@ SETTLE_S = 0.5
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("full cycle against a minimal loop (full_cycle)")
-    option(group, "--cycle-clients", 32, "client threads of full_cycle, each submit -> poll -> collect in a loop "
-           "(default 32)")
-    option(group, "--cycle-seconds", 10.0, "counted seconds per full_cycle run (default 10)", minimum=0, above=True)
-    option(group, "--cycle-warmup", 2.0, "uncounted seconds before each full_cycle run's window (default 2)",
-           minimum=0)
-    option(group, "--cycle-rounds", 3, "interleaved (ours, minimal noop, minimal stub) rounds of full_cycle "
-           "(default 3)")
-    option(group, "--cycle-poll-ms", 10.0, "ms a full_cycle client sleeps before each status read (default 10)",
-           minimum=0)
+    option(group, "--cycle-clients", 32, "client threads of full_cycle, each submit -> poll -> collect in a loop")
+    option(group, "--cycle-seconds", 10.0, "counted seconds per full_cycle run", minimum=0, above=True)
+    option(group, "--cycle-warmup", 2.0, "uncounted seconds before each full_cycle run's window", minimum=0)
+    option(group, "--cycle-rounds", 3, "interleaved (ours, minimal noop, minimal stub) rounds of full_cycle")
+    option(group, "--cycle-poll-ms", 10.0, "ms a full_cycle client sleeps before each status read", minimum=0)
     option(group, "--minimal-concurrency", 2, "prefork processes of the minimal loop's Celery worker (default 2, "
            "the cores here)")
     option(group, "--minimal-web-workers", None, "gunicorn workers of the minimal loop (default: --web-workers, "
            "as the fleet's)")
-    option(group, "--minimal-db", 11, "Redis database of the minimal loop, flushed before and after (default 11)")
-    option(group, "--minimal-stub", "on", "also run the minimal loop with a real stub call in every round "
-           "(default on)", minimum=None, choices=("on", "off"))
+    option(group, "--minimal-db", 11, "Redis database of the minimal loop, flushed before and after")
+    option(group, "--minimal-stub", "on", "also run the minimal loop with a real stub call in every round",
+           minimum=None, choices=("on", "off"))
 
 
 def check_arguments(parser, args) -> None:

@@ -63,8 +63,8 @@ def _compare(connection: KeepAlive, first: str, last: str, rounds: int) -> tuple
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("request history (history_paging)")
-    option(group, "--history-requests", 100_000, "requests in the workspace's history (default 100000)")
-    option(group, "--history-rounds", 15, "interleaved rounds of first- and last-page reads (default 15)")
+    option(group, "--history-requests", 100_000, "requests in the workspace's history")
+    option(group, "--history-rounds", 15, "interleaved rounds of first- and last-page reads")
 
 
 @phase("history_paging", "front", 70)

@@ -51,8 +51,7 @@ def bodies() -> dict[str, bytes]:
 
 
 def add_arguments(parser) -> None:
-    option(parser, "--hostile-rounds", 15,
-           "interleaved rounds of plain and hostile 1 MB submits (hostile_body_ratio; default 15)")
+    option(parser, "--hostile-rounds", 15, "interleaved rounds of plain and hostile 1 MB submits (hostile_body_ratio)")
 
 
 @phase("hostile_body_ratio", "front", 60)

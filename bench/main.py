@@ -41,7 +41,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", "--phases", dest="only", default=",".join(names),
                         help=f"comma-separated phases: {', '.join(names)} (default all)")
     parser.add_argument("--redis-db", type=int, default=14,
-                        help="database used (and flushed) on a shared server given by REDIS_URL (default 14)")
+                        help="database used (and flushed) on a shared server given by REDIS_URL")
     parser.add_argument("--side-dbs", default="12,13",
                         help="two more databases (flushed before and after) holding the two sides of the depth "
                              "and dispatch_cost figures (default 12,13)")

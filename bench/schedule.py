@@ -33,12 +33,10 @@ WAITING_OVERHEAD_BUDGET = 1536
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("dispatch cost (dispatch_cost)")
-    option(group, "--cost-workspaces", 1000, "workspaces the waiting requests are spread over (default 1000)")
-    option(group, "--cost-queue", 10_000, "requests waiting behind the cap of 1, on each side, throughout "
-           "(default 10000)")
-    option(group, "--cost-cycles", 2000, "complete -> grant -> claim cycles per run (default 2000)")
-    option(group, "--cost-rounds", 5, "interleaved (1 workspace, many) rounds; the median-ratio round is reported "
-           "(default 5)")
+    option(group, "--cost-workspaces", 1000, "workspaces the waiting requests are spread over")
+    option(group, "--cost-queue", 10_000, "requests waiting behind the cap of 1, on each side, throughout")
+    option(group, "--cost-cycles", 2000, "complete -> grant -> claim cycles per run")
+    option(group, "--cost-rounds", 5, "interleaved (1 workspace, many) rounds; the median-ratio round is reported")
 
 
 def services_for(redis_url: str, catalog_path: Path):

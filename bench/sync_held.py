@@ -39,15 +39,13 @@ IDLE_WINDOW_S = 5.0
 
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("status reads with synchronous calls held (sync_held)")
-    option(group, "--held", 200, "synchronous calls held open for sync_held (default 200)")
-    option(group, "--held-latency", 30.0, "stub generation time of each held call, s (default 30)", minimum=5)
-    option(group, "--held-reads", 2000, "timed status reads per series of sync_held: before, during and after the "
-           "hold (default 2000)")
-    option(group, "--held-readers", 4, "threads sending the status reads, one connection each (default 4)")
+    option(group, "--held", 200, "synchronous calls held open for sync_held")
+    option(group, "--held-latency", 30.0, "stub generation time of each held call, s", minimum=5)
+    option(group, "--held-reads", 2000, "timed status reads per series of sync_held (before, during, after the hold)")
+    option(group, "--held-readers", 4, "threads sending the status reads, one connection each")
     group = parser.add_argument_group("event streams (streams)")
-    option(group, "--streams", 1000, "event streams held open for streams (default 1000)")
-    option(group, "--stream-latency", 90.0, "stub generation time of the followed request, s (default 90)",
-           minimum=30)
+    option(group, "--streams", 1000, "event streams held open for streams")
+    option(group, "--stream-latency", 90.0, "stub generation time of the followed request, s", minimum=30)
 
 
 def speech_body(text: str) -> str:
