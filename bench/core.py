@@ -277,14 +277,16 @@ def start_gunicorn(children: Children, name: str, app: str, env: dict[str, str],
     return f"http://127.0.0.1:{port}", proc
 
 
-def wait_logged(path: Path, text: str, alive: Callable[[], None], timeout_s: float, what: str) -> None:
-    """Until ``path`` contains ``text`` (a Celery worker's `` ready.``), checking ``alive()`` meanwhile."""
+def wait_until(ready: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.2,
+               alive: Callable[[], None] | None = None) -> None:
+    """Poll ``ready()`` (and ``alive()``) until it is true; ``what`` "within" ``timeout_s`` is the error after."""
     deadline = time.monotonic() + timeout_s
-    while text not in path.read_text(errors="replace"):
-        alive()
+    while not ready():
+        if alive is not None:
+            alive()
         if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} not ready within {timeout_s:.0f} s")
-        time.sleep(0.2)
+            raise MeasurementError(f"{what} within {timeout_s:g} s")
+        time.sleep(interval_s)
 
 
 # -- HTTP and Redis URLs --------------------------------------------------------------
@@ -460,9 +462,8 @@ class Fleet:
                                     app="bench.worker_app")
         self.stack.start_beat()
         wait_http(f"{self.base}/healthz", self.stack.start_web(self.web_port, workers=args.web_workers))
-        deadline = time.monotonic() + 90
-        for name in workers:
-            wait_logged(self._log(name), " ready.", self.alive, deadline - time.monotonic(), name)
+        wait_until(lambda: all(" ready." in self._log(w).read_text(errors="replace") for w in workers), 90,
+                   "the workers were not ready", alive=self.alive)
         started = time.monotonic()
         self.wait_records([self.submit(self.prompt("probe", 0))], (COMPLETED,), timeout_s=60, interval_s=0.05)
         log(f"fleet up: front door {self.base} ({args.web_workers} gevent workers), stub {self.stub}, "

@@ -31,6 +31,7 @@ from .core import (
     phase,
     schedule_counts,
     spread,
+    wait_until,
 )
 
 #: Stub seconds of the generation holding the capped slot: in waiting_cpu (it outlasts the phase), and
@@ -170,12 +171,8 @@ def one_alone(fleet: Fleet, latency: float) -> float:
     clock the n-at-once figure reads."""
     began = time.time()
     request_id = fleet.submit(fleet.prompt("alone", latency))
-    deadline = time.monotonic() + latency + 120
-    while fleet.status(request_id) != COMPLETED:
-        if time.monotonic() > deadline:
-            raise MeasurementError(f"the lone generation {request_id} did not complete")
-        fleet.alive()
-        time.sleep(0.1)
+    wait_until(lambda: fleet.status(request_id) == COMPLETED, latency + 120,
+               f"the lone generation {request_id} did not complete", 0.1, fleet.alive)
     row = fleet.records([request_id])[request_id]
     if row["error_type"]:
         raise MeasurementError(f"the lone generation completed with {row['error_type']}")

@@ -19,7 +19,6 @@ import redis
 from . import schedule
 from .core import (
     MODEL_ID,
-    Children,
     Context,
     MeasurementError,
     capped_catalog,
@@ -38,6 +37,7 @@ from .core import (
     start_gunicorn,
     start_redis,
     wait_http,
+    wait_until,
 )
 
 SUBMIT_BODY = '{"prompt": "bench"}'
@@ -65,23 +65,44 @@ def check_arguments(parser, args) -> None:
         parser.error("connections must be at least threads (wrk)")
 
 
-@dataclass
 class FrontDoor:
-    """The front door and the hello world, both served, and a seeded workspace's key."""
+    """The front door and the hello world, both served (gunicorn, bench children), and a seeded workspace's key."""
 
-    services: Any
-    entry: Any
-    env: dict[str, str]
-    url: str
-    proc: Any
-    hello: str
-    hello_proc: Any
-    wrk: str
-    auth: dict[str, str]
+    def __init__(self, ctx: Context):
+        from router_queue.services import Services
+        from router_queue.settings import Settings
 
-    def __post_init__(self) -> None:
+        args, self.children = ctx.args, ctx.children
+        if (wrk := ensure_tool("wrk", "wrk")) is None:
+            raise SystemExit("bench: wrk is required and could not be installed with apt-get")
+        self.wrk = wrk
+        self.services = Services.build(Settings.from_env({"REDIS_URL": ctx.redis_url}))
+        if (entry := self.services.catalog.by_id(MODEL_ID)) is None:
+            raise SystemExit(f"{MODEL_ID} is not in the catalog")
+        self.entry = entry
+        # limits out of reach: every call still pays for the checks, none is refused by them
+        self.auth = {"X-API-Key": self.services.accounts.mint_key(new_workspace(self.services, "bench"))}
         self.post_headers = {**self.auth, "Content-Type": "application/json"}
+        log("seeded a workspace with queued delivery on, limits out of reach, and a key")
+        self.env = server_env(ctx.redis_url)
+        self.url, self.proc = start_gunicorn(self.children, "frontdoor", APP, self.env, args.workers)
+        self.hello, self.hello_proc = start_gunicorn(self.children, "hello", "bench.hello:app", self.env,
+                                                     args.workers)
         self.submit_url = f"{self.url}/v2/models/{MODEL_ID}/requests"
+        wait_http(f"{self.url}/healthz", self.proc)
+        wait_http(f"{self.hello}/hello", self.hello_proc)
+        log(f"front door {self.url}, hello world {self.hello}, {args.workers} gevent workers each; load: wrk "
+            f"{args.threads} threads x {args.connections} connections, {args.duration} s runs, {args.rounds} rounds")
+
+    def stop(self) -> list[str]:
+        """Stop both servers; the names of those that exited during the run."""
+        died = []
+        for name, proc in (("front door", self.proc), ("hello world", self.hello_proc)):
+            if proc.poll() is not None:
+                log(f"ERROR: the {name} gunicorn exited with {proc.returncode} during the run")
+                died.append(name)
+        self.children.stop({"frontdoor", "hello"})
+        return died
 
     def queued_request(self, what: str) -> str:
         """The id of a request submitted now (it stays queued: no worker runs)."""
@@ -89,40 +110,6 @@ class FrontDoor:
         if code != 201 or "request_id" not in handle:
             raise MeasurementError(f"{what}: the target submit answered {code}: {handle}")
         return handle["request_id"]
-
-
-def start(ctx: Context) -> FrontDoor:
-    from router_queue.services import Services
-    from router_queue.settings import Settings
-
-    args, children = ctx.args, ctx.children
-    if (wrk := ensure_tool("wrk", "wrk")) is None:
-        raise SystemExit("bench: wrk is required and could not be installed with apt-get")
-    services = Services.build(Settings.from_env({"REDIS_URL": ctx.redis_url}))
-    if (entry := services.catalog.by_id(MODEL_ID)) is None:
-        raise SystemExit(f"{MODEL_ID} is not in the catalog")
-    # limits out of reach: every call still pays for the checks, none is refused by them
-    api_key = services.accounts.mint_key(new_workspace(services, "bench"))
-    log("seeded a workspace with queued delivery on, limits out of reach, and a key")
-    env = server_env(ctx.redis_url)
-    url, proc = start_gunicorn(children, "frontdoor", APP, env, args.workers)
-    hello, hello_proc = start_gunicorn(children, "hello", "bench.hello:app", env, args.workers)
-    wait_http(f"{url}/healthz", proc)
-    wait_http(f"{hello}/hello", hello_proc)
-    log(f"front door {url}, hello world {hello}, {args.workers} gevent workers each; load: wrk {args.threads} "
-        f"threads x {args.connections} connections, {args.duration} s runs, {args.rounds} rounds")
-    return FrontDoor(services, entry, env, url, proc, hello, hello_proc, wrk, {"X-API-Key": api_key})
-
-
-def stop(front: FrontDoor, children: Children) -> list[str]:
-    """Stop both servers; the names of those that exited during the run."""
-    died = []
-    for name, proc in (("front door", front.proc), ("hello world", front.hello_proc)):
-        if proc.poll() is not None:
-            log(f"ERROR: the {name} gunicorn exited with {proc.returncode} during the run")
-            died.append(name)
-    children.stop({"frontdoor", "hello"})
-    return died
 
 
 # -- wrk runs, in interleaved pairs ---------------------------------------------------------
@@ -294,11 +281,8 @@ def _replica_front(ctx: Context, name: str, env_for: Callable[[str], dict[str, s
     try:
         replica_url = start_redis(ctx.children, shutil.which("redis-server"), "redis-replica",
                                   ("--replicaof", primary.hostname, str(primary.port)))
-        deadline = time.monotonic() + 30
-        while ctx.front.services.redis.info("replication").get("connected_slaves") != 1:
-            if time.monotonic() > deadline:
-                raise MeasurementError(f"{name}: the replica did not connect within 30 s")
-            time.sleep(0.1)
+        wait_until(lambda: ctx.front.services.redis.info("replication").get("connected_slaves") == 1, 30,
+                   f"{name}: the replica did not connect", 0.1)
         url, proc = start_gunicorn(ctx.children, f"frontdoor-{name}", APP,
                                    dict(ctx.front.env, **env_for(replica_url)), ctx.args.workers)
         wait_http(f"{url}/healthz", proc)

@@ -33,7 +33,7 @@ from .core import (
     redis_cpu,
     start_gunicorn,
     wait_http,
-    wait_logged,
+    wait_until,
     with_db,
 )
 from .delivery import capped_body
@@ -226,8 +226,9 @@ class MinimalLoop:
             "--loglevel", "INFO", "--hostname", f"minimal-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
         ], self.env)
         wait_http(f"{url}/healthz", self.web)
-        wait_logged(self.children.log_dir / "minimal-worker.log", " ready.", self.alive, 60,
-                    "the minimal loop's worker")
+        worker_log = self.children.log_dir / "minimal-worker.log"
+        wait_until(lambda: " ready." in worker_log.read_text(errors="replace"), 60,
+                   "the minimal loop's worker was not ready", alive=self.alive)
         log(f"minimal loop up: gunicorn {workers} gevent workers on {self.port}, Celery prefork x "
             f"{self.args.minimal_concurrency} (late acks), database {self.args.minimal_db}")
 

@@ -84,11 +84,11 @@ def start_redis_for(args, children: Children) -> tuple[str, bool]:
 def stage(ctx: Context, name: str, failures: list[str]):
     """What a stage's phases run on: the front door, nothing more, or the fleet; stopped after."""
     if name == "front":
-        ctx.front = front.start(ctx)
+        ctx.front = front.FrontDoor(ctx)
         try:
             yield
         finally:
-            failures += front.stop(ctx.front, ctx.children)
+            failures += ctx.front.stop()
             ctx.front = None
     elif name == "fleet":
         ctx.fleet = Fleet(ctx.args, ctx.children, ctx.redis_url)
