@@ -28,6 +28,7 @@ from .core import (
     phase,
     schedule_counts,
     spread,
+    wait_until,
 )
 
 MODEL_ID, PROVIDER = "openai/gpt-4o-mini-tts", "openai"
@@ -159,16 +160,14 @@ def measure_sync_held(ctx: Context) -> None:
         thread.start()
     measured = False
     try:
-        deadline = opened + min(60.0, latency / 2)
-        while sum(admitted()) < args.held:
+        def none_answered() -> None:
+            fleet.alive()
             if answered := [c for c in calls if c.done.is_set()]:
                 raise MeasurementError(f"sync_held: {len(answered)} held calls answered before all were admitted "
                                        f"({[c.error for c in answered if c.error][:3]})")
-            if time.monotonic() > deadline:
-                raise MeasurementError(f"sync_held: only {sum(admitted())} of {args.held} held calls running or "
-                                       f"queued within {deadline - opened:.0f} s")
-            fleet.alive()
-            time.sleep(0.1)
+
+        wait_until(lambda: sum(admitted()) >= args.held, min(60.0, latency / 2),
+                   f"sync_held: not all {args.held} held calls running or queued", 0.1, none_answered)
         admitted_s = time.monotonic() - opened
         time.sleep(1.0)  # the admissions' own work is over; the front door just holds
         running, queued = admitted()
