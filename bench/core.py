@@ -96,7 +96,7 @@ def option(group, flag: str, default, help: str, *, minimum: float | None = 1, a
     """``--flag``, typed as ``default``; ``bench/run`` refuses a value under ``minimum`` (or at it, ``above``)."""
     kwargs.setdefault("type", type(default) if default is not None else int)
     if "(default" not in help:
-        help += f" (default {default:g})" if isinstance(default, (int, float)) else f" (default {default})"
+        help += f" (default {default:g})" if isinstance(default, float) else f" (default {default})"
     action = group.add_argument(flag, default=default, help=help, **kwargs)
     if minimum is not None:
         LIMITS[action.dest] = (minimum, above)
