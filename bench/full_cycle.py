@@ -12,7 +12,6 @@ import uuid
 from collections import Counter
 from dataclasses import dataclass
 
-from . import minimal_loop
 from .core import (
     CAPPED_MODEL_ID,
     COMPLETED,
@@ -216,6 +215,8 @@ class MinimalLoop:
         self.port = 0
 
     def start(self) -> None:
+        from . import minimal_loop  # its module-level Celery app and Redis client: only when a loop runs
+
         workers = self.args.minimal_web_workers or self.args.web_workers
         url, self.web = start_gunicorn(self.children, "minimal-web", "bench.minimal_loop:app", self.env, workers,
                                        (*minimal_loop.WEB_SERVING, "--timeout", "660"))
