@@ -13,12 +13,13 @@ from concurrent.futures import ThreadPoolExecutor
 
 import redis
 
+from router_queue.dev.stack import cluster_port
+
 from .core import (
     Context,
     Fleet,
     MeasurementError,
     emit,
-    free_port,
     http_json,
     log,
     option,
@@ -44,27 +45,11 @@ def add_arguments(parser) -> None:
     option(group, "--cluster-deliveries", 900, "deliveries measured in the cluster phase")
 
 
-def _cluster_port() -> int:
-    """A free port at most 55535 whose cluster bus port (10,000 above) is free too."""
-    import socket
-
-    while True:
-        port = free_port()
-        if port > 55535:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
-
-
 def _start_cluster(ctx: Context) -> tuple[str, list[redis.Redis]]:
     """Three cluster-enabled redis-servers made one cluster; its URL and a client of each node."""
     binary, ports = shutil.which("redis-server"), []
     for number in range(PRIMARIES):
-        port = _cluster_port()
+        port = cluster_port()
         proc = ctx.children.spawn(f"cluster-node{number}", [
             binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
             "--dir", str(ctx.children.log_dir), "--cluster-enabled", "yes",

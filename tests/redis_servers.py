@@ -21,7 +21,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
-from router_queue.dev.stack import free_port, redis_answers, wait_for_port
+from router_queue.dev.stack import cluster_port, free_port, redis_answers, wait_for_port
 
 #: A Redis server the tests may use (databases 13 to 15 are flushed), instead of private ones.
 TEST_REDIS_URL = os.environ.get("TEST_REDIS_URL", "")
@@ -208,22 +208,6 @@ def redis_errors() -> type[Exception]:
     import redis
 
     return redis.RedisError
-
-
-def cluster_port() -> int:
-    """A free port whose cluster bus port (10,000 above it) is free too."""
-    import socket
-
-    while True:
-        port = free_port()
-        if port > 55535:
-            continue
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port + 10000))
-            except OSError:
-                continue
-        return port
 
 
 class ClusterGroup:

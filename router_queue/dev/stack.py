@@ -51,6 +51,15 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def cluster_port() -> int:
+    """A free port for a Redis Cluster node: at most 55535, its cluster bus
+    port (10,000 above it) free too."""
+    while True:
+        port = free_port()
+        if port <= 55535 and port_free(port + 10000):
+            return port
+
+
 def port_free(port: int) -> bool:
     """Whether this machine's loopback port is free to listen on: a readiness
     check by connecting would be answered by whatever holds it already."""
