@@ -12,22 +12,18 @@ clients for side work that must not wait as long as the store does.
   transport) alike. ``PASSWORD`` is the primary's; sentinels without a password
   are assumed;
 * ``redis+cluster://[:PASSWORD@]HOST:PORT[,HOST:PORT…]``: a Redis Cluster,
-  through its seed nodes (redis-py's ``RedisCluster``, which follows MOVED and
-  a failover's new primary). Every key carries the ``{rq}`` hash tag
-  (``keys.PREFIX``), so each script's keys share a slot. Celery's broker is
-  then RabbitMQ or a Redis of its own (``settings.py`` refuses the cluster).
+  through its seed nodes (``cluster.py``). Celery's broker is then RabbitMQ
+  or a Redis of its own (``settings.py`` refuses the cluster).
 """
 
 from __future__ import annotations
 
 import redis
-from redis.backoff import NoBackoff
-from redis.cluster import ClusterNode, ClusterPipeline, LoadBalancingStrategy, RedisCluster
-from redis.commands.core import Script
-from redis.retry import Retry
+from redis.cluster import RedisCluster
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from ..redis_urls import SENTINEL_SCHEME, ClusterAddress, RedisUrlError, SentinelAddress  # noqa: F401 - the store's door names them
+from .cluster import CLUSTER_WAITS_PER_CALL, cluster_client
 
 #: What a Redis that cannot be reached raises: refused or restarting
 #: (connection), stalled (timeout), or mid-failover. The front door answers it
@@ -39,13 +35,6 @@ UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.Clust
 #: script's included (refused at its first write, so it wrote nothing). The
 #: front door answers it 503 like an outage; a worker rides it out likewise.
 FULL = (redis.exceptions.OutOfMemoryError,)
-
-#: Times a cluster client sends a command again after a node failed to answer.
-CLUSTER_RETRIES = 0
-#: Nodes one call may wait on in a cluster: the one that did not answer, then,
-#: as redis-py rebuilds its slot map on a failed connection, a seed that may be
-#: the same stalled node. Each gets this share of the caller's wait.
-CLUSTER_WAITS_PER_CALL = 2
 
 #: Seconds a process waits on one sentinel when asking where the primary is.
 SENTINEL_WAIT_S = 0.5
@@ -64,8 +53,9 @@ def connect(url: str, *, wait_s: float, connect_s: float | None = None,
     cluster = ClusterAddress.parse(url)
     if cluster is not None:
         node_wait_s = wait_s / CLUSTER_WAITS_PER_CALL
-        return _cluster(cluster, socket_connect_timeout=min(connect_s, node_wait_s), socket_timeout=node_wait_s,
-                        health_check_interval=health_check_interval, replica=replica)
+        return cluster_client(cluster, socket_connect_timeout=min(connect_s, node_wait_s),
+                              socket_timeout=node_wait_s, health_check_interval=health_check_interval,
+                              replica=replica)
     address = SentinelAddress.parse(url)
     if address is None:
         return redis.Redis.from_url(url, socket_connect_timeout=connect_s, socket_timeout=wait_s,
@@ -104,8 +94,10 @@ def bounded(client: redis.Redis, timeout_s: float) -> redis.Redis:
     if isinstance(client, RedisCluster):
         seeds = tuple((node.host, node.port) for node in client.nodes_manager.startup_nodes.values())
         kwargs = client.nodes_manager.connection_kwargs
-        return _cluster(ClusterAddress(seeds, kwargs.get("password")), socket_timeout=timeout_s,
-                        socket_connect_timeout=timeout_s, health_check_interval=kwargs.get("health_check_interval", 0))
+        node_wait_s = timeout_s / CLUSTER_WAITS_PER_CALL
+        return cluster_client(ClusterAddress(seeds, kwargs.get("password")), socket_timeout=node_wait_s,
+                              socket_connect_timeout=node_wait_s,
+                              health_check_interval=kwargs.get("health_check_interval", 0))
     pool = client.connection_pool
     kwargs = {**pool.connection_kwargs, "socket_timeout": timeout_s, "socket_connect_timeout": timeout_s}
     if isinstance(pool, SentinelConnectionPool):
@@ -113,65 +105,6 @@ def bounded(client: redis.Redis, timeout_s: float) -> redis.Redis:
         return redis.Redis(connection_pool=SentinelConnectionPool(
             pool.service_name, pool.sentinel_manager, connection_class=pool.connection_class, **kwargs))
     return redis.Redis(connection_pool=type(pool)(connection_class=pool.connection_class, **kwargs))
-
-
-# A pipelined command that failed because its node did not answer is not sent
-# again one by one: redis-py re-sends each such command on its own, each waiting
-# the full socket timeout on the same node, so a stalled primary held a pipeline
-# of n commands for n + 1 waits (a key lookup 2.4 s where the front door promises
-# an answer within its one wait). MOVED, ASK and TRYAGAIN are still followed.
-# Read by name in redis-py's ClusterPipeline, so it is set on the class: every
-# cluster client in a router-queue process is the store's.
-ClusterPipeline.ERRORS_ALLOW_RETRY = (redis.exceptions.MovedError, redis.exceptions.AskError,
-                                      redis.exceptions.TryAgainError)
-
-
-class SlotScript(Script):
-    """A script on a cluster: on NOSCRIPT (a promoted replica has none of the
-    scripts its primary was given), it is loaded on every node serving its
-    first key's slot, where redis-py's ``Script`` loads it on the primaries its
-    slot map names, which at a failover may not yet include the promoted one.
-    A second NOSCRIPT is the slot still moving: raised as unreachable (503).
-    On a client reading replicas it is sent as ``EVALSHA_RO``, which redis-py
-    routes to a replica (a script sent so must not write)."""
-
-    def __call__(self, keys=None, args=None, client=None):
-        client = client or self.registered_client
-        keys, args = list(keys or []), list(args or [])
-        replica = client.load_balancing_strategy is not None  # a reader of replicas: read-only scripts
-        for _ in range(2):
-            try:
-                if replica:
-                    return client.evalsha_ro(self.sha, len(keys), *keys, *args)
-                return client.evalsha(self.sha, len(keys), *keys, *args)
-            except redis.exceptions.NoScriptError:
-                # every node of the slot, the replicas a reader may pick included (the sha is the text's)
-                serving = client.nodes_manager.slots_cache.get(client.keyslot(keys[0])) if keys else None
-                for node in serving or ():
-                    client.execute_command("SCRIPT LOAD", self.script, target_nodes=node)
-                if not serving:
-                    client.script_load(self.script)
-        raise redis.ConnectionError("the node serving this script's slot keeps losing its scripts (failing over)")
-
-
-def register_script(client: redis.Redis, text: str) -> Script:
-    """``text`` as a script object for ``client`` (a :class:`SlotScript` on a cluster)."""
-    if isinstance(client, RedisCluster):
-        return SlotScript(client, text)
-    return client.register_script(text)
-
-
-def _cluster(address: ClusterAddress, *, replica: bool = False, **waits) -> redis.Redis:
-    """A cluster client for ``address``. Typed as ``redis.Redis``: the store
-    uses the commands both answer alike (a script's keys share one slot).
-    It asks again only after a redirect (``MOVED``, followed at once), never
-    after a node failed to answer: redis-py's three retries would turn the
-    front door's one wait on a stalled node into four."""
-    if replica:
-        waits["load_balancing_strategy"] = LoadBalancingStrategy.ROUND_ROBIN_REPLICAS
-    client = RedisCluster(startup_nodes=[ClusterNode(host, port) for host, port in address.seeds],
-                          password=address.password, retry=Retry(NoBackoff(), CLUSTER_RETRIES), **waits)
-    return client
 
 
 def primaries_info(client: redis.Redis, section: str) -> list[dict]:

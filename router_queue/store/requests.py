@@ -20,7 +20,8 @@ import redis
 
 from ..webhooks.event import PROGRESS_EVENT_EVERY_S
 from . import keys
-from .connect import bounded, primaries_info, queue_script, register_script
+from .cluster import register_script
+from .connect import bounded, primaries_info, queue_script
 from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
 from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES
 from .rate_counts import SyncedRateCounts
