@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import redis
+from redis.cluster import RedisCluster
 
 from . import keys
 
@@ -40,11 +41,23 @@ class Migration:
 
 
 def migrate(client: redis.Redis, batch: int = 1000) -> Migration:
-    """Rename every ``rq:…`` key to its ``{rq}:…`` name."""
+    """Rename every ``rq:…`` key to its ``{rq}:…`` name, a SCAN page's worth
+    of ``RENAMENX`` per round trip. A cluster store has nothing to rename:
+    the earlier layout never ran on one (its scripts spanned slots)."""
     done = Migration()
-    for key in client.scan_iter(match=LEGACY_MATCH, count=batch):
-        if client.renamenx(key, tagged(key)):
-            done.renamed += 1
-        elif client.exists(key):
-            done.clashes.append(key.decode(errors="replace"))
-    return done
+    if isinstance(client, RedisCluster):
+        return done
+    cursor = 0
+    while True:
+        cursor, page = client.scan(cursor, match=LEGACY_MATCH, count=batch)
+        if page:
+            pipe = client.pipeline(transaction=False)
+            for key in page:
+                pipe.renamenx(key, tagged(key))
+            for key, renamed in zip(page, pipe.execute(raise_on_error=False)):
+                if renamed is True:
+                    done.renamed += 1
+                elif client.exists(key):  # its new name was taken (a key gone since the page is no clash)
+                    done.clashes.append(key.decode(errors="replace"))
+        if cursor == 0:
+            return done

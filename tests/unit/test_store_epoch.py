@@ -104,3 +104,14 @@ def test_migration_leaves_a_key_whose_new_name_is_taken(client):
     done = migrate.migrate(client)
     assert done.renamed == 1 and done.clashes == ["rq:config:id-secret"]
     assert client.get(keys.id_secret()) == b"new" and client.get("rq:config:id-secret") == b"old"
+
+
+def test_migration_keeps_each_keys_value_type_and_ttl_across_scan_pages(client):
+    for n in range(25):
+        client.hset(f"rq:req:{n}", "status", "COMPLETED")
+        client.expire(f"rq:req:{n}", 1000)
+    client.zadd("rq:queue:bfl", {"a": 1})
+    done = migrate.migrate(client, batch=4)
+    assert done.renamed == 26 and done.clashes == []
+    assert client.hget(keys.request("7"), "status") == b"COMPLETED" and 990 < client.ttl(keys.request("7")) <= 1000
+    assert client.zscore(keys.queue("bfl"), "a") == 1.0 and client.ttl(keys.queue("bfl")) == -1
