@@ -251,7 +251,8 @@ class ClusterGroup:
     def _client(self, port: int):
         import redis
 
-        return redis.Redis(port=port, socket_timeout=1, decode_responses=True)
+        # a node mid-failover on a loaded machine can take a while to answer
+        return redis.Redis(port=port, socket_timeout=3, decode_responses=True)
 
     def _info(self, port: int) -> dict:
         with self._client(port) as client:

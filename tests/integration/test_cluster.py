@@ -91,6 +91,11 @@ def test_status_polls_are_served_by_the_slots_replica(cluster: tuple[ClusterGrou
     assert sum(_evalsha_ro_calls(group, node) - before[node.port] for node in replicas) >= 15
 
 
+#: What a replica waits at least, once its primary is failed, before it asks to be
+#: promoted (Redis Cluster: 500 ms plus a random delay plus its rank's).
+FAILOVER_DELAY_S = 0.5
+
+
 def _slot_fault(group: ClusterGroup, name: str, act: str, undo: str) -> Fault:
     """``act`` ("kill", "pause") on the primary serving the store's slot; the fault ends
     when its replica has taken the slot over, then ``undo`` ("start", "resume") brings
@@ -102,7 +107,9 @@ def _slot_fault(group: ClusterGroup, name: str, act: str, undo: str) -> Fault:
         getattr(hit[0], act)()
 
     return Fault(name, begin, heal=lambda: getattr(hit[0], undo)(),
-                 healed=lambda: bool(hit) and group.moved_from(hit[0], keys.PREFIX))
+                 healed=lambda: bool(hit) and group.moved_from(hit[0], keys.PREFIX),
+                 surely_down_s=group.NODE_TIMEOUT_MS / 1000 + FAILOVER_DELAY_S, heal_within_s=40.0,
+                 in_flight_s=0.05)  # SIGKILL and SIGSTOP act at once
 
 
 @pytest.mark.slow
