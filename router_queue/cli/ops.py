@@ -10,7 +10,7 @@ import click
 
 from ..settings import without_password
 from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
-from ..store.migrate import migrate
+from ..store.migrate import legacy_keys_present, migrate
 from ..store.outcomes import Cancel
 from ..store.webhooks import FailingEndpoint
 from ..web.operations import summary
@@ -24,6 +24,10 @@ def require_router_queue_data() -> None:
     services = _services()
     if not services.accounts.any_exist():
         where = without_password(services.settings.redis_url)
+        if legacy_keys_present(services.redis):
+            raise click.ClickException(
+                f"the Redis at {where} holds router-queue data in the key layout before the {{rq}} hash tag: "
+                "stop the service and run `router-queue ops migrate-keys`")
         raise click.ClickException(
             f"the Redis at {where} holds no "
             "router-queue data (no workspace was ever created there). Set REDIS_URL to the Redis the service "

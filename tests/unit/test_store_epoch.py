@@ -86,6 +86,8 @@ def test_a_store_in_the_earlier_key_layout_is_refused_until_migrated(app, http, 
     with pytest.raises(StoreLost):
         sweep(context_of(services))
 
+    listed = cli_runner(app).invoke(main, ["workspace", "list"])
+    assert listed.exit_code == 1 and "ops migrate-keys" in listed.output  # not "holds no router-queue data"
     migrated = cli_runner(app).invoke(main, ["ops", "migrate-keys"])
     assert migrated.exit_code == 0, migrated.output
     assert migrated.output.strip() == f"renamed {legacy} keys to the {{rq}} layout"
