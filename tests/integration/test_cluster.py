@@ -50,7 +50,8 @@ def test_a_request_runs_on_a_cluster_store_from_submit_to_result(cluster: tuple[
         assert request_id in charged and len(charged) == len(set(charged))
     # every key of the store sits in the one slot of the {rq} tag, on that slot's primary
     owner = group.owner(keys.PREFIX)
-    assert len(running.services.redis.keys(keys.request("*"))) >= 2
+    with group._client(owner.port) as client:
+        assert len(client.keys(keys.request("*"))) >= 2
     for node in group.nodes:
         if node is not owner and node.proc is not None:
             with group._client(node.port) as client:
