@@ -83,7 +83,7 @@ class Services:
                 replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
                 grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
             ),
-            accounts=Accounts(client),
+            accounts=Accounts(client, providers=tuple(catalog.providers())),
             ids=RequestIds(client),
             catalog=catalog,
             metrics=Recorder(),

@@ -67,8 +67,12 @@ class LedgerEntry:
 
 
 class Accounts:
-    def __init__(self, client: redis.Redis):
+    def __init__(self, client: redis.Redis, providers: tuple[str, ...] = ()):
         self.client = client
+        #: The catalog's providers, whose schedules keep a copy of a waiting
+        #: workspace's weight and max_in_flight (``set_limits``).
+        self.providers = providers
+        self._schedule_limits = load_script(client, "schedule_limits")
         self.keys = ApiKeys(client)
         self.epoch = StoreEpoch(client)
         self._webhook_secret = load_script(client, "webhook_secret")
@@ -167,6 +171,19 @@ class Accounts:
                 mapping[name] = int(value)
         if mapping:
             self.client.hset(keys.workspace(workspace_id), mapping=mapping)
+        if weight is not None or max_in_flight is not None:
+            self._copy_limits_to_schedules(workspace_id)
+
+    def _copy_limits_to_schedules(self, workspace_id: str) -> None:
+        """Each provider's schedule grants by its own copy of a waiting
+        workspace's limits (``lua/lib.lua``, ``ws_limits``), so a grant reads
+        only the provider's keys; the copies of the workspace's waiting
+        requests follow a change here at once."""
+        row = self.client.hmget(keys.workspace(workspace_id), "weight", "max_in_flight")
+        weight = max(int(row[0] or 1), 1)
+        copy = f"{weight}:{int(row[1] or 0)}"
+        for provider in self.providers:
+            self._schedule_limits(keys=[keys.schedule(provider)], args=[workspace_id, copy])
 
     def rate_limit(self, workspace_id: str) -> str | None:
         value = self.client.hget(keys.workspace(workspace_id), "rate_limit")

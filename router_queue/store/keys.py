@@ -194,7 +194,9 @@ absent while held) and ``price`` (what the hold was).
 requests waiting for a slot (the policy is written down in ``lua/lib.lua``).
 Its hash fields: ``vtime`` (the tag granted last), ``slotseq`` and ``grantseq``
 (counters), and per workspace ``f|{ws}`` (its last slot's tag), ``run|{ws}``
-(its requests holding a slot) and ``parked|{ws}`` (at its own max_in_flight).
+(its requests holding a slot), ``parked|{ws}`` (at its own max_in_flight) and
+``lim|{ws}`` ("{weight}:{max_in_flight}", the workspace's limits copied from its
+hash while it has requests waiting, so a grant reads only the provider's keys).
 ``:slots`` members are "{slot seq, 15 digits}|{ws}", scored by virtual-time
 tag; ``:wslots:{ws}`` the same members of one workspace; ``:ws:{ws}`` its
 waiting request ids scored by priority band * 2^45 + admission sequence;

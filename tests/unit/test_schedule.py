@@ -131,6 +131,38 @@ def test_a_workspace_at_its_own_cap_is_passed_and_resumes_when_one_ends(services
     assert fleet.names[fleet.started[-1]] == "a1"  # a's turn comes back as soon as a0 ends
 
 
+def test_a_cap_an_operator_lowers_holds_the_waiting_workspaces_next_grant(services):
+    fleet = Fleet(services, cap=2)
+    ws = fleet.workspace("a")
+    a0, a1, a2, _ = (fleet.submit(ws, f"a{n}") for n in range(4))
+    fleet.start_granted()
+    services.accounts.set_limits(ws, max_in_flight=1)
+    fleet.finish(a0)
+    assert fleet.granted() == []  # a1 still runs: a is at its new cap of 1
+    fleet.finish(a1)
+    assert fleet.granted() == [a2]
+
+
+def test_the_schedule_keeps_a_waiting_workspaces_limits_and_forgets_them_when_it_drains(services):
+    fleet = Fleet(services, cap=1)
+    ws = fleet.workspace("a", weight=3, max_in_flight=2)
+    fleet.submit(ws, "a0")
+    fleet.submit(ws, "a1")
+    assert services.redis.hget(keys.schedule(PROVIDER), f"lim|{ws}") == b"3:2"
+    fleet.run_all()
+    assert services.redis.hget(keys.schedule(PROVIDER), f"lim|{ws}") is None
+
+
+def test_a_workspace_waiting_since_before_the_schedule_kept_limits_is_held_to_its_own(services):
+    fleet = Fleet(services, cap=3)
+    ws = fleet.workspace("a", max_in_flight=1)
+    a0, a1, _ = (fleet.submit(ws, f"a{n}") for n in range(3))
+    fleet.start_granted()
+    services.redis.hdel(keys.schedule(PROVIDER), f"lim|{ws}")  # as an earlier version left it
+    fleet.finish(a0)
+    assert fleet.granted() == [a1]
+
+
 def test_priority_orders_a_workspaces_own_requests_and_not_others(services):
     fleet = Fleet(services, cap=1)
     a, b = fleet.workspace("a"), fleet.workspace("b")

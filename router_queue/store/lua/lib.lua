@@ -292,15 +292,23 @@ local function limits_of(v1, v2)
   return {math.max(tonumber(v1 or "1") or 1, 1), tonumber(v2 or "0") or 0}
 end
 
--- The workspace's weight and its own cap (limits_of), read once per script:
--- no script writes them (accounts.py does, outside any script), so what one
--- step read stays true until it ends. A caller that read them with the rest
--- of the workspace's hash puts them in S.limits first (admit.lua).
+-- The workspace's weight and its own cap (limits_of), read once per script.
+-- A caller that read them from the workspace's hash puts them in S.limits
+-- first (admit.lua); any other step reads the copy the schedule keeps while
+-- the workspace has requests waiting ("lim|ws", written by enqueue from
+-- admission's reading and by accounts.py when an operator changes them), so
+-- granting reads nothing outside the provider's own keys. A workspace found
+-- waiting with no copy queued before the schedule kept one: its own hash.
 local function ws_limits(S, ws)
   local known = S.limits[ws]
   if not known then
-    local v = redis.call("HMGET", KEY_WORKSPACE .. ws, "weight", "max_in_flight")
-    known = limits_of(v[1], v[2])
+    local copy = redis.call("HGET", S.base, "lim|" .. ws)
+    if copy then
+      known = limits_of(string.match(copy, "^([^:]*):(.*)$"))
+    else
+      local v = redis.call("HMGET", KEY_WORKSPACE .. ws, "weight", "max_in_flight")
+      known = limits_of(v[1], v[2])
+    end
     S.limits[ws] = known
   end
   return known[1], known[2]
@@ -334,12 +342,11 @@ end
 -- A new waiting request takes the next slot of its workspace.
 local function enqueue(S, ws, request_id, seq, priority)
   local base = S.base
-  local weight = ws_limits(S, ws)
-  local vtime = tonumber(redis.call("HGET", base, "vtime") or "0")
-  local last = tonumber(redis.call("HGET", base, "f|" .. ws) or "0")
-  local tag = math.max(vtime, last) + math.floor(QUANTUM / weight)
+  local weight, cap = ws_limits(S, ws)
+  local v = redis.call("HMGET", base, "vtime", "f|" .. ws)
+  local tag = math.max(tonumber(v[1] or "0"), tonumber(v[2] or "0")) + math.floor(QUANTUM / weight)
   local member = string.format("%015d|", redis.call("HINCRBY", base, "slotseq", 1)) .. ws
-  redis.call("HSET", base, "f|" .. ws, num(tag))
+  redis.call("HSET", base, "f|" .. ws, num(tag), "lim|" .. ws, weight .. ":" .. cap)
   redis.call("ZADD", base .. ":slots", num(tag), member)
   redis.call("ZADD", base .. ":wslots:" .. ws, num(tag), member)
   if redis.call("ZCARD", base .. ":wslots:" .. ws) == 1 and redis.call("HEXISTS", base, "parked|" .. ws) == 0 then
@@ -355,7 +362,7 @@ end
 local function forget_workspace_if_idle(S, ws)
   if tonumber(redis.call("ZINCRBY", S.base .. ":depths", -1, ws)) <= 0 then
     redis.call("ZREM", S.base .. ":depths", ws)
-    redis.call("HDEL", S.base, "f|" .. ws, "parked|" .. ws)
+    redis.call("HDEL", S.base, "f|" .. ws, "parked|" .. ws, "lim|" .. ws)
     if redis.call("ZCARD", S.base .. ":depths") == 0 then
       redis.call("HDEL", S.base, "vtime")
     end
