@@ -105,7 +105,7 @@ Workspace hash fields: ``name queue_enabled credits held queued max_queued
 rate_limit weight max_in_flight created_at`` (``credits`` is the balance; ``held`` the sum of
 open holds; ``queued`` how many of its requests wait IN_QUEUE), and its quotas
 (``store/quotas.py``): ``queued_bytes`` (the bodies stored for its requests not
-yet completed; admit.lua adds, lib.lua's ``drop_body`` gives back) under
+yet completed; admit.lua adds, lib.lua's ``give_back_body`` gives back) under
 ``max_queued_bytes``; ``webhooks_pending`` (requests admitted with a webhook
 whose last event is not yet delivered or given up, however many events each
 chose; admit.lua adds, lib.lua's ``webhook_ended`` gives back) under

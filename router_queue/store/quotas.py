@@ -10,7 +10,7 @@ the defaults below apply until it is):
   leased and renewed by the process holding them, so a process that is
   killed frees its slots when their leases lapse.
 * ``max_queued_bytes``: the bodies stored for its requests not yet completed
-  (``admit.lua`` counts a body in, ``drop_body`` in ``lib.lua`` out).
+  (``admit.lua`` counts a body in, ``give_back_body`` in ``lib.lua`` out).
 * ``max_pending_webhooks``: webhook events owed, or to be owed by a request
   admitted with a webhook, not yet delivered or given up (``admit.lua`` counts
   one in, ``webhook_record.lua`` out). A request cancelled at once still owes

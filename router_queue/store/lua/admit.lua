@@ -139,7 +139,7 @@ if tonumber(ws[2] or "0") >= tonumber(ws[3] or ARGV[ARG_MAX_QUEUED]) then
   return refused("BACKLOG_FULL")
 end
 -- The body's bytes count against the workspace's quota until it is deleted
--- (lib.lua, drop_body: its completion, whatever ends it).
+-- (lib.lua, give_back_body: its completion, whatever ends it).
 local bytes = #body
 if tonumber(ws[8] or "0") + bytes > tonumber(ws[9] or ARGV[ARG_MAX_QUEUED_BYTES]) then
   return refused("QUEUED_BYTES_FULL")

@@ -91,7 +91,7 @@ if status == "IN_QUEUE" then
   if rec[10] then  -- admitted with a start deadline: it no longer needs it
     redis.call("ZREM", KEYS[8], "start|" .. ARGV[ARG_ID])
   end
-  left_queue(KEYS[5])
+  ws_apply(KEYS[5], KEYS[6], {queued = 1})  -- it no longer waits (lib.lua)
   redis.call("ZREM", KEYS[2], ARGV[ARG_ID])
   redis.call("ZREM", S.base .. ":granted", ARGV[ARG_ID])
   lease({"status", "IN_PROGRESS", "started_at", ARGV[ARG_NOW]})

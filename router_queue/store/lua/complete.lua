@@ -32,18 +32,18 @@ end
 
 local now = tonumber(ARGV[ARG_NOW])
 local S = sched_ctx(KEYS[5], KEYS[6], KEYS[9], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
+local e = ws_effects(ARGV[ARG_ID], ARGV[ARG_NOW])  -- what the workspace gets back (lib.lua, ws_apply)
 if status == "IN_QUEUE" then
-  left_queue(KEYS[7])
+  e.queued = 1
   leave_schedule(S, rec.workspace, ARGV[ARG_ID])
   redis.call("ZREM", KEYS[3], ARGV[ARG_ID])  -- a started one left it when it started (claim.lua)
 else
   release_slot(S, rec.workspace, ARGV[ARG_ID], true)
 end
 -- The record's changes, written in one HSET: its outcome, its cost (settle)
--- and its body's bytes given back (drop_body).
+-- and its body's bytes given back (give_back_body).
 local fields = {"status", "COMPLETED", "completed_at", ARGV[ARG_NOW]}
-local W = ws_changes(KEYS[7])  -- the workspace's counts, written in one HSET (lib.lua)
-settle(W, KEYS[8], ARGV[ARG_ID], ARGV[ARG_BILLABLE] == "1" and "charge" or "release", ARGV[ARG_NOW], rec, fields)
+settle(e, ARGV[ARG_BILLABLE] == "1" and "charge" or "release", rec, fields)
 if ARGV[ARG_ERROR_TYPE] == "" then
   append(fields, "content_type", ARGV[ARG_CONTENT_TYPE])
   redis.call("SET", KEYS[2], ARGV[ARG_OUTPUT], "EX", ARGV[ARG_RETENTION])
@@ -55,12 +55,13 @@ else
   append(fields, "error_type", ARGV[ARG_ERROR_TYPE], "detail", detail)
 end
 -- a failed request's body is kept for its retention: it may be retried
-drop_body(KEYS[11], W, ARGV[ARG_ERROR_TYPE] ~= "" and ARGV[ARG_RETENTION] or nil, rec, fields)
-write_ws_changes(W)
+give_back_body(rec, fields, e)
 redis.call("HSET", KEYS[1], unpack(fields))
 redis.call("EXPIRE", KEYS[1], ARGV[ARG_RETENTION])
+drop_body(KEYS[11], ARGV[ARG_ERROR_TYPE] ~= "" and ARGV[ARG_RETENTION] or nil)
 forget_deadlines(KEYS[10], ARGV[ARG_ID], rec)
-owe_webhook(KEYS[1], KEYS[7], ARGV[ARG_ID], ARGV[ARG_NOW], rec)
+owe_webhook(KEYS[1], e, ARGV[ARG_ID], ARGV[ARG_NOW], rec)
+ws_apply(KEYS[7], KEYS[8], e)
 announce_completed(ARGV[ARG_ID])
 
 -- Pace estimates for Retry-After: moving averages (weight 0.2) of run time

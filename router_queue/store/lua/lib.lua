@@ -4,8 +4,8 @@
 -- its users) in front of the script, after the key layout
 -- (KEY_*, generated from store/keys.py) and the script's argument positions
 -- (ARG_*, generated from its names in Python, lua_arg_names). In order:
---   * the accounting: the waiting count, the body's bytes, holds and their
---     settlement in the ledger (left_queue, drop_body, settle);
+--   * the workspace's side of a request's start and end (ws_effects,
+--     ws_apply) and the record's (give_back_body, drop_body, settle);
 --   * the caller's deadlines (forget_deadlines, passed, past_deadline);
 --   * pub/sub: telling event streams and held calls what changed (announce*);
 --   * rate counting (spend_rate);
@@ -43,58 +43,98 @@ local function read_fields(key, names, more)
   return byname
 end
 
---: The record's fields a request's ending reads (settle, drop_body,
+--: The record's fields a request's ending reads (settle, give_back_body,
 --: forget_deadlines, owe_webhook), read once by whatever ends it.
 local ENDING_FIELDS = {"hold", "cost_state", "price", "body_bytes", "start_deadline_at", "deadline_at",
   "webhook_url", "webhook_events", "webhook_counted", "webhook_final"}
 
--- The workspace's counts a request's ending changes (settle, then
--- drop_body), collected to be written in one HSET (write_ws_changes): W.key
--- the workspace hash, W.fields its field-value pairs, W.queued_bytes its
--- queued_bytes when settle read it for drop_body. Those fields are read and
--- written in the same step, and nothing else in it writes them in between.
-local function ws_changes(ws_key)
-  return {key = ws_key, fields = {}}
+-- ---------------------------------------------------------------------------
+-- What a request gives back to its workspace when it starts (it no longer
+-- waits) and when it ends (its hold settled, its body's bytes, its pending
+-- webhook): its workspace effects, a table collected by the step that makes
+-- the change and applied by ws_apply in one read and one write of the
+-- workspace's hash (and the ledger's entry). The request's own side of each
+-- (hold and body_bytes zeroed, the event's "counted" dropped) is written in
+-- the same step by that step, so each effect is owed once however many
+-- endings race. The two sides are apart so that they can live in different
+-- Redis Cluster slots, the workspace's effects applied by a step of their own.
+--   queued     its requests that left the queue (1)
+--   bytes      body bytes given back to its queued_bytes quota
+--   hold, how  credits held for the request, settled: "charge" | "release"
+--   webhooks   its requests whose last webhook event ended (1)
+--   request_id, at   the ledger entry's request and time
+-- ---------------------------------------------------------------------------
+
+local function ws_effects(request_id, now)
+  return {request_id = request_id, at = now}
 end
 
-local function write_ws_changes(W)
-  if #W.fields > 0 then
-    redis.call("HSET", W.key, unpack(W.fields))
-  end
-end
+--: The workspace's counts an effect gives back (never below 0), by effect.
+local WS_COUNTS = {{"queued", "queued"}, {"bytes", "queued_bytes"}, {"webhooks", "webhooks_pending"}}
 
--- One fewer request of this workspace is waiting IN_QUEUE.
-local function left_queue(ws_key)
-  if redis.call("HINCRBY", ws_key, "queued", -1) < 0 then
-    redis.call("HSET", ws_key, "queued", 0)
+-- Apply effects `e` to the workspace's hash (ws_key) and, for a settled
+-- hold, its ledger (ledger_key): a count alone is one HINCRBY; anything more
+-- one HMGET and one HSET, with the values HINCRBY would have left.
+local function ws_apply(ws_key, ledger_key, e)
+  local names, deltas = {}, {}
+  for _, pair in ipairs(WS_COUNTS) do
+    local n = e[pair[1]]
+    if n and n > 0 then
+      names[#names + 1] = pair[2]
+      deltas[#deltas + 1] = n
+    end
   end
+  local hold = e.hold or 0
+  if hold <= 0 and #names <= 1 then
+    if names[1] and redis.call("HINCRBY", ws_key, names[1], -deltas[1]) < 0 then
+      redis.call("HSET", ws_key, names[1], 0)
+    end
+    return
+  end
+  local counts = #names
+  if hold > 0 then
+    append(names, "held", "credits")
+  end
+  local v = redis.call("HMGET", ws_key, unpack(names))
+  local fields = {}
+  for i = 1, counts do
+    append(fields, names[i], math.max(tonumber(v[i] or "0") - deltas[i], 0))
+  end
+  if hold > 0 then
+    local held = tonumber(v[counts + 1] or "0") - hold
+    local credits = tonumber(v[counts + 2] or "0")
+    append(fields, "held", held)
+    if e.how == "charge" then
+      credits = credits - hold
+      append(fields, "credits", credits)
+    end
+    redis.call("XADD", ledger_key, "*", "type", e.how, "request_id", e.request_id, "amount", hold,
+      "balance", credits, "held", held, "at", e.at)
+  end
+  redis.call("HSET", ws_key, unpack(fields))
 end
 
 -- The request's body is no longer queued (it completed, whatever ended it):
--- give its bytes back to the workspace's quota, once, and delete it, or,
--- given keep_s (a failed request, which its caller may retry), keep it that
--- many seconds (the retention), no longer counted. The record's body_bytes
--- is zeroed in the same step, as settle() zeroes the hold, so no second
--- ending can give them back twice; a request admitted before bodies were
--- counted has none and gives back nothing. rec: the record's ENDING_FIELDS;
--- its fields to write are appended to `fields` (the caller's one HSET), the
--- workspace's to W (ws_changes) when settle() read its queued_bytes, else
--- given back by one HINCRBY.
-local function drop_body(body_key, W, keep_s, rec, fields)
+-- its bytes go back to the workspace (e.bytes), and the record's body_bytes
+-- is zeroed in the same step (appended to `fields`, the caller's one HSET),
+-- as settle() zeroes the hold, so no second ending gives them back twice; a
+-- request admitted before bodies were counted has none. rec: the record's
+-- ENDING_FIELDS. The caller then deletes the body (drop_body).
+local function give_back_body(rec, fields, e)
+  local bytes = tonumber(rec.body_bytes or "0")
+  if bytes > 0 then
+    append(fields, "body_bytes", 0)
+    e.bytes = bytes
+  end
+end
+
+-- Delete the body, or, given keep_s (a failed request, which its caller may
+-- retry), keep it that many seconds (the retention), no longer counted.
+local function drop_body(body_key, keep_s)
   if keep_s then
     redis.call("EXPIRE", body_key, keep_s)
   else
     redis.call("DEL", body_key)
-  end
-  local bytes = tonumber(rec.body_bytes or "0")
-  if bytes <= 0 then
-    return
-  end
-  append(fields, "body_bytes", 0)
-  if W.queued_bytes then
-    append(W.fields, "queued_bytes", math.max(W.queued_bytes - bytes, 0))
-  elseif redis.call("HINCRBY", W.key, "queued_bytes", -bytes) < 0 then
-    redis.call("HSET", W.key, "queued_bytes", 0)
   end
 end
 
@@ -126,20 +166,18 @@ local function passed(value, now)
 end
 
 -- Settle the credits held for a request at admission, once: "charge" turns
--- the hold into a charge (the provider billed us), "release" gives it back.
--- The record's hold is zeroed in the same step, so retries, duplicate
--- deliveries and racing completions can never settle twice. The caller's
--- "cost" is held while the record has no cost_state (nothing is written for
--- it at admission: a waiting request costs no more memory); here it becomes
--- "charged" or "released", with the price the hold was, in the same step as
--- the ledger's entry, so the two always agree; a free request (price 0)
--- settles too, with no ledger entry. rec: the record's ENDING_FIELDS; its
--- fields to write are appended to `fields`, which the caller writes in the
--- same step (one HSET with its own). The workspace's held and credits (and
--- its queued_bytes, when drop_body will give some back) are read in one
--- HMGET and their new values go to W (ws_changes), as HINCRBY would have
--- left them; settle runs before drop_body.
-local function settle(W, ledger_key, request_id, how, now, rec, fields)
+-- the hold into a charge (the provider billed us), "release" gives it back
+-- (e.hold and e.how: ws_apply moves the workspace's held and credits and
+-- writes the ledger's entry). The record's hold is zeroed in the same step,
+-- so retries, duplicate deliveries and racing completions can never settle
+-- twice. The caller's "cost" is held while the record has no cost_state
+-- (nothing is written for it at admission: a waiting request costs no more
+-- memory); here it becomes "charged" or "released", with the price the hold
+-- was, in the same step as the ledger's entry, so the two always agree; a
+-- free request (price 0) settles too, with no ledger entry. rec: the
+-- record's ENDING_FIELDS; its fields to write are appended to `fields`,
+-- which the caller writes in the same step (one HSET with its own).
+local function settle(e, how, rec, fields)
   local hold = tonumber(rec.hold or "0")
   if rec.cost_state ~= "charged" and rec.cost_state ~= "released" then
     append(fields, "cost_state", how == "charge" and "charged" or "released")
@@ -151,25 +189,10 @@ local function settle(W, ledger_key, request_id, how, now, rec, fields)
     return
   end
   append(fields, "hold", 0)
-  local gives_bytes = tonumber(rec.body_bytes or "0") > 0
-  local names = {"held", "credits"}
-  if gives_bytes then
-    names[3] = "queued_bytes"
-  end
-  local v = redis.call("HMGET", W.key, unpack(names))
-  local held = tonumber(v[1] or "0") - hold
-  local credits = tonumber(v[2] or "0")
-  append(W.fields, "held", held)
   if how == "charge" then
     append(fields, "charged", hold)
-    credits = credits - hold
-    append(W.fields, "credits", credits)
   end
-  if gives_bytes then
-    W.queued_bytes = tonumber(v[3] or "0")
-  end
-  redis.call("XADD", ledger_key, "*", "type", how, "request_id", request_id, "amount", hold,
-    "balance", credits, "held", held, "at", now)
+  e.hold, e.how = hold, how
 end
 
 
@@ -671,12 +694,11 @@ local function owe_event(event, now)
   return "QUEUED"
 end
 
--- Give back the workspace's pending-webhook count the request holds, once.
-local function webhook_uncount(event_key, ws_key)
+-- Give back the workspace's pending-webhook count the request holds, once
+-- (e.webhooks: ws_apply).
+local function webhook_uncount(event_key, e)
   if redis.call("HDEL", event_key, "counted") == 1 then
-    if redis.call("HINCRBY", ws_key, "webhooks_pending", -1) < 0 then
-      redis.call("HSET", ws_key, "webhooks_pending", 0)
-    end
+    e.webhooks = 1
   end
 end
 
@@ -692,7 +714,9 @@ local function webhook_ended(event_key, ws_key, request_id, state, now, keep)
     return true
   end
   redis.call("EXPIRE", event_key, keep)
-  webhook_uncount(event_key, ws_key)
+  local e = {}
+  webhook_uncount(event_key, e)
+  ws_apply(ws_key, nil, e)
   return false
 end
 
@@ -700,8 +724,9 @@ end
 -- chose it, and its workspace's count moves to its events, given back when
 -- the last ends (at once when none is pending). Once per request
 -- ("webhook_final"), whichever script completes it. rec: the record's
--- ENDING_FIELDS as they were before this step.
-local function owe_webhook(req_key, ws_key, request_id, now, rec)
+-- ENDING_FIELDS as they were before this step; e: the ending's workspace
+-- effects (ws_effects), which the caller applies after.
+local function owe_webhook(req_key, e, request_id, now, rec)
   if not rec.webhook_url or rec.webhook_url == "" or rec.webhook_final then
     return
   end
@@ -713,7 +738,7 @@ local function owe_webhook(req_key, ws_key, request_id, now, rec)
   if rec.webhook_counted == "1" then
     redis.call("HSET", event_key, "counted", 1)
     if redis.call("HGET", event_key, "state") ~= "pending" then
-      webhook_uncount(event_key, ws_key)
+      webhook_uncount(event_key, e)
     end
   end
 end
@@ -770,22 +795,25 @@ end
 -- scheduler context (the caller runs grant(S) after, for the freed slot).
 local function finish_unbilled(k, S, request_id, now, retention, was_queued, error_type, detail)
   local rec = read_fields(k.req, ENDING_FIELDS)
+  local e = ws_effects(request_id, now)
+  -- The record first: its write can grow memory, so a full Redis refuses the
+  -- whole step (Redis refuses such a write only as a script's first).
+  local fields = {"status", "COMPLETED", "completed_at", now, "error_type", error_type, "detail", detail}
+  settle(e, "release", rec, fields)
+  give_back_body(rec, fields, e)
+  redis.call("HSET", k.req, unpack(fields))
+  redis.call("EXPIRE", k.req, retention)
   if was_queued then
-    left_queue(k.ws)
+    e.queued = 1
     leave_schedule(S, k.ws_id, request_id)
     redis.call("ZREM", k.queue, request_id)  -- a started one left it when it started (claim.lua)
   else
     release_slot(S, k.ws_id, request_id, true)
   end
-  local fields = {"status", "COMPLETED", "completed_at", now, "error_type", error_type, "detail", detail}
-  local W = ws_changes(k.ws)
-  settle(W, k.ledger, request_id, "release", now, rec, fields)
-  drop_body(k.body, W, retention, rec, fields)
-  write_ws_changes(W)
-  redis.call("HSET", k.req, unpack(fields))
-  redis.call("EXPIRE", k.req, retention)
+  drop_body(k.body, retention)
   forget_deadlines(k.deadlines, request_id, rec)
-  owe_webhook(k.req, k.ws, request_id, now, rec)
+  owe_webhook(k.req, e, request_id, now, rec)
+  ws_apply(k.ws, k.ledger, e)
   announce_completed(request_id)
 end
 
