@@ -82,6 +82,7 @@ class Services:
                 max_in_flight=catalog.max_in_flight, write_deadline_s=write_deadline_s,
                 replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
                 grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
+                split=settings.store_is_cluster,
             ),
             accounts=Accounts(client, providers=tuple(catalog.providers())),
             ids=RequestIds(client),

@@ -323,6 +323,11 @@ class Settings:
                                     "replicas serve the reads) or unset")
 
     @property
+    def store_is_cluster(self) -> bool:
+        """A Redis Cluster holds the store: its steps run split per slot (``store/owed.py``)."""
+        return self.redis_url.startswith(f"{CLUSTER_SCHEME}://")
+
+    @property
     def effective_broker_url(self) -> str:
         return self.broker_url or self.redis_url
 

@@ -12,7 +12,7 @@ import redis
 from . import keys
 from .apikeys import ApiKeys
 from .epoch import StoreEpoch
-from .requests import load_script
+from .scripts import load_script
 
 #: Seconds a rotated-out webhook secret keeps signing beside the new one, so
 #: receivers can switch to the new one without missing an event.

@@ -31,7 +31,7 @@ import redis
 from ..logs import AUDIT_LOGGER
 from . import keys
 from .connect import queue_script
-from .requests import argv, load_script
+from .scripts import argv, load_script
 
 log = logging.getLogger(AUDIT_LOGGER)
 
@@ -47,9 +47,9 @@ LEGACY_NAMESPACE = "legacy:"
 LAST_USED_EVERY_S = 60
 #: Audit lines kept per workspace (newest first).
 AUDIT_KEPT = 1000
-#: key_mint.lua's ARGV by name (``requests.argv``), in order.
+#: key_mint.lua's ARGV by name (``scripts.argv``), in order.
 MINT_ARGS = ("workspace", "id", "hash", "label", "now", "audit_line", "audit_kept", "must_exist", "namespace")
-#: key_rotate.lua's ARGV by name (``requests.argv``), in order.
+#: key_rotate.lua's ARGV by name (``scripts.argv``), in order.
 ROTATE_ARGS = ("workspace", "old_id", "old_hash", "new_id", "new_hash", "now", "label", "namespace", "until",
                "until_ms", "audit_line", "audit_kept")
 #: Seconds a rotated-out key keeps working beside its successor by default.

@@ -21,7 +21,7 @@ import redis
 
 from . import keys
 from .quotas import DEFAULT_MAX_HELD
-from .requests import load_script
+from .scripts import load_script
 
 log = logging.getLogger(__name__)
 

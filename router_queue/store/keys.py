@@ -31,6 +31,10 @@ rq:stats:{provider}            hash    none (pace, and the ops page's  complete.
 rq:idem:{workspace}:{keyhash}  string  IDEMPOTENCY_TTL_SECONDS         admit.lua
 rq:ws:{workspace}              hash    none                            cli (accounts.py)
 rq:workspaces                  set     none (all workspace ids)        cli (accounts.py)
+rq:open:{workspace}            hash    none (fields leave once owed    admit.lua, ws_settle
+                                       nothing: split stores only)     .lua
+rq:owed:{provider}             zset    none (members leave once        lib.lua (owe_ws),
+                                       applied: split stores only)     requests.py
 rq:ledger:{workspace}          stream  none (append-only)              lua/lib.lua (settle),
                                                                        admit.lua (hold)
 rq:apikey:{sha256(key)}        string  none; a rotated-out key's ends  key_*.lua (apikeys.py)
@@ -114,7 +118,9 @@ chose; admit.lua adds, lib.lua's ``webhook_ended`` gives back) under
 admission finds less than the retention left, at most once a minute); ``max_held``
 (the cap on ``rq:held:{workspace}``, its synchronous calls and event streams
 held open, whose members are slot ids scored by when their lease lapses).
-Request hash fields for them: ``body_bytes`` (counted in ``queued_bytes``,
+Request hash field ``open`` (a split store's: admitted with an entry in
+``rq:open:{workspace}``, which makes each of its workspace effects count once;
+``store/owed.py``). Request hash fields for them: ``body_bytes`` (counted in ``queued_bytes``,
 zeroed when given back) and ``webhook_counted`` (at its completion, copied to
 its event being delivered as ``counted``, dropped when its last event ends).
 
@@ -270,6 +276,18 @@ def workspace(workspace_id: str) -> str:
 
 def ledger(workspace_id: str) -> str:
     return f"{PREFIX}:ledger:{workspace_id}"
+
+
+def open_requests(workspace_id: str) -> str:
+    """The workspace's requests whose start or end it has not yet been given
+    (a split store's, ``ws_settle.lua``): id -> what is still owed, "q" and "e"."""
+    return f"{PREFIX}:open:{workspace_id}"
+
+
+def owed(provider: str) -> str:
+    """A split store's workspace effects owed by the provider's steps, not yet
+    applied (JSON, by when owed; ``lua/lib.lua``, ``owe_ws``)."""
+    return f"{PREFIX}:owed:{provider}"
 
 
 def workspaces() -> str:

@@ -46,7 +46,7 @@ class SyncedRateCounts:
     """One process's counts of the calls it let a replica answer."""
 
     def __init__(self, add: Any, sync_s: float = SYNC_S, clock: Callable[[], float] = time.monotonic):
-        """``add``: ``rate_add.lua`` loaded on the primary (``requests.load_script``)."""
+        """``add``: ``rate_add.lua`` loaded on the primary (``scripts.load_script``)."""
         self._add = add
         self.sync_s = sync_s
         self.clock = clock

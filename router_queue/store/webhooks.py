@@ -29,16 +29,16 @@ import redis
 
 from ..webhooks.endpoints import origin
 from . import keys
-from .requests import argv, load_script
+from .scripts import argv, load_script
 
 #: Attempts kept per workspace for ``router-queue ops webhooks``.
 LOG_LENGTH = 200
 #: Failing endpoints kept (the most recently failed), whatever their number.
 FAILING_KEPT = 1000
-#: webhook_take.lua's ARGV by name (``requests.argv``), in order.
+#: webhook_take.lua's ARGV by name (``scripts.argv``), in order.
 TAKE_ARGS = ("request_id", "now", "lease_s", "token", "max_in_flight", "wait_s", "circuit_failures", "window_s",
              "keep_s", "circuit_cooling_s", "jitter")
-#: webhook_record.lua's ARGV by name (``requests.argv``), in order.
+#: webhook_record.lua's ARGV by name (``scripts.argv``), in order.
 RECORD_ARGS = ("request_id", "token", "now", "outcome", "status", "error", "next_at", "keep_s", "entry", "log_length",
                "endpoint", "endpoint_failed", "circuit_failures", "circuit_cooling_s", "failing_kept",
                "failing_window_s", "msg_id")

@@ -48,6 +48,12 @@ def test_a_request_runs_on_a_cluster_store_from_submit_to_result(cluster: tuple[
         assert caller.wait_status(FLUX, waiting)["error_type"] == "cancelled"
         charged = [e.request_id for e in running.services.accounts.ledger(caller.workspace) if e.type == "charge"]
         assert request_id in charged and len(charged) == len(set(charged))
+        # the workspace's side of each ending, given in a step of its own (store/owed.py): given, and once
+        assert running.services.redis.hget(keys.request(request_id), "open") == b"1"  # admitted split
+        workspace = running.services.accounts.get(caller.workspace)
+        assert (workspace.held, workspace.queued, workspace.queued_bytes) == (0, 0, 0)
+        assert running.services.redis.zcard(keys.owed("bfl")) == 0
+        assert running.services.redis.hlen(keys.open_requests(caller.workspace)) == 0
     # every key of the store sits in the one slot of the {rq} tag, on that slot's primary
     owner = group.owner(keys.PREFIX)
     with group._client(owner.port) as client:

@@ -1,4 +1,4 @@
-"""Each script carries what it uses of lib.lua (requests.lib_for), and nothing
+"""Each script carries what it uses of lib.lua (scripts.lib_for), and nothing
 it does not: Redis runs a script's whole text on every call."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from importlib import resources
 
 import pytest
 
-from router_queue.store.requests import lib_for
+from router_queue.store.scripts import lib_for
 
 LUA = resources.files("router_queue.store").joinpath("lua")
 SCRIPTS = sorted(p.name for p in LUA.iterdir() if p.name.endswith(".lua") and p.name != "lib.lua")

@@ -16,7 +16,7 @@ from router_queue.services import Services
 from router_queue.settings import Settings
 from router_queue.store import keys
 from router_queue.store.rate_counts import SyncedRateCounts
-from router_queue.store.requests import load_script
+from router_queue.store.scripts import load_script
 from router_queue.web.app import create_app
 from tests.redis_servers import PrivateRedis, wait_for
 from tests.unit.conftest import RecordingDispatcher

@@ -1,5 +1,5 @@
 """A script's arguments are named once in Python and read by name in Lua
-(``requests.argv``, ``lua_arg_names``)."""
+(``scripts.argv``, ``lua_arg_names``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from importlib import resources
 import pytest
 
 from router_queue.store import apikeys, requests, webhooks
-from router_queue.store.requests import argv, lua_arg_names
+from router_queue.store.scripts import argv, lua_arg_names
 
 #: Every script that takes its ARGV by name, with the names it declares.
 NAMED = {

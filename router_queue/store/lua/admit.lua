@@ -15,7 +15,9 @@
 -- KEYS[13] rq:deadlines:{provider} (lib.lua: the caller's deadlines)
 -- KEYS[14] rq:history:{workspace}  KEYS[15] rq:history:{workspace}:{model} (lib.lua, history_add)
 -- KEYS[16] rq:body:{id}
--- KEYS[17..] the caller's rate-window counters, with a (limit, window
+-- KEYS[17] rq:open:{workspace} (written on a split store: what its start and
+--          end owe the workspace, ws_settle.lua)
+-- KEYS[18..] the caller's rate-window counters, with a (limit, window
 --          seconds) pair each in ARGV from ARG_REST, after the named ones
 --          (ratelimit.py): counted first
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, ADMIT_ARGS, whose order
@@ -54,6 +56,9 @@
 --                        for the workspace's default, else "completed"
 --   retention            seconds the history lists a request after its
 --                        admission: older entries are trimmed here
+--   split                "1" on a store split into per-slot steps: the
+--                        request's start ("q") and end ("e") are owed to the
+--                        workspace until ws_settle.lua applies them
 -- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}
 --       | {"IDEM_CONFLICT"} | {"NOT_ENABLED"} | {"BACKLOG_FULL"}
 --       | {"NO_WEBHOOK_SECRET", "header" | "default"} | {"NO_WEBHOOK"}
@@ -74,7 +79,7 @@ if past_deadline(ARGV[ARG_WRITE_DEADLINE]) then
   return {"EXPIRED"}
 end
 
-local spent = spend_rate(17, ARG_REST)
+local spent = spend_rate(18, ARG_REST)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
@@ -211,6 +216,10 @@ if ARGV[ARG_FINGERPRINT] ~= "" then
   redis.call("SET", KEYS[6], ARGV[ARG_FINGERPRINT] .. "|" .. ARGV[ARG_ID], "EX", ARGV[ARG_IDEM_TTL])
 end
 history_add(KEYS[14], KEYS[15], ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION], renew)
+if ARGV[ARG_SPLIT] == "1" then
+  redis.call("HSET", KEYS[17], ARGV[ARG_ID], "qe")
+  append(record, "open", 1)  -- its effects are owed through the open entry (lib.lua, owe_ws)
+end
 
 local S = sched_ctx(KEYS[4], KEYS[9], KEYS[10], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
 S.limits[ARGV[ARG_WORKSPACE]] = limits_of(ws[13], ws[14])

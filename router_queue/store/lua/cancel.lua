@@ -8,7 +8,8 @@
 -- and its member of the deadline index gone whatever it found.
 --
 -- KEYS[1] rq:req:{id}   KEYS[2] rq:queue:{provider}   KEYS[3] rq:sched:{provider}
--- KEYS[4] rq:ws:{workspace}   KEYS[5] rq:ledger:{workspace}
+-- KEYS[4] rq:ws:{workspace}   KEYS[5] rq:ledger:{workspace} (split "1": rq:owed:{provider}
+--         in both places, lib.lua's ws_target)
 -- KEYS[6] rq:running:{provider}   KEYS[7] the broker's list for the provider
 -- KEYS[8] rq:deadlines:{provider}  KEYS[9] rq:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, CANCEL_ARGS):
@@ -16,7 +17,8 @@
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
 --   write_deadline (Unix seconds, Redis's clock) past which nothing changes; "" for none
 --   by: who cancels, "" the caller, "deadline" the caller's X-Comfy-Deadline
--- returns {"CANCELLED", granted ids to publish...} | {"REQUESTED"}
+--   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
+-- returns {"CANCELLED", granted ids to publish..., effects owed...} | {"REQUESTED"}
 --       | {"ALREADY_COMPLETED"} | {"MISSING"} | {"EXPIRED"}
 
 if past_deadline(ARGV[ARG_WRITE_DEADLINE]) then
@@ -42,7 +44,7 @@ if rec[1] == "IN_PROGRESS" then
   return {"REQUESTED"}
 end
 local S = sched_ctx(KEYS[3], KEYS[6], KEYS[7], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
-finish_unbilled({req = KEYS[1], body = KEYS[9], queue = KEYS[2], ws = KEYS[4], ledger = KEYS[5], deadlines = KEYS[8],
-  ws_id = ARGV[ARG_WORKSPACE]}, S, ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION], true, "cancelled",
+finish_unbilled(ws_target({req = KEYS[1], body = KEYS[9], queue = KEYS[2], deadlines = KEYS[8],
+  ws_id = ARGV[ARG_WORKSPACE]}, KEYS[4], KEYS[5], ARGV[ARG_SPLIT]), S, ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION], true, "cancelled",
   by_deadline and DEADLINE_DETAIL or "cancelled by the caller while queued")
 return with_granted("CANCELLED", grant(S))

@@ -23,6 +23,7 @@
 --
 -- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:sched:{provider}
 -- KEYS[4] rq:running:{provider}  KEYS[5] rq:ws:{workspace}  KEYS[6] rq:ledger:{workspace}
+--         (split "1": rq:owed:{provider} in both places, lib.lua's ws_target)
 -- KEYS[7] the broker's list for the provider  KEYS[8] rq:deadlines:{provider}
 -- KEYS[9] rq:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, CLAIM_ARGS):
@@ -31,12 +32,14 @@
 --   max_takeovers  resume_key: "{task id}:{retry number}" of this execution,
 --                  which matches the record's "successor" only for the retry a holder left
 --   grant_until (a grant's lease end, s)  template (the message template, or "")
--- returns {code, granted ids to publish...}, code one of "CLAIMED" | "RESUMED"
+--   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
+-- returns {code, granted ids to publish..., effects owed...}, code one of "CLAIMED" | "RESUMED"
 --       | "WAITING" | "LEASED" | "QUEUE_TIMEOUT" | "DEADLINE" | "EXHAUSTED" | "COMPLETED" | "MISSING"
 
 local now = tonumber(ARGV[ARG_NOW])
 local rec = redis.call("HMGET", KEYS[1], "status", "created_at", "successor", "lease_until", "takeovers",
-  "handed_back", "workspace", "seq", "priority", "start_deadline_at", "deadline_at", "webhook_url", "webhook_events")
+  "handed_back", "workspace", "seq", "priority", "start_deadline_at", "deadline_at", "webhook_url", "webhook_events",
+  "open")
 local status = rec[1]
 if not status then
   return {"MISSING"}
@@ -50,8 +53,8 @@ local S = sched_ctx(KEYS[3], KEYS[4], KEYS[7], ARGV[ARG_CAP], ARGV[ARG_NOW], ARG
 -- the provider billed nothing we know of, so the hold is released, and its
 -- slot goes to the next in the schedule.
 local function finish(code, error_type, detail)
-  finish_unbilled({req = KEYS[1], body = KEYS[9], queue = KEYS[2], ws = KEYS[5], ledger = KEYS[6],
-    deadlines = KEYS[8], ws_id = rec[7]}, S,
+  finish_unbilled(ws_target({req = KEYS[1], body = KEYS[9], queue = KEYS[2], deadlines = KEYS[8], ws_id = rec[7]},
+    KEYS[5], KEYS[6], ARGV[ARG_SPLIT]), S,
     ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION], status == "IN_QUEUE", error_type, detail)
   return with_granted(code, grant(S))
 end
@@ -91,7 +94,9 @@ if status == "IN_QUEUE" then
   if rec[10] then  -- admitted with a start deadline: it no longer needs it
     redis.call("ZREM", KEYS[8], "start|" .. ARGV[ARG_ID])
   end
-  ws_apply(KEYS[5], KEYS[6], {queued = 1})  -- it no longer waits (lib.lua)
+  local e = ws_effects(ARGV[ARG_ID], ARGV[ARG_NOW])
+  e.queued = 1  -- it no longer waits (lib.lua)
+  owe_ws(ws_target({ws_id = rec[7]}, KEYS[5], KEYS[6], ARGV[ARG_SPLIT]), e, "start", rec[14])
   redis.call("ZREM", KEYS[2], ARGV[ARG_ID])
   redis.call("ZREM", S.base .. ":granted", ARGV[ARG_ID])
   lease({"status", "IN_PROGRESS", "started_at", ARGV[ARG_NOW]})
@@ -99,7 +104,7 @@ if status == "IN_QUEUE" then
   owe_started(KEYS[1], ARGV[ARG_ID], ARGV[ARG_NOW], rec[12], rec[13])
   announce(ARGV[ARG_ID], "IN_PROGRESS")
   announce_moved(KEYS[3])
-  return {"CLAIMED"}
+  return with_granted("CLAIMED", {})
 end
 
 -- IN_PROGRESS

@@ -9,7 +9,8 @@
 --
 -- KEYS[1] rq:req:{id}   KEYS[2] rq:result:{id}   KEYS[3] rq:queue:{provider}
 -- KEYS[4] rq:stats:{provider}   KEYS[5] rq:sched:{provider}   KEYS[6] rq:running:{provider}
--- KEYS[7] rq:ws:{workspace}     KEYS[8] rq:ledger:{workspace}
+-- KEYS[7] rq:ws:{workspace}     KEYS[8] rq:ledger:{workspace} (split "1": rq:owed:{provider}
+--         in both places, lib.lua's ws_target)
 -- KEYS[9] the broker's list for the provider  KEYS[10] rq:deadlines:{provider}
 -- KEYS[11] rq:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, COMPLETE_ARGS):
@@ -18,7 +19,8 @@
 --                               cancel_detail, wins over it for "cancelled")
 --   content_type  output (bytes)  billable ("1" when the provider bills this outcome)
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
--- returns {"COMPLETED", granted ids to publish...} | {"ALREADY_COMPLETED"} | {"MISSING"}
+--   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
+-- returns {"COMPLETED", granted ids to publish..., effects owed...} | {"ALREADY_COMPLETED"} | {"MISSING"}
 
 -- The record once: what this step reads of it, and what its ending reads (lib.lua).
 local rec = read_fields(KEYS[1], ENDING_FIELDS, {"status", "workspace", "started_at", "created_at", "cancel_detail"})
@@ -61,7 +63,7 @@ redis.call("EXPIRE", KEYS[1], ARGV[ARG_RETENTION])
 drop_body(KEYS[11], ARGV[ARG_ERROR_TYPE] ~= "" and ARGV[ARG_RETENTION] or nil)
 forget_deadlines(KEYS[10], ARGV[ARG_ID], rec)
 owe_webhook(KEYS[1], e, ARGV[ARG_ID], ARGV[ARG_NOW], rec)
-ws_apply(KEYS[7], KEYS[8], e)
+owe_ws(ws_target({ws_id = rec.workspace}, KEYS[7], KEYS[8], ARGV[ARG_SPLIT]), e, "end", rec.open)
 announce_completed(ARGV[ARG_ID])
 
 -- Pace estimates for Retry-After: moving averages (weight 0.2) of run time

@@ -5,12 +5,14 @@
 -- makes the same checks when a granted request's delivery arrives.
 --
 -- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:sched:{provider}
--- KEYS[4] rq:ws:{workspace}  KEYS[5] rq:ledger:{workspace}
+-- KEYS[4] rq:ws:{workspace}  KEYS[5] rq:ledger:{workspace} (split "1": rq:owed:{provider}
+--         in both places, lib.lua's ws_target)
 -- KEYS[6] rq:running:{provider}  KEYS[7] the broker's list for the provider
 -- KEYS[8] rq:deadlines:{provider}  KEYS[9] rq:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, EXPIRE_QUEUED_ARGS):
 --   id  now (s)  queue_timeout_s  retention (s)  workspace
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
+--   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
 -- returns {"TIMED_OUT", granted ids to publish...} | {"KEPT"}
 
 local rec = redis.call("HMGET", KEYS[1], "status", "created_at", "start_deadline_at")
@@ -29,6 +31,6 @@ if tonumber(ARGV[ARG_NOW]) - tonumber(rec[2]) <= tonumber(ARGV[ARG_QUEUE_TIMEOUT
   detail = START_DEADLINE_DETAIL
 end
 local S = sched_ctx(KEYS[3], KEYS[6], KEYS[7], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
-finish_unbilled({req = KEYS[1], body = KEYS[9], queue = KEYS[2], ws = KEYS[4], ledger = KEYS[5], deadlines = KEYS[8],
-  ws_id = ARGV[ARG_WORKSPACE]}, S, ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION], true, "queue_timeout", detail)
+finish_unbilled(ws_target({req = KEYS[1], body = KEYS[9], queue = KEYS[2], deadlines = KEYS[8],
+  ws_id = ARGV[ARG_WORKSPACE]}, KEYS[4], KEYS[5], ARGV[ARG_SPLIT]), S, ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION], true, "queue_timeout", detail)
 return with_granted("TIMED_OUT", grant(S))

@@ -1,5 +1,5 @@
 -- lib.lua: what the scripts share, each written once. load_script
--- (store/requests.py) puts what a script uses of it (lib_for: the top-level
+-- (store/scripts.py) puts what a script uses of it (lib_for: the top-level
 -- locals it names, and theirs, in this file's order; so define a name before
 -- its users) in front of the script, after the key layout
 -- (KEY_*, generated from store/keys.py) and the script's argument positions
@@ -46,7 +46,7 @@ end
 --: The record's fields a request's ending reads (settle, give_back_body,
 --: forget_deadlines, owe_webhook), read once by whatever ends it.
 local ENDING_FIELDS = {"hold", "cost_state", "price", "body_bytes", "start_deadline_at", "deadline_at",
-  "webhook_url", "webhook_events", "webhook_counted", "webhook_final"}
+  "webhook_url", "webhook_events", "webhook_counted", "webhook_final", "open"}
 
 -- ---------------------------------------------------------------------------
 -- What a request gives back to its workspace when it starts (it no longer
@@ -112,6 +112,43 @@ local function ws_apply(ws_key, ledger_key, e)
       "balance", credits, "held", held, "at", e.at)
   end
   redis.call("HSET", ws_key, unpack(fields))
+end
+
+-- Where a step's workspace effects go (owe_ws), set in `k`, the step's keys:
+-- the workspace's hash and ledger (k.ws, k.ledger), applied in the step; or,
+-- on a store split into per-slot steps (split "1"), the provider's owed set
+-- (k.owed: keys.py, rq:owed:{provider}, given in their place), applied by
+-- the workspace's own step (ws_settle.lua) once the caller has the reply, or
+-- by the sweeper for a caller that died first.
+local function ws_target(k, ws_key, ledger_key, split)
+  if split == "1" then
+    k.owed = ws_key
+  else
+    k.ws, k.ledger = ws_key, ledger_key
+  end
+  return k
+end
+
+--: The effects this step owed (JSON), returned to its caller (with_granted).
+local OWED = {}
+
+-- Give the workspace effects `e` of the request's `kind` ("start" | "end")
+-- to its workspace (k.ws_id): at once, or owed (ws_target). An owed end is
+-- owed even when it gives nothing back: it closes the request's open entry.
+-- `opened`: the record's "open" (admitted with an open entry; absent on a
+-- request admitted before its store was split, ws_settle.lua's "unopened").
+local function owe_ws(k, e, kind, opened)
+  if not k.owed then
+    ws_apply(k.ws, k.ledger, e)
+    return
+  end
+  e.ws, e.kind = k.ws_id, kind
+  if not opened then
+    e.unopened = 1
+  end
+  local owed = cjson.encode(e)
+  redis.call("ZADD", k.owed, e.at, owed)
+  OWED[#OWED + 1] = owed
 end
 
 -- The request's body is no longer queued (it completed, whatever ended it):
@@ -790,8 +827,8 @@ end
 -- COMPLETED with its bucket, out of the queue, the schedule and its slot, its
 -- hold released, kept (its body too: it may be retried) for the retention
 -- window, announced. k holds the keys
--- req, body (rq:body:{id}), queue, ws, ledger, deadlines (rq:deadlines:{provider}, or nil) and the
--- workspace id ws_id; S the provider's
+-- req, body (rq:body:{id}), queue, deadlines (rq:deadlines:{provider}, or nil), the
+-- workspace id ws_id and where its effects go (ws_target); S the provider's
 -- scheduler context (the caller runs grant(S) after, for the freed slot).
 local function finish_unbilled(k, S, request_id, now, retention, was_queued, error_type, detail)
   local rec = read_fields(k.req, ENDING_FIELDS)
@@ -813,7 +850,7 @@ local function finish_unbilled(k, S, request_id, now, retention, was_queued, err
   drop_body(k.body, retention)
   forget_deadlines(k.deadlines, request_id, rec)
   owe_webhook(k.req, e, request_id, now, rec)
-  ws_apply(k.ws, k.ledger, e)
+  owe_ws(k, e, "end", rec.open)
   announce_completed(request_id)
 end
 
@@ -924,11 +961,16 @@ local function history_add(ws_stream, model_stream, request_id, now, keep, renew
   end
 end
 
--- {code, ids...}: a script's answer with the granted ids its caller publishes.
+-- {code, ids..., owed...}: a script's answer with the granted ids its caller
+-- publishes and the workspace effects it owed (JSON objects, owe_ws), which
+-- its caller applies.
 local function with_granted(code, granted)
   local reply = {code}
   for _, request_id in ipairs(granted) do
     reply[#reply + 1] = request_id
+  end
+  for _, owed in ipairs(OWED) do
+    reply[#reply + 1] = owed
   end
   return reply
 end

@@ -1,0 +1,93 @@
+"""Workspace effects owed by a provider's steps, on a store split into
+per-slot steps (Redis Cluster: a request's provider and its workspace are in
+different slots, so no one script may touch both).
+
+A step that starts or ends a request (claim, completion, cancel, queue
+timeout) writes what it owes the workspace (its waiting count, its hold
+settled with the ledger's entry, its body's bytes, its pending webhook) into
+the provider's owed set in the same atomic step, and returns it
+(``lua/lib.lua``, ``owe_ws``). Its caller then applies each effect in the
+workspace's own step (``ws_settle.lua``) and drops it from the set. A caller
+that dies between the two leaves the effect in the set: the sweeper applies
+whatever has waited there longer than :data:`RECONCILE_AFTER_S`. The
+workspace's open entry for the request (``keys.open_requests``, written by
+admission) makes each effect count once, whoever applies it and in whichever
+order. On one Redis the effects are applied inside the step itself and none
+is owed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Callable
+
+import redis
+
+from . import keys
+from .scripts import load_script
+
+log = logging.getLogger(__name__)
+
+#: Seconds an owed effect waits for the caller that owes it before the
+#: sweeper applies it instead (the caller applies it within a round trip).
+RECONCILE_AFTER_S = 5.0
+#: Most owed effects of one provider the sweeper applies per run.
+RECONCILE_BATCH = 500
+
+
+class OwedEffects:
+    def __init__(self, client: redis.Redis, *, split: bool):
+        self.client = client
+        #: Whether the store runs split into per-slot steps (a cluster).
+        self.split = split
+        #: Called between a provider's step and its workspace's (tests kill
+        #: the process there); None in service.
+        self.between_steps: Callable[[], None] | None = None
+        self._settle = load_script(client, "ws_settle")
+
+    def workspace_keys(self, provider: str, workspace: str) -> list[str]:
+        """The two KEYS a step that owes effects takes where the workspace's
+        hash and ledger go (``lua/lib.lua``, ``ws_target``)."""
+        if self.split:
+            return [keys.owed(provider), keys.owed(provider)]
+        return [keys.workspace(workspace), keys.ledger(workspace)]
+
+    @property
+    def flag(self) -> str:
+        """The steps' ``split`` argument."""
+        return "1" if self.split else ""
+
+    def settle(self, provider: str, reply: list[Any]) -> list[Any]:
+        """Apply the effects a step's reply owes (its JSON members, after the
+        granted ids) and return the reply without them. An effect that fails
+        to apply stays owed: the sweeper applies it."""
+        owed = [item for item in reply if isinstance(item, bytes) and item.startswith(b"{")]
+        if not owed:
+            return reply
+        if self.between_steps is not None:
+            self.between_steps()
+        try:
+            self._apply(provider, owed)
+        except redis.RedisError as exc:
+            log.warning("%d workspace effect(s) of %s left to the sweeper (%s)", len(owed), provider, exc)
+        return reply[:len(reply) - len(owed)]
+
+    def reconcile(self, provider: str, now: float) -> int:
+        """Apply the provider's effects owed longer than
+        :data:`RECONCILE_AFTER_S` (their caller died between the steps);
+        returns how many were applied now (not already applied)."""
+        if not self.split:
+            return 0
+        owed = self.client.zrangebyscore(keys.owed(provider), "-inf", now - RECONCILE_AFTER_S,
+                                         start=0, num=RECONCILE_BATCH)
+        return self._apply(provider, owed)
+
+    def _apply(self, provider: str, owed: list[bytes]) -> int:
+        applied = 0
+        for effect in owed:
+            workspace = json.loads(effect)["ws"]
+            applied += int(self._settle(keys=[keys.workspace(workspace), keys.ledger(workspace),
+                                              keys.open_requests(workspace)], args=[effect]))
+            self.client.zrem(keys.owed(provider), effect)
+        return applied

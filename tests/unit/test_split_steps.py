@@ -1,0 +1,205 @@
+"""A store split into per-slot steps (a Redis Cluster's): what a request's
+start and end owe its workspace is owed by the provider's step and given by
+the workspace's own (``store/owed.py``, ``ws_settle.lua``), once, whoever
+gives it, in whichever order, and after the caller died between the two."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+import requests
+
+from router_queue.states import COMPLETED
+from router_queue.store import keys
+from router_queue.store.owed import RECONCILE_AFTER_S, OwedEffects
+from router_queue.store.requests import Lease
+from tests.unit.support import record_of
+from workers.context import WorkerContext
+from workers.leases import LeaseKeeper
+from workers.sweeper import sweep
+
+MODEL = "bfl/flux-2-pro"
+PROVIDER = "bfl"
+PRICE = 60
+
+
+@pytest.fixture
+def split(services):
+    """The services with their store split, on one Redis."""
+    services.store.effects = OwedEffects(services.redis, split=True)
+    return services
+
+
+def _workspace(services, credits: int = 1000) -> str:
+    ws = services.accounts.create_workspace("w", queue_enabled=True, credits=credits)
+    services.accounts.set_limits(ws, max_queued=100)
+    return ws
+
+
+def _admit(services, ws: str, body: str = '{"prompt": "p"}') -> str:
+    request_id = services.ids.mint(ws, MODEL)
+    admission = services.store.admit(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER,
+                                     body=body, price=PRICE)
+    assert admission.outcome.value == "ADMITTED"
+    return request_id
+
+
+def _claim(services, request_id: str) -> None:
+    assert services.store.claim(record_of(services, request_id, PROVIDER),
+                                Lease(f"t-{request_id}", 30, 3600, 3)).value == "CLAIMED"
+
+
+def _complete(services, request_id: str, **outcome) -> None:
+    assert services.store.complete(record_of(services, request_id, PROVIDER), **outcome).value == COMPLETED
+
+
+def _ledger(services, ws: str) -> list[tuple[str, int]]:
+    return [(entry.type, entry.amount) for entry in services.accounts.ledger(ws)]
+
+
+def _owed(services) -> list[dict]:
+    return [json.loads(m) for m in services.redis.zrange(keys.owed(PROVIDER), 0, -1)]
+
+
+def _every_ending(services) -> str:
+    """A charged success, a released failure, a cancel while queued and a
+    queue timeout, on one workspace; returns it."""
+    ws = _workspace(services)
+    done, failed, cancelled, timed_out = (_admit(services, ws) for _ in range(4))
+    for request_id in (done, failed):
+        _claim(services, request_id)
+    _complete(services, done, output=b"{}", content_type="application/json")
+    _complete(services, failed, error_type="provider_error", detail="upstream 500")
+    assert services.store.cancel(request_id=cancelled, workspace=ws, model=MODEL, provider=PROVIDER).value \
+        == "CANCELLED"
+    assert services.store.expire_queued(timed_out, PROVIDER, ws, queue_timeout_s=0, now=time.time() + 5)
+    return ws
+
+
+def test_a_split_store_leaves_the_workspace_as_one_step_does(services):
+    one_step = services.accounts.get(_every_ending(services))
+    services.store.effects = OwedEffects(services.redis, split=True)
+    ws = _every_ending(services)
+    split_ws = services.accounts.get(ws)
+    assert (split_ws.credits, split_ws.held, split_ws.queued, split_ws.queued_bytes) \
+        == (one_step.credits, one_step.held, one_step.queued, one_step.queued_bytes) == (1000 - PRICE, 0, 0, 0)
+    assert sorted(_ledger(services, ws)) == sorted([("hold", PRICE)] * 4 + [("charge", PRICE)]
+                                                   + [("release", PRICE)] * 3)
+    assert _owed(services) == []
+    assert services.redis.hlen(keys.open_requests(ws)) == 0
+
+
+def test_one_step_store_owes_nothing_and_keeps_no_open_entries(services):
+    ws = _every_ending(services)
+    assert _owed(services) == []
+    assert services.redis.exists(keys.open_requests(ws)) == 0
+
+
+def test_an_effect_given_twice_or_out_of_order_counts_once(split, monkeypatch):
+    ws = _workspace(split)
+    request_id = _admit(split, ws)
+    given = []
+    monkeypatch.setattr(split.store.effects, "_apply", lambda provider, owed: given.extend(owed) or 0)
+    _claim(split, request_id)
+    _complete(split, request_id, output=b"{}", content_type="application/json")
+    start, end = given
+    monkeypatch.undo()
+    apply = split.store.effects._apply
+    assert apply(PROVIDER, [end]) == 1  # the end before the start it follows
+    assert split.accounts.get(ws).queued == 1  # the start not given yet: still counted waiting
+    assert apply(PROVIDER, [end, start, start, end]) == 1
+    workspace = split.accounts.get(ws)
+    assert (workspace.credits, workspace.held, workspace.queued, workspace.queued_bytes) == (1000 - PRICE, 0, 0, 0)
+    assert _ledger(split, ws) == [("hold", PRICE), ("charge", PRICE)]
+    assert split.redis.hlen(keys.open_requests(ws)) == 0
+
+
+def test_effects_left_owed_by_a_failed_workspace_step_are_given_by_the_sweeper(split, monkeypatch):
+    ws = _workspace(split)
+    request_id = _admit(split, ws)
+    _claim(split, request_id)
+    monkeypatch.setattr(split.store.effects, "_apply", _redis_down)
+    _complete(split, request_id, output=b"{}", content_type="application/json")
+    monkeypatch.undo()
+    assert split.accounts.get(ws).held == PRICE
+    assert [e["kind"] for e in _owed(split)] == ["end"]
+    context = WorkerContext(split, requests.Session(), split.dispatcher, LeaseKeeper(split.store, 30))
+    assert sweep(context, now=time.time()).effects_reconciled == 0  # its caller may still give it
+    assert sweep(context, now=time.time() + RECONCILE_AFTER_S + 1).effects_reconciled == 1
+    assert sweep(context, now=time.time() + RECONCILE_AFTER_S + 2).effects_reconciled == 0
+    workspace = split.accounts.get(ws)
+    assert (workspace.credits, workspace.held) == (1000 - PRICE, 0)
+    assert _owed(split) == []
+
+
+def _redis_down(provider, owed):
+    import redis
+
+    raise redis.ConnectionError("the workspace's node did not answer")
+
+
+KILLED_BETWEEN_STEPS = textwrap.dedent("""
+    import os, signal, sys
+    import redis
+    from router_queue.services import Services
+    from router_queue.settings import Settings
+    from router_queue.store.owed import OwedEffects
+    from tests.unit.conftest import RecordingDispatcher
+    from tests.unit.support import record_of
+
+    url, request_id = sys.argv[1], sys.argv[2]
+    client = redis.Redis.from_url(url)
+    services = Services.build(Settings(redis_url="redis://unused", public_base_url="http://router.test"), client,
+                              dispatcher=RecordingDispatcher())
+    services.store.effects = OwedEffects(client, split=True)
+    services.store.effects.between_steps = lambda: os.kill(os.getpid(), signal.SIGKILL)
+    services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
+    print("the step after the provider's ran")
+""")
+
+
+def test_a_process_killed_between_the_steps_loses_nothing_and_charges_once(real_redis, real_redis_url, settings):
+    from router_queue.services import Services
+    from tests.unit.conftest import RecordingDispatcher
+
+    services = Services.build(settings, real_redis, dispatcher=RecordingDispatcher())
+    services.store.effects = OwedEffects(real_redis, split=True)
+    ws = _workspace(services)
+    request_id = _admit(services, ws)
+    _claim(services, request_id)
+    killed = subprocess.run([sys.executable, "-c", KILLED_BETWEEN_STEPS, real_redis_url, request_id],
+                            capture_output=True, text=True, timeout=60)
+    assert killed.returncode == -9, killed.stderr
+    assert "ran" not in killed.stdout
+    assert services.store.status_view(request_id, PROVIDER).record.status == COMPLETED  # the provider's step
+    assert services.accounts.get(ws).held == PRICE  # the workspace's step never ran
+    assert services.store.effects.reconcile(PROVIDER, time.time() + RECONCILE_AFTER_S + 1) == 1
+    assert services.store.effects.reconcile(PROVIDER, time.time() + RECONCILE_AFTER_S + 1) == 0
+    workspace = services.accounts.get(ws)
+    assert (workspace.credits, workspace.held, workspace.queued, workspace.queued_bytes) == (1000 - PRICE, 0, 0, 0)
+    assert _ledger(services, ws) == [("hold", PRICE), ("charge", PRICE)]
+
+
+def test_a_request_admitted_before_the_store_was_split_is_given_its_effects_once(services):
+    ws = _workspace(services)
+    started, waiting = _admit(services, ws), _admit(services, ws)
+    _claim(services, started)  # its start given by the one-step store
+    services.store.effects = OwedEffects(services.redis, split=True)
+    given = []
+    apply = services.store.effects._apply
+    services.store.effects._apply = lambda provider, owed: given.extend(owed) or apply(provider, owed)
+    _claim(services, waiting)
+    for request_id in (started, waiting):
+        _complete(services, request_id, output=b"{}", content_type="application/json")
+    assert len(given) == 3
+    assert apply(PROVIDER, given) == 0  # every one again, as a sweeper after a lost acknowledgement
+    workspace = services.accounts.get(ws)
+    assert (workspace.credits, workspace.held, workspace.queued, workspace.queued_bytes) \
+        == (1000 - 2 * PRICE, 0, 0, 0)
+    assert sorted(_ledger(services, ws)) == sorted([("hold", PRICE), ("hold", PRICE), ("charge", PRICE),
+                                                    ("charge", PRICE)])
