@@ -57,13 +57,15 @@ class Services:
     @classmethod
     def build(cls, settings: Settings, client: redis.Redis | None = None, *, celery: Celery | None = None,
               dispatcher: Publisher | None = None, wait_s: float = WORKER_REDIS_WAIT_S,
-              write_deadline_s: float | None = None) -> "Services":
+              write_deadline_s: float | None = None, split: bool | None = None) -> "Services":
         """``client`` lets tests pass a fakeredis client; else one is made from
         the URL, waiting ``wait_s`` seconds on Redis at most. With ``celery``,
         the one :class:`Dispatcher` is built on it (tests pass a stand-in
         ``dispatcher``), and the store publishes its grants through it.
         ``write_deadline_s``: admissions and cancels that do not reach Redis
-        within it change nothing (the front door's, inside its wait)."""
+        within it change nothing (the front door's, inside its wait).
+        ``split``: the store's steps run split per slot (``store/owed.py``,
+        ``store/admission.py``); by default when the store is a Redis Cluster."""
         if client is None:
             client = connect(settings.redis_url, wait_s=wait_s, connect_s=min(2.0, wait_s))
         reads = None
@@ -82,7 +84,7 @@ class Services:
                 max_in_flight=catalog.max_in_flight, write_deadline_s=write_deadline_s,
                 replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
                 grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
-                split=settings.store_is_cluster,
+                split=settings.store_is_cluster if split is None else split,
             ),
             accounts=Accounts(client, providers=tuple(catalog.providers())),
             ids=RequestIds(client),

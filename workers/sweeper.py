@@ -13,9 +13,11 @@
   route's own script (cancel.lua: at once while queued, flagged for its
   worker while running).
 * Free slots: each provider's free slots are granted (a raised cap heals here).
-* Workspace effects (a store split per slot, a cluster): what a start or an
-  end owed its workspace and its caller died before giving is given here
-  (router_queue/store/owed.py).
+* A store split per slot (a cluster): what a start or an end owed its
+  workspace and its caller died before giving is given here
+  (router_queue/store/owed.py), and an admission left between its two steps
+  past its write deadline is given up and its workspace's part undone
+  (router_queue/store/admission.py).
 * Webhooks: every event due (new, a retry whose time came, or one whose
   attempt's lease ran out: its worker died) is published to
   ``router.webhooks``, and pushed back a lease in the same step, so a lost
@@ -53,6 +55,8 @@ class SweepReport:
     deadline_cancels: int = 0
     #: Workspace effects applied for a caller that died between the steps.
     effects_reconciled: int = 0
+    #: Admissions given up between their steps, their workspace's part undone.
+    admissions_abandoned: int = 0
 
 
 def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
@@ -76,8 +80,11 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
     for provider in services.catalog.providers():
         store.grant(provider, now)
     reconciled = sum(store.effects.reconcile(provider, now) for provider in services.catalog.providers())
-    if reconciled:
-        log.warning("sweeper: %d workspace effect(s) given for callers that died between the steps", reconciled)
+    abandoned = sum(store.two_step.abandon(provider, now) for provider in services.catalog.providers()) \
+        if store.two_step is not None else 0
+    if reconciled or abandoned:
+        log.warning("sweeper: %d workspace effect(s) given and %d admission(s) undone for callers that died "
+                    "between the steps", reconciled, abandoned)
     webhooks = services.webhooks.due(now=now, again_at=now + services.settings.webhook_lease_s)
     for request_id in webhooks:
         context.dispatcher.publish_webhook(request_id)
@@ -86,7 +93,7 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
     if republished or reaped or timed_out or deadline_cancels:
         log.warning("sweeper: %d re-published, %d taken from dead workers, %d queue timeouts, "
                     "%d cancels at the caller's deadline", republished, reaped, timed_out, deadline_cancels)
-    return SweepReport(republished, reaped, timed_out, len(webhooks), deadline_cancels, reconciled)
+    return SweepReport(republished, reaped, timed_out, len(webhooks), deadline_cancels, reconciled, abandoned)
 
 
 def _enforce_deadlines(context: WorkerContext, provider: str, now: float) -> tuple[int, int]:

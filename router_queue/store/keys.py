@@ -34,7 +34,10 @@ rq:workspaces                  set     none (all workspace ids)        cli (acco
 rq:open:{workspace}            hash    none (fields leave once owed    admit.lua, ws_settle
                                        nothing: split stores only)     .lua
 rq:owed:{provider}             zset    none (members leave once        lib.lua (owe_ws),
-                                       applied: split stores only)     requests.py
+                                       applied: split stores only)     owed.py
+rq:admitting:{provider}        zset    none (members leave when        admission.py,
+                                       placed or given up: split       admit_place.lua
+                                       stores only)
 rq:ledger:{workspace}          stream  none (append-only)              lua/lib.lua (settle),
                                                                        admit.lua (hold)
 rq:apikey:{sha256(key)}        string  none; a rotated-out key's ends  key_*.lua (apikeys.py)
@@ -288,6 +291,12 @@ def owed(provider: str) -> str:
     """A split store's workspace effects owed by the provider's steps, not yet
     applied (JSON, by when owed; ``lua/lib.lua``, ``owe_ws``)."""
     return f"{PREFIX}:owed:{provider}"
+
+
+def admitting(provider: str) -> str:
+    """A split store's admissions between their workspace's step and their
+    provider's (JSON, by write deadline; ``admission.py``)."""
+    return f"{PREFIX}:admitting:{provider}"
 
 
 def workspaces() -> str:

@@ -17,6 +17,7 @@ import redis
 
 from ..webhooks.event import PROGRESS_EVENT_EVERY_S
 from . import keys
+from .admission import ADMIT_ARGS, TwoStepAdmission
 from .connect import bounded, primaries_info, queue_script
 from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
 from .owed import OwedEffects
@@ -70,11 +71,8 @@ HISTORY_EXAMINED_PER_ENTRY = 5
 
 
 #: Each script's ARGV by name (``load_script``, ``argv``), in order: the Lua
-#: reads ``ARGV[ARG_ID]`` and so on; the script's header says what each holds.
-ADMIT_ARGS = ("body", "id", "workspace", "model", "provider", "now", "fingerprint", "idem_ttl", "require_enabled",
-              "grant_until", "price", "max_queued", "template", "cap", "priority", "write_deadline", "webhook_url",
-              "response_url", "max_queued_bytes", "max_pending_webhooks", "retry_of", "start_deadline_at",
-              "deadline_at", "traceparent", "webhook_events", "retention", "split")
+#: reads ``ARGV[ARG_ID]`` and so on; the script's header says what each holds
+#: (admission's: ``admission.py``).
 CLAIM_ARGS = ("id", "now", "lease_s", "cap", "queue_timeout_s", "retention", "token", "max_takeovers", "resume_key",
               "grant_until", "template", "split")
 COMPLETE_ARGS = ("id", "now", "retention", "error_type", "detail", "content_type", "output", "billable", "cap",
@@ -374,6 +372,8 @@ class RequestStore:
         #: What starts and ends owe workspaces, applied in the step (one
         #: Redis) or by a step of their own (split: a cluster; ``owed.py``).
         self.effects = OwedEffects(client, split=split)
+        #: Split, admission's steps (``admission.py``); None: one step.
+        self.two_step = TwoStepAdmission(client) if split else None
         #: A replica that serves status polls and event streams' position
         #: reads (``REDIS_READ_URL``), or None: the primary serves them.
         self.reads = reads
@@ -460,33 +460,36 @@ class RequestStore:
         idem_key = keys.idempotency(workspace, idempotency_key_hash or "-")
         now = now or time.time()
         list_key, template, cap, grant_until = self._granting(provider, now)
-        reply = self._acknowledged(
-            self._admit,
-            keys=[
-                keys.request(request_id), keys.queue(provider), keys.sequence(provider),
-                keys.schedule(provider), keys.workspace(workspace), idem_key, keys.ledger(workspace),
-                keys.draining(), keys.running(provider), list_key,
-                keys.request(retry_of or request_id), keys.body(retry_of or request_id), keys.deadlines(provider),
-                keys.history(workspace), keys.model_history(workspace, model), keys.body(request_id),
-                keys.open_requests(workspace), *rate_keys,
-            ],
-            args=[
-                *argv(
-                    ADMIT_ARGS, body=body, id=request_id, workspace=workspace, model=model, provider=provider,
-                    now=repr(now), fingerprint=fingerprint if idempotency_key_hash else "",
-                    idem_ttl=self.idempotency_ttl_s, require_enabled="1" if require_enabled else "0",
-                    grant_until=grant_until, price=int(price), max_queued=self.max_queued, template=template,
-                    cap=cap, priority=priority, write_deadline=self._deadline(now), webhook_url=webhook_url,
-                    response_url=response_url, max_queued_bytes=self.max_queued_bytes,
-                    max_pending_webhooks=self.max_pending_webhooks, retry_of=retry_of,
-                    start_deadline_at="" if start_deadline_at is None else repr(start_deadline_at),
-                    deadline_at="" if deadline_at is None else repr(deadline_at),
-                    traceparent=traceparent, webhook_events=webhook_events, retention=self.retention_s,
-                    split=self.effects.flag,
-                ),
-                *rate_args,
-            ],
+        values = dict(
+            body=body, id=request_id, workspace=workspace, model=model, provider=provider,
+            now=repr(now), fingerprint=fingerprint if idempotency_key_hash else "",
+            idem_ttl=self.idempotency_ttl_s, require_enabled="1" if require_enabled else "0",
+            grant_until=grant_until, price=int(price), max_queued=self.max_queued, template=template,
+            cap=cap, priority=priority, write_deadline=self._deadline(now), webhook_url=webhook_url,
+            response_url=response_url, max_queued_bytes=self.max_queued_bytes,
+            max_pending_webhooks=self.max_pending_webhooks, retry_of=retry_of,
+            start_deadline_at="" if start_deadline_at is None else repr(start_deadline_at),
+            deadline_at="" if deadline_at is None else repr(deadline_at),
+            traceparent=traceparent, webhook_events=webhook_events, retention=self.retention_s,
         )
+        original = retry_of or request_id
+        provider_keys = [keys.request(request_id), keys.queue(provider), keys.sequence(provider),
+                         keys.schedule(provider), keys.draining(), keys.running(provider), list_key,
+                         keys.request(original), keys.body(original), keys.deadlines(provider), keys.body(request_id)]
+        if self.two_step is not None:
+            reply = self.two_step.admit(values, list(rate_keys), list(rate_args), idem_key, provider_keys)
+        else:
+            reply = self._acknowledged(
+                self._admit,
+                keys=[
+                    keys.request(request_id), keys.queue(provider), keys.sequence(provider),
+                    keys.schedule(provider), keys.workspace(workspace), idem_key, keys.ledger(workspace),
+                    keys.draining(), keys.running(provider), list_key, keys.request(original), keys.body(original),
+                    keys.deadlines(provider), keys.history(workspace), keys.model_history(workspace, model),
+                    keys.body(request_id), *rate_keys,
+                ],
+                args=[*argv(ADMIT_ARGS, **values), *rate_args],
+            )
         code = Admit(_text(reply[0]))
         if code is Admit.RATE_LIMITED:
             raise rate.refusal(reply[1:])

@@ -8,12 +8,13 @@ from importlib import resources
 
 import pytest
 
-from router_queue.store import apikeys, requests, webhooks
-from router_queue.store.scripts import argv, lua_arg_names
+from router_queue.store import admission, apikeys, requests, webhooks
+from router_queue.store.scripts import argv, lib_for, lua_arg_names
 
 #: Every script that takes its ARGV by name, with the names it declares.
 NAMED = {
-    "admit": requests.ADMIT_ARGS, "claim": requests.CLAIM_ARGS, "complete": requests.COMPLETE_ARGS,
+    "admit": admission.ADMIT_ARGS, "admit_ws": admission.SPLIT_ADMIT_ARGS, "admit_place": admission.SPLIT_ADMIT_ARGS,
+    "claim": requests.CLAIM_ARGS, "complete": requests.COMPLETE_ARGS,
     "cancel": requests.CANCEL_ARGS, "expire_queued": requests.EXPIRE_QUEUED_ARGS, "webhook_take": webhooks.TAKE_ARGS,
     "webhook_record": webhooks.RECORD_ARGS, "key_mint": apikeys.MINT_ARGS, "key_rotate": apikeys.ROTATE_ARGS,
 }
@@ -38,8 +39,26 @@ def test_the_lua_names_are_each_arguments_position_and_the_first_after_them():
 
 @pytest.mark.parametrize("script", sorted(NAMED))
 def test_a_named_script_reads_only_declared_names_and_no_bare_position(script):
-    source = resources.files("router_queue.store").joinpath("lua", f"{script}.lua").read_text()
-    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("--"))
-    read = set(re.findall(r"\bARG_(\w+)", code)) - {"REST"}
-    assert read == {name.upper() for name in NAMED[script]}
+    read, code = _read(script)
+    if script in SPLIT_STEPS:  # each reads its part of the names both declare
+        assert read <= {name.upper() for name in NAMED[script]}
+    else:
+        assert read == {name.upper() for name in NAMED[script]}
     assert not re.search(r"ARGV\[\d", code)
+
+
+#: Admission's two steps on a split store: one list of names for both.
+SPLIT_STEPS = ("admit_ws", "admit_place")
+
+
+def test_admissions_split_steps_read_every_name_they_declare_between_them():
+    assert set().union(*(_read(script)[0] for script in SPLIT_STEPS)) \
+        == {name.upper() for name in admission.SPLIT_ADMIT_ARGS}
+
+
+def _read(script: str) -> tuple[set[str], str]:
+    """The ARG_ names a script reads, itself or through the part of lib.lua it carries, and that code."""
+    source = resources.files("router_queue.store").joinpath("lua", f"{script}.lua").read_text()
+    source += lib_for(source)
+    code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("--"))
+    return set(re.findall(r"\bARG_(\w+)", code)) - {"REST"}, code

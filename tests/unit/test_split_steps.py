@@ -14,10 +14,14 @@ import time
 import pytest
 import requests
 
+from router_queue.services import Services
 from router_queue.states import COMPLETED
 from router_queue.store import keys
+from router_queue.store.admission import ABANDON_AFTER_S, SPLIT_ADMIT_ARGS
 from router_queue.store.owed import RECONCILE_AFTER_S, OwedEffects
 from router_queue.store.requests import Lease
+from router_queue.store.scripts import argv
+from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import record_of
 from workers.context import WorkerContext
 from workers.leases import LeaseKeeper
@@ -29,10 +33,9 @@ PRICE = 60
 
 
 @pytest.fixture
-def split(services):
-    """The services with their store split, on one Redis."""
-    services.store.effects = OwedEffects(services.redis, split=True)
-    return services
+def split(client, settings):
+    """Services whose store runs its steps split, on one Redis."""
+    return Services.build(settings, client, dispatcher=RecordingDispatcher(), split=True)
 
 
 def _workspace(services, credits: int = 1000) -> str:
@@ -81,9 +84,9 @@ def _every_ending(services) -> str:
     return ws
 
 
-def test_a_split_store_leaves_the_workspace_as_one_step_does(services):
+def test_a_split_store_leaves_the_workspace_as_one_step_does(services, split):
     one_step = services.accounts.get(_every_ending(services))
-    services.store.effects = OwedEffects(services.redis, split=True)
+    services = split
     ws = _every_ending(services)
     split_ws = services.accounts.get(ws)
     assert (split_ws.credits, split_ws.held, split_ws.queued, split_ws.queued_bytes) \
@@ -148,15 +151,13 @@ KILLED_BETWEEN_STEPS = textwrap.dedent("""
     import redis
     from router_queue.services import Services
     from router_queue.settings import Settings
-    from router_queue.store.owed import OwedEffects
     from tests.unit.conftest import RecordingDispatcher
     from tests.unit.support import record_of
 
     url, request_id = sys.argv[1], sys.argv[2]
     client = redis.Redis.from_url(url)
     services = Services.build(Settings(redis_url="redis://unused", public_base_url="http://router.test"), client,
-                              dispatcher=RecordingDispatcher())
-    services.store.effects = OwedEffects(client, split=True)
+                              dispatcher=RecordingDispatcher(), split=True)
     services.store.effects.between_steps = lambda: os.kill(os.getpid(), signal.SIGKILL)
     services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
     print("the step after the provider's ran")
@@ -164,11 +165,7 @@ KILLED_BETWEEN_STEPS = textwrap.dedent("""
 
 
 def test_a_process_killed_between_the_steps_loses_nothing_and_charges_once(real_redis, real_redis_url, settings):
-    from router_queue.services import Services
-    from tests.unit.conftest import RecordingDispatcher
-
-    services = Services.build(settings, real_redis, dispatcher=RecordingDispatcher())
-    services.store.effects = OwedEffects(real_redis, split=True)
+    services = Services.build(settings, real_redis, dispatcher=RecordingDispatcher(), split=True)
     ws = _workspace(services)
     request_id = _admit(services, ws)
     _claim(services, request_id)
@@ -203,3 +200,102 @@ def test_a_request_admitted_before_the_store_was_split_is_given_its_effects_once
         == (1000 - 2 * PRICE, 0, 0, 0)
     assert sorted(_ledger(services, ws)) == sorted([("hold", PRICE), ("hold", PRICE), ("charge", PRICE),
                                                     ("charge", PRICE)])
+
+
+# -- admission in two steps (store/admission.py) --------------------------------------------------
+
+def test_a_refusal_at_the_providers_step_gives_the_workspaces_part_back(split):
+    ws = _workspace(split)
+    split.store.set_draining(PROVIDER, True)
+    request_id = split.ids.mint(ws, MODEL)
+    refused = split.store.admit(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
+                                price=PRICE, fingerprint="f", idempotency_key_hash="k1")
+    assert refused.outcome.value == "DRAINING"
+    workspace = split.accounts.get(ws)
+    assert (workspace.credits, workspace.held, workspace.queued, workspace.queued_bytes) == (1000, 0, 0, 0)
+    assert _ledger(split, ws) == [("hold", PRICE), ("release", PRICE)]
+    assert split.redis.zcard(keys.admitting(PROVIDER)) == 0
+    split.store.set_draining(PROVIDER, False)
+    again = split.store.admit(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL, provider=PROVIDER,
+                              body="{}", price=PRICE, fingerprint="f", idempotency_key_hash="k1")
+    assert again.outcome.value == "ADMITTED"  # the key was freed: not a replay of the refused one
+
+
+def test_a_replay_of_an_admission_between_its_steps_answers_expired_not_an_id_that_may_never_exist(split):
+    ws = _workspace(split)
+    first = split.ids.mint(ws, MODEL)
+    replays = []
+
+    def replay_now():
+        replays.append(split.store.admit(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL,
+                                         provider=PROVIDER, body="{}", price=PRICE, fingerprint="f",
+                                         idempotency_key_hash="k1").outcome.value)
+
+    split.store.two_step.between_steps = replay_now
+    admitted = split.store.admit(request_id=first, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
+                                 price=PRICE, fingerprint="f", idempotency_key_hash="k1")
+    split.store.two_step.between_steps = None
+    assert replays == ["EXPIRED"]
+    assert admitted.outcome.value == "ADMITTED"
+    replay = split.store.admit(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL, provider=PROVIDER,
+                               body="{}", price=PRICE, fingerprint="f", idempotency_key_hash="k1")
+    assert (replay.outcome.value, replay.request_id) == ("REPLAY", first)
+
+
+KILLED_BETWEEN_ADMISSION_STEPS = textwrap.dedent("""
+    import os, signal, sys
+    import redis
+    from router_queue.services import Services
+    from router_queue.settings import Settings
+    from tests.unit.conftest import RecordingDispatcher
+
+    url, workspace, request_id = sys.argv[1], sys.argv[2], sys.argv[3]
+    client = redis.Redis.from_url(url)
+    services = Services.build(Settings(redis_url="redis://unused", public_base_url="http://router.test"), client,
+                              dispatcher=RecordingDispatcher(), split=True)
+    services.store.two_step.between_steps = lambda: os.kill(os.getpid(), signal.SIGKILL)
+    services.store.admit(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
+                         body='{"prompt": "p"}', price=60, fingerprint="f", idempotency_key_hash="k1")
+    print("the provider's step ran")
+""")
+
+
+def test_an_admission_killed_between_its_steps_is_undone_once_and_never_placed(real_redis, real_redis_url,
+                                                                               settings):
+    services = Services.build(settings, real_redis, dispatcher=RecordingDispatcher(), split=True)
+    ws = _workspace(services)
+    request_id = services.ids.mint(ws, MODEL)
+    killed = subprocess.run([sys.executable, "-c", KILLED_BETWEEN_ADMISSION_STEPS, real_redis_url, ws, request_id],
+                            capture_output=True, text=True, timeout=60)
+    assert killed.returncode == -9, killed.stderr
+    assert "ran" not in killed.stdout
+    assert services.accounts.get(ws).held == PRICE  # the workspace's step ran
+    assert services.store.status_view(request_id, PROVIDER).record is None
+    [pending] = services.redis.zrange(keys.admitting(PROVIDER), 0, -1, withscores=True)
+    assert services.store.two_step.abandon(PROVIDER, time.time()) == 0  # its caller may still place it
+    assert services.store.two_step.abandon(PROVIDER, pending[1] + ABANDON_AFTER_S + 1) == 1
+    assert services.store.two_step.abandon(PROVIDER, pending[1] + ABANDON_AFTER_S + 2) == 0
+    workspace = services.accounts.get(ws)
+    assert (workspace.credits, workspace.held, workspace.queued, workspace.queued_bytes) == (1000, 0, 0, 0)
+    assert _ledger(services, ws) == [("hold", PRICE), ("release", PRICE)]
+    # the provider's step, had the caller come back to it now, can no longer place it
+    late = services.store.two_step._place(keys=[keys.request(request_id), keys.queue(PROVIDER),
+                                                 keys.sequence(PROVIDER), keys.schedule(PROVIDER), keys.draining(),
+                                                 keys.running(PROVIDER), keys.schedule(PROVIDER),
+                                                 keys.request(request_id), keys.body(request_id),
+                                                 keys.deadlines(PROVIDER), keys.body(request_id),
+                                                 keys.admitting(PROVIDER)],
+                                           args=_place_args(request_id, ws, pending[0]))
+    assert late == [b"EXPIRED"]
+    assert services.store.status_view(request_id, PROVIDER).record is None
+    assert services.store.admit(request_id=services.ids.mint(ws, MODEL), workspace=ws, model=MODEL,
+                                provider=PROVIDER, body="{}", price=PRICE, fingerprint="f",
+                                idempotency_key_hash="k1").outcome.value == "ADMITTED"  # its key free again
+
+
+def _place_args(request_id: str, ws: str, pending: bytes) -> list:
+    values = {name: "" for name in SPLIT_ADMIT_ARGS}
+    values.update(id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, now=repr(time.time()), price=PRICE,
+                  cap=10, grant_until=repr(time.time() + 30), priority="normal", reserved='{"limits": [1, 0]}',
+                  admitting=pending.decode(), body="{}", retention=3600)
+    return argv(SPLIT_ADMIT_ARGS, **values)

@@ -12,6 +12,7 @@
 --
 -- KEYS[1] rq:ws:{workspace}  KEYS[2] rq:ledger:{workspace}  KEYS[3] rq:open:{workspace}
 -- ARGV[1] the effect (JSON: lib.lua, ws_effects, with ws and kind)
+-- (an entry's "w" is admit_undo.lua's: it counted a pending webhook)
 -- returns 1 when applied now, 0 when it already was
 
 local e = cjson.decode(ARGV[1])
@@ -32,7 +33,7 @@ if e.kind == "end" and e.queued then
   end
 end
 ws_apply(KEYS[1], KEYS[2], e)
-if left == "" and not e.unopened then
+if not string.find(left, "[qe]") and not e.unopened then
   redis.call("HDEL", KEYS[3], e.request_id)
 else
   redis.call("HSET", KEYS[3], e.request_id, left)

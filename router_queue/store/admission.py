@@ -1,0 +1,131 @@
+"""Admission's arguments, and admission on a store split into per-slot steps
+(a Redis Cluster's: a request's provider and its workspace live in different
+slots, so no one script may write both).
+
+One Redis admits in one step (``admit.lua``). Split, it takes three:
+
+1. the admission is written pending in the provider's slot
+   (``keys.admitting``: a member naming the request, its workspace, price,
+   body bytes and idempotency key, scored by its write deadline);
+2. ``admit_ws.lua``, the workspace's part: rate windows, idempotency key,
+   quotas and credits checked; its counts, hold, ledger entry, history
+   entries, reservation and the request's open entry written;
+3. ``admit_place.lua``, the provider's part: the record and its place in the
+   schedule, only while the admission is still pending, which it ends in the
+   same step.
+
+A refusal at step 3 (draining, a retry's original gone) is undone at once
+(``admit_undo.lua``). A caller that dies or gives up between the steps leaves
+the admission pending: once its write deadline is :data:`ABANDON_AFTER_S`
+behind, the sweeper takes it out of the pending set, so that step 3 can no
+longer run, and undoes step 2. Whichever of the two takes the member out
+first decides, so no clock decides whether a request exists.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any, Callable
+
+import redis
+
+from . import keys
+from .scripts import argv, load_script
+
+#: admit.lua's ARGV by name, in order (its header says what each holds).
+ADMIT_ARGS = ("body", "id", "workspace", "model", "provider", "now", "fingerprint", "idem_ttl", "require_enabled",
+              "grant_until", "price", "max_queued", "template", "cap", "priority", "write_deadline", "webhook_url",
+              "response_url", "max_queued_bytes", "max_pending_webhooks", "retry_of", "start_deadline_at",
+              "deadline_at", "traceparent", "webhook_events", "retention")
+#: The split steps' (admit_ws.lua, admit_place.lua): admit.lua's, and the
+#: body's bytes (the workspace's step is not sent the body), the workspace's
+#: step's answer and the pending member (the provider's step's).
+SPLIT_ADMIT_ARGS = (*ADMIT_ARGS, "body_bytes", "reserved", "admitting")
+#: Seconds past its write deadline before the sweeper gives a pending admission up.
+ABANDON_AFTER_S = 5.0
+#: The write deadline of an admission whose caller set none (not the front door's).
+DEFAULT_DEADLINE_S = 10.0
+#: Most pending admissions of one provider the sweeper gives up per run.
+ABANDON_BATCH = 500
+
+
+class TwoStepAdmission:
+    def __init__(self, client: redis.Redis):
+        self.client = client
+        #: Called between the workspace's step and the provider's (tests kill
+        #: the process there); None in service.
+        self.between_steps: Callable[[], None] | None = None
+        self._reserve = load_script(client, "admit_ws", SPLIT_ADMIT_ARGS)
+        self._place = load_script(client, "admit_place", SPLIT_ADMIT_ARGS)
+        self._undo = load_script(client, "admit_undo")
+
+    def admit(self, values: dict[str, Any], rate_keys: list[str], rate_args: list, idem_key: str,
+              provider_keys: list[str]) -> list[Any]:
+        """Admit in the three steps; answers as admit.lua does. ``values``:
+        ADMIT_ARGS by name; ``provider_keys``: admit.lua's keys of the
+        provider's part, in admit_place.lua's order but the pending set."""
+        request_id, workspace, provider = values["id"], values["workspace"], values["provider"]
+        body_bytes = self._body_bytes(values)
+        if not values["write_deadline"]:
+            values = {**values, "write_deadline": repr(float(values["now"]) + DEFAULT_DEADLINE_S)}
+        pending = json.dumps({"id": request_id, "ws": workspace, "price": int(values["price"]), "bytes": body_bytes,
+                              "idem": idem_key}, separators=(",", ":"))
+        admitting = keys.admitting(provider)
+        self.client.zadd(admitting, {pending: float(values["write_deadline"])})
+        reserved = self._reserve(
+            keys=[keys.workspace(workspace), idem_key, keys.ledger(workspace), keys.history(workspace),
+                  keys.model_history(workspace, values["model"]), keys.open_requests(workspace), *rate_keys],
+            args=[*argv(SPLIT_ADMIT_ARGS, **{**values, "body": "", "body_bytes": body_bytes, "reserved": "",
+                                             "admitting": ""}), *rate_args])
+        if reserved[0] != b"RESERVED":
+            self.client.zrem(admitting, pending)
+            if reserved[0] == b"REPLAY" and not self.client.exists(keys.request(reserved[1].decode())):
+                return [b"EXPIRED"]  # the original is itself between its steps: try again shortly
+            return reserved
+        if self.between_steps is not None:
+            self.between_steps()
+        placed = self._place(keys=[*provider_keys, admitting],
+                             args=argv(SPLIT_ADMIT_ARGS, **{**values, "body_bytes": body_bytes,
+                                                            "reserved": reserved[1], "admitting": pending}))
+        if placed[0] != b"ADMITTED":
+            self._give_back(admitting, pending)
+        return placed
+
+    def abandon(self, provider: str, now: float) -> int:
+        """Give up the provider's admissions pending :data:`ABANDON_AFTER_S`
+        past their write deadline (their caller died or gave up between the
+        steps): each undone once; returns how many were undone now."""
+        admitting = keys.admitting(provider)
+        undone = 0
+        for pending in self.client.zrangebyscore(admitting, "-inf", now - ABANDON_AFTER_S, start=0,
+                                                 num=ABANDON_BATCH):
+            if self.client.zrem(admitting, pending):
+                undone += self._undo_reserved(json.loads(pending))
+        return undone
+
+    def _give_back(self, admitting: str, pending: str) -> None:
+        """Undo a refused admission's workspace part, then end it; if this
+        fails, the sweeper does both."""
+        try:
+            self._undo_reserved(json.loads(pending))
+            self.client.zrem(admitting, pending)
+        except redis.RedisError:
+            pass
+
+    def _undo_reserved(self, pending: dict[str, Any]) -> int:
+        workspace = pending["ws"]
+        return int(self._undo(keys=[keys.workspace(workspace), keys.ledger(workspace), pending["idem"],
+                                    keys.open_requests(workspace)],
+                              args=[pending["id"], pending["price"], pending["bytes"], repr(time.time())]))
+
+    def _body_bytes(self, values: dict[str, Any]) -> int:
+        """The bytes the body will take: a retry's is its original's (kept
+        apart, or in its record by an earlier version)."""
+        if not values["retry_of"]:
+            return len(values["body"].encode())
+        pipe = self.client.pipeline(transaction=False)
+        pipe.strlen(keys.body(values["retry_of"]))
+        pipe.hstrlen(keys.request(values["retry_of"]), "body")
+        kept, in_record = pipe.execute()
+        return int(kept or in_record or 0)

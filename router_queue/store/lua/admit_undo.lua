@@ -1,0 +1,29 @@
+-- admit_undo.lua: on a store split into per-slot steps, give back an
+-- admission's workspace part (admit_ws.lua) that its provider's part never
+-- placed (refused, or given up by the sweeper: store/admission.py): its
+-- waiting count, body bytes and pending webhook, its hold released with a
+-- ledger entry, its idempotency reservation freed. Once: its open entry goes
+-- in the same step. Its history entries stay; a listing skips a request
+-- with no record.
+--
+-- KEYS[1] rq:ws:{workspace}  KEYS[2] rq:ledger:{workspace}  KEYS[3] rq:idem:{workspace}:{keyhash}
+-- KEYS[4] rq:open:{workspace}
+-- ARGV[1] the request id  ARGV[2] its price  ARGV[3] its body's bytes  ARGV[4] now (s)
+-- returns 1 when given back now, 0 when there was nothing to give back
+
+local open = redis.call("HGET", KEYS[4], ARGV[1])
+if not open or not string.find(open, "q", 1, true) or not string.find(open, "e", 1, true) then
+  return 0
+end
+local e = ws_effects(ARGV[1], ARGV[4])
+e.queued, e.bytes, e.hold, e.how = 1, tonumber(ARGV[3]), tonumber(ARGV[2]), "release"
+if string.find(open, "w", 1, true) then
+  e.webhooks = 1
+end
+ws_apply(KEYS[1], KEYS[2], e)
+local held = redis.call("GET", KEYS[3])
+if held and string.sub(held, -(#ARGV[1] + 1)) == "|" .. ARGV[1] then
+  redis.call("DEL", KEYS[3])
+end
+redis.call("HDEL", KEYS[4], ARGV[1])
+return 1

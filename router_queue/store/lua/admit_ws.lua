@@ -1,0 +1,30 @@
+-- admit_ws.lua: on a store split into per-slot steps, admission's first
+-- step, the workspace's part (lib.lua, Admission): the caller's rate windows,
+-- the idempotency key, the quotas and credits checked, then the counts, the
+-- hold and its ledger entry, the history's entries, the idempotency
+-- reservation and the request's open entry written. admit_place.lua places
+-- the request next; if it never does, admit_undo.lua gives all this back
+-- (store/admission.py).
+--
+-- KEYS[1] rq:ws:{workspace}  KEYS[2] rq:idem:{workspace}:{keyhash}  KEYS[3] rq:ledger:{workspace}
+-- KEYS[4] rq:history:{workspace}  KEYS[5] rq:history:{workspace}:{model}  KEYS[6] rq:open:{workspace}
+-- KEYS[7..] the caller's rate-window counters (as admit.lua's)
+-- ARGV: admit.lua's (requests.py, ADMIT_ARGS); body "", body_bytes its length
+-- returns {"RESERVED", what admit_place.lua records (JSON: reserve_admission)}
+--       | admit.lua's refusals of the workspace's part, and {"EXPIRED"}
+
+if past_deadline(ARGV[ARG_WRITE_DEADLINE]) then
+  return {"EXPIRED"}
+end
+local W = {ws = KEYS[1], idem = KEYS[2], ledger = KEYS[3], history = KEYS[4], model_history = KEYS[5],
+  open = KEYS[6], rate = 7}
+local ended = admission_opening(W)
+if ended then
+  return ended
+end
+local bytes = tonumber(ARGV[ARG_BODY_BYTES])
+local ws, refused = admission_checks(W, bytes)
+if not ws then
+  return refused
+end
+return {"RESERVED", cjson.encode(reserve_admission(W, ws, bytes))}
