@@ -35,6 +35,8 @@ class QueueGauges(Collector):
             pipe.zcard(keys.running(provider))
             pipe.zrange(keys.queue(provider), 0, 0)
             pipe.zcard(keys.schedule_workspaces(provider))
+            pipe.zcard(keys.owed(provider))
+            pipe.zcard(keys.admitting(provider))
         pipe.smembers(keys.draining())
         now = time.time()
         pipe.zcount(keys.webhooks_due(), "-inf", repr(now))
@@ -56,9 +58,19 @@ class QueueGauges(Collector):
                                    labels=["provider"])
         drain = GaugeMetricFamily("router_queue_draining", "1 while the provider admits nothing new.",
                                   labels=["provider"])
+        # A cluster's steps split per slot (store/owed.py, store/admission.py): what waits between them.
+        owed = GaugeMetricFamily("router_queue_workspace_effects_owed",
+                                 "Effects of requests' starts and ends not yet given to their workspace "
+                                 "(a cluster's; the sweeper gives those left 5 s).", labels=["provider"])
+        pending = GaugeMetricFamily("router_queue_admissions_pending",
+                                    "Admissions between their workspace's step and their provider's "
+                                    "(a cluster's; the sweeper undoes those left past their deadline).",
+                                    labels=["provider"])
         oldest_ids = []
         for index, provider in enumerate(providers):
-            queued, running, head, waiting_workspaces = replies[index * 4: index * 4 + 4]
+            queued, running, head, waiting_workspaces, effects, admitting = replies[index * 6: index * 6 + 6]
+            owed.add_metric([provider], effects)
+            pending.add_metric([provider], admitting)
             depth.add_metric([provider], queued)
             workspaces.add_metric([provider], waiting_workspaces)
             in_flight.add_metric([provider], running)
@@ -76,7 +88,7 @@ class QueueGauges(Collector):
         attempts = GaugeMetricFamily("router_queue_webhook_attempts_in_flight",
                                      "Webhook attempts running now (each holds a thread of the webhooks worker).")
         attempts.add_metric([], webhooks_in_flight)
-        yield from (depth, in_flight, cap, workspaces, oldest, drain, due_now, attempts)
+        yield from (depth, in_flight, cap, workspaces, oldest, drain, due_now, attempts, owed, pending)
 
     def _created_at(self, request_ids: list[str]) -> dict[str, float]:
         if not request_ids:

@@ -18,6 +18,7 @@ from router_queue.services import Services
 from router_queue.states import COMPLETED
 from router_queue.store import keys
 from router_queue.store.admission import ABANDON_AFTER_S, SPLIT_ADMIT_ARGS
+from router_queue.store.gauges import QueueGauges
 from router_queue.store.owed import RECONCILE_AFTER_S, OwedEffects
 from router_queue.store.requests import Lease
 from router_queue.store.scripts import argv
@@ -131,6 +132,7 @@ def test_effects_left_owed_by_a_failed_workspace_step_are_given_by_the_sweeper(s
     monkeypatch.undo()
     assert split.accounts.get(ws).held == PRICE
     assert [e["kind"] for e in _owed(split)] == ["end"]
+    assert _gauge(split, "router_queue_workspace_effects_owed") == 1
     context = WorkerContext(split, requests.Session(), split.dispatcher, LeaseKeeper(split.store, 30))
     assert sweep(context, now=time.time()).effects_reconciled == 0  # its caller may still give it
     assert sweep(context, now=time.time() + RECONCILE_AFTER_S + 1).effects_reconciled == 1
@@ -138,6 +140,16 @@ def test_effects_left_owed_by_a_failed_workspace_step_are_given_by_the_sweeper(s
     workspace = split.accounts.get(ws)
     assert (workspace.credits, workspace.held) == (1000 - PRICE, 0)
     assert _owed(split) == []
+    assert _gauge(split, "router_queue_workspace_effects_owed") == 0
+
+
+def _gauge(services, name: str) -> float:
+    """The provider's sample of a scrape-time gauge (store/gauges.py)."""
+    for family in QueueGauges(services.redis, services.catalog).collect():
+        for sample in family.samples:
+            if sample.name == name and sample.labels == {"provider": PROVIDER}:
+                return sample.value
+    raise AssertionError(f"{name} not scraped")
 
 
 def _redis_down(provider, owed):
@@ -272,6 +284,7 @@ def test_an_admission_killed_between_its_steps_is_undone_once_and_never_placed(r
     assert services.accounts.get(ws).held == PRICE  # the workspace's step ran
     assert services.store.status_view(request_id, PROVIDER).record is None
     [pending] = services.redis.zrange(keys.admitting(PROVIDER), 0, -1, withscores=True)
+    assert _gauge(services, "router_queue_admissions_pending") == 1
     assert services.store.two_step.abandon(PROVIDER, time.time()) == 0  # its caller may still place it
     assert services.store.two_step.abandon(PROVIDER, pending[1] + ABANDON_AFTER_S + 1) == 1
     assert services.store.two_step.abandon(PROVIDER, pending[1] + ABANDON_AFTER_S + 2) == 0
