@@ -14,6 +14,7 @@ _redis = redis.Redis.from_url(os.environ.get("REDIS_URL", "redis://127.0.0.1:637
 
 
 @app.get("/hello")
+@app.get("/healthz")
 def hello_get():
     return jsonify(message="hello")
 

@@ -7,7 +7,7 @@ import json
 import statistics
 from typing import Callable
 
-from .core import CAPPED_MODEL_ID, Context, KeepAlive, MeasurementError, emit, log, option, phase
+from .core import CAPPED_MODEL_ID, Context, KeepAlive, MeasurementError, emit, option, phase
 
 #: Body size the figures compare, in bytes (under the front door's 1 MiB limit).
 SIZE = 1_000_000
@@ -56,31 +56,24 @@ def add_arguments(parser) -> None:
 
 @phase("hostile_body_ratio", "front", 60)
 def measure(ctx: Context) -> None:
-    path, headers = f"/v2/models/{CAPPED_MODEL_ID}/requests", ctx.front.post_headers
-    cases = bodies()
+    path, headers, cases = f"/v2/models/{CAPPED_MODEL_ID}/requests", ctx.front.post_headers, bodies()
     connection = KeepAlive(ctx.front.url)
     timings: dict[str, list[float]] = {name: [] for name in cases}
-    answers: dict[str, tuple[int, int]] = {}
+    statuses: dict[str, int] = {}
     try:
         for body in cases.values():  # warm-up: each kind once
             connection.call("POST", path, headers, body)
         for _ in range(ctx.args.hostile_rounds):
             for name, body in cases.items():
-                ms, status, answer = connection.call("POST", path, headers, body)
+                ms, statuses[name], _ = connection.call("POST", path, headers, body)
                 timings[name].append(ms)
-                answers[name] = (status, len(answer))
     finally:
         connection.close()
-    if answers["plain"][0] != 201:
-        raise MeasurementError(f"hostile_body_ratio: the plain 1 MB prompt answered {answers['plain'][0]}, not 201")
-    plain, worst = statistics.median(timings["plain"]), 0.0
-    for name, (status, size) in answers.items():
-        log(f"hostile_body_ratio: {name}: {len(cases[name])} bytes, HTTP {status}, {size} bytes answered")
-        if name == "plain":
-            continue
-        if not 400 <= status < 500:
-            raise MeasurementError(f"hostile_body_ratio: the {name} body answered {status}, not a refusal")
-        value = statistics.median(timings[name])
-        emit(f"hostile_body_ratio_{name}", value, "ms", plain)
-        worst = max(worst, value)
-    emit("hostile_body_ratio", worst, "ms", plain)
+    if statuses.pop("plain") != 201:
+        raise MeasurementError("hostile_body_ratio: the plain 1 MB prompt was not answered 201")
+    if refused := {name: status for name, status in statuses.items() if not 400 <= status < 500}:
+        raise MeasurementError(f"hostile_body_ratio: hostile bodies not refused: {refused}")
+    plain = statistics.median(timings["plain"])
+    for name in statuses:
+        emit(f"hostile_body_ratio_{name}", statistics.median(timings[name]), "ms", plain)
+    emit("hostile_body_ratio", max(statistics.median(timings[name]) for name in statuses), "ms", plain)

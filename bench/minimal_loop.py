@@ -1,7 +1,7 @@
-"""The minimal submit -> deliver -> collect loop from the bare parts (Flask, a Lua admission,
-``send_task``, a prefork Celery worker): full_cycle's baseline. Imports nothing from ``router_queue``
-or ``workers``. Configured by ``MINIMAL_REDIS_URL`` and ``MINIMAL_STUB_URL``; variants ``noop``
-(no provider call) and ``stub`` (one real call to the stub provider)."""
+"""The minimal submit -> deliver -> collect loop from the bare parts (Flask, a Lua admission, ``send_task``,
+a prefork Celery worker): full_cycle's baseline. Imports nothing from ``router_queue`` or ``workers``.
+Configured by ``MINIMAL_REDIS_URL`` and ``MINIMAL_STUB_URL``; variants ``noop`` (no provider call) and
+``stub`` (one real call to the stub provider)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,9 @@ from flask import Flask, Response, request
 
 REDIS_URL = os.environ.get("MINIMAL_REDIS_URL", "redis://127.0.0.1:6379/11")
 STUB_URL = os.environ.get("MINIMAL_STUB_URL", "http://127.0.0.1:8001")
-QUEUE = "minimal"
-TASK = "minimal.deliver"
-PREFIX = "minimal:"
-#: Seconds a record and its result live (the loop collects within milliseconds).
-TTL_S = 3600
-#: The gunicorn options of router_queue.dev.stack.WEB_SERVING, copied, with gunicorn's
-#: own gevent worker class in place of router-queue's (which only shapes gunicorn's
-#: refusals of malformed input and bounds slow request heads).
+QUEUE, TASK, TTL_S = "minimal", "minimal.deliver", 3600
+#: router_queue.dev.stack.WEB_SERVING, copied, with gunicorn's own gevent worker class in place of
+#: router-queue's (which only shapes gunicorn's refusals of malformed input).
 WEB_SERVING = ("--worker-class", "gevent", "--worker-connections", "10000", "--keep-alive", "75",
                "--limit-request-line", "8190", "--limit-request-field_size", "16384")
 #: A Gemini-shaped answer of about the stub's size, the no-op call's output.
@@ -33,39 +28,27 @@ NOOP_ANSWER = json.dumps({
     "modelVersion": "gemini-3.1-flash-image", "responseId": "noop",
 }).encode()
 
+client = redis.Redis.from_url(REDIS_URL)
 #: The one admission script: the record, then its id.
-ADMIT_LUA = """
+admit = client.register_script("""
 redis.call('HSET', KEYS[1], 'status', 'IN_QUEUE', 'body', ARGV[2], 'variant', ARGV[3])
 redis.call('EXPIRE', KEYS[1], ARGV[4])
 return ARGV[1]
-"""
-
-client = redis.Redis.from_url(REDIS_URL)
-admit = client.register_script(ADMIT_LUA)
+""")
 
 
 def record_key(request_id: str) -> str:
-    return f"{PREFIX}req:{request_id}"
+    return f"minimal:req:{request_id}"
 
 
 def result_key(request_id: str) -> str:
-    return f"{PREFIX}result:{request_id}"
+    return f"minimal:result:{request_id}"
 
-
-# -- the Celery app ---------------------------------------------------------------
 
 celery_app = Celery("minimal", broker=REDIS_URL)
-celery_app.conf.update(
-    task_acks_late=True,
-    worker_prefetch_multiplier=1,
-    task_ignore_result=True,
-    task_serializer="json",
-    accept_content=["json"],
-    task_default_queue=QUEUE,
-    broker_connection_retry_on_startup=True,
-    worker_hijack_root_logger=False,
-)
-
+celery_app.conf.update(task_acks_late=True, worker_prefetch_multiplier=1, task_ignore_result=True,
+                       task_serializer="json", accept_content=["json"], task_default_queue=QUEUE,
+                       broker_connection_retry_on_startup=True, worker_hijack_root_logger=False)
 _session = None  # one requests.Session per worker process, made after the fork
 
 
@@ -94,8 +77,6 @@ def deliver(request_id: str) -> None:
     pipe.hset(record_key(request_id), "status", "COMPLETED")
     pipe.execute()
 
-
-# -- the web app ------------------------------------------------------------------
 
 app = Flask(__name__)
 

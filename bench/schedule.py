@@ -1,4 +1,4 @@
-"""The schedule behind a provider's cap, seeded and driven through ``RequestStore``: the helpers the
+"""The schedule behind a provider's cap, seeded and driven through ``RequestStore``: the seeding the
 capped figures share, and the store-only phases ``dispatch_cost`` and ``waiting_memory``."""
 
 from __future__ import annotations
@@ -7,23 +7,10 @@ import copy
 import json
 import time
 import uuid
-from pathlib import Path
 from typing import Callable
 
-from .core import (
-    Context,
-    MeasurementError,
-    capped_catalog,
-    emit,
-    log,
-    median_round,
-    new_workspace,
-    option,
-    phase,
-    redis_cpu,
-    schedule_counts,
-    script_usec,
-)
+from . import core
+from .core import Context, MeasurementError, emit, log, option, phase
 
 #: Admits (or cancels) sent per pipeline while seeding.
 BATCH = 2000
@@ -39,26 +26,14 @@ def add_arguments(parser) -> None:
     option(group, "--cost-rounds", 5, "interleaved (1 workspace, many) rounds; the median-ratio round is reported")
 
 
-def services_for(redis_url: str, catalog_path: Path):
-    """``Services`` on ``redis_url`` whose catalog (and so the store's ``max_in_flight``) is ``catalog_path``."""
-    from router_queue.services import Services
-    from router_queue.settings import Settings
-
-    return Services.build(Settings.from_env({"REDIS_URL": redis_url, "CATALOG_PATH": str(catalog_path)}))
-
-
-def _pipelined(services, attr: str, fake_reply: Callable[[list, list], list], calls: list[Callable],
-               expected: str, what: str) -> int:
+def _pipelined(services, attr: str, reply: list, calls: list[Callable], what: str) -> None:
     """Each ``fn(store)`` on a store copy whose ``<attr>`` script queues on a pipeline (``BATCH`` per round
-    trip) and answers ``fake_reply``, so the store builds KEYS and ARGV; every reply must start ``expected``."""
-    script = getattr(services.store, attr, None)
-    if script is None:
-        raise MeasurementError(f"RequestStore has no {attr} script handle; the bench needs updating")
-    pipe = None
+    trip) and answers ``reply``, so the store builds KEYS and ARGV; every real reply must start as ``reply``."""
+    script, pipe = getattr(services.store, attr), None
 
     def queue_call(keys, args, client=None):
         script(keys=keys, args=args, client=pipe)
-        return fake_reply(keys, args)
+        return reply
 
     batching = copy.copy(services.store)
     setattr(batching, attr, queue_call)
@@ -66,11 +41,9 @@ def _pipelined(services, attr: str, fake_reply: Callable[[list, list], list], ca
         pipe = services.redis.pipeline(transaction=False)
         for fn in calls[start:start + BATCH]:
             fn(batching)
-        for reply in pipe.execute():
-            first = reply[0] if isinstance(reply, list) and reply else reply
-            if (first.decode() if isinstance(first, bytes) else str(first)) != expected:
-                raise MeasurementError(f"{what}: the script answered {reply!r}")
-    return len(calls)
+        for answer in pipe.execute():
+            if not isinstance(answer, list) or answer[:1] != reply[:1]:
+                raise MeasurementError(f"{what}: the script answered {answer!r}")
 
 
 def seed_spread(services, workspaces: list[str], entry, count: int, body: str) -> list[str]:
@@ -83,20 +56,19 @@ def seed_spread(services, workspaces: list[str], entry, count: int, body: str) -
         return lambda store: store.admit(request_id=request_id, workspace=workspace, model=entry.id,
                                          provider=entry.provider, body=body)
 
-    _pipelined(services, "_admit", lambda keys, args: [b"ADMITTED", str(args[0]).encode(), 0],
-               [admit(i, ws) for i, ws in zip(ids, order)], "ADMITTED", "seeding the schedule")
+    _pipelined(services, "_admit", [b"ADMITTED", b"0", 0], [admit(i, ws) for i, ws in zip(ids, order)],
+               "seeding the schedule")
     return ids
 
 
-def cancel_all(services, request_ids: list[str], workspace: str, entry) -> int:
-    """Cancel waiting requests through ``RequestStore.cancel`` on pipelines; how many were cancelled."""
+def cancel_all(services, request_ids: list[str], workspace: str, entry) -> None:
+    """Cancel waiting requests through ``RequestStore.cancel`` on pipelines."""
 
     def cancel(request_id: str):
         return lambda store: store.cancel(request_id=request_id, workspace=workspace, model=entry.id,
                                           provider=entry.provider)
 
-    return _pipelined(services, "_cancel", lambda keys, args: [b"CANCELLED"], [cancel(i) for i in request_ids],
-                      "CANCELLED", "cancelling the waiting requests")
+    _pipelined(services, "_cancel", [b"CANCELLED"], [cancel(i) for i in request_ids], "cancelling the requests")
 
 
 def bench_lease():
@@ -107,30 +79,14 @@ def bench_lease():
                  resume_key=f"bench:{uuid.uuid4().hex}:0")
 
 
-def formula_position(client, provider: str, workspace: str, request_id: str) -> int | None:
-    """lib.lua's ``position()`` recomputed from the schedule's keys, for a granted or waiting request."""
-    from router_queue.store import keys
-
-    base = keys.schedule(provider)
-    if (granted_rank := client.zrank(f"{base}:granted", request_id)) is not None:
-        return int(granted_rank)
-    if (i := client.zrank(f"{base}:ws:{workspace}", request_id)) is None:
-        return None
-    granted = int(client.zcard(f"{base}:granted"))
-    if not (slot := client.zrange(f"{base}:wslots:{workspace}", i, i, withscores=True)):
-        return granted + i
-    ahead = client.zrank(f"{base}:slots", slot[0][0])
-    return None if ahead is None else granted + int(ahead)
-
-
 def seed_behind(services, entry, ahead: int, workspace_count: int, body: str) -> tuple[str, str]:
     """(workspace, id) of a request admitted behind ``ahead`` waiting ones, under a cap of 1 held by a claimed
-    request; its position checked by admit.lua, lib.lua's formula and ``ahead``."""
+    request; admit.lua must place it at position ``ahead``."""
     store = services.store
     if store.max_in_flight(entry.provider) != 1:
         raise MeasurementError(f"{entry.provider} is not capped at 1 in the bench's catalog copy")
     # the slot holder: admitted in a workspace of its own and claimed, so nothing else is granted
-    holder_ws = new_workspace(services, "bench-holder-0")
+    holder_ws = core.new_workspace(services, "bench-holder-0")
     holder_id = services.ids.mint(holder_ws, entry.id)
     holder = store.admit(request_id=holder_id, workspace=holder_ws, model=entry.id, provider=entry.provider,
                          body=body)
@@ -138,67 +94,41 @@ def seed_behind(services, entry, ahead: int, workspace_count: int, body: str) ->
         raise MeasurementError(f"the slot holder was not granted at once: {holder}")
     if (code := store.claim(store.load(holder_id)[0], bench_lease())) != "CLAIMED":
         raise MeasurementError(f"claiming the slot holder answered {code}")
-    workspaces = [new_workspace(services, f"bench-depth-{n}") for n in range(max(1, min(workspace_count, ahead)))]
+    workspaces = [core.new_workspace(services, f"bench-depth-{n}") for n in range(max(1, min(workspace_count, ahead)))]
     seed_spread(services, workspaces, entry, ahead, body)
     request_id = services.ids.mint(workspaces[0], entry.id)
     admission = store.admit(request_id=request_id, workspace=workspaces[0], model=entry.id,
                             provider=entry.provider, body=body)
-    if admission.outcome != "ADMITTED":
-        raise MeasurementError(f"admitting the target failed: {admission.outcome}")
-    formula = formula_position(services.redis, entry.provider, workspaces[0], request_id)
-    counts = schedule_counts(services.redis, entry.provider)
-    if not (admission.position == formula == ahead) or counts["running"] != 1 or counts["granted"] != 0:
-        raise MeasurementError(f"the target's position: admit.lua says {admission.position}, lib.lua's formula "
-                               f"{formula}, expected {ahead} ({counts})")
+    counts = core.schedule_counts(services.redis, entry.provider)
+    if admission.position != ahead or counts["running"] != 1 or counts["granted"] != 0:
+        raise MeasurementError(f"the target: {admission.outcome} at position {admission.position}, expected "
+                               f"{ahead} ({counts})")
     return workspaces[0], request_id
-
-
-def time_status_reads(services, request_id: str, provider: str, count: int = 2000) -> tuple[float, float]:
-    """``count`` status.lua reads through ``RequestStore.status_view``, no HTTP: (wall µs per read, the
-    script's µs per read from INFO commandstats)."""
-    for _ in range(100):
-        services.store.status_view(request_id, provider)
-    usec, began = script_usec(services.redis), time.perf_counter()
-    for _ in range(count):
-        services.store.status_view(request_id, provider)
-    wall = time.perf_counter() - began
-    return 1e6 * wall / count, (script_usec(services.redis) - usec) / count
-
-
-# -- dispatch_cost ---------------------------------------------------------------------
 
 
 class CycleSide:
     """One side of dispatch_cost: a database whose provider (cap 1) has a queue waiting."""
 
-    def __init__(self, label: str, redis_url: str, catalog_path: Path, workspaces: int, queued: int):
-        self.label = label
-        self.services = services_for(redis_url, catalog_path)
-        self.client = self.services.redis
-        self.client.flushdb()
-        self.entry = self.services.catalog.by_id("bfl/flux-2-pro")
-        if self.services.store.max_in_flight(self.entry.provider) != 1:
-            raise MeasurementError(f"{self.entry.provider} is not capped at 1 in the bench's catalog copy")
-        self.granted: list[str] = []  # no broker: the grants reach this list (the Dispatcher's place)
-        self.services.store.grants.publish = lambda provider, ids: self.granted.extend(ids)
-        started = time.monotonic()
-        names = [new_workspace(self.services, f"bench-cost-{n}") for n in range(workspaces)]
-        seed_spread(self.services, names, self.entry, queued, '{"prompt": "bench"}')
+    def __init__(self, label: str, redis_url: str, catalog_path, workspaces: int, queued: int):
         from router_queue.store import keys
 
+        self.label, self.services = label, core.services_for(redis_url, catalog_path)
+        self.client, self.entry = self.services.redis, self.services.catalog.by_id(core.MODEL_ID)
+        self.client.flushdb()
+        self.granted: list[str] = []  # no broker: the grants reach this list (the Dispatcher's place)
+        self.services.store.grants.publish = lambda provider, ids: self.granted.extend(ids)
+        names = [core.new_workspace(self.services, f"bench-cost-{n}") for n in range(workspaces)]
+        seed_spread(self.services, names, self.entry, queued, '{"prompt": "bench"}')
         head = self.client.zrange(f"{keys.schedule(self.entry.provider)}:granted", 0, -1)
-        counts = schedule_counts(self.client, self.entry.provider)
+        counts = core.schedule_counts(self.client, self.entry.provider)
         if len(head) != 1 or counts["running"] != 1 or counts["queued"] != queued:
             raise MeasurementError(f"dispatch_cost {label}: after seeding {counts}, granted {len(head)}")
         self.current = head[0].decode()
-        log(f"dispatch_cost: {label}: {queued} admitted over {workspaces} workspace(s) in "
-            f"{time.monotonic() - started:.1f} s ({counts['queued'] - 1} waiting, 1 granted)")
 
-    def run(self, cycles: int) -> tuple[float, float, int]:
-        """``cycles`` x (load, claim, complete): (wall s, Redis CPU s, distinct workspaces granted)."""
+    def run(self, cycles: int) -> tuple[float, float]:
+        """``cycles`` x (load, claim, complete): (wall s, Redis CPU s)."""
         store, lease = self.services.store, bench_lease()
-        seen: set[str] = set()
-        cpu0, began = redis_cpu(self.client), time.perf_counter()
+        cpu0, began = core.redis_cpu(self.client), time.perf_counter()
         for _ in range(cycles):
             record, _ = store.load(self.current)
             if (code := store.claim(record, lease)) != "CLAIMED":
@@ -208,59 +138,41 @@ class CycleSide:
             if code != "COMPLETED" or len(self.granted) != 1:
                 raise MeasurementError(f"dispatch_cost {self.label}: complete answered {code}, "
                                        f"granted {self.granted} (the queue ran dry?)")
-            seen.add(record.workspace)
             self.current = self.granted[0]
-        wall = time.perf_counter() - began
-        return wall, redis_cpu(self.client) - cpu0, len(seen)
+        return time.perf_counter() - began, core.redis_cpu(self.client) - cpu0
 
 
-@phase("dispatch_cost", "store", 10, side_dbs=True)
+@phase("dispatch_cost", "store", 10)
 def measure_dispatch_cost(ctx: Context) -> None:
     args, k = ctx.args, ctx.args.cost_cycles
-    catalog_path = capped_catalog(ctx.tmp, {"bfl": 1})
+    catalog_path = core.capped_catalog(ctx.tmp, {"bfl": 1})
     queued = args.cost_queue + args.cost_rounds * k + 1  # every round leaves --cost-queue waiting at its end
-    sides = (CycleSide("1 workspace", ctx.side_urls[0], catalog_path, 1, queued),
-             CycleSide(f"{args.cost_workspaces} workspaces", ctx.side_urls[1], catalog_path, args.cost_workspaces,
-                       queued))
+    sides = [CycleSide(f"{n} workspace(s)", ctx.db_url(db), catalog_path, n, queued)
+             for n, db in zip((1, args.cost_workspaces), core.SIDE_DBS)]
     for side in sides:
         side.run(min(200, k))  # warm-up
-    rounds = []
-    for round_no in range(1, args.cost_rounds + 1):
-        results = []
-        for side in sides:
-            wall, cpu, distinct = side.run(k)
-            results.append((wall, cpu))
-            log(f"dispatch_cost round {round_no}/{args.cost_rounds}: {side.label}: {1000 * wall / k:.3f} ms/cycle "
-                f"wall, Redis CPU {1000 * cpu / k:.3f} ms/cycle; granted to {distinct} distinct workspace(s)")
-        rounds.append(tuple(results))
-    for side in sides:
-        counts = schedule_counts(side.client, side.entry.provider)
-        log(f"dispatch_cost: {side.label} at the end: {counts['queued']} queued over "
-            f"{counts['workspaces']} workspace(s)")
-    log("dispatch_cost: wall ratio per round: " + " ".join(f"{m[0] / o[0]:.3f}" for o, m in rounds)
-        + "; Redis CPU ratio per round: " + " ".join(f"{m[1] / o[1]:.3f}" if o[1] else "nan" for o, m in rounds))
-    base, subject = median_round(rounds, lambda b, s: s[0] / b[0])
-    emit(f"dispatch_cost_{args.cost_workspaces}_workspaces", 1000 * subject[0] / k, "ms", 1000 * base[0] / k)
-    base, subject = median_round(rounds, lambda b, s: s[1] / b[1] if b[1] else float("inf"))
-    emit(f"dispatch_redis_cpu_{args.cost_workspaces}_workspaces", 1000 * subject[1] / k, "ms", 1000 * base[1] / k)
-    for side in sides:
-        side.client.flushdb()
+    rounds = [tuple(side.run(k) for side in sides) for _ in range(args.cost_rounds)]
+    log("dispatch_cost: wall ratio per round: " + " ".join(f"{m[0] / o[0]:.3f}" for o, m in rounds))
+    for index, name in enumerate(("dispatch_cost", "dispatch_redis_cpu")):
+        pairs = [(b[index], s[index]) for b, s in rounds]
+        base, subject = core.median_round(pairs, lambda b, s: s / b if b else float("inf"))
+        emit(f"{name}_{args.cost_workspaces}_workspaces", 1000 * subject / k, "ms", 1000 * base / k)
 
 
-@phase("waiting_memory", "store", 20, side_dbs=True)
+@phase("waiting_memory", "store", 20)
 def measure_waiting_memory(ctx: Context) -> None:
     """``memory_per_waiting_request``: Redis ``used_memory`` added per request waiting behind a capped provider,
     admitted as a submit is (a price held, an Idempotency-Key reserved), against the body plus 1.5 KiB."""
-    count, entry = 1000, "bfl/flux-2-pro"
-    services = services_for(ctx.side_urls[0], capped_catalog(ctx.tmp, {"bfl": 1}))
+    count = 1000
+    services = core.services_for(ctx.db_url(core.SIDE_DBS[0]), core.capped_catalog(ctx.tmp, {"bfl": 1}))
     client = services.redis
     client.flushdb()
-    workspace = new_workspace(services, "memory", max_queued=10**9)
+    workspace = core.new_workspace(services, "memory", max_queued=10**9)
     body = json.dumps({"prompt": "a red teapot on a windowsill, morning light, " + "x" * 60})
 
     def admit(n: int) -> None:
-        outcome = services.store.admit(request_id=services.ids.mint(workspace, entry), workspace=workspace,
-                                       model=entry, provider="bfl", body=body, price=60,
+        outcome = services.store.admit(request_id=services.ids.mint(workspace, core.MODEL_ID), workspace=workspace,
+                                       model=core.MODEL_ID, provider="bfl", body=body, price=60,
                                        fingerprint=f"{n:064x}", idempotency_key_hash=f"{n:064x}")
         if outcome.outcome != "ADMITTED":
             raise MeasurementError(f"waiting_memory: admission answered {outcome.outcome}")
@@ -269,10 +181,7 @@ def measure_waiting_memory(ctx: Context) -> None:
     before = client.info("memory")["used_memory"]
     for n in range(1, count + 1):
         admit(n)
-    added = client.info("memory")["used_memory"] - before
-    per_request = added / count
-    log(f"waiting_memory: {count} waiting requests added {added} bytes of used_memory: {per_request:.0f} per "
-        f"request for a {len(body)}-byte body ({per_request - len(body):.0f} beyond it; one GiB holds about "
-        f"{2**30 / per_request:,.0f} such waiting requests)")
+    per_request = (client.info("memory")["used_memory"] - before) / count
+    log(f"waiting_memory: one GiB holds about {2**30 / per_request:,.0f} such waiting requests")
     client.flushdb()
     emit("memory_per_waiting_request", per_request, "bytes", len(body) + WAITING_OVERHEAD_BUDGET)
