@@ -39,32 +39,29 @@ def measure(ctx: Context) -> None:
     for number in range(PRIMARIES):
         ports.append(port := cluster_port())
         core.start_redis(children, f"cluster-node{number}", "--cluster-enabled", "yes", "--cluster-config-file",
-                    f"nodes-{port}.conf", port=port)
+                         f"nodes-{port}.conf", port=port)
     created = subprocess.run([core.tool("redis-cli"), "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
                               "--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True, timeout=60)
     if created.returncode != 0:
         raise MeasurementError(f"cluster: redis-cli --cluster create failed: {created.stdout[-300:]}")
     nodes = [redis.Redis(port=port) for port in ports]
-    core.wait_until(lambda: all(b"cluster_state:ok" in node.execute_command("CLUSTER", "INFO") for node in nodes), 30,
-               "cluster: the nodes did not agree on a cluster")
+    core.wait_until(lambda: all(b"cluster_state:ok" in node.execute_command("CLUSTER", "INFO") for node in nodes),
+                    30, "cluster: the nodes did not agree on a cluster")
     url = "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in ports)
     fleet = core.Fleet(args, children, url, caps={}, log_prefix="cluster-",
-                  broker_url=core.start_redis(children, "cluster-broker"))
+                       broker_url=core.start_redis(children, "cluster-broker"))
     try:
         fleet.start()
         callers = []
-        for number in range(args.cluster_workspaces):
-            workspace = fleet.services.accounts.create_workspace(f"cluster-{number}", queue_enabled=True,
-                                                                 credits=10**12)
-            fleet.services.accounts.set_limits(workspace, max_queued=10**6, rate_limit="100000/second")
-            callers.append({"X-API-Key": fleet.services.accounts.mint_key(workspace),
-                            "Content-Type": "application/json"})
+        for n in range(args.cluster_workspaces):
+            workspace = core.new_workspace(fleet.services, f"cluster-{n}", max_queued=10**6, rate_limit="100000/second")
+            callers.append({**fleet.post_headers, "X-API-Key": fleet.services.accounts.mint_key(workspace)})
 
         def deliver(n: int) -> str:
             model = list(BODIES)[n % len(BODIES)]
             body = json.dumps(BODIES[model](f"bench cluster {n} {time.monotonic_ns()}"))
-            code, answer = core.http_json("POST", f"{fleet.base}/v2/models/{model}/requests", callers[n % len(callers)],
-                                     body)
+            code, answer = core.http_json("POST", f"{fleet.base}/v2/models/{model}/requests",
+                                          callers[n % len(callers)], body)
             if code != 201:
                 raise MeasurementError(f"cluster: a submit to {model} answered {code}: {answer}")
             return answer["request_id"]

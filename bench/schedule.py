@@ -7,7 +7,6 @@ import copy
 import json
 import time
 import uuid
-from typing import Callable
 
 from . import core
 from .core import Context, MeasurementError, emit, log, option, phase
@@ -26,21 +25,22 @@ def add_arguments(parser) -> None:
     option(group, "--cost-rounds", 5, "interleaved (1 workspace, many) rounds; the median-ratio round is reported")
 
 
-def _pipelined(services, attr: str, reply: list, calls: list[Callable], what: str) -> None:
-    """Each ``fn(store)`` on a store copy whose ``<attr>`` script queues on a pipeline (``BATCH`` per round
-    trip) and answers ``reply``, so the store builds KEYS and ARGV; every real reply must start as ``reply``."""
-    script, pipe = getattr(services.store, attr), None
+def _pipelined(services, method: str, calls: list[dict], reply: list, what: str) -> None:
+    """``RequestStore.<method>(**kwargs)`` for each of ``calls`` on a store copy whose script queues on a
+    pipeline (``BATCH`` per round trip) and answers ``reply``, so the store builds KEYS and ARGV; every real
+    reply must start as ``reply``."""
+    script, pipe = getattr(services.store, f"_{method}"), None
 
     def queue_call(keys, args, client=None):
         script(keys=keys, args=args, client=pipe)
         return reply
 
     batching = copy.copy(services.store)
-    setattr(batching, attr, queue_call)
+    setattr(batching, f"_{method}", queue_call)
     for start in range(0, len(calls), BATCH):
         pipe = services.redis.pipeline(transaction=False)
-        for fn in calls[start:start + BATCH]:
-            fn(batching)
+        for kwargs in calls[start:start + BATCH]:
+            getattr(batching, method)(**kwargs)
         for answer in pipe.execute():
             if not isinstance(answer, list) or answer[:1] != reply[:1]:
                 raise MeasurementError(f"{what}: the script answered {answer!r}")
@@ -51,24 +51,15 @@ def seed_spread(services, workspaces: list[str], entry, count: int, body: str) -
     on pipelines; their ids in admission order."""
     order = [workspaces[n % len(workspaces)] for n in range(count)]
     ids = [services.ids.mint(ws, entry.id) for ws in order]
-
-    def admit(request_id: str, workspace: str):
-        return lambda store: store.admit(request_id=request_id, workspace=workspace, model=entry.id,
-                                         provider=entry.provider, body=body)
-
-    _pipelined(services, "_admit", [b"ADMITTED", b"0", 0], [admit(i, ws) for i, ws in zip(ids, order)],
-               "seeding the schedule")
+    _pipelined(services, "admit", [dict(request_id=i, workspace=ws, model=entry.id, provider=entry.provider, body=body)
+                                   for i, ws in zip(ids, order)], [b"ADMITTED", b"0", 0], "seeding the schedule")
     return ids
 
 
 def cancel_all(services, request_ids: list[str], workspace: str, entry) -> None:
     """Cancel waiting requests through ``RequestStore.cancel`` on pipelines."""
-
-    def cancel(request_id: str):
-        return lambda store: store.cancel(request_id=request_id, workspace=workspace, model=entry.id,
-                                          provider=entry.provider)
-
-    _pipelined(services, "_cancel", [b"CANCELLED"], [cancel(i) for i in request_ids], "cancelling the requests")
+    _pipelined(services, "cancel", [dict(request_id=i, workspace=workspace, model=entry.id, provider=entry.provider)
+                                    for i in request_ids], [b"CANCELLED"], "cancelling the requests")
 
 
 def bench_lease():

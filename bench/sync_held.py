@@ -116,7 +116,7 @@ def measure_sync_held(ctx: Context) -> None:
                                        f"({answers[:3]})")
 
         core.wait_until(lambda: admitted() >= args.held, min(60.0, latency / 2),
-                   f"sync_held: not all {args.held} held calls running or queued", 0.1, none_answered)
+                        f"sync_held: not all {args.held} held calls running or queued", 0.1, none_answered)
         time.sleep(1.0)  # the admissions' own work is over; the front door just holds
         held = read_series(fleet, target)
         if answers:
