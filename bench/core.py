@@ -234,18 +234,18 @@ def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None
     wait_until(answers, timeout_s, f"{url} did not answer 200")
 
 
-def http_json(method: str, url: str, headers: dict[str, str], body: str | None = None) -> tuple[int, dict]:
+def http_json(method: str, url: str, headers: dict[str, str], body: str | None = None, status: int = 200) -> dict:
+    """The JSON answer of a call (urllib, a connection of its own) that must answer ``status``."""
     request = urllib.request.Request(url, data=None if body is None else body.encode(), method=method,
                                      headers=headers)
     try:
         with urllib.request.urlopen(request, timeout=10) as response:
-            return response.status, json.loads(response.read() or b"{}")
+            code, raw = response.status, response.read()
     except urllib.error.HTTPError as exc:
-        raw = exc.read()
-        try:
-            return exc.code, json.loads(raw)
-        except ValueError:
-            return exc.code, {"raw": raw[:300].decode(errors="replace")}
+        code, raw = exc.code, exc.read()
+    if code != status:
+        raise MeasurementError(f"{method} {url} answered {code}, not {status}: {raw[:300]!r}")
+    return json.loads(raw or b"{}")
 
 
 class KeepAlive:
@@ -263,6 +263,14 @@ class KeepAlive:
         self.conn.request(method, path, body=body, headers=headers or self.headers)
         data = (response := self.conn.getresponse()).read()
         return (time.perf_counter() - started) * 1000, response.status, data
+
+    def expect(self, status: int, method: str, path: str, body: bytes | None = None,
+               headers: dict[str, str] | None = None) -> tuple[float, bytes]:
+        """(ms, answer bytes) of a call that must answer ``status``."""
+        ms, code, data = self.call(method, path, headers, body)
+        if code != status:
+            raise MeasurementError(f"{method} {path} answered {code}, not {status}: {data[:200]!r}")
+        return ms, data
 
     def close(self) -> None:
         self.conn.close()
@@ -401,9 +409,7 @@ class Fleet:
 
     def submit_to(self, model_id: str, body: str) -> str:
         """Submit ``body`` to ``model_id``'s queued route; the request id."""
-        code, answer = http_json("POST", f"{self.base}/v2/models/{model_id}/requests", self.post_headers, body)
-        if code != 201 or "request_id" not in answer:
-            raise MeasurementError(f"a submit to {model_id} answered {code}: {answer}")
+        answer = http_json("POST", f"{self.base}/v2/models/{model_id}/requests", self.post_headers, body, 201)
         return answer["request_id"]
 
     def records(self, ids: list[str]) -> dict[str, dict[str, Any]]:

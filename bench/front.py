@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from contextlib import contextmanager
@@ -72,12 +73,9 @@ class FrontDoor:
     def post(self, what: str, url: str) -> Target:
         return Target(what, "POST", url, 201, self.post_headers, SUBMIT_BODY)
 
-    def queued_request(self, what: str) -> str:
+    def queued_request(self) -> str:
         """The id of a request submitted now (it stays queued: no worker runs)."""
-        code, handle = core.http_json("POST", self.submit_url, self.post_headers, SUBMIT_BODY)
-        if code != 201 or "request_id" not in handle:
-            raise MeasurementError(f"{what}: the target submit answered {code}: {handle}")
-        return handle["request_id"]
+        return core.http_json("POST", self.submit_url, self.post_headers, SUBMIT_BODY, 201)["request_id"]
 
 
 #: The wrk script of a target: counts answers with and without the expected status.
@@ -99,18 +97,15 @@ end
 """
 
 
-def _lua_string(text: str) -> str:
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
-
-
 def _run(ctx: Context, target: Target, seconds: int, what: str = "") -> tuple[float, int]:
     """One wrk run on ``target``, its answers checked unless ``what`` is empty (a warm-up): (req/s, requests)."""
     if target.enter:
         target.enter()
     if target.script is None:
         target.script = ctx.tmp / f"shot-{id(target)}.lua"
-        headers = "\n".join(f"wrk.headers[{_lua_string(k)}] = {_lua_string(v)}" for k, v in target.headers.items())
-        target.script.write_text(_LUA.format(method=_lua_string(target.method), body=_lua_string(target.body),
+        # a JSON string of ASCII text is a Lua string literal too
+        headers = "\n".join(f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in target.headers.items())
+        target.script.write_text(_LUA.format(method=json.dumps(target.method), body=json.dumps(target.body),
                                              headers=headers, status=target.status))
     argv = [ctx.front.wrk, f"-t{ctx.args.threads}", f"-c{ctx.args.connections}", f"-d{max(1, round(seconds))}s",
             "--timeout", "10s", "-s", str(target.script), target.url]
@@ -149,9 +144,8 @@ def measure_pair(ctx: Context, name: str, baseline: Target, subject: Target, rou
 @phase("status_read", "front", 10)
 def status_read(ctx: Context) -> None:
     front = ctx.front
-    url = f"{front.submit_url}/{front.queued_request('status_read')}/status"
-    if (code := core.http_json("GET", url, front.auth)[0]) != 200:
-        raise MeasurementError(f"status_read: a status read answered {code}")
+    url = f"{front.submit_url}/{front.queued_request()}/status"
+    core.http_json("GET", url, front.auth)  # answered 200
     b, v = measure_pair(ctx, "status_read", front.get("hello GET", f"{front.hello}/hello"),
                         front.get("status read", url))
     emit("status_read_throughput", v, "req/s", b)
@@ -211,7 +205,7 @@ def replica_reads(ctx: Context) -> None:
     """The primary's CPU per status poll when a replica serves the reads (a front door with REDIS_READ_URL)
     against the same polls served by the primary (the plain front door)."""
     front, primary = ctx.front, ctx.front.services.redis
-    path = f"/v2/models/{core.MODEL_ID}/requests/{front.queued_request('replica_reads')}/status"
+    path = f"/v2/models/{core.MODEL_ID}/requests/{front.queued_request()}/status"
 
     def cpu_per_poll(target: Target) -> float:
         before = core.redis_cpu(primary)
@@ -236,10 +230,8 @@ def _depth_side(ctx: Context, which: str, ahead: int, db: int, catalog_path: Pat
     status_url = f"{side_front}/v2/models/{core.MODEL_ID}/requests/{request_id}/status"
 
     def position_holds() -> None:
-        code, body = core.http_json("GET", status_url, auth)
-        if code != 200 or body.get("queue_position") != ahead:
-            raise MeasurementError(f"depth: a status read answered {code} with queue_position="
-                                   f"{body.get('queue_position')}, expected {ahead}")
+        if (position := core.http_json("GET", status_url, auth).get("queue_position")) != ahead:
+            raise MeasurementError(f"depth: a status read gave queue_position={position}, expected {ahead}")
 
     return front.get(f"behind {ahead}", status_url, auth, enter=position_holds)
 

@@ -63,26 +63,22 @@ def run_once(side: Side, args, redis_client, alive: Callable[[], None]) -> dict[
 
     def client(number: int) -> list[tuple[float, float]]:
         """Cycles until ``stop``: (collected at, latency s) of each."""
-        conn, done = core.KeepAlive(f"http://127.0.0.1:{side.port}", timeout_s=CYCLE_TIMEOUT_S), []
-
-        def request(method: str, path: str, body: bytes | None = None, status: int = 200) -> bytes:
-            code, answer = conn.call(method, path, post_headers if body else side.headers, body)[1:]
-            if code != status or not answer:
-                raise MeasurementError(f"{method} {path} answered {code}: {answer[:200]!r}")
-            return answer
-
+        conn, done = core.KeepAlive(f"http://127.0.0.1:{side.port}", side.headers, CYCLE_TIMEOUT_S), []
         try:
             while not stop.is_set():
                 body = capped_body(f"bench cycle {side.label}{number} {uuid.uuid4().hex} [stub:latency=0]")
                 began = time.perf_counter()
-                request_id = json.loads(request("POST", side.submit_path, body.encode(), 201))["request_id"]
+                submitted = conn.expect(201, "POST", side.submit_path, body.encode(), post_headers)[1]
+                request_id = json.loads(submitted)["request_id"]
                 while True:
                     time.sleep(args.cycle_poll_ms / 1000.0)
-                    if json.loads(request("GET", side.status_path.format(request_id)))["status"] == core.COMPLETED:
+                    status = json.loads(conn.expect(200, "GET", side.status_path.format(request_id))[1])["status"]
+                    if status == core.COMPLETED:
                         break
                     if time.perf_counter() - began > CYCLE_TIMEOUT_S:
                         raise MeasurementError(f"request {request_id} not COMPLETED within {CYCLE_TIMEOUT_S} s")
-                request("GET", side.result_path.format(request_id))
+                if not conn.expect(200, "GET", side.result_path.format(request_id))[1]:
+                    raise MeasurementError(f"the result of {request_id} was empty")
                 ended = time.perf_counter()
                 done.append((ended, ended - began))
             return done

@@ -27,9 +27,9 @@ def add_arguments(parser) -> None:
 
 def _page(connection: KeepAlive, query: dict[str, Any]) -> tuple[float, dict]:
     """(ms, answer) of one page, which must be answered 200 and list something."""
-    ms, status, data = connection.call("GET", "/v2/requests?" + urlencode(query))
-    if status != 200 or not (body := json.loads(data))["requests"]:
-        raise MeasurementError(f"history_paging: {query} answered {status}: {data[:200]!r}")
+    ms, data = connection.expect(200, "GET", "/v2/requests?" + urlencode(query))
+    if not (body := json.loads(data))["requests"]:
+        raise MeasurementError(f"history_paging: {query} listed nothing")
     return ms, body
 
 

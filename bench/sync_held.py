@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import selectors
 import socket
 import threading
 import time
@@ -51,18 +50,11 @@ def read_series(fleet: core.Fleet, request_id: str) -> list[float]:
 
     def reader(number: int) -> list[float]:
         conn = core.KeepAlive(fleet.base, fleet.auth, timeout_s=30)
-
-        def read() -> float:
-            ms, status, body = conn.call("GET", path)
-            if status != 200:
-                raise MeasurementError(f"a status read answered {status}: {body[:200]!r}")
-            return ms
-
         try:
             for _ in range(WARMUP_READS):
-                read()
+                conn.expect(200, "GET", path)
             start.wait(timeout=60)
-            return [read() for _ in range(reads // readers + (number < reads % readers))]
+            return [conn.expect(200, "GET", path)[0] for _ in range(reads // readers + (number < reads % readers))]
         except Exception as exc:
             start.abort()
             raise MeasurementError(f"status reads failed: reader {number}: {exc!r}") from exc
@@ -146,12 +138,16 @@ def _web_cpu_percent(fleet: core.Fleet) -> float:
     return 100.0 * (core.cpu_seconds(pids) - before) / (time.monotonic() - began)
 
 
-def _drain(selector: selectors.BaseSelector, received: dict[socket.socket, bytes], timeout_s: float) -> None:
-    for key, _ in selector.select(timeout_s):
-        try:
-            received[key.data] += key.data.recv(65536)
-        except BlockingIOError:
-            pass
+def _first_event(sock: socket.socket) -> None:
+    """Read a stream until its first event: it must have answered ``200 text/event-stream``."""
+    data = b""
+    try:
+        while b"\nevent: " not in data and (chunk := sock.recv(65536)):
+            data += chunk
+    except OSError as exc:
+        raise MeasurementError(f"streams: a stream gave no first event: {exc!r}") from exc
+    if not (data.startswith(b"HTTP/1.1 200") and b"text/event-stream" in data and b"\nevent: " in data):
+        raise MeasurementError(f"streams: a stream did not answer 200 text/event-stream and an event: {data[:200]!r}")
 
 
 @phase("streams", "fleet", 50)
@@ -162,36 +158,23 @@ def measure_streams(ctx: Context) -> None:
     began = time.monotonic()
     without = read_series(fleet, target)
     idle_without = _web_cpu_percent(fleet)
-    # the streams: raw non-blocking sockets, drained in this thread
+    # the streams: raw sockets, all opened, then each read up to its first event (the rest waits in the kernel)
     request = (f"GET /v2/models/{MODEL_ID}/requests/{followed}/events HTTP/1.1\r\nHost: 127.0.0.1:{fleet.web_port}"
                f"\r\nX-API-Key: {fleet.api_key}\r\nAccept: text/event-stream\r\n\r\n").encode()
-    selector, received = selectors.DefaultSelector(), dict[socket.socket, bytes]()
+    streams: list[socket.socket] = []
     try:
         for _ in range(args.streams):
-            sock = socket.create_connection(("127.0.0.1", fleet.web_port), timeout=10)
-            received[sock] = b""
-            sock.sendall(request)
-            sock.setblocking(False)
-            selector.register(sock, selectors.EVENT_READ, sock)
-
-        def streaming() -> int:
-            return sum(data.startswith(b"HTTP/1.1 200") and b"text/event-stream" in data and b"\nevent: " in data
-                       for data in received.values())
-
-        deadline = time.monotonic() + 60
-        while streaming() < args.streams and time.monotonic() < deadline:
-            _drain(selector, received, 0.2)
-        if (ready := streaming()) != args.streams:
-            raise MeasurementError(f"streams: only {ready} of {args.streams} streams answered their first event")
+            streams.append(socket.create_connection(("127.0.0.1", fleet.web_port), timeout=60))
+            streams[-1].sendall(request)
+        for sock in streams:
+            _first_event(sock)
         idle_with = _web_cpu_percent(fleet)
         with_streams = read_series(fleet, target)
-        _drain(selector, received, 0)
         if time.monotonic() - began > args.stream_latency:
             raise MeasurementError("streams: the followed generation ended while measuring; raise --stream-latency")
     finally:
-        for sock in received:
+        for sock in streams:
             sock.close()
-        selector.close()
     emit("streams_status_p50", core.pct(with_streams, 0.5), "ms", core.pct(without, 0.5))
     emit("streams_status_p99", core.pct(with_streams, 0.99), "ms", core.pct(without, 0.99))
     emit("streams_idle_web_cpu", idle_with, "%", max(idle_without, 0.01))
