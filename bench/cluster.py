@@ -14,9 +14,11 @@ import redis
 from router_queue.dev.stack import cluster_port
 
 from . import core
-from .core import Context, MeasurementError, emit, option, phase
+from .core import Context, MeasurementError, emit, phase
 
 PRIMARIES = 3
+#: Workspaces submitting round-robin, deliveries measured.
+WORKSPACES, DELIVERIES = 100, 900
 #: One model per provider, with a body its stub answers at once.
 BODIES = {
     "bfl/flux-2-pro": lambda text: {"prompt": f"{text} [stub:latency=0]"},
@@ -26,15 +28,9 @@ BODIES = {
 }
 
 
-def add_arguments(parser) -> None:
-    group = parser.add_argument_group("cluster")
-    option(group, "--cluster-workspaces", 100, "workspaces submitting in the cluster phase")
-    option(group, "--cluster-deliveries", 900, "deliveries measured in the cluster phase")
-
-
 @phase("cluster", "own_fleet", 20)
 def measure(ctx: Context) -> None:
-    args, children = ctx.args, ctx.children
+    children = ctx.children
     ports: list[int] = []
     for number in range(PRIMARIES):
         ports.append(port := cluster_port())
@@ -48,12 +44,12 @@ def measure(ctx: Context) -> None:
     core.wait_until(lambda: all(b"cluster_state:ok" in node.execute_command("CLUSTER", "INFO") for node in nodes),
                     30, "cluster: the nodes did not agree on a cluster")
     url = "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in ports)
-    fleet = core.Fleet(args, children, url, caps={}, log_prefix="cluster-",
+    fleet = core.Fleet(children, url, caps={}, log_prefix="cluster-",
                        broker_url=core.start_redis(children, "cluster-broker"))
     try:
         fleet.start()
         callers = []
-        for n in range(args.cluster_workspaces):
+        for n in range(WORKSPACES):
             workspace = core.new_workspace(fleet.services, f"cluster-{n}", max_queued=10**6, rate_limit="100000/second")
             callers.append({**fleet.post_headers, "X-API-Key": fleet.services.accounts.mint_key(workspace)})
 
@@ -66,7 +62,7 @@ def measure(ctx: Context) -> None:
 
         before = [core.redis_cpu(node) for node in nodes]
         with ThreadPoolExecutor(16) as pool:
-            ids = list(pool.map(deliver, range(args.cluster_deliveries)))
+            ids = list(pool.map(deliver, range(DELIVERIES)))
         fleet.wait_records(ids, (core.COMPLETED,), timeout_s=300, interval_s=0.2)
         spent = [core.redis_cpu(node) - b for node, b in zip(nodes, before)]
     finally:

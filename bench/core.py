@@ -29,6 +29,8 @@ IN_PROGRESS, COMPLETED = "IN_PROGRESS", "COMPLETED"
 STAGES = ("front", "store", "own_fleet", "fleet")
 #: The databases of the bench's Redis holding the two sides of the depth and dispatch_cost figures.
 SIDE_DBS = (12, 13)
+#: gunicorn workers of every app served: the Procfile's default WEB_CONCURRENCY.
+WEB_WORKERS = 2
 
 
 class MeasurementError(RuntimeError):
@@ -69,7 +71,6 @@ def ordered() -> list[Phase]:
 class Context:
     """What a phase is handed; ``front`` or ``fleet`` is set while its stage runs."""
 
-    args: Any
     children: Children
     tmp: Path
     redis_url: str  # database 0 of the bench's private redis-server
@@ -78,16 +79,6 @@ class Context:
 
     def db_url(self, db: int) -> str:
         return f"{self.redis_url.rsplit('/', 1)[0]}/{db}"
-
-
-def option(group, flag: str, default, help: str, **kwargs) -> None:
-    """``--flag``, typed as ``default``, the default named in the help."""
-    group.add_argument(flag, default=default, type=type(default), help=f"{help} (default {default})", **kwargs)
-
-
-def label(count: int) -> str:
-    """``100000`` -> ``100k``: the count in a figure's name."""
-    return f"{count // 1000}k" if count >= 1000 and count % 1000 == 0 else str(count)
 
 
 def fmt(value: float) -> str:
@@ -326,18 +317,10 @@ class BenchStack(Stack):
         return self.procs[name]
 
 
-def add_fleet_arguments(parser) -> None:
-    group = parser.add_argument_group("the fleet (every delivery phase)")
-    option(group, "--fleet-workers", 2, "Celery worker processes")
-    option(group, "--worker-threads", 256, "threads per Celery worker, --pool threads")
-    option(group, "--web-workers", 2, "gunicorn gevent workers of the fleet's front door, as router-queue dev")
-
-
 @dataclass
 class Fleet:
     """The whole stack (stub provider, Celery workers, beat, gunicorn), its workspace and key."""
 
-    args: Any
     children: Children
     redis_url: str
     #: Providers capped in the fleet's catalog copy; ``{}``: the shipped caps.
@@ -370,14 +353,13 @@ class Fleet:
         self.celery: Any = None  # the Celery app of ping(), made at its first call
 
     def start(self) -> None:
-        args = self.args
         self.stack.start_stub(self.stub_port)
-        workers = [f"worker{number}" for number in range(1, args.fleet_workers + 1)]
+        workers = ["worker1", "worker2"]
         for name in workers:  # production's Celery app plus the bench's ping (bench/worker_app.py)
-            self.stack.start_worker(self.services.catalog.providers(), name=name, pool="threads",
-                                    concurrency=args.worker_threads, app="bench.worker_app")
+            self.stack.start_worker(self.services.catalog.providers(), name=name, pool="threads", concurrency=256,
+                                    app="bench.worker_app")
         self.stack.start_beat()
-        wait_http(f"{self.base}/healthz", self.stack.start_web(self.web_port, workers=args.web_workers))
+        wait_http(f"{self.base}/healthz", self.stack.start_web(self.web_port, workers=WEB_WORKERS))
         wait_until(lambda: all(" ready." in self._log(w).read_text(errors="replace") for w in workers), 90,
                    "the workers were not ready", alive=self.alive)
         self.wait_records([self.submit(self.prompt("probe", 0))], (COMPLETED,), timeout_s=60, interval_s=0.05)

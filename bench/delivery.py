@@ -11,26 +11,21 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from . import core, schedule
-from .core import Context, MeasurementError, emit, log, option, phase
+from .core import Context, MeasurementError, emit, log, phase
 
 #: Stub seconds of the generation holding the capped slot: in waiting_cpu (it outlasts the phase), and
 #: while grant_to_start's chain is submitted.
 HOLD_S, BLOCK_S = 600, 2
-#: Seconds let pass before each CPU window of waiting_cpu (the last step's work winds down).
-SETTLE_S = 3.0
-
-
-def add_arguments(parser) -> None:
-    group = parser.add_argument_group("delivery figures (dispatch, inflight, grant_to_start, waiting_cpu)")
-    option(group, "--samples", 50, "dispatch samples (and as many pings), interleaved")
-    option(group, "--inflight", 500, "generations submitted at once for the in-flight figure")
-    option(group, "--latency", 5.0, "stub generation time in seconds, [stub:latency=...]")
-    option(group, "--submitters", 32, "concurrent HTTP submitters for the in-flight burst")
-    option(group, "--inflight-rounds", 1, "(one alone, n at once) rounds; the median-ratio round is reported")
-    option(group, "--inflight-timeout", 300.0, "seconds the n generations may take before the figure fails")
-    option(group, "--grant-chain", 40, "generations run one after another behind the cap for grant_to_start")
-    option(group, "--waiting", 10_000, "requests waiting behind vertexai's cap of 1 for waiting_cpu")
-    option(group, "--waiting-window", 20.0, "seconds of each CPU window of waiting_cpu")
+#: dispatch: sequential submits, each after a ping.
+SAMPLES = 50
+#: grant_to_start: generations run one after another behind the cap.
+CHAIN = 40
+#: inflight: generations submitted at once (from SUBMITTERS threads), each LATENCY_S long at the stub, and
+#: the seconds they may take.
+INFLIGHT, SUBMITTERS, LATENCY_S, INFLIGHT_TIMEOUT_S = 500, 32, 5.0, 300.0
+#: waiting_cpu: requests waiting behind the cap, seconds of each CPU window, seconds let pass before each
+#: window (the last step's work winds down).
+WAITING, WINDOW_S, SETTLE_S = 10_000, 20.0, 3.0
 
 
 def capped_body(text: str) -> str:
@@ -60,7 +55,7 @@ def measure_dispatch(ctx: Context) -> None:
         dispatch()
     pings: list[float] = []
     claims: list[float] = []
-    for _ in range(ctx.args.samples):
+    for _ in range(SAMPLES):
         pings += fleet.ping(1)
         time.sleep(0.05)  # idle between samples: none starts while the last one winds down
         claims.append(dispatch())
@@ -84,7 +79,7 @@ def _hold_slot(fleet: core.Fleet, latency: float, what: str) -> str:
 
 @phase("grant_to_start", "fleet", 20)
 def measure_grant_to_start(ctx: Context) -> None:
-    fleet, count = ctx.fleet, ctx.args.grant_chain
+    fleet, count = ctx.fleet, CHAIN
     _require_idle(fleet, "grant_to_start")
     fleet.ping(5)  # warm-up
     pings = fleet.ping(20)
@@ -119,30 +114,25 @@ def one_alone(fleet: core.Fleet, latency: float) -> float:
 
 def many_at_once(fleet: core.Fleet, count: int, latency: float) -> float:
     """Seconds from the first of ``count`` submits until the last of them is COMPLETED."""
-    args = fleet.args
     prompts = [fleet.prompt(f"inflight{i}", latency) for i in range(count)]
     began = time.time()
-    with ThreadPoolExecutor(max_workers=args.submitters, thread_name_prefix="submit") as pool:
+    with ThreadPoolExecutor(max_workers=SUBMITTERS, thread_name_prefix="submit") as pool:
         ids = list(pool.map(fleet.submit, prompts))
-    rows = fleet.wait_records(ids, (core.COMPLETED,), timeout_s=args.inflight_timeout, interval_s=0.5)
+    rows = fleet.wait_records(ids, (core.COMPLETED,), timeout_s=INFLIGHT_TIMEOUT_S, interval_s=0.5)
     _failed(rows, "inflight")
     return max(float(r["completed_at"]) for r in rows.values()) - began
 
 
 @phase("inflight", "fleet", 30)
 def measure_inflight(ctx: Context) -> None:
-    fleet, args = ctx.fleet, ctx.args
-    rounds = [(one_alone(fleet, args.latency), many_at_once(fleet, args.inflight, args.latency))
-              for _ in range(args.inflight_rounds)]
-    log("inflight: (one alone, n at once) s per round: " + " ".join(f"({a:.3f}, {m:.3f})" for a, m in rounds))
-    alone, many = core.median_round(rounds, lambda alone, many: many / alone)
-    emit(f"inflight_{args.inflight}_completion", many, "s", alone)
+    alone = one_alone(ctx.fleet, LATENCY_S)
+    emit("inflight_500_completion", many_at_once(ctx.fleet, INFLIGHT, LATENCY_S), "s", alone)
 
 
 # last: it leaves vertexai's one slot held by a long generation
 @phase("waiting_cpu", "fleet", 60)
 def measure_waiting_cpu(ctx: Context) -> None:
-    fleet, count, window = ctx.fleet, ctx.args.waiting, ctx.args.waiting_window
+    fleet, count = ctx.fleet, WAITING
     _require_idle(fleet, "waiting_cpu")
     holder = _hold_slot(fleet, HOLD_S, "hold")
     entry = fleet.services.catalog.by_id(core.CAPPED_MODEL_ID)
@@ -160,7 +150,7 @@ def measure_waiting_cpu(ctx: Context) -> None:
         check(queued, f"before the window '{what}'")
         time.sleep(SETTLE_S)
         began, before = time.monotonic(), core.cpu_seconds(pids, precise=True)
-        time.sleep(window)
+        time.sleep(WINDOW_S)
         used = (core.cpu_seconds(pids, precise=True) - before) / (time.monotonic() - began)
         fleet.alive()
         check(queued, f"after the window '{what}'")
@@ -173,4 +163,4 @@ def measure_waiting_cpu(ctx: Context) -> None:
     waiting = cores(count, f"{count} waiting")
     schedule.cancel_all(fleet.services, ids, fleet.workspace, entry)
     idle_after = cores(0, "idle again, slot held, nothing waiting")
-    emit(f"waiting_cpu_{core.label(count)}", waiting, "cores", (idle_before + idle_after) / 2)
+    emit("waiting_cpu_10k", waiting, "cores", (idle_before + idle_after) / 2)

@@ -13,24 +13,18 @@ from typing import Callable
 from urllib.parse import urlsplit
 
 from . import core, schedule
-from .core import Context, MeasurementError, emit, log, option, phase
+from .core import WEB_WORKERS, Context, MeasurementError, emit, log, phase
 
 SUBMIT_BODY = '{"prompt": "bench"}'
 APP = "router_queue.wsgi:app"
-
-
-def add_arguments(parser) -> None:
-    group = parser.add_argument_group("front door (status_read, floor, submit, replicated, replica_reads, depth)")
-    option(group, "--workers", 2, "gunicorn gevent workers per app, the Procfile's WEB_CONCURRENCY")
-    option(group, "--threads", 2, "wrk threads")
-    option(group, "--connections", 16, "wrk connections (at least --threads)")
-    option(group, "--duration", 5, "seconds per measured run")
-    option(group, "--warmup", 2, "seconds of warm-up per target")
-    option(group, "--rounds", 3, "interleaved baseline/subject rounds; the median-ratio round is reported")
-    option(group, "--near", 10, "requests ahead for the depth baseline")
-    option(group, "--depth", 100_000, "requests ahead for the deep read")
-    option(group, "--depth-rounds", 5, "interleaved rounds of the depth figure")
-    option(group, "--depth-workspaces", 1000, "workspaces the requests ahead are spread over (near: min(this, --near))")
+#: wrk's load: threads, connections.
+WRK_LOAD = ("-t2", "-c16")
+#: Seconds of each measured wrk run, and of the warm-up of each target.
+DURATION_S, WARMUP_S = 5, 2
+#: Interleaved (baseline, subject) rounds of a pair; the median-ratio round is reported.
+ROUNDS = 3
+#: depth: requests ahead of the deep and of the near read, workspaces they are spread over, rounds.
+DEPTH, NEAR, DEPTH_WORKSPACES, DEPTH_ROUNDS = 100_000, 10, 1000, 5
 
 
 @dataclass
@@ -52,7 +46,7 @@ class FrontDoor:
     """The front door and the hello world, both served (gunicorn, bench children), and a seeded workspace's key."""
 
     def __init__(self, ctx: Context):
-        args, self.children = ctx.args, ctx.children
+        self.children = ctx.children
         self.wrk = core.tool("wrk")
         self.services = core.services_for(ctx.redis_url)
         self.entry = self.services.catalog.by_id(core.MODEL_ID)
@@ -60,8 +54,8 @@ class FrontDoor:
         self.auth = {"X-API-Key": self.services.accounts.mint_key(core.new_workspace(self.services, "bench"))}
         self.post_headers = {**self.auth, "Content-Type": "application/json"}
         self.env = core.server_env(ctx.redis_url)
-        self.url = core.start_gunicorn(self.children, "frontdoor", APP, self.env, args.workers)
-        self.hello = core.start_gunicorn(self.children, "hello", "bench.hello:app", self.env, args.workers)
+        self.url = core.start_gunicorn(self.children, "frontdoor", APP, self.env, WEB_WORKERS)
+        self.hello = core.start_gunicorn(self.children, "hello", "bench.hello:app", self.env, WEB_WORKERS)
         self.submit_url = f"{self.url}/v2/models/{core.MODEL_ID}/requests"
 
     def stop(self) -> None:
@@ -97,7 +91,7 @@ end
 """
 
 
-def _run(ctx: Context, target: Target, seconds: int, what: str = "") -> tuple[float, int]:
+def _run(ctx: Context, target: Target, seconds: int = DURATION_S, what: str = "") -> tuple[float, int]:
     """One wrk run on ``target``, its answers checked unless ``what`` is empty (a warm-up): (req/s, requests)."""
     if target.enter:
         target.enter()
@@ -107,8 +101,7 @@ def _run(ctx: Context, target: Target, seconds: int, what: str = "") -> tuple[fl
         headers = "\n".join(f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in target.headers.items())
         target.script.write_text(_LUA.format(method=json.dumps(target.method), body=json.dumps(target.body),
                                              headers=headers, status=target.status))
-    argv = [ctx.front.wrk, f"-t{ctx.args.threads}", f"-c{ctx.args.connections}", f"-d{max(1, round(seconds))}s",
-            "--timeout", "10s", "-s", str(target.script), target.url]
+    argv = [ctx.front.wrk, *WRK_LOAD, f"-d{seconds}s", "--timeout", "10s", "-s", str(target.script), target.url]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 60, check=False)
     if done.returncode != 0 or not (found := re.search(r"BENCHLUA (\d+) (\d+) (\d+) (\d+) (\d+)", done.stdout)):
         raise MeasurementError(f"wrk failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
@@ -123,19 +116,18 @@ def _run(ctx: Context, target: Target, seconds: int, what: str = "") -> tuple[fl
     return requests / (duration_us / 1e6), requests
 
 
-def measure_pair(ctx: Context, name: str, baseline: Target, subject: Target, rounds: int = 0,
+def measure_pair(ctx: Context, name: str, baseline: Target, subject: Target, rounds: int = ROUNDS,
                  value: Callable[[Target], float] | None = None) -> tuple[float, float]:
     """Warm both up, then ``rounds`` x (baseline, subject): the (baseline, subject) ``value`` (default: the
     rate) of the round with the median subject/baseline ratio."""
 
     def rate(target: Target) -> float:
-        return _run(ctx, target, ctx.args.duration, f"{name} {target.label}")[0]
+        return _run(ctx, target, what=f"{name} {target.label}")[0]
 
     measure = value or rate
-    if ctx.args.warmup > 0:
-        for target in (baseline, subject):
-            _run(ctx, target, ctx.args.warmup)
-    pairs = [(measure(baseline), measure(subject)) for _ in range(rounds or ctx.args.rounds)]
+    for target in (baseline, subject):
+        _run(ctx, target, WARMUP_S)
+    pairs = [(measure(baseline), measure(subject)) for _ in range(rounds)]
     log(f"{name}: {subject.label} / {baseline.label} per round: "
         + " ".join(f"{s:.4g}/{b:.4g} = {s / b:.3f}" for b, s in pairs) + " (the median round is reported)")
     return core.median_round(pairs, lambda b, s: s / b)
@@ -185,7 +177,7 @@ def _replica_front(ctx: Context, name: str, env_for: Callable[[str], dict[str, s
         core.wait_until(lambda: ctx.front.services.redis.info("replication").get("connected_slaves") == 1, 30,
                         f"{name}: the replica did not connect", 0.1)
         yield core.start_gunicorn(ctx.children, f"frontdoor-{name}", APP, dict(ctx.front.env, **env_for(replica)),
-                                  ctx.args.workers)
+                                  WEB_WORKERS)
     finally:
         ctx.children.stop({f"frontdoor-{name}", "redis-replica"})
 
@@ -209,7 +201,7 @@ def replica_reads(ctx: Context) -> None:
 
     def cpu_per_poll(target: Target) -> float:
         before = core.redis_cpu(primary)
-        requests = _run(ctx, target, ctx.args.duration, f"replica_reads {target.label}")[1]
+        requests = _run(ctx, target, what=f"replica_reads {target.label}")[1]
         return 1000.0 * (core.redis_cpu(primary) - before) / requests
 
     with _replica_front(ctx, "replica", lambda url: {"REDIS_READ_URL": url}) as reading:
@@ -220,13 +212,13 @@ def replica_reads(ctx: Context) -> None:
 
 def _depth_side(ctx: Context, which: str, ahead: int, db: int, catalog_path: Path) -> Target:
     """Seed database ``db`` with ``ahead`` requests before the target and serve it: its target."""
-    args, front, url = ctx.args, ctx.front, ctx.db_url(db)
+    front, url = ctx.front, ctx.db_url(db)
     side = core.services_for(url, catalog_path)
     side.redis.flushdb()
-    workspace_id, request_id = schedule.seed_behind(side, front.entry, ahead, args.depth_workspaces, SUBMIT_BODY)
+    workspace_id, request_id = schedule.seed_behind(side, front.entry, ahead, DEPTH_WORKSPACES, SUBMIT_BODY)
     auth = {"X-API-Key": side.accounts.mint_key(workspace_id)}
     side_front = core.start_gunicorn(ctx.children, f"frontdoor-{which}", APP,
-                                     dict(front.env, REDIS_URL=url, CATALOG_PATH=str(catalog_path)), args.workers)
+                                     dict(front.env, REDIS_URL=url, CATALOG_PATH=str(catalog_path)), WEB_WORKERS)
     status_url = f"{side_front}/v2/models/{core.MODEL_ID}/requests/{request_id}/status"
 
     def position_holds() -> None:
@@ -240,12 +232,11 @@ def _depth_side(ctx: Context, which: str, ahead: int, db: int, catalog_path: Pat
 def depth(ctx: Context) -> None:
     """Each side gets its own database and front door, the provider capped at 1 and that slot held, so
     nothing is ever granted (bench/README.md)."""
-    args = ctx.args
     catalog_path = core.capped_catalog(ctx.tmp, {ctx.front.entry.provider: 1})
     try:
-        near = _depth_side(ctx, "near", args.near, core.SIDE_DBS[0], catalog_path)
-        deep = _depth_side(ctx, "deep", args.depth, core.SIDE_DBS[1], catalog_path)
-        n, d = measure_pair(ctx, "depth", near, deep, rounds=args.depth_rounds)
+        near = _depth_side(ctx, "near", NEAR, core.SIDE_DBS[0], catalog_path)
+        deep = _depth_side(ctx, "deep", DEPTH, core.SIDE_DBS[1], catalog_path)
+        n, d = measure_pair(ctx, "depth", near, deep, rounds=DEPTH_ROUNDS)
     finally:
         ctx.children.stop({"frontdoor-near", "frontdoor-deep"})
-    emit(f"status_read_cost_behind_{core.label(args.depth)}", 1000.0 / d, "ms", 1000.0 / n)
+    emit("status_read_cost_behind_100k", 1000.0 / d, "ms", 1000.0 / n)

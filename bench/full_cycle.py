@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from . import core
-from .core import Context, MeasurementError, emit, log, option, phase
+from .core import WEB_WORKERS, Context, MeasurementError, emit, log, phase
 from .delivery import capped_body
 
 #: Ours: one synchronous provider call per delivery.
@@ -25,17 +25,12 @@ CYCLE_TIMEOUT_S = 30.0
 SETTLE_S = 0.5
 #: The minimal loop's database on the bench's Redis.
 MINIMAL_DB = 11
-
-
-def add_arguments(parser) -> None:
-    group = parser.add_argument_group("full cycle against a minimal loop (full_cycle)")
-    option(group, "--cycle-clients", 32, "client threads, each submit -> poll -> collect in a loop")
-    option(group, "--cycle-seconds", 10.0, "counted seconds per run")
-    option(group, "--cycle-warmup", 2.0, "uncounted seconds before each run's window")
-    option(group, "--cycle-rounds", 3, "interleaved (ours, minimal noop, minimal stub) rounds")
-    option(group, "--cycle-poll-ms", 10.0, "ms a client sleeps before each status read")
-    option(group, "--minimal-concurrency", 2, "prefork processes of the minimal loop's Celery worker (the cores here)")
-    option(group, "--minimal-stub", "on", "also run the minimal loop with a real stub call", choices=("on", "off"))
+#: Client threads, each looping submit -> poll -> collect; seconds a client sleeps before each status read.
+CLIENTS, POLL_S = 32, 0.01
+#: Uncounted seconds before each run's window, counted seconds of the window.
+WARMUP_S, WINDOW_S = 2.0, 10.0
+#: Interleaved (ours, minimal noop, minimal stub) rounds.
+ROUNDS = 3
 
 
 @dataclass
@@ -56,7 +51,7 @@ def _snapshot(client) -> tuple[float, float, int]:
     return time.perf_counter(), core.redis_cpu(client), calls
 
 
-def run_once(side: Side, args, redis_client, alive: Callable[[], None]) -> dict[str, float]:
+def run_once(side: Side, redis_client, alive: Callable[[], None]) -> dict[str, float]:
     """The clients on ``side`` for warm-up + window; the window's figures."""
     stop = threading.Event()
     post_headers = {**side.headers, "Content-Type": "application/json"}
@@ -71,7 +66,7 @@ def run_once(side: Side, args, redis_client, alive: Callable[[], None]) -> dict[
                 submitted = conn.expect(201, "POST", side.submit_path, body.encode(), post_headers)[1]
                 request_id = json.loads(submitted)["request_id"]
                 while True:
-                    time.sleep(args.cycle_poll_ms / 1000.0)
+                    time.sleep(POLL_S)
                     status = json.loads(conn.expect(200, "GET", side.status_path.format(request_id))[1])["status"]
                     if status == core.COMPLETED:
                         break
@@ -88,11 +83,11 @@ def run_once(side: Side, args, redis_client, alive: Callable[[], None]) -> dict[
         finally:
             conn.close()
 
-    with ThreadPoolExecutor(args.cycle_clients) as pool:
-        clients = [pool.submit(client, n) for n in range(args.cycle_clients)]
-        stop.wait(args.cycle_warmup)
+    with ThreadPoolExecutor(CLIENTS) as pool:
+        clients = [pool.submit(client, n) for n in range(CLIENTS)]
+        stop.wait(WARMUP_S)
         before = _snapshot(redis_client)
-        stop.wait(args.cycle_seconds)
+        stop.wait(WINDOW_S)
         after = _snapshot(redis_client)
         stop.set()
     alive()
@@ -110,11 +105,11 @@ def start_minimal(ctx: Context, stub_url: str) -> tuple[int, Callable[[], None]]
 
     env = {k: v for k, v in core.server_env(ctx.db_url(MINIMAL_DB), MINIMAL_REDIS_URL=ctx.db_url(MINIMAL_DB),
                                             MINIMAL_STUB_URL=stub_url).items() if not k.startswith("CELERY")}
-    url = core.start_gunicorn(ctx.children, "minimal-web", "bench.minimal_loop:app", env, ctx.args.web_workers,
+    url = core.start_gunicorn(ctx.children, "minimal-web", "bench.minimal_loop:app", env, WEB_WORKERS,
                               (*minimal_loop.WEB_SERVING, "--timeout", "660"))
     ctx.children.spawn("minimal-worker", [
         sys.executable, "-m", "celery", "-A", "bench.minimal_loop:celery_app", "worker", "--queues",
-        minimal_loop.QUEUE, "--pool", "prefork", "--concurrency", str(ctx.args.minimal_concurrency),
+        minimal_loop.QUEUE, "--pool", "prefork", "--concurrency", "2",
         "--loglevel", "INFO", "--hostname", f"minimal-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
     ], env)
 
@@ -132,14 +127,13 @@ def start_minimal(ctx: Context, stub_url: str) -> tuple[int, Callable[[], None]]
 def measure(ctx: Context) -> None:
     import redis
 
-    args = ctx.args
     redis.Redis.from_url(ctx.db_url(MINIMAL_DB)).flushdb()
-    fleet = core.Fleet(args, ctx.children, ctx.redis_url, caps={}, log_prefix="cycle-")
+    fleet = core.Fleet(ctx.children, ctx.redis_url, caps={}, log_prefix="cycle-")
     try:
         fleet.start()
         port, minimal_alive = start_minimal(ctx, fleet.stub)
         sides = [Side("ours", fleet.web_port, OURS, OURS + "/{}/status", OURS + "/{}", fleet.auth)]
-        for variant in ("noop", "stub") if args.minimal_stub == "on" else ("noop",):
+        for variant in ("noop", "stub"):
             sides.append(Side(f"minimal-{variant}", port, f"/submit/{variant}", "/status/{}", "/result/{}",
                               {"X-API-Key": "minimal"}))
 
@@ -148,10 +142,10 @@ def measure(ctx: Context) -> None:
             minimal_alive()
 
         rounds: list[dict[str, dict[str, float]]] = []
-        for _ in range(args.cycle_rounds):
+        for _ in range(ROUNDS):
             rounds.append({})
             for side in sides:
-                rounds[-1][side.label] = run_once(side, args, fleet.client, alive)
+                rounds[-1][side.label] = run_once(side, fleet.client, alive)
                 log(f"full_cycle {side.label}: " + ", ".join(f"{k} {v:.4g}" for k, v in rounds[-1][side.label].items()))
                 time.sleep(SETTLE_S)
     finally:
@@ -167,8 +161,7 @@ def measure(ctx: Context) -> None:
     figure("full_cycle_p99", "ours", "minimal-noop", "p99", "ms")
     figure("redis_cpu_per_delivery", "ours", "minimal-noop", "redis_ms", "ms")
     figure("redis_commands_per_delivery", "ours", "minimal-noop", "commands", "commands")
-    if args.minimal_stub == "on":
-        # the floor under full_cycle_throughput: one real provider call against none
-        figure("full_cycle_floor_throughput", "minimal-stub", "minimal-noop", "rate", "deliveries/s")
-        figure("full_cycle_throughput_same_call", "ours", "minimal-stub", "rate", "deliveries/s")
-        figure("full_cycle_p99_same_call", "ours", "minimal-stub", "p99", "ms")
+    # the floor under full_cycle_throughput: one real provider call against none
+    figure("full_cycle_floor_throughput", "minimal-stub", "minimal-noop", "rate", "deliveries/s")
+    figure("full_cycle_throughput_same_call", "ours", "minimal-stub", "rate", "deliveries/s")
+    figure("full_cycle_p99_same_call", "ours", "minimal-stub", "p99", "ms")

@@ -9,20 +9,15 @@ from typing import Any
 from urllib.parse import urlencode
 
 from . import schedule
-from .core import MODEL_ID, Context, KeepAlive, MeasurementError, emit, log, new_workspace, option, phase
+from .core import MODEL_ID, Context, KeepAlive, MeasurementError, emit, log, new_workspace, phase
 
 #: Entries per page (the most the route lists).
 LIMIT = 100
 #: One in this many requests is left waiting; the rest are cancelled.
 WAITING_ONE_IN = 10
-#: Reads of each page per round.
-READS_PER_ROUND = 10
-
-
-def add_arguments(parser) -> None:
-    group = parser.add_argument_group("request history (history_paging)")
-    option(group, "--history-requests", 100_000, "requests in the workspace's history")
-    option(group, "--history-rounds", 15, "interleaved rounds of first- and last-page reads")
+#: Requests in the workspace's history; interleaved rounds of first- and last-page reads, reads of each
+#: page per round.
+REQUESTS, ROUNDS, READS_PER_ROUND = 100_000, 15, 10
 
 
 def _page(connection: KeepAlive, query: dict[str, Any]) -> tuple[float, dict]:
@@ -47,10 +42,10 @@ def _walk(connection: KeepAlive, query: dict[str, Any]) -> tuple[list[str], dict
 
 @phase("history_paging", "front", 70)
 def measure(ctx: Context) -> None:
-    services, count, rounds = ctx.front.services, ctx.args.history_requests, ctx.args.history_rounds
+    services = ctx.front.services
     entry = services.catalog.by_id(MODEL_ID)
     workspace = new_workspace(services, "history-bench")
-    ids = schedule.seed_spread(services, [workspace], entry, count, '{"prompt": "history"}')
+    ids = schedule.seed_spread(services, [workspace], entry, REQUESTS, '{"prompt": "history"}')
     schedule.cancel_all(services, [i for n, i in enumerate(ids) if n % WAITING_ONE_IN], workspace, entry)
     connection = KeepAlive(ctx.front.url, {"X-API-Key": services.accounts.mint_key(workspace)})
     try:
@@ -65,7 +60,7 @@ def measure(ctx: Context) -> None:
                 _page(connection, page)
             times: tuple[list[float], list[float]] = ([], [])
             ratios = []
-            for _ in range(rounds):
+            for _ in range(ROUNDS):
                 for _ in range(READS_PER_ROUND):
                     for series, page in zip(times, (query, last)):
                         series.append(_page(connection, page)[0])

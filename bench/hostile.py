@@ -7,10 +7,12 @@ import json
 import statistics
 from typing import Callable
 
-from .core import CAPPED_MODEL_ID, Context, KeepAlive, MeasurementError, emit, option, phase
+from .core import CAPPED_MODEL_ID, Context, KeepAlive, MeasurementError, emit, phase
 
 #: Body size the figures compare, in bytes (under the front door's 1 MiB limit).
 SIZE = 1_000_000
+#: Interleaved rounds of plain and hostile submits.
+ROUNDS = 15
 
 
 def _compact(body: object) -> bytes:
@@ -50,10 +52,6 @@ def bodies() -> dict[str, bytes]:
     }
 
 
-def add_arguments(parser) -> None:
-    option(parser, "--hostile-rounds", 15, "interleaved rounds of plain and hostile 1 MB submits (hostile_body_ratio)")
-
-
 @phase("hostile_body_ratio", "front", 60)
 def measure(ctx: Context) -> None:
     path, headers, cases = f"/v2/models/{CAPPED_MODEL_ID}/requests", ctx.front.post_headers, bodies()
@@ -63,7 +61,7 @@ def measure(ctx: Context) -> None:
     try:
         for body in cases.values():  # warm-up: each kind once
             connection.call("POST", path, headers, body)
-        for _ in range(ctx.args.hostile_rounds):
+        for _ in range(ROUNDS):
             for name, body in cases.items():
                 ms, statuses[name], _ = connection.call("POST", path, headers, body)
                 timings[name].append(ms)

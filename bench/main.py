@@ -12,9 +12,9 @@ import traceback
 from pathlib import Path
 
 from . import cluster, delivery, front, full_cycle, history, hostile, schedule, sync_held
-from .core import Children, Context, Fleet, MeasurementError, add_fleet_arguments, log, ordered, start_redis
+from .core import Children, Context, Fleet, MeasurementError, log, ordered, start_redis
 
-#: Every module that adds phases (and their options); importing one registers its phases.
+#: Every module that adds phases; importing one registers its phases.
 PHASE_MODULES = (front, hostile, history, schedule, full_cycle, cluster, delivery, sync_held)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -25,9 +25,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--only", "--phases", dest="only", default=",".join(names),
                         help=f"comma-separated phases: {', '.join(names)} (default all)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the temp dir with server logs")
-    add_fleet_arguments(parser)
-    for module in PHASE_MODULES:
-        module.add_arguments(parser)
     args = parser.parse_args(argv)
     args.only = {p.strip() for p in args.only.split(",") if p.strip()}
     if unknown := args.only - set(names):
@@ -38,7 +35,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
     import redis
 
-    ctx = Context(args, children, tmp, start_redis(children))
+    ctx = Context(children, tmp, start_redis(children))
     client = redis.Redis.from_url(ctx.redis_url)
     chosen = [p for p in ordered() if p.name in args.only]
     failures: list[str] = []
@@ -48,7 +45,7 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
         if stage == "front":
             ctx.front = front.FrontDoor(ctx)
         if stage == "fleet":
-            ctx.fleet = Fleet(args, children, ctx.redis_url)
+            ctx.fleet = Fleet(children, ctx.redis_url)
             ctx.fleet.start()
         for p in (p for p in chosen if p.stage == stage):
             try:

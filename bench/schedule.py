@@ -9,20 +9,15 @@ import time
 import uuid
 
 from . import core
-from .core import Context, MeasurementError, emit, log, option, phase
+from .core import Context, MeasurementError, emit, log, phase
 
 #: Admits (or cancels) sent per pipeline while seeding.
 BATCH = 2000
 #: What the issue allows a waiting request to cost in Redis beyond its body.
 WAITING_OVERHEAD_BUDGET = 1536
-
-
-def add_arguments(parser) -> None:
-    group = parser.add_argument_group("dispatch cost (dispatch_cost)")
-    option(group, "--cost-workspaces", 1000, "workspaces the waiting requests are spread over")
-    option(group, "--cost-queue", 10_000, "requests waiting behind the cap of 1, on each side, throughout")
-    option(group, "--cost-cycles", 2000, "complete -> grant -> claim cycles per run")
-    option(group, "--cost-rounds", 5, "interleaved (1 workspace, many) rounds; the median-ratio round is reported")
+#: dispatch_cost: workspaces the waiting requests are spread over, requests waiting behind the cap of 1 on
+#: each side throughout, complete -> grant -> claim cycles per run, interleaved (1 workspace, many) rounds.
+COST_WORKSPACES, COST_QUEUE, CYCLES, COST_ROUNDS = 1000, 10_000, 2000, 5
 
 
 def _pipelined(services, method: str, calls: list[dict], reply: list, what: str) -> None:
@@ -135,19 +130,19 @@ class CycleSide:
 
 @phase("dispatch_cost", "store", 10)
 def measure_dispatch_cost(ctx: Context) -> None:
-    args, k = ctx.args, ctx.args.cost_cycles
+    k = CYCLES
     catalog_path = core.capped_catalog(ctx.tmp, {"bfl": 1})
-    queued = args.cost_queue + args.cost_rounds * k + 1  # every round leaves --cost-queue waiting at its end
+    queued = COST_QUEUE + COST_ROUNDS * k + 1  # at the end, COST_QUEUE less the warm-up's cycles still wait
     sides = [CycleSide(f"{n} workspace(s)", ctx.db_url(db), catalog_path, n, queued)
-             for n, db in zip((1, args.cost_workspaces), core.SIDE_DBS)]
+             for n, db in zip((1, COST_WORKSPACES), core.SIDE_DBS)]
     for side in sides:
-        side.run(min(200, k))  # warm-up
-    rounds = [tuple(side.run(k) for side in sides) for _ in range(args.cost_rounds)]
+        side.run(200)  # warm-up
+    rounds = [tuple(side.run(k) for side in sides) for _ in range(COST_ROUNDS)]
     log("dispatch_cost: wall ratio per round: " + " ".join(f"{m[0] / o[0]:.3f}" for o, m in rounds))
     for index, name in enumerate(("dispatch_cost", "dispatch_redis_cpu")):
         pairs = [(b[index], s[index]) for b, s in rounds]
         base, subject = core.median_round(pairs, lambda b, s: s / b if b else float("inf"))
-        emit(f"{name}_{args.cost_workspaces}_workspaces", 1000 * subject / k, "ms", 1000 * base / k)
+        emit(f"{name}_1000_workspaces", 1000 * subject / k, "ms", 1000 * base / k)
 
 
 @phase("waiting_memory", "store", 20)

@@ -13,23 +13,17 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from . import core
-from .core import Context, MeasurementError, emit, option, phase
+from .core import Context, MeasurementError, emit, phase
 
 MODEL_ID, PROVIDER = "openai/gpt-4o-mini-tts", "openai"
-#: Untimed reads per reader connection before each timed series.
-WARMUP_READS = 20
-#: Seconds over which the web processes' CPU is taken, with and without streams.
-IDLE_WINDOW_S = 5.0
-
-
-def add_arguments(parser) -> None:
-    group = parser.add_argument_group("status reads with calls or streams held open (sync_held, streams)")
-    option(group, "--held", 200, "synchronous calls held open for sync_held")
-    option(group, "--held-latency", 30.0, "stub generation time of each held call, s")
-    option(group, "--held-reads", 2000, "timed status reads per series (before, during, after the hold)")
-    option(group, "--held-readers", 4, "threads sending the status reads, one connection each")
-    option(group, "--streams", 1000, "event streams held open for streams")
-    option(group, "--stream-latency", 90.0, "stub generation time of the followed request, s")
+#: Timed status reads per series (before, during, after the hold), reader threads (a connection each),
+#: untimed reads per reader before each series.
+READS, READERS, WARMUP_READS = 2000, 4, 20
+#: sync_held: synchronous calls held open, and the stub's generation time of each, s.
+HELD, HELD_LATENCY_S = 200, 30.0
+#: streams: event streams held open, the stub's generation time of the request they follow, and the
+#: seconds over which the web processes' CPU is taken, with and without them.
+STREAMS, STREAM_LATENCY_S, IDLE_WINDOW_S = 1000, 90.0, 5.0
 
 
 def _speech(fleet: core.Fleet, text: str, wanted: str) -> str:
@@ -42,11 +36,10 @@ def _speech(fleet: core.Fleet, text: str, wanted: str) -> str:
 
 
 def read_series(fleet: core.Fleet, request_id: str) -> list[float]:
-    """``--held-reads`` status reads of ``request_id`` from ``--held-readers`` threads, one keep-alive
-    connection each; ms per read."""
-    reads, readers = fleet.args.held_reads, fleet.args.held_readers
+    """``READS`` status reads of ``request_id`` from ``READERS`` threads, one keep-alive connection each; ms
+    per read."""
     path = f"/v2/models/{MODEL_ID}/requests/{request_id}/status"
-    start = threading.Barrier(readers)
+    start = threading.Barrier(READERS)
 
     def reader(number: int) -> list[float]:
         conn = core.KeepAlive(fleet.base, fleet.auth, timeout_s=30)
@@ -54,15 +47,15 @@ def read_series(fleet: core.Fleet, request_id: str) -> list[float]:
             for _ in range(WARMUP_READS):
                 conn.expect(200, "GET", path)
             start.wait(timeout=60)
-            return [conn.expect(200, "GET", path)[0] for _ in range(reads // readers + (number < reads % readers))]
+            return [conn.expect(200, "GET", path)[0] for _ in range(READS // READERS + (number < READS % READERS))]
         except Exception as exc:
             start.abort()
             raise MeasurementError(f"status reads failed: reader {number}: {exc!r}") from exc
         finally:
             conn.close()
 
-    with ThreadPoolExecutor(readers) as pool:
-        return [ms for series in pool.map(reader, range(readers)) for ms in series]
+    with ThreadPoolExecutor(READERS) as pool:
+        return [ms for series in pool.map(reader, range(READERS)) for ms in series]
 
 
 def _hold(fleet: core.Fleet, body: str, timeout_s: float, answers: list[tuple]) -> None:
@@ -82,7 +75,7 @@ def _hold(fleet: core.Fleet, body: str, timeout_s: float, answers: list[tuple]) 
 # near the end: its held generations occupy the workers' threads while they run
 @phase("sync_held", "fleet", 40)
 def measure_sync_held(ctx: Context) -> None:
-    fleet, args, latency = ctx.fleet, ctx.args, ctx.args.held_latency
+    fleet, latency = ctx.fleet, HELD_LATENCY_S
     target = _speech(fleet, "held target", core.COMPLETED)  # the request whose status is read
 
     def admitted() -> int:
@@ -94,7 +87,7 @@ def measure_sync_held(ctx: Context) -> None:
     without = read_series(fleet, target)
     answers: list[tuple] = []
     bodies = [json.dumps({"input": f"bench held {n} {uuid.uuid4().hex} [stub:latency={latency:g}]",
-                          "voice": "alloy"}) for n in range(args.held)]
+                          "voice": "alloy"}) for n in range(HELD)]
     threads = [threading.Thread(target=_hold, args=(fleet, body, latency + 120, answers), daemon=True)
                for body in bodies]
     opened, measured = time.monotonic(), False
@@ -107,13 +100,13 @@ def measure_sync_held(ctx: Context) -> None:
                 raise MeasurementError(f"sync_held: {len(answers)} held calls answered before all were admitted "
                                        f"({answers[:3]})")
 
-        core.wait_until(lambda: admitted() >= args.held, min(60.0, latency / 2),
-                        f"sync_held: not all {args.held} held calls running or queued", 0.1, none_answered)
+        core.wait_until(lambda: admitted() >= HELD, min(60.0, latency / 2),
+                        f"sync_held: not all {HELD} held calls running or queued", 0.1, none_answered)
         time.sleep(1.0)  # the admissions' own work is over; the front door just holds
         held = read_series(fleet, target)
         if answers:
             raise MeasurementError(f"sync_held: {len(answers)} held calls were answered while the reads ran "
-                                   "(raise --held-latency)")
+                                   "(raise HELD_LATENCY_S)")
         measured = True
     finally:
         # the generations end at the stub's latency: wait them out (after a failure only briefly: stopping
@@ -122,8 +115,8 @@ def measure_sync_held(ctx: Context) -> None:
         for thread in threads:
             thread.join(max(0.1, end - time.monotonic()))
     failed = [answer for answer in answers if answer[:2] != (200, "audio/mpeg")]
-    if failed or len(answers) != args.held:
-        raise MeasurementError(f"sync_held: {len(failed) + args.held - len(answers)} of {args.held} held calls "
+    if failed or len(answers) != HELD:
+        raise MeasurementError(f"sync_held: {len(failed) + HELD - len(answers)} of {HELD} held calls "
                                f"did not answer 200 audio/mpeg: {failed[:3]}")
     baseline = without + read_series(fleet, target)
     emit("sync_held_status_p50", core.pct(held, 0.5), "ms", core.pct(baseline, 0.5))
@@ -152,9 +145,9 @@ def _first_event(sock: socket.socket) -> None:
 
 @phase("streams", "fleet", 50)
 def measure_streams(ctx: Context) -> None:
-    fleet, args = ctx.fleet, ctx.args
+    fleet = ctx.fleet
     target = _speech(fleet, "streams target", core.COMPLETED)
-    followed = _speech(fleet, f"streams followed [stub:latency={args.stream_latency:g}]", core.IN_PROGRESS)
+    followed = _speech(fleet, f"streams followed [stub:latency={STREAM_LATENCY_S:g}]", core.IN_PROGRESS)
     began = time.monotonic()
     without = read_series(fleet, target)
     idle_without = _web_cpu_percent(fleet)
@@ -163,15 +156,15 @@ def measure_streams(ctx: Context) -> None:
                f"\r\nX-API-Key: {fleet.api_key}\r\nAccept: text/event-stream\r\n\r\n").encode()
     streams: list[socket.socket] = []
     try:
-        for _ in range(args.streams):
+        for _ in range(STREAMS):
             streams.append(socket.create_connection(("127.0.0.1", fleet.web_port), timeout=60))
             streams[-1].sendall(request)
         for sock in streams:
             _first_event(sock)
         idle_with = _web_cpu_percent(fleet)
         with_streams = read_series(fleet, target)
-        if time.monotonic() - began > args.stream_latency:
-            raise MeasurementError("streams: the followed generation ended while measuring; raise --stream-latency")
+        if time.monotonic() - began > STREAM_LATENCY_S:
+            raise MeasurementError("streams: the followed generation ended while measuring; raise STREAM_LATENCY_S")
     finally:
         for sock in streams:
             sock.close()
