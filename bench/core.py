@@ -175,6 +175,12 @@ class Children:
                 proc.wait()
         self.procs = [child for child in self.procs if child not in chosen]
 
+    def alive(self, prefix: str = "") -> None:
+        """Raise if a child whose name starts with ``prefix`` has exited."""
+        for name, proc in self.procs:
+            if name.startswith(prefix) and proc.poll() is not None:
+                raise MeasurementError(f"{name} exited during the run; see {self.log_dir / name}.log")
+
 
 def start_redis(children: Children, name: str = "redis", *extra: str, port: int = 0) -> str:
     """A private, non-persistent redis-server on ``port`` (default: a free one), ``extra`` its options; its URL."""
@@ -360,7 +366,8 @@ class Fleet:
                                     app="bench.worker_app")
         self.stack.start_beat()
         wait_http(f"{self.base}/healthz", self.stack.start_web(self.web_port, workers=WEB_WORKERS))
-        wait_until(lambda: all(" ready." in self._log(w).read_text(errors="replace") for w in workers), 90,
+        logs = [self.children.log_dir / f"{self.log_prefix}{name}.log" for name in workers]
+        wait_until(lambda: all(" ready." in log.read_text(errors="replace") for log in logs), 90,
                    "the workers were not ready", alive=self.alive)
         self.wait_records([self.submit(self.prompt("probe", 0))], (COMPLETED,), timeout_s=60, interval_s=0.05)
         log(f"fleet up at {self.base}: a probe request completed")
@@ -370,12 +377,8 @@ class Fleet:
         if self.celery:
             self.celery.close()
 
-    def _log(self, name: str) -> Path:
-        return self.children.log_dir / f"{self.log_prefix}{name}.log"
-
     def alive(self) -> None:
-        if (dead := self.stack.exited()) is not None:
-            raise MeasurementError(f"{dead} exited during the run; see {self._log(dead)}")
+        self.children.alive(self.log_prefix)
 
     def pids(self, *names: str) -> list[int]:
         """The PIDs of the children whose names start with one of ``names``."""

@@ -102,31 +102,22 @@ def measure_grant_to_start(ctx: Context) -> None:
     emit("grant_to_start_latency", 1000 * statistics.median(gaps), "ms", 1000 * statistics.median(pings))
 
 
-def one_alone(fleet: core.Fleet, latency: float) -> float:
-    """Seconds from submit to the record's ``completed_at`` of one generation: the clock the n-at-once figure
-    reads."""
-    began = time.time()
-    request_id = fleet.submit(fleet.prompt("alone", latency))
-    rows = fleet.wait_records([request_id], (core.COMPLETED,), timeout_s=latency + 120, interval_s=0.1)
-    _failed(rows, "inflight")
-    return float(rows[request_id]["completed_at"]) - began
-
-
-def many_at_once(fleet: core.Fleet, count: int, latency: float) -> float:
-    """Seconds from the first of ``count`` submits until the last of them is COMPLETED."""
-    prompts = [fleet.prompt(f"inflight{i}", latency) for i in range(count)]
+def completion_s(fleet: core.Fleet, count: int, timeout_s: float) -> float:
+    """Seconds from the first of ``count`` submits of a ``LATENCY_S`` generation (from ``SUBMITTERS`` threads)
+    until the last of them is COMPLETED (its record's ``completed_at``); every one must succeed."""
+    prompts = [fleet.prompt(f"inflight{i}", LATENCY_S) for i in range(count)]
     began = time.time()
     with ThreadPoolExecutor(max_workers=SUBMITTERS, thread_name_prefix="submit") as pool:
         ids = list(pool.map(fleet.submit, prompts))
-    rows = fleet.wait_records(ids, (core.COMPLETED,), timeout_s=INFLIGHT_TIMEOUT_S, interval_s=0.5)
+    rows = fleet.wait_records(ids, (core.COMPLETED,), timeout_s=timeout_s, interval_s=0.1 if count == 1 else 0.5)
     _failed(rows, "inflight")
     return max(float(r["completed_at"]) for r in rows.values()) - began
 
 
 @phase("inflight", "fleet", 30)
 def measure_inflight(ctx: Context) -> None:
-    alone = one_alone(ctx.fleet, LATENCY_S)
-    emit("inflight_500_completion", many_at_once(ctx.fleet, INFLIGHT, LATENCY_S), "s", alone)
+    alone = completion_s(ctx.fleet, 1, LATENCY_S + 120)
+    emit("inflight_500_completion", completion_s(ctx.fleet, INFLIGHT, INFLIGHT_TIMEOUT_S), "s", alone)
 
 
 # last: it leaves vertexai's one slot held by a long generation

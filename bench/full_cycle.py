@@ -99,8 +99,8 @@ def run_once(side: Side, redis_client, alive: Callable[[], None]) -> dict[str, f
             "commands": (after[2] - before[2]) / len(window)}
 
 
-def start_minimal(ctx: Context, stub_url: str) -> tuple[int, Callable[[], None]]:
-    """bench/minimal_loop.py served by gunicorn and run by a prefork Celery worker: (web port, liveness check)."""
+def start_minimal(ctx: Context, stub_url: str) -> int:
+    """bench/minimal_loop.py served by gunicorn and run by a prefork Celery worker: its web port."""
     from . import minimal_loop  # its module-level Celery app and Redis client: only when a loop runs
 
     env = {k: v for k, v in core.server_env(ctx.db_url(MINIMAL_DB), MINIMAL_REDIS_URL=ctx.db_url(MINIMAL_DB),
@@ -112,15 +112,10 @@ def start_minimal(ctx: Context, stub_url: str) -> tuple[int, Callable[[], None]]
         minimal_loop.QUEUE, "--pool", "prefork", "--concurrency", "2",
         "--loglevel", "INFO", "--hostname", f"minimal-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
     ], env)
-
-    def alive() -> None:
-        if dead := [name for name, proc in ctx.children.procs if name.startswith("minimal-") and proc.poll()]:
-            raise MeasurementError(f"{dead} exited; see its log in {ctx.children.log_dir}")
-
     worker_log = ctx.children.log_dir / "minimal-worker.log"
     core.wait_until(lambda: " ready." in worker_log.read_text(errors="replace"), 60,
-                    "the minimal loop's worker was not ready", alive=alive)
-    return int(url.rsplit(":", 1)[1]), alive
+                    "the minimal loop's worker was not ready", alive=ctx.children.alive)
+    return int(url.rsplit(":", 1)[1])
 
 
 @phase("full_cycle", "own_fleet", 10)
@@ -131,21 +126,17 @@ def measure(ctx: Context) -> None:
     fleet = core.Fleet(ctx.children, ctx.redis_url, caps={}, log_prefix="cycle-")
     try:
         fleet.start()
-        port, minimal_alive = start_minimal(ctx, fleet.stub)
+        port = start_minimal(ctx, fleet.stub)
         sides = [Side("ours", fleet.web_port, OURS, OURS + "/{}/status", OURS + "/{}", fleet.auth)]
         for variant in ("noop", "stub"):
             sides.append(Side(f"minimal-{variant}", port, f"/submit/{variant}", "/status/{}", "/result/{}",
                               {"X-API-Key": "minimal"}))
 
-        def alive() -> None:
-            fleet.alive()
-            minimal_alive()
-
         rounds: list[dict[str, dict[str, float]]] = []
         for _ in range(ROUNDS):
             rounds.append({})
             for side in sides:
-                rounds[-1][side.label] = run_once(side, fleet.client, alive)
+                rounds[-1][side.label] = run_once(side, fleet.client, ctx.children.alive)
                 log(f"full_cycle {side.label}: " + ", ".join(f"{k} {v:.4g}" for k, v in rounds[-1][side.label].items()))
                 time.sleep(SETTLE_S)
     finally:
