@@ -80,8 +80,8 @@ class TwoStepAdmission:
                                              "admitting": ""}), *rate_args])
         if reserved[0] != b"RESERVED":
             self.client.zrem(admitting, pending)
-            if reserved[0] == b"REPLAY" and not self.client.exists(keys.request(reserved[1].decode())):
-                return [b"EXPIRED"]  # the original is itself between its steps: try again shortly
+            if reserved[0] == b"REPLAY" and self._between_steps(workspace, reserved[1].decode()):
+                return [b"EXPIRED"]  # the original may yet be refused: try again shortly
             return reserved
         if self.between_steps is not None:
             self.between_steps()
@@ -103,6 +103,16 @@ class TwoStepAdmission:
             if self.client.zrem(admitting, pending):
                 undone += self._undo_reserved(json.loads(pending))
         return undone
+
+    def _between_steps(self, workspace: str, request_id: str) -> bool:
+        """Whether an admission has its workspace's part and not (yet) its
+        record: its open entry still owes its end, and no record exists. A
+        replay then must not answer its id, which may never exist; a record
+        long expired (its end given) is replayed as on one Redis."""
+        if self.client.exists(keys.request(request_id)):
+            return False
+        owes = self.client.hget(keys.open_requests(workspace), request_id)
+        return owes is not None and b"e" in owes
 
     def _give_back(self, admitting: str, pending: str) -> None:
         """Undo a refused admission's workspace part, then end it; if this

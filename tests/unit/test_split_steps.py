@@ -312,3 +312,16 @@ def _place_args(request_id: str, ws: str, pending: bytes) -> list:
                   cap=10, grant_until=repr(time.time() + 30), priority="normal", reserved='{"limits": [1, 0]}',
                   admitting=pending.decode(), body="{}", retention=3600)
     return argv(SPLIT_ADMIT_ARGS, **values)
+
+
+def test_a_replay_after_the_original_record_expired_answers_its_id_as_one_redis_does(split):
+    ws = _workspace(split)
+    first = split.ids.mint(ws, MODEL)
+    split.store.admit(request_id=first, workspace=ws, model=MODEL, provider=PROVIDER, body="{}", price=PRICE,
+                      fingerprint="f", idempotency_key_hash="k1")
+    _claim(split, first)
+    _complete(split, first, output=b"{}", content_type="application/json")
+    split.redis.delete(keys.request(first))  # its retention ended; the key's TTL had not
+    replay = split.store.admit(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL, provider=PROVIDER,
+                               body="{}", price=PRICE, fingerprint="f", idempotency_key_hash="k1")
+    assert (replay.outcome.value, replay.request_id) == ("REPLAY", first)
