@@ -81,7 +81,7 @@ class TwoStepAdmission:
         if reserved[0] != b"RESERVED":
             self.client.zrem(admitting, pending)
             if reserved[0] == b"REPLAY" and self._between_steps(workspace, reserved[1].decode()):
-                return [b"EXPIRED"]  # the original may yet be refused: try again shortly
+                return [b"ADMITTING"]  # the original may yet be refused: its id is not an answer yet
             return reserved
         if self.between_steps is not None:
             self.between_steps()

@@ -31,6 +31,9 @@ class Admit(StrEnum):
     NO_WEBHOOK = "NO_WEBHOOK"
     RATE_LIMITED = "RATE_LIMITED"  #: the caller's rate window is spent
     EXPIRED = "EXPIRED"  #: reached Redis past its deadline; changed nothing
+    #: the Idempotency-Key's first request is still being admitted (a split
+    #: store's two steps: ``admission.py``); changed nothing
+    ADMITTING = "ADMITTING"
     RETRY_MISSING = "RETRY_MISSING"  #: a retry of no request of this caller and model (or past retention)
     NOT_RETRYABLE = "NOT_RETRYABLE"  #: a retry of a request not COMPLETED with an error_type
     RETRY_BODY_GONE = "RETRY_BODY_GONE"  #: a retry of a failed request whose body is no longer kept
@@ -44,6 +47,9 @@ class Cancel(StrEnum):
     ALREADY_COMPLETED = "ALREADY_COMPLETED"
     MISSING = "MISSING"  #: no such request of this caller (or past retention)
     EXPIRED = "EXPIRED"  #: reached Redis past its deadline; changed nothing
+    #: the Idempotency-Key's first request is still being admitted (a split
+    #: store's two steps: ``admission.py``); changed nothing
+    ADMITTING = "ADMITTING"
 
 
 class Claim(StrEnum):

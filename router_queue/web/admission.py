@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from ..catalog import ModelEntry
 from ..errors import (
+    ConcurrencyLimitExceeded,
     Gone,
     IdempotencyKeyConflict,
     InsufficientCredits,
@@ -273,6 +274,9 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     if admission.outcome is Admit.EXPIRED:
         raise ServiceUnavailable("the request store answered too late; nothing was admitted or charged; "
                                  "retry shortly", retry_after=1)
+    if admission.outcome is Admit.ADMITTING:
+        raise ConcurrencyLimitExceeded("a request with this Idempotency-Key is still being admitted; send it again "
+                                       "shortly to get its handle", retry_after=1)
     if admission.outcome is Admit.RETRY_MISSING:
         if services.ids.is_ours(retry_of, workspace, entry.id):
             raise Gone(f"request {retry_of} finished more than its retention window ago")

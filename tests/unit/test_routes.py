@@ -8,7 +8,8 @@ import re
 import pytest
 
 from router_queue.store import keys
-from router_queue.store.requests import Lease
+from router_queue.store.outcomes import Admit
+from router_queue.store.requests import Admission, Lease
 from tests.unit.support import record_of
 
 LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)
@@ -324,6 +325,16 @@ def test_a_full_redis_is_503_with_retry_after_and_readiness_says_why(http, auth,
     assert services.store.queue_depth("bfl") == 1
     assert http.get(f"{FLUX}/requests/{queued}/status", headers=auth).json["status"] == "IN_QUEUE"
     assert http.get("/readyz").status_code == 200
+
+
+def test_a_key_whose_first_request_is_still_being_admitted_is_409_with_retry_after(http, auth, services,
+                                                                                   monkeypatch):
+    """A split store's admission is two steps (store/admission.py): a resend of its
+    Idempotency-Key between them is the contract's 409, never an id that may not exist."""
+    monkeypatch.setattr(services.store, "admit", lambda **_: Admission(Admit.ADMITTING))
+    response = submit(http, auth, headers={"Idempotency-Key": "k-1"})
+    assert_error(response, 409, "concurrency_limit_exceeded")
+    assert int(response.headers["Retry-After"]) >= 1
 
 
 def test_a_write_that_reaches_redis_too_late_answers_503_and_takes_no_effect(http, auth, services, monkeypatch):

@@ -233,7 +233,7 @@ def test_a_refusal_at_the_providers_step_gives_the_workspaces_part_back(split):
     assert again.outcome.value == "ADMITTED"  # the key was freed: not a replay of the refused one
 
 
-def test_a_replay_of_an_admission_between_its_steps_answers_expired_not_an_id_that_may_never_exist(split):
+def test_a_replay_of_an_admission_between_its_steps_is_told_to_wait_not_given_an_id_that_may_never_exist(split):
     ws = _workspace(split)
     first = split.ids.mint(ws, MODEL)
     replays = []
@@ -247,7 +247,7 @@ def test_a_replay_of_an_admission_between_its_steps_answers_expired_not_an_id_th
     admitted = split.store.admit(request_id=first, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
                                  price=PRICE, fingerprint="f", idempotency_key_hash="k1")
     split.store.two_step.between_steps = None
-    assert replays == ["EXPIRED"]
+    assert replays == ["ADMITTING"]  # the front door's 409 concurrency_limit_exceeded, with Retry-After
     assert admitted.outcome.value == "ADMITTED"
     replay = split.store.admit(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL, provider=PROVIDER,
                                body="{}", price=PRICE, fingerprint="f", idempotency_key_hash="k1")
