@@ -37,13 +37,12 @@ class QueueGauges(Collector):
             pipe.zcard(keys.schedule_workspaces(provider))
             pipe.zcard(keys.owed(provider))
             pipe.zcard(keys.admitting(provider))
-        pipe.smembers(keys.draining())
+            pipe.hexists(keys.schedule(provider), "draining")
         now = time.time()
         pipe.zcount(keys.webhooks_due(), "-inf", repr(now))
         pipe.zcount(keys.webhooks_in_flight(), f"({now!r}", "+inf")
         replies = pipe.execute()
         webhooks_due, webhooks_in_flight = replies[-2], replies[-1]
-        draining = {d.decode() for d in replies[-3]}
 
         depth = GaugeMetricFamily("router_queue_depth", "Requests waiting IN_QUEUE.", labels=["provider"])
         in_flight = GaugeMetricFamily("router_queue_in_flight",
@@ -68,14 +67,15 @@ class QueueGauges(Collector):
                                     labels=["provider"])
         oldest_ids = []
         for index, provider in enumerate(providers):
-            queued, running, head, waiting_workspaces, effects, admitting = replies[index * 6: index * 6 + 6]
+            queued, running, head, waiting_workspaces, effects, admitting, draining = \
+                replies[index * 7: index * 7 + 7]
             owed.add_metric([provider], effects)
             pending.add_metric([provider], admitting)
             depth.add_metric([provider], queued)
             workspaces.add_metric([provider], waiting_workspaces)
             in_flight.add_metric([provider], running)
             cap.add_metric([provider], self.catalog.max_in_flight(provider))
-            drain.add_metric([provider], 1 if provider in draining else 0)
+            drain.add_metric([provider], 1 if draining else 0)
             oldest_ids.append((provider, head[0].decode() if head else None))
         created = self._created_at([request_id for _, request_id in oldest_ids if request_id])
         for provider, request_id in oldest_ids:

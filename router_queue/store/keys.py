@@ -58,7 +58,9 @@ rq:config:epoch                string  none (the data's epoch marker,  accounts.
                                        workspace)                      epoch.py
 rq:rate:{limits item key}      string a window (INCR, PEXPIRE)         rate.lua, admit.lua,
                                                                        rate_add.lua
-rq:draining                    set     none (providers not admitting)  cli (ops drain)
+rq:draining                    set     none (earlier versions' draining  earlier versions
+                                       providers: moved by the sweeper
+                                       to rq:sched:{provider})
 rq:fleet:workers               zset    none (worker names by their     fleet.py (heartbeats)
                                        last heartbeat; trimmed to the
                                        last hour)
@@ -205,7 +207,8 @@ Its hash fields: ``vtime`` (the tag granted last), ``slotseq`` and ``grantseq``
 (counters), and per workspace ``f|{ws}`` (its last slot's tag), ``run|{ws}``
 (its requests holding a slot), ``parked|{ws}`` (at its own max_in_flight) and
 ``lim|{ws}`` ("{weight}:{max_in_flight}", the workspace's limits copied from its
-hash while it has requests waiting, so a grant reads only the provider's keys).
+hash while it has requests waiting, so a grant reads only the provider's keys), and
+``draining`` ("1" while the provider admits nothing new: ``ops drain``).
 ``:slots`` members are "{slot seq, 15 digits}|{ws}", scored by virtual-time
 tag; ``:wslots:{ws}`` the same members of one workspace; ``:ws:{ws}`` its
 waiting request ids scored by priority band * 2^45 + admission sequence;
@@ -369,7 +372,9 @@ def rate_window(name: str) -> str:
     return f"{PREFIX}:rate:{name}"
 
 
-def draining() -> str:
+def legacy_draining() -> str:
+    """The set of draining providers earlier versions kept; a provider's mark is
+    its schedule's "draining" now (the sweeper moves these there)."""
     return f"{PREFIX}:draining"
 
 

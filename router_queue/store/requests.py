@@ -477,7 +477,7 @@ class RequestStore:
         )
         original = retry_of or request_id
         provider_keys = [keys.request(request_id), keys.queue(provider), keys.sequence(provider),
-                         keys.schedule(provider), keys.draining(), keys.running(provider), list_key,
+                         keys.schedule(provider), keys.running(provider), list_key,
                          keys.request(original), keys.body(original), keys.deadlines(provider), keys.body(request_id)]
         if self.two_step is not None:
             reply = self.two_step.admit(values, list(rate_keys), list(rate_args), idem_key, provider_keys)
@@ -487,7 +487,7 @@ class RequestStore:
                 keys=[
                     keys.request(request_id), keys.queue(provider), keys.sequence(provider),
                     keys.schedule(provider), keys.workspace(workspace), idem_key, keys.ledger(workspace),
-                    keys.draining(), keys.running(provider), list_key, keys.request(original), keys.body(original),
+                    keys.running(provider), list_key, keys.request(original), keys.body(original),
                     keys.deadlines(provider), keys.history(workspace), keys.model_history(workspace, model),
                     keys.body(request_id), *rate_keys,
                 ],
@@ -901,11 +901,30 @@ class RequestStore:
         self.client.zrem(keys.deadlines(provider), f"{due.kind}|{due.request_id}")
 
     def set_draining(self, provider: str, draining: bool) -> None:
-        """Stop (or resume) admitting requests for ``provider``; in-flight work goes on."""
-        (self.client.sadd if draining else self.client.srem)(keys.draining(), provider)
+        """Stop (or resume) admitting requests for ``provider``; in-flight work
+        goes on. The mark is the provider's schedule's, so admission reads it
+        among the provider's own keys."""
+        if draining:
+            self.client.hset(keys.schedule(provider), "draining", "1")
+        else:
+            self.client.hdel(keys.schedule(provider), "draining")
 
-    def draining(self) -> set[str]:
-        return {_text(p) for p in self.client.smembers(keys.draining())}
+    def draining(self, providers: list[str]) -> set[str]:
+        """Which of ``providers`` are draining."""
+        pipe = self.client.pipeline(transaction=False)
+        for provider in providers:
+            pipe.hexists(keys.schedule(provider), "draining")
+        return {provider for provider, marked in zip(providers, pipe.execute()) if marked}
+
+    def adopt_legacy_draining(self) -> int:
+        """Move the providers an earlier version marked draining in one shared
+        set (``keys.legacy_draining``) to their schedules; returns how many.
+        The sweeper runs it: a provider drained across an upgrade stays drained."""
+        drained = [_text(p) for p in self.client.smembers(keys.legacy_draining())]
+        for provider in drained:
+            self.set_draining(provider, True)
+            self.client.srem(keys.legacy_draining(), provider)
+        return len(drained)
 
     def queue_depth(self, provider: str) -> int:
         return int(self.client.zcard(keys.queue(provider)))

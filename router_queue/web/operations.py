@@ -103,7 +103,7 @@ def summary(services: Services) -> dict:
     its queue; the workers heard from; for the page and ``ops depths``."""
     store, catalog = services.store, services.catalog
     now = time.time()
-    draining = store.draining()
+    draining = store.draining(catalog.providers())
     fleet = services.fleet
     workers = fleet.workers()
     consuming = fleet.alive_per_queue([queue_name(p) for p in catalog.providers()], workers, now)

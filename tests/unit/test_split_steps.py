@@ -294,7 +294,7 @@ def test_an_admission_killed_between_its_steps_is_undone_once_and_never_placed(r
     assert _ledger(services, ws) == [("hold", PRICE), ("release", PRICE)]
     # the provider's step, had the caller come back to it now, can no longer place it
     late = services.store.two_step._place(keys=[keys.request(request_id), keys.queue(PROVIDER),
-                                                 keys.sequence(PROVIDER), keys.schedule(PROVIDER), keys.draining(),
+                                                 keys.sequence(PROVIDER), keys.schedule(PROVIDER),
                                                  keys.running(PROVIDER), keys.schedule(PROVIDER),
                                                  keys.request(request_id), keys.body(request_id),
                                                  keys.deadlines(PROVIDER), keys.body(request_id),

@@ -7,17 +7,17 @@
 -- per-slot steps runs as two scripts (admit_ws.lua, admit_place.lua).
 --
 -- KEYS[1] rq:req:{id}            KEYS[2] rq:queue:{provider}
--- KEYS[3] rq:seq:{provider}      KEYS[4] rq:sched:{provider}
+-- KEYS[3] rq:seq:{provider}      KEYS[4] rq:sched:{provider} (its "draining" too)
 -- KEYS[5] rq:ws:{workspace}      KEYS[6] rq:idem:{workspace}:{keyhash}
--- KEYS[7] rq:ledger:{workspace}  KEYS[8] rq:draining
--- KEYS[9] rq:running:{provider}  KEYS[10] the broker's list for the provider
--- KEYS[11] rq:req:{original}  KEYS[12] rq:body:{original}: the failed
+-- KEYS[7] rq:ledger:{workspace}
+-- KEYS[8] rq:running:{provider}  KEYS[9] the broker's list for the provider
+-- KEYS[10] rq:req:{original}  KEYS[11] rq:body:{original}: the failed
 --          request a retry submits again (the new request's own keys when
 --          this is no retry: not read)
--- KEYS[13] rq:deadlines:{provider} (lib.lua: the caller's deadlines)
--- KEYS[14] rq:history:{workspace}  KEYS[15] rq:history:{workspace}:{model} (lib.lua, history_add)
--- KEYS[16] rq:body:{id}
--- KEYS[17..] the caller's rate-window counters, with a (limit, window
+-- KEYS[12] rq:deadlines:{provider} (lib.lua: the caller's deadlines)
+-- KEYS[13] rq:history:{workspace}  KEYS[14] rq:history:{workspace}:{model} (lib.lua, history_add)
+-- KEYS[15] rq:body:{id}
+-- KEYS[16..] the caller's rate-window counters, with a (limit, window
 --          seconds) pair each in ARGV from ARG_REST, after the named ones
 --          (ratelimit.py): counted first
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, ADMIT_ARGS, whose order
@@ -73,9 +73,9 @@
 if past_deadline(ARGV[ARG_WRITE_DEADLINE]) then
   return {"EXPIRED"}
 end
-local W = {rate = 17, ws = KEYS[5], idem = KEYS[6], ledger = KEYS[7], history = KEYS[14], model_history = KEYS[15]}
-local P = {req = KEYS[1], queue = KEYS[2], seq = KEYS[3], sched = KEYS[4], draining = KEYS[8], running = KEYS[9],
-  list = KEYS[10], original = KEYS[11], original_body = KEYS[12], deadlines = KEYS[13], body = KEYS[16]}
+local W = {rate = 16, ws = KEYS[5], idem = KEYS[6], ledger = KEYS[7], history = KEYS[13], model_history = KEYS[14]}
+local P = {req = KEYS[1], queue = KEYS[2], seq = KEYS[3], sched = KEYS[4], running = KEYS[8], list = KEYS[9],
+  original = KEYS[10], original_body = KEYS[11], deadlines = KEYS[12], body = KEYS[15]}
 local ended = admission_opening(W)
 if ended then
   return ended

@@ -8,22 +8,22 @@
 -- (and undone its workspace's part) it can no longer be placed.
 --
 -- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:seq:{provider}
--- KEYS[4] rq:sched:{provider}  KEYS[5] rq:draining  KEYS[6] rq:running:{provider}
--- KEYS[7] the broker's list for the provider  KEYS[8] rq:req:{original}
--- KEYS[9] rq:body:{original} (as admit.lua's)  KEYS[10] rq:deadlines:{provider}
--- KEYS[11] rq:body:{id}  KEYS[12] rq:admitting:{provider}
+-- KEYS[4] rq:sched:{provider}  KEYS[5] rq:running:{provider}
+-- KEYS[6] the broker's list for the provider  KEYS[7] rq:req:{original}
+-- KEYS[8] rq:body:{original} (as admit.lua's)  KEYS[9] rq:deadlines:{provider}
+-- KEYS[10] rq:body:{id}  KEYS[11] rq:admitting:{provider}
 -- ARGV: admit.lua's (requests.py, ADMIT_ARGS); reserved: admit_ws.lua's
 -- answer; admitting: this admission's member of rq:admitting:{provider}
 -- returns admit.lua's "ADMITTED" | its refusals of the provider's part | {"EXPIRED"}
 
-if past_deadline(ARGV[ARG_WRITE_DEADLINE]) or not redis.call("ZSCORE", KEYS[12], ARGV[ARG_ADMITTING]) then
+if past_deadline(ARGV[ARG_WRITE_DEADLINE]) or not redis.call("ZSCORE", KEYS[11], ARGV[ARG_ADMITTING]) then
   return {"EXPIRED"}
 end
-local P = {req = KEYS[1], queue = KEYS[2], seq = KEYS[3], sched = KEYS[4], draining = KEYS[5], running = KEYS[6],
-  list = KEYS[7], original = KEYS[8], original_body = KEYS[9], deadlines = KEYS[10], body = KEYS[11]}
+local P = {req = KEYS[1], queue = KEYS[2], seq = KEYS[3], sched = KEYS[4], running = KEYS[5], list = KEYS[6],
+  original = KEYS[7], original_body = KEYS[8], deadlines = KEYS[9], body = KEYS[10]}
 local body, refused = admission_source(P)
 if not body then
   return refused
 end
-redis.call("ZREM", KEYS[12], ARGV[ARG_ADMITTING])
+redis.call("ZREM", KEYS[11], ARGV[ARG_ADMITTING])
 return place_admission(P, body, cjson.decode(ARGV[ARG_RESERVED]))

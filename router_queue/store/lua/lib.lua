@@ -1012,7 +1012,8 @@ local function admission_opening(K)
   return nil
 end
 
--- The body to store and whether the provider admits (K.draining): the body,
+-- The body to store and whether the provider admits (its schedule's
+-- "draining", K.sched): the body,
 -- or nil and the reply that ends the admission. A retry submits the body of
 -- a request of this caller and model that failed (COMPLETED with an
 -- error_type: K.original, K.original_body), kept until its retention ends.
@@ -1031,7 +1032,7 @@ local function admission_source(K)
       return nil, {"RETRY_BODY_GONE"}
     end
   end
-  if redis.call("SISMEMBER", K.draining, ARGV[ARG_PROVIDER]) == 1 then
+  if redis.call("HGET", K.sched, "draining") then
     return nil, {"DRAINING"}
   end
   return body
