@@ -90,7 +90,8 @@ class Services:
             ids=RequestIds(client),
             catalog=catalog,
             metrics=Recorder(),
-            webhooks=WebhookStore(client, keep_s=settings.result_retention_s, limits=webhook_limits(settings)),
+            webhooks=WebhookStore(client, keep_s=settings.result_retention_s, limits=webhook_limits(settings),
+                                  providers=tuple(catalog.providers())),
             fleet=Fleet(client, heartbeat_s=settings.worker_heartbeat_s),
             dispatcher=dispatcher,
         )

@@ -39,10 +39,12 @@ class QueueGauges(Collector):
             pipe.zcard(keys.admitting(provider))
             pipe.hexists(keys.schedule(provider), "draining")
         now = time.time()
-        pipe.zcount(keys.webhooks_due(), "-inf", repr(now))
+        due_sets = [*map(keys.webhooks_due, providers), keys.legacy_webhooks_due()]
+        for due_set in due_sets:
+            pipe.zcount(due_set, "-inf", repr(now))
         pipe.zcount(keys.webhooks_in_flight(), f"({now!r}", "+inf")
         replies = pipe.execute()
-        webhooks_due, webhooks_in_flight = replies[-2], replies[-1]
+        webhooks_due, webhooks_in_flight = sum(replies[-1 - len(due_sets):-1]), replies[-1]
 
         depth = GaugeMetricFamily("router_queue_depth", "Requests waiting IN_QUEUE.", labels=["provider"])
         in_flight = GaugeMetricFamily("router_queue_in_flight",

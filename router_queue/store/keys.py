@@ -70,8 +70,11 @@ rq:webhook:{id}                hash    none while pending; retention   lua/lib.l
                                        once its request's last event   (owe_*),
                                        is delivered or given up        webhook_*.lua
 rq:webhook:{id}:next           list    none (deleted once empty)       lua/lib.lua
-rq:webhooks:due                zset    none (events owed, scored by    lua/lib.lua,
+rq:webhook:due:{provider}      zset    none (events owed, scored by    lua/lib.lua,
                                        when to publish them next)      webhook_*.lua
+rq:webhooks:due                zset    none (earlier versions' events   webhook_*.lua
+                                       of every provider; emptied as
+                                       they end)
 rq:webhooks:log:{workspace}    list    none (its last attempts)        webhook_record.lua
 rq:webhooks:failing-origins    zset    none; trimmed to the 1,000      webhook_record.lua
                                        most recent in the last 24 h
@@ -177,7 +180,7 @@ delivery's state: ``state`` (pending, delivered, gone: the receiver answered
 410, given_up), ``attempts``, ``first_attempt_at``, ``next_at`` (no attempt
 before it), ``lease_until`` and ``token`` (the attempt running now),
 ``last_status``, ``last_error``, ``done_at``, ``waits`` (times in a row it waited its
-workspace's turn or an open circuit; its next wait doubles). ``rq:webhooks:due`` holds every
+workspace's turn or an open circuit; its next wait doubles). ``rq:webhook:due:{provider}`` holds every
 pending event's request id scored by when beat's sweeper publishes it: its
 next attempt, or the end of a running attempt's lease (a killed worker's
 event comes back then). ``rq:webhook:{id}:next`` holds the request's events owed
@@ -403,8 +406,15 @@ def webhook_next(request_id: str) -> str:
     return f"{PREFIX}:webhook:{request_id}:next"
 
 
-def webhooks_due() -> str:
-    """Pending webhook events by when to publish them."""
+def webhooks_due(provider: str) -> str:
+    """The pending webhook events of a provider's requests, by when to publish
+    them (beside its requests: the steps that owe an event write it)."""
+    return f"{PREFIX}:webhook:due:{provider}"
+
+
+def legacy_webhooks_due() -> str:
+    """Every provider's pending webhook events, as earlier versions kept them:
+    read (and emptied) beside the providers' own until none is left."""
     return f"{PREFIX}:webhooks:due"
 
 
@@ -446,7 +456,7 @@ def _lua_layout() -> str:
         fields.append((name, head))
     fields.append(("provider_events", PROVIDER_EVENTS))
     fields.append(("webhook_next", webhook_next(marker).partition(marker)[2]))  # appended to a webhook's key
-    fields.append(("webhooks_due", webhooks_due()))
+    fields.append(("webhooks_due", webhooks_due(marker).partition(marker)[0]))  # the provider appended
     # Locals, not a table: a constant costs a script nothing per call.
     return ("-- The key layout (generated from router_queue/store/keys.py, _lua_layout)\n"
             + "".join(f'local KEY_{name.upper()} = "{value}"\n' for name, value in fields))

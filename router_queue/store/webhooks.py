@@ -48,6 +48,12 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _due_key(provider: str | None) -> str:
+    """The due set that holds an event of ``provider``'s request (None or "":
+    one owed before events named their provider)."""
+    return keys.webhooks_due(provider) if provider else keys.legacy_webhooks_due()
+
+
 def _float(value: str | None) -> float | None:
     return float(value) if value else None
 
@@ -78,6 +84,9 @@ class WebhookEvent:
     #: The request's cost at this step: {"credits", "state"} (held, or as its
     #: completion settled it); None for an event owed before costs were kept.
     cost: dict[str, Any] | None = None
+    #: The request's provider, whose due set holds the event; "" for an event
+    #: owed before events named it (an earlier version's shared due set).
+    provider: str = ""
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> "WebhookEvent":
@@ -93,6 +102,7 @@ class WebhookEvent:
             progress=_float(fields.get("progress")),
             cost=({"credits": int(float(fields.get("cost_credits") or 0)), "state": fields["cost_state"]}
                   if fields.get("cost_state") else None),
+            provider=fields.get("provider", ""),
         )
 
 
@@ -156,8 +166,10 @@ class Attempt:
 
 class WebhookStore:
     def __init__(self, client: redis.Redis, *, keep_s: int, limits: DeliveryLimits = DeliveryLimits(),
-                 rand: random.Random | None = None):
+                 rand: random.Random | None = None, providers: tuple[str, ...] = ()):
         self.client = client
+        #: The catalog's providers: each keeps its requests' pending events.
+        self.providers = providers
         #: Seconds an event is kept once delivered or given up.
         self.keep_s = keep_s
         self.limits = limits
@@ -169,13 +181,13 @@ class WebhookStore:
     def take(self, request_id: str, *, now: float, lease_s: float, token: str) -> Taken:
         """Take the event for one attempt, in its workspace's turn and past its
         endpoint's circuit (``webhook_take.lua``)."""
-        # An event's workspace and URL never change once owed: reading them
-        # first races with nothing.
-        workspace, url = (_text(v) if v is not None else None
-                          for v in self.client.hmget(keys.webhook_event(request_id), "workspace", "url"))
+        # An event's workspace, URL and provider never change once owed:
+        # reading them first races with nothing.
+        workspace, url, provider = (_text(v) if v is not None else None for v in self.client.hmget(
+            keys.webhook_event(request_id), "workspace", "url", "provider"))
         limits = self.limits
         reply = self._take(
-            keys=[keys.webhook_event(request_id), keys.webhooks_due(), keys.webhook_in_flight(workspace or ""),
+            keys=[keys.webhook_event(request_id), _due_key(provider), keys.webhook_in_flight(workspace or ""),
                   keys.webhook_circuit(workspace or "", origin(url or "")), keys.webhooks_in_flight(),
                   keys.workspace(workspace or "")],
             args=argv(TAKE_ARGS, request_id=request_id, now=repr(now), lease_s=lease_s, token=token,
@@ -205,7 +217,7 @@ class WebhookStore:
                             "seconds": round(seconds, 3)}, separators=(",", ":"))
         limits = self.limits
         reply = self._record(
-            keys=[keys.webhook_event(event.request_id), keys.webhooks_due(), keys.webhook_log(event.workspace),
+            keys=[keys.webhook_event(event.request_id), _due_key(event.provider), keys.webhook_log(event.workspace),
                   keys.webhooks_failing(), keys.webhook_circuit(event.workspace, endpoint),
                   keys.webhook_in_flight(event.workspace), keys.webhooks_in_flight(),
                   keys.workspace(event.workspace)],
@@ -222,13 +234,18 @@ class WebhookStore:
         return _text(reply[0])
 
     def due(self, *, now: float, again_at: float, limit: int = 500) -> list[str]:
-        """The events to publish now, each pushed back to ``again_at`` (``webhook_due.lua``)."""
-        return [_text(i) for i in self._due(keys=[keys.webhooks_due()], args=[repr(now), repr(again_at), limit])]
+        """The events to publish now, each pushed back to ``again_at``
+        (``webhook_due.lua``), at most ``limit`` a provider; an earlier
+        version's shared due set too, until it is empty."""
+        due = []
+        for key in self._due_keys():
+            due += [_text(i) for i in self._due(keys=[key], args=[repr(now), repr(again_at), limit])]
+        return due
 
     def owed(self, request_id: str) -> bool:
         """Whether the request has a webhook event pending (a hint for the
         fast path: whether to publish its delivery now)."""
-        return self.client.zscore(keys.webhooks_due(), request_id) is not None
+        return self.client.hget(keys.webhook_event(request_id), "state") == b"pending"
 
     def event(self, request_id: str) -> dict[str, str]:
         """Every field of a request's event being delivered, or its last
@@ -240,7 +257,13 @@ class WebhookStore:
         return [json.loads(raw) for raw in self.client.lrange(keys.webhook_next(request_id), 0, -1)]
 
     def pending(self) -> int:
-        return int(self.client.zcard(keys.webhooks_due()))
+        pipe = self.client.pipeline(transaction=False)
+        for key in self._due_keys():
+            pipe.zcard(key)
+        return sum(pipe.execute())
+
+    def _due_keys(self) -> list[str]:
+        return [*map(keys.webhooks_due, self.providers), keys.legacy_webhooks_due()]
 
     def in_flight(self, now: float) -> int:
         """Attempts running now, every workspace's (leases not yet run out)."""

@@ -36,20 +36,15 @@ FAMILIES = {
 #: The family of the keys a script builds itself from an id it read
 #: (``keys.LUA_LAYOUT``'s prefixes; the event channels are no keys).
 BUILT = {"KEY_REQUEST": "provider", "KEY_SCHEDULE": "provider", "KEY_WEBHOOK": "provider",
-         "KEY_WEBHOOKS_DUE": "global", "KEY_WORKSPACE": "workspace"}
+         "KEY_WEBHOOKS_DUE": "provider", "KEY_WORKSPACE": "workspace"}
 
 #: Scripts whose calls still mix families on a split store, and why: the work
 #: left before every key can carry a tag of its own family.
 STILL_MIXED = {
-    # a webhook's event is owed into the one due set every provider shares
-    "claim": "owes a webhook's started event into the global due set",
-    "complete": "owes a webhook's completed event into the global due set",
-    "cancel": "owes a webhook's completed event into the global due set",
-    "expire_queued": "owes a webhook's completed event into the global due set",
-    "progress": "owes a webhook's progress event into the global due set",
     "history": "reads the workspace's history streams and each listed request's record",
-    "webhook_take": "the request's event beside its workspace's turn and circuit and the global due set",
-    "webhook_record": "the request's event beside its workspace's log, circuit and count",
+    "webhook_take": "the request's event beside its workspace's turn and circuit and the global in-flight set",
+    "webhook_record": "the request's event beside its workspace's log, circuit and count, and the global "
+                      "failing endpoints and in-flight set",
     "key_mint": "the global key lookup beside the workspace's hash, key index and audit",
 }
 

@@ -32,7 +32,8 @@ SECRET_URL = "http://127.0.0.1:9/services/T000/B000/s3cr3t-path?sig=s3cr3t-query
 @pytest.fixture
 def hooked(services, settings):
     services.settings = dataclasses.replace(settings, webhook_allow_loopback_http=True)
-    services.webhooks = WebhookStore(services.redis, keep_s=600, limits=LIMITS, rand=random.Random(7))
+    services.webhooks = WebhookStore(services.redis, keep_s=600, limits=LIMITS, rand=random.Random(7),
+                                     providers=services.webhooks.providers)
     return services
 
 
@@ -72,7 +73,7 @@ def test_a_workspace_at_its_cap_waits_and_another_is_not_delayed(hooked, http):
     waiting = take(store, flooded[2], now)
     assert waiting.outcome == "WAIT" and waiting.event is None
     assert now <= waiting.due_at < now + 2  # a random point of twice WEBHOOK_WAIT_SECONDS, then published again
-    assert hooked.redis.zscore(keys.webhooks_due(), flooded[2]) == pytest.approx(waiting.due_at)
+    assert hooked.redis.zscore(keys.webhooks_due("bfl"), flooded[2]) == pytest.approx(waiting.due_at)
     # Waiting is not an attempt: nothing counted, nothing logged.
     assert hooked.webhooks.event(flooded[2]).get("attempts") == "0"
     assert store.attempts(flood_ws) == []

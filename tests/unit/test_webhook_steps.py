@@ -308,7 +308,8 @@ def test_the_count_never_drifts_whatever_the_events_and_outcomes(hooked, http, a
     hooked.accounts.set_credits(workspace, 100_000)
     # neither a circuit nor a cap in the way: every event may be tried at any time
     hooked.webhooks = WebhookStore(hooked.redis, keep_s=600,
-                                   limits=DeliveryLimits(max_in_flight_per_workspace=0, circuit_failures=0))
+                                   limits=DeliveryLimits(max_in_flight_per_workspace=0, circuit_failures=0),
+                                   providers=hooked.webhooks.providers)
     rand = random.Random(21)
     choices = ["completed", "started", "progress", "started,completed", "progress,completed", ALL]
     live = []

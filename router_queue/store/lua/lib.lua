@@ -660,7 +660,6 @@ end
 -- when the request has completed and its last owed event ended.
 -- ---------------------------------------------------------------------------
 
-local WEBHOOK_DUE = KEY_WEBHOOKS_DUE
 --: The fields an attempt writes, cleared when a new event takes the head.
 local WEBHOOK_ATTEMPT_FIELDS = {"attempts", "first_attempt_at", "last_attempt_at", "last_status", "last_error",
   "done_at", "lease_until", "token", "waits", "progress"}
@@ -675,7 +674,8 @@ end
 -- what its body is built from, flat strings. nil when the record names no URL.
 local function webhook_snapshot(req_key, request_id, kind, msg_id, now)
   local r = redis.call("HMGET", req_key, "webhook_url", "webhook_response_url", "workspace", "model",
-    "status", "error_type", "created_at", "started_at", "completed_at", "progress", "price", "cost_state", "hold")
+    "status", "error_type", "created_at", "started_at", "completed_at", "progress", "price", "cost_state", "hold",
+    "provider")
   if not r[1] or r[1] == "" then
     return nil
   end
@@ -685,12 +685,23 @@ local function webhook_snapshot(req_key, request_id, kind, msg_id, now)
     progress = kind == "progress" and (r[10] or "") or "", owed_at = now,
     -- the cost as it stands at this step: held (no state yet: its hold), or
     -- as settle() left it (it runs before the completion's event)
-    cost_credits = r[12] and (r[11] or "0") or (r[13] or "0"), cost_state = r[12] or "held"}
+    cost_credits = r[12] and (r[11] or "0") or (r[13] or "0"), cost_state = r[12] or "held",
+    provider = r[14] or ""}
+end
+
+-- The due set of the request's provider (keys.py, webhooks_due) that
+-- `event` (a snapshot) is published from: its own provider's; an event owed
+-- before snapshots named it, `otherwise` (the caller's, which holds it).
+local function webhook_due_key(event, otherwise)
+  if event.provider and event.provider ~= "" then
+    return KEY_WEBHOOKS_DUE .. event.provider
+  end
+  return otherwise
 end
 
 -- The head becomes `event` (a snapshot), due now; its workspace's count
--- ("counted") stays where it is.
-local function webhook_start(event_key, event, now)
+-- ("counted") stays where it is. otherwise: as webhook_due_key's.
+local function webhook_start(event_key, event, now, otherwise)
   redis.call("HDEL", event_key, unpack(WEBHOOK_ATTEMPT_FIELDS))
   redis.call("PERSIST", event_key)
   local fields = {"state", "pending", "attempts", 0, "next_at", now}
@@ -699,7 +710,7 @@ local function webhook_start(event_key, event, now)
     fields[#fields + 1] = value
   end
   redis.call("HSET", event_key, unpack(fields))
-  redis.call("ZADD", WEBHOOK_DUE, now, event.request_id)
+  redis.call("ZADD", webhook_due_key(event, otherwise), now, event.request_id)
 end
 
 -- Owe `event`: it becomes the head when none is pending ("DUE": publish it),
@@ -741,13 +752,14 @@ end
 
 -- The head ended as `state` (delivered, gone, given_up): the next event owed
 -- behind it takes its place, due now (the caller publishes it); with none,
--- the head is kept `keep` seconds and, the request completed, its count given back.
-local function webhook_ended(event_key, ws_key, request_id, state, now, keep)
+-- the head is kept `keep` seconds and, the request completed, its count given
+-- back. due_key: the due set the head was published from (keys.py, webhooks_due).
+local function webhook_ended(event_key, ws_key, due_key, request_id, state, now, keep)
   redis.call("HSET", event_key, "state", state, "done_at", now)
-  redis.call("ZREM", WEBHOOK_DUE, request_id)
+  redis.call("ZREM", due_key, request_id)
   local raw = redis.call("LPOP", event_key .. KEY_WEBHOOK_NEXT)
   if raw then
-    webhook_start(event_key, cjson.decode(raw), now)
+    webhook_start(event_key, cjson.decode(raw), now, due_key)
     return true
   end
   redis.call("EXPIRE", event_key, keep)

@@ -22,7 +22,8 @@
 -- of a completed request gives back the workspace's pending count it held
 -- since its admission (admit.lua), once: its "counted" mark goes in the same step.
 --
--- KEYS[1] rq:webhook:{id}  KEYS[2] rq:webhooks:due  KEYS[3] rq:webhooks:log:{ws}
+-- KEYS[1] rq:webhook:{id}  KEYS[2] rq:webhook:due:{provider} (the one that holds it)
+-- KEYS[3] rq:webhooks:log:{ws}
 -- KEYS[4] rq:webhooks:failing-origins  KEYS[5] rq:webhooks:circuit:{ws}|{origin}
 -- KEYS[6] rq:webhooks:inflight:{ws}  KEYS[7] rq:webhooks:inflight
 -- KEYS[8] rq:ws:{ws} (its pending events count)
@@ -84,7 +85,7 @@ redis.call("HSET", KEYS[1], "last_status", ARGV[ARG_STATUS], "last_error", ARGV[
 
 -- the event ends; the request's next event, if one is owed, takes its place
 local function finish(state, code)
-  webhook_ended(KEYS[1], KEYS[8], ARGV[ARG_REQUEST_ID], state, ARGV[ARG_NOW], ARGV[ARG_KEEP_S])
+  webhook_ended(KEYS[1], KEYS[8], KEYS[2], ARGV[ARG_REQUEST_ID], state, ARGV[ARG_NOW], ARGV[ARG_KEEP_S])
   return {code}
 end
 

@@ -26,7 +26,7 @@
 -- waiting events cost the webhooks worker a trickle of messages, not a
 -- thousand every wait.
 --
--- KEYS[1] rq:webhook:{id}   KEYS[2] rq:webhooks:due
+-- KEYS[1] rq:webhook:{id}   KEYS[2] rq:webhook:due:{provider} (the one that holds it)
 -- KEYS[3] rq:webhooks:inflight:{ws}  KEYS[4] rq:webhooks:circuit:{ws}|{origin}
 -- KEYS[5] rq:webhooks:inflight  KEYS[6] rq:ws:{ws} (its pending events count)
 -- ARGV by name (ARGV[ARG_REQUEST_ID] and so on; store/webhooks.py, TAKE_ARGS):
@@ -68,7 +68,7 @@ local function defer(code, after, span)
   local began = tonumber(e[5] or e[4] or ARGV[ARG_NOW])
   if at > began + tonumber(ARGV[ARG_WINDOW_S]) then
     redis.call("HSET", KEYS[1], "last_error", "still waiting its turn when the retry window ended")
-    webhook_ended(KEYS[1], KEYS[6], ARGV[ARG_REQUEST_ID], "given_up", ARGV[ARG_NOW], ARGV[ARG_KEEP_S])
+    webhook_ended(KEYS[1], KEYS[6], KEYS[2], ARGV[ARG_REQUEST_ID], "given_up", ARGV[ARG_NOW], ARGV[ARG_KEEP_S])
     return {"GAVE_UP"}
   end
   redis.call("ZADD", KEYS[2], at, ARGV[ARG_REQUEST_ID])
