@@ -79,8 +79,7 @@ class Accounts:
 
     def create_workspace(self, name: str, *, queue_enabled: bool = False, credits: int = 0) -> str:
         workspace_id = "ws_" + secrets.token_hex(8)
-        pipe = self.client.pipeline()
-        pipe.hset(
+        self.client.hset(
             keys.workspace(workspace_id),
             mapping={
                 "name": name,
@@ -89,6 +88,10 @@ class Accounts:
                 "created_at": repr(time.time()),
             },
         )
+        # Listed (and its keys mintable) once its hash exists: the workspace's
+        # keys and the global ones may live in different Redis Cluster slots,
+        # so this is a second step, not one transaction.
+        pipe = self.client.pipeline(transaction=False)
         pipe.sadd(keys.workspaces(), workspace_id)
         StoreEpoch.mint(pipe)
         pipe.execute()

@@ -184,7 +184,7 @@ class ApiKeys:
         info = KeyInfo(ident, owner, label, now, namespace=namespace, hash=digest)
         reply = self._mint(
             keys=[keys.api_key(digest), keys.key_record(ident), keys.workspace_keys(owner), keys.key_audit(owner),
-                  keys.workspace(owner)],
+                  keys.workspaces()],
             args=argv(MINT_ARGS, workspace=owner, id=ident, hash=digest, label=label, now=repr(now),
                       audit_line=self._audit_line("mint", info, now), audit_kept=AUDIT_KEPT,
                       must_exist="0" if workspace is None else "1", namespace=namespace),

@@ -45,7 +45,6 @@ STILL_MIXED = {
     "webhook_take": "the request's event beside its workspace's turn and circuit and the global in-flight set",
     "webhook_record": "the request's event beside its workspace's log, circuit and count, and the global "
                       "failing endpoints and in-flight set",
-    "key_mint": "the global key lookup beside the workspace's hash, key index and audit",
 }
 
 
@@ -99,7 +98,9 @@ def test_on_a_split_store_only_the_scripts_named_still_mix_key_families(calls, c
     ws = services.accounts.create_workspace("w", queue_enabled=True, credits=10**6)
     services.accounts.set_limits(ws, max_queued=100, weight=2, max_in_flight=3)
     services.accounts.webhook_secret(ws, "whsec_" + "a" * 32)
-    services.accounts.keys.resolve(services.accounts.mint_key(ws))
+    minted = services.accounts.mint_key(ws)
+    services.accounts.keys.resolve(minted)
+    services.accounts.keys.revoke(services.accounts.keys.rotate(minted, overlap_s=60)[0])
     store = services.store
 
     def admit(**more) -> str:

@@ -3,7 +3,8 @@
 --
 -- KEYS[1] rq:apikey:{sha256(key)}  KEYS[2] rq:key:{key id}
 -- KEYS[3] rq:keys:{workspace}      KEYS[4] rq:keyaudit:{workspace}
--- KEYS[5] rq:ws:{workspace}
+-- KEYS[5] rq:workspaces (the workspace must be one of them: a global key,
+--         as the others here, so that the step reads no workspace's own keys)
 -- ARGV by name (ARGV[ARG_WORKSPACE] and so on; apikeys.py, MINT_ARGS):
 --   workspace: what the key resolves to, the workspace id, or "-" for a legacy key
 --   id  hash (the key's SHA-256)  label  now (s)
@@ -13,7 +14,7 @@
 -- returns {"MINTED"} | {"MISSING"} (no such workspace)
 --       | {"TAKEN"} (the hash is known already: never, for 256-bit keys)
 
-if ARGV[ARG_MUST_EXIST] == "1" and redis.call("EXISTS", KEYS[5]) == 0 then
+if ARGV[ARG_MUST_EXIST] == "1" and redis.call("SISMEMBER", KEYS[5], ARGV[ARG_WORKSPACE]) == 0 then
   return {"MISSING"}
 end
 if not redis.call("SET", KEYS[1], ARGV[ARG_WORKSPACE], "NX") then
