@@ -25,6 +25,7 @@ first decides, so no clock decides whether a request exists.
 from __future__ import annotations
 
 import json
+import logging
 import time
 from typing import Any, Callable
 
@@ -32,6 +33,8 @@ import redis
 
 from . import keys
 from .scripts import argv, load_script
+
+log = logging.getLogger(__name__)
 
 #: admit.lua's ARGV by name, in order (its header says what each holds).
 ADMIT_ARGS = ("body", "id", "workspace", "model", "provider", "now", "fingerprint", "idem_ttl", "require_enabled",
@@ -120,8 +123,8 @@ class TwoStepAdmission:
         try:
             self._undo_reserved(json.loads(pending))
             self.client.zrem(admitting, pending)
-        except redis.RedisError:
-            pass
+        except redis.RedisError as exc:
+            log.warning("a refused admission's workspace part left to the sweeper to undo (%s)", exc)
 
     def _undo_reserved(self, pending: dict[str, Any]) -> int:
         workspace = pending["ws"]
