@@ -380,11 +380,8 @@ class RequestStore:
         #: Until when (monotonic s) the replica is passed over after it failed
         #: to answer: a stalled one costs one poll per REPLICA_RETRY_S its wait, not every poll.
         self._replica_down_until = 0.0
-        #: Status polls' rate counts, synced with the primary in batches: the
-        #: replica's (a replica cannot count), and on a split store every
-        #: poll's (the caller's windows are not in the record's slot).
-        self.read_rate_counts = SyncedRateCounts(load_script(client, "rate_add")) \
-            if reads is not None or split else None
+        #: Those reads' rate counts, synced with the primary in batches.
+        self.read_rate_counts = SyncedRateCounts(load_script(client, "rate_add")) if reads is not None else None
         self.replication = replication
         #: Writes answered before ``replication.replicas`` replicas had them.
         self.unreplicated = 0
@@ -584,18 +581,13 @@ class RequestStore:
         counted in this process and synced with the primary in batches
         (``rate_counts.py``), and a request the replica does not have yet (just
         admitted) or a replica that cannot answer falls back to the primary.
-        A replica's view lags the primary's by its replication delay. On a
-        split store ``rate`` is counted that way too, whoever answers: the
-        caller's windows are not in the record's slot."""
+        A replica's view lags the primary's by its replication delay."""
         request_keys = [keys.request(request_id), keys.schedule(provider), keys.stats(provider)]
         if replica and self.reads is not None and time.monotonic() >= self._replica_down_until:
             view = self._replica_view(request_id, request_keys, rate)
             if view is not None:
                 return view
             rate = None  # counted already
-        if rate is not None and self.two_step is not None:
-            self._spend_in_batches(rate)
-            rate = None
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         reply = self._status(keys=[*request_keys, *rate_keys], args=[request_id, *_STATUS_FIELD_ARGS, *rate_args])
         if reply[0] == _RATE_LIMITED:
@@ -605,7 +597,7 @@ class RequestStore:
     def _spend_in_batches(self, rate) -> None:
         """Count a poll in this process, synced with the caller's windows in
         batches (``rate_counts.py``); raise the refusal a spent window makes."""
-        assert self.read_rate_counts is not None  # built with a replica, or split
+        assert self.read_rate_counts is not None  # built with the replica
         spent = self.read_rate_counts.spend(rate.keys, rate.args)
         if spent is not None:
             raise rate.refusal(spent)

@@ -22,7 +22,6 @@ from router_queue.store.gauges import QueueGauges
 from router_queue.store.owed import RECONCILE_AFTER_S, OwedEffects
 from router_queue.store.requests import Lease
 from router_queue.store.scripts import argv
-from router_queue.web.app import create_app
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import record_of
 from workers.context import WorkerContext
@@ -326,19 +325,3 @@ def test_a_replay_after_the_original_record_expired_answers_its_id_as_one_redis_
     replay = split.store.admit(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL, provider=PROVIDER,
                                body="{}", price=PRICE, fingerprint="f", idempotency_key_hash="k1")
     assert (replay.outcome.value, replay.request_id) == ("REPLAY", first)
-
-
-def test_status_polls_on_a_split_store_are_held_to_the_callers_rate(split, settings):
-    http = create_app(settings, services=split).test_client()
-    ws = _workspace(split)
-    split.accounts.set_limits(ws, rate_limit="5/minute")
-    caller = {"X-API-Key": split.accounts.mint_key(ws)}
-    request_id = _admit(split, ws)
-    answers = [http.get(f"/v2/models/{MODEL}/requests/{request_id}/status", headers=caller) for _ in range(7)]
-    assert [a.status_code for a in answers] == [200] * 5 + [429] * 2
-    assert answers[0].json["status"] == "IN_QUEUE"
-    assert int(answers[-1].headers["Retry-After"]) >= 1
-    # counted in this process and added to the windows in batches (rate_counts.py), not by status.lua
-    # in the record's slot: the windows hold fewer calls than were made
-    windows = [int(split.redis.get(key)) for key in split.redis.scan_iter(keys.rate_window("*"))]
-    assert windows and max(windows) < 5
