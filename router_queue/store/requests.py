@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import redis
 
+from .. import states
 from ..webhooks.event import PROGRESS_EVENT_EVERY_S
 from . import keys
 from .admission import ADMIT_ARGS, TwoStepAdmission
@@ -27,10 +28,9 @@ from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
 
-#: The record's fields every read takes, in this order. status.lua and
-#: history.lua are told where the fields they read are (_STATUS_FIELD_ARGS,
-#: _HISTORY_FIELD_ARGS): add new fields at the end, and unpack them in
-#: ``RequestRecord.from_values``.
+#: The record's fields every read takes, in this order. status.lua is told
+#: where the fields it reads are (_STATUS_FIELD_ARGS): add new fields at the
+#: end, and unpack them in ``RequestRecord.from_values``.
 _FIELDS = (
     "id", "workspace", "model", "provider", "status", "created_at", "started_at",
     "completed_at", "error_type", "detail", "content_type", "cancel_requested",
@@ -60,10 +60,6 @@ PRIORITIES = ("high", "normal", "low")
 #: status.lua's ARGV after the request id: where "workspace" and "status" are
 #: among the fields (1-based, as Lua counts), the field count, then the fields.
 _STATUS_FIELD_ARGS = (_FIELDS.index("workspace") + 1, _FIELDS.index("status") + 1, len(_FIELDS), *_FIELDS)
-#: history.lua's ARGV[9..]: where it finds what it filters on, then the fields
-#: (1-based, as Lua counts).
-_HISTORY_FIELD_ARGS = (*(_FIELDS.index(name) + 1 for name in ("workspace", "provider", "status", "error_type")),
-                       len(_FIELDS), *_FIELDS)
 #: A history page examines at most this many history entries per entry it may
 #: list: a filter on status or error_type that matches little answers a
 #: short page and a cursor rather than reading the whole history.
@@ -415,6 +411,7 @@ class RequestStore:
         self._grant_unsent = load_script(client, "grant_unsent")
         self._progress = load_script(client, "progress")
         self._history = load_script(client, "history")
+        self._positions_of = load_script(client, "positions")
         #: A call's rate count outside the hot routes' scripts waits this little
         #: on Redis: the count is let go rather than the call held.
         self._spend_rate = load_script(bounded(client, SPEND_RATE_TIMEOUT_S), "rate")
@@ -576,7 +573,10 @@ class RequestStore:
         """Record, queue position and provider pace, in one round trip (``status.lua``).
 
         ``rate`` (a ``ratelimit.Allowance``) is counted in the same step; a
-        spent window raises the refusal it makes. With ``replica`` and a
+        spent window raises the refusal it makes. On a store split per slot
+        (a cluster) the caller's windows and the record are in different
+        slots: the poll is counted first, in a step of its own (``rate.lua``),
+        so a window stays exact across front doors. With ``replica`` and a
         replica to read (:attr:`reads`), the replica answers: ``rate`` is
         counted in this process and synced with the primary in batches
         (``rate_counts.py``), and a request the replica does not have yet (just
@@ -588,23 +588,29 @@ class RequestStore:
             if view is not None:
                 return view
             rate = None  # counted already
+        if rate is not None and self.effects.split:
+            self._count_apart(rate)
+            rate = None
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         reply = self._status(keys=[*request_keys, *rate_keys], args=[request_id, *_STATUS_FIELD_ARGS, *rate_args])
         if reply[0] == _RATE_LIMITED:
             raise rate.refusal(reply[1:])
         return _status_view(reply)
 
-    def _spend_in_batches(self, rate) -> None:
-        """Count a poll in this process, synced with the caller's windows in
-        batches (``rate_counts.py``); raise the refusal a spent window makes."""
-        assert self.read_rate_counts is not None  # built with the replica
-        spent = self.read_rate_counts.spend(rate.keys, rate.args)
-        if spent is not None:
+    def _count_apart(self, rate) -> None:
+        """Count a read in the caller's windows in a step of its own (a split
+        store's reads: their windows are not in the record's slot); raise the
+        refusal a spent window makes."""
+        spent = self._spend_rate(keys=rate.keys, args=rate.args)
+        if spent:
             raise rate.refusal(spent)
 
     def _replica_view(self, request_id: str, request_keys: list[str], rate) -> StatusView | None:
         if rate is not None:
-            self._spend_in_batches(rate)
+            assert self.read_rate_counts is not None  # built with the replica
+            spent = self.read_rate_counts.spend(rate.keys, rate.args)
+            if spent is not None:
+                raise rate.refusal(spent)
         try:
             reply = self._status(keys=request_keys, args=[request_id, *_STATUS_FIELD_ARGS], client=self.reads)
         except redis.RedisError as exc:
@@ -619,10 +625,15 @@ class RequestStore:
                 error_type: str = "", rate=None) -> HistoryPage:
         """A page of the workspace's requests (of ``model`` only, if named)
         admitted in [``since``, ``until``) (to the ms), newest first, from just
-        after ``after`` (a page's ``next_after``), in one round trip
-        (``history.lua``). It examines at most ``limit`` ×
-        :data:`HISTORY_EXAMINED_PER_ENTRY` entries, however long the history.
-        ``rate`` is counted in the same step, as in :meth:`status_view`."""
+        after ``after`` (a page's ``next_after``). It examines at most
+        ``limit`` × :data:`HISTORY_EXAMINED_PER_ENTRY` entries, however long
+        the history: a filter that matches little answers a short (even empty)
+        page and a cursor, never one past an entry unread. ``rate`` is counted
+        in the first step, as in :meth:`status_view`.
+
+        Three steps, each in one slot of a cluster: the workspace's entries
+        (``history.lua``), their records (one pipelined read), and the
+        waiting ones' positions, one call per provider (``positions.lua``)."""
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         bound = None if until is None else (max(0, math.floor(until * 1000)), 0)
         if after is not None and (bound is None or _stream_id(after) < bound):
@@ -632,15 +643,65 @@ class RequestStore:
         own = keys.history(workspace)
         reply = self._history(
             keys=[own, keys.model_history(workspace, model) if model else own, *rate_keys],
-            args=[workspace, newest, f"{max(0, math.floor(since * 1000))}-0", limit,
-                  limit * HISTORY_EXAMINED_PER_ENTRY,
-                  status, error_type, *_HISTORY_FIELD_ARGS, *rate_args],
+            args=[newest, f"{max(0, math.floor(since * 1000))}-0", limit * HISTORY_EXAMINED_PER_ENTRY, *rate_args],
         )
         if reply[0] == _RATE_LIMITED:
             raise rate.refusal(reply[1:])
-        more, last = reply[1:3]
-        entries = [(RequestRecord.from_values(values), position) for values, position in reply[3:]]
-        return HistoryPage(entries, _text(last) if more else None)
+        found = [(_text(entry_id), _text(request_id)) for entry_id, request_id in reply[2:]]
+        records, examined = self._listed(workspace, [request_id for _, request_id in found], limit,
+                                         status=status, error_type=error_type)
+        more = examined < len(found) + int(reply[1])
+        return HistoryPage(list(zip(records, self._positions(workspace, records))),
+                           found[examined - 1][0] if more else None)
+
+    def _listed(self, workspace: str, request_ids: list[str], limit: int, *, status: str,
+                error_type: str) -> tuple[list[RequestRecord], int]:
+        """The records of ``request_ids`` (newest first; "" for an entry whose
+        request is gone) that a page lists, up to ``limit``, and how many ids
+        were examined to find them. A filter reads each record's three fields
+        it tests first, and whole only the records it lists."""
+
+        def listed(values: list[Any]) -> bool:
+            ws, state, error = values
+            return (state is not None and ws is not None and ws.decode() == workspace
+                    and (not status or state.decode() == status)
+                    and (not error_type or (error is not None and error.decode() == error_type)))
+
+        filtered = bool(status or error_type)
+        tested = ("workspace", "status", "error_type") if filtered else _FIELDS
+        at = [tested.index(name) for name in ("workspace", "status", "error_type")]
+        examined, chosen = 0, []
+        while examined < len(request_ids) and len(chosen) < limit:
+            # unfiltered, nearly every record is listed: read as many as the page lacks
+            batch = request_ids[examined:] if filtered else request_ids[examined:examined + limit - len(chosen)]
+            pipe = self.client.pipeline(transaction=False)
+            for request_id in batch:
+                pipe.hmget(keys.request(request_id or "-"), tested)
+            for request_id, values in zip(batch, pipe.execute()):
+                examined += 1
+                if request_id and listed([values[i] for i in at]):
+                    chosen.append(request_id if filtered else values)
+                    if len(chosen) == limit:
+                        break
+        if filtered:
+            pipe = self.client.pipeline(transaction=False)
+            for request_id in chosen:
+                pipe.hmget(keys.request(request_id), _FIELDS)
+            chosen = pipe.execute()
+        records = [RequestRecord.from_values(values) for values in chosen]
+        return [record for record in records if record is not None], examined
+
+    def _positions(self, workspace: str, records: list[RequestRecord]) -> list[int | None]:
+        """Each record's queue position while it waits, else None."""
+        waiting: dict[str, list[str]] = {}
+        for record in records:
+            if record.status == states.IN_QUEUE:
+                waiting.setdefault(record.provider, []).append(record.id)
+        ranks: dict[str, int | None] = {}
+        for provider, request_ids in waiting.items():
+            reply = self._positions_of(keys=[keys.schedule(provider)], args=[workspace, *request_ids])
+            ranks.update(zip(request_ids, (None if rank is None else int(rank) for rank in reply)))
+        return [ranks.get(record.id) for record in records]
 
     def spend_rate(self, rate_keys: list[str], rate_args: list) -> list:
         """Count one call against its rate windows (``rate.lua``); the spent

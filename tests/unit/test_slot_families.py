@@ -19,6 +19,7 @@ import pytest
 from router_queue.services import Services
 from router_queue.store import keys, scripts
 from router_queue.store.requests import Lease
+from router_queue.web import ratelimit
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import record_of
 
@@ -41,7 +42,6 @@ BUILT = {"KEY_REQUEST": "provider", "KEY_SCHEDULE": "provider", "KEY_WEBHOOK": "
 #: Scripts whose calls still mix families on a split store, and why: the work
 #: left before every key can carry a tag of its own family.
 STILL_MIXED = {
-    "history": "reads the workspace's history streams and each listed request's record",
     "webhook_take": "the request's event beside its workspace's turn and circuit and the global in-flight set",
     "webhook_record": "the request's event beside its workspace's log, circuit and count, and the global "
                       "failing endpoints and in-flight set",
@@ -113,7 +113,8 @@ def test_on_a_split_store_only_the_scripts_named_still_mix_key_families(calls, c
     store.claim(record_of(services, done, PROVIDER), Lease("t", 30, 3600, 3))
     store.record_progress(done, "t", 0.5)
     store.renew(done, PROVIDER, "t", 30)
-    store.status_view(done, PROVIDER)
+    rate = ratelimit._allowance(f"ws:{ws}", "1000/minute")
+    store.status_view(done, PROVIDER, rate)
     store.complete(record_of(services, done, PROVIDER), output=b"{}", content_type="application/json")
     taken = services.webhooks.take(done, now=time.time(), lease_s=30, token="w1")
     services.webhooks.record(taken.event, token="w1", now=time.time(), outcome="delivered", status=200, error="",
@@ -124,13 +125,14 @@ def test_on_a_split_store_only_the_scripts_named_still_mix_key_families(calls, c
     admit(retry_of=failed)
     store.cancel(request_id=admit(), workspace=ws, model=MODEL, provider=PROVIDER)
     store.expire_queued(admit(), PROVIDER, ws, queue_timeout_s=0, now=time.time() + 5)
-    store.history(ws, since=0)
+    store.history(ws, since=0, rate=rate)
+    store.history(ws, since=0, status="IN_QUEUE", model=MODEL)
     store.grant(PROVIDER)
     store.effects.reconcile(PROVIDER, time.time() + 60)
     store.two_step.abandon(PROVIDER, time.time() + 60)
 
     mixed = {name for name, families in calls if len(families) > 1}
     ran = {name for name, _ in calls}
-    assert {"admit_ws", "admit_place", "claim", "complete", "ws_settle", "cancel", "expire_queued", "status",
-            "webhook_take", "webhook_record", "history"} <= ran
+    assert {"admit_ws", "admit_place", "claim", "complete", "ws_settle", "cancel", "expire_queued", "status", "rate",
+            "webhook_take", "webhook_record", "history", "positions"} <= ran
     assert mixed == set(STILL_MIXED), f"mixing families now: {sorted(mixed)}; listed: {sorted(STILL_MIXED)}"

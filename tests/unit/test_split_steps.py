@@ -14,6 +14,7 @@ import time
 import pytest
 import requests
 
+from router_queue.errors import RateLimited
 from router_queue.services import Services
 from router_queue.states import COMPLETED
 from router_queue.store import keys
@@ -22,6 +23,7 @@ from router_queue.store.gauges import QueueGauges
 from router_queue.store.owed import RECONCILE_AFTER_S, OwedEffects
 from router_queue.store.requests import Lease
 from router_queue.store.scripts import argv
+from router_queue.web import ratelimit
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import record_of
 from workers.context import WorkerContext
@@ -325,3 +327,18 @@ def test_a_replay_after_the_original_record_expired_answers_its_id_as_one_redis_
     replay = split.store.admit(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL, provider=PROVIDER,
                                body="{}", price=PRICE, fingerprint="f", idempotency_key_hash="k1")
     assert (replay.outcome.value, replay.request_id) == ("REPLAY", first)
+
+
+def test_a_status_poll_on_a_split_store_counts_in_its_windows_exactly(split):
+    """Counted in a step of its own (the windows are not in the record's slot):
+    the window's limit holds to the call, and a refused poll reads nothing."""
+    ws = _workspace(split)
+    request_id = _admit(split, ws)
+    allowance = ratelimit._allowance(f"ws:{ws}", "3/minute")
+    seen = [split.store.status_view(request_id, PROVIDER, allowance).record.status for _ in range(3)]
+    assert seen == ["IN_QUEUE"] * 3
+    with pytest.raises(RateLimited) as refused:
+        split.store.status_view(request_id, PROVIDER, allowance)
+    assert refused.value.retry_after >= 1
+    with pytest.raises(RateLimited):
+        split.store.history(ws, since=0, rate=allowance)
