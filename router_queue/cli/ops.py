@@ -22,12 +22,12 @@ def require_router_queue_data() -> None:
     """Refuse to report on a Redis that holds no router-queue data: zeros and
     "no request" from the wrong server read like a healthy empty queue."""
     services = _services()
+    where = without_password(services.settings.redis_url)
+    if legacy_keys_present(services.redis):
+        raise click.ClickException(
+            f"the Redis at {where} holds router-queue data in an earlier key layout: "
+            "stop the service and run `router-queue ops migrate-keys`")
     if not services.accounts.any_exist():
-        where = without_password(services.settings.redis_url)
-        if legacy_keys_present(services.redis):
-            raise click.ClickException(
-                f"the Redis at {where} holds router-queue data in the key layout before the {{rq}} hash tag: "
-                "stop the service and run `router-queue ops migrate-keys`")
         raise click.ClickException(
             f"the Redis at {where} holds no "
             "router-queue data (no workspace was ever created there). Set REDIS_URL to the Redis the service "
@@ -171,11 +171,12 @@ def purge_expired() -> None:
 
 @ops.command("migrate-keys")
 def migrate_keys() -> None:
-    """Rename a store's keys from the layout before the {rq} hash tag (rq:...)
-    to today's. Run it with every process of the service stopped."""
+    """Move a store's keys from an earlier layout (before the hash tags, or
+    one tag for everything) to today's, a hash tag per family. Run it with
+    every process of the service stopped."""
     services = _services()
     done = migrate(services.redis)
-    click.echo(f"renamed {done.renamed} keys to the {{rq}} layout")
+    click.echo(f"moved {done.renamed} keys to today's layout")
     if done.clashes:
         raise click.ClickException(f"{len(done.clashes)} keys were left: their new name is taken "
                                    f"(first: {', '.join(done.clashes[:5])})")

@@ -79,6 +79,10 @@ class Accounts:
 
     def create_workspace(self, name: str, *, queue_enabled: bool = False, credits: int = 0) -> str:
         workspace_id = "ws_" + secrets.token_hex(8)
+        if not self.client.exists(keys.workspaces()):
+            # A new store is written in today's layout; one that holds workspaces and no
+            # marker is an earlier layout's, refused until migrated (store/migrate.py).
+            self.client.set(keys.layout(), keys.LAYOUT, nx=True)
         self.client.hset(
             keys.workspace(workspace_id),
             mapping={

@@ -12,8 +12,8 @@ deployment. Restore the data, or accept the loss and restart the processes.
 The check is one GET, made where an empty store would show: ``/readyz``, an
 API key that does not resolve (before it is answered 401), and each sweep;
 and once, to adopt the marker, at the first key that resolves.
-A store still in the key layout before the ``{rq}`` hash tag is refused the
-same way until ``router-queue ops migrate-keys`` renames it (``migrate.py``).
+A store still in an earlier key layout is refused the same way until
+``router-queue ops migrate-keys`` moves it (``migrate.py``).
 A process started after the loss cannot tell an emptied store from a new
 one; its ``/readyz`` still says ready, and persistence is what prevents it
 (``deploy/README.md``).
@@ -54,8 +54,8 @@ class StoreEpoch:
     def check(self) -> None:
         """Adopt the marker, or raise ``StoreLost`` if the adopted one is gone or replaced."""
         current = self.client.get(keys.epoch())
-        if current is None and self.known is None and legacy_keys_present(self.client):
-            log.critical("the store holds keys of the layout before the {rq} hash tag; stop the service and run "
+        if self.known is None and legacy_keys_present(self.client):
+            log.critical("the store holds keys of an earlier layout; stop the service and run "
                          "`router-queue ops migrate-keys`")
             raise StoreLost("the request store holds data in an earlier key layout; nothing is served until an "
                             "operator migrates it (router-queue ops migrate-keys)", retry_after=30)

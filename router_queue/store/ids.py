@@ -1,7 +1,11 @@
 """Request ids: unguessable, UUID-shaped, and able to prove they were ours.
 
-A request id is 60 random bits plus a 62-bit HMAC of those bits, the
-workspace and the model id, laid out as a version-8 UUID. Two things follow:
+A request id is 60 random bits, a 54-bit HMAC of those bits, the workspace,
+the model id and its provider's code, and that code in its last byte
+(``keys.provider_code``: the hash tag of the provider's keys, so a request's
+keys share its provider's Redis Cluster slot), laid out as a version-9 UUID.
+Ids minted before the code (version 8: a 62-bit HMAC and no code) still
+verify, and their keys keep the global tag. Two things follow:
 
 * Nobody can guess a live id (60 random bits), nor forge one that would pass
   for another workspace's (the MAC covers the workspace).
@@ -30,7 +34,7 @@ from . import keys
 #: What an id we minted looks like; anything else is answered 404 unread.
 #: Always matched whole (``fullmatch``): ``$`` alone would let a trailing
 #: newline through, and ``uuid.UUID`` would then raise on it.
-ID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-8[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+ID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[89][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 
 
 class RequestIds:
@@ -47,23 +51,31 @@ class RequestIds:
             self._secret = value if isinstance(value, bytes) else value.encode()
         return self._secret
 
-    def _compose(self, random_part: bytes, workspace: str, model: str) -> str:
+    def _compose(self, random_part: bytes, workspace: str, model: str, code: int | None) -> str:
+        """The id of ``random_part`` for a workspace and model: version 9 with
+        the provider's ``code``; version 8 (an id minted before codes) with None."""
         head = bytearray(random_part)
-        head[6] = (head[6] & 0x0F) | 0x80  # version 8: custom layout
+        head[6] = (head[6] & 0x0F) | (0x80 if code is None else 0x90)  # a custom layout's version
         message = bytes(head) + b"\0" + workspace.encode() + b"\0" + model.encode()
-        tail = bytearray(hmac.new(self._key(), message, hashlib.sha256).digest()[:8])
+        if code is not None:
+            message += b"\0" + bytes([code])
+        digest = hmac.new(self._key(), message, hashlib.sha256).digest()
+        tail = bytearray(digest[:8] if code is None else digest[:7] + bytes([code]))
         tail[0] = (tail[0] & 0x3F) | 0x80  # RFC 4122 variant
         return uuid_text(head + tail)
 
     def mint(self, workspace: str, model: str) -> str:
-        return self._compose(secrets.token_bytes(8), workspace, model)
+        """A new id for a request of ``model`` (``provider/name``): it carries
+        the model's provider's code."""
+        code = int(keys.provider_code(model.split("/", 1)[0]), 16)
+        return self._compose(secrets.token_bytes(8), workspace, model, code)
 
     def is_ours(self, request_id: str, workspace: str, model: str) -> bool:
         """Whether ``request_id`` was minted for this workspace and model."""
         if not well_formed(request_id):
             return False
-        random_part = uuid.UUID(request_id).bytes[:8]
-        expected = self._compose(random_part, workspace, model)
+        raw = uuid.UUID(request_id).bytes
+        expected = self._compose(raw[:8], workspace, model, raw[15] if raw[6] >> 4 == 9 else None)
         return hmac.compare_digest(expected, request_id)
 
 

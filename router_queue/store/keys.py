@@ -226,34 +226,96 @@ key it is given, and the keys of the workspaces and requests the schedule names
 
 from __future__ import annotations
 
-#: What every key starts with: ``{rq}``, a Redis Cluster hash tag, so that on a
-#: cluster every key hashes to one slot and each script's keys sit together
-#: (``docs/ARCHITECTURE.md``, "Redis Cluster"). On one Redis the braces are
-#: plain characters. Stores from before the tag hold ``rq:…`` keys:
-#: ``router-queue ops migrate-keys`` renames them (``store/migrate.py``).
+import zlib
+
+#: The global family's prefix: a Redis Cluster hash tag, so that on a cluster
+#: the keys every workspace and provider share (API keys, configuration, the
+#: fleet) sit in one slot. On one Redis the braces are plain characters.
+#: Stores from before the hash tag hold ``rq:…`` keys: ``router-queue ops
+#: migrate-keys`` renames them (``store/migrate.py``).
 PREFIX = "{rq}"
 #: The prefix of the keys written before the hash tag.
 UNTAGGED_PREFIX = "rq"
+#: The store's key layout: 2, a hash tag per family (the provider's, the
+#: workspace's, the global one); stores written with one tag for everything
+#: have none (``migrate.py`` moves them).
+LAYOUT = "2"
+
+#: The catalog's providers' codes, chosen so that a cluster of three
+#: primaries with the slots split evenly (as ``redis-cli --cluster create``
+#: does) serves one provider each. Never change one: its requests' ids carry it.
+PROVIDER_CODES = {"bfl": "01", "vertexai": "00", "openai": "02"}
+
+
+def provider_code(provider: str) -> str:
+    """A provider's code: the hash tag of its keys (``{rq-<code>}``) and the
+    last byte of each request id minted for it (``ids.py``), so a request's
+    keys share its provider's Redis Cluster slot. A provider not in
+    :data:`PROVIDER_CODES` takes its name's CRC-32, mod 256. Any other split
+    of a cluster's slots wants each provider's slot moved to the primary it
+    should load (``deploy/README.md``, "Redis Cluster"); two providers whose
+    codes meet share a slot."""
+    return PROVIDER_CODES.get(provider) or f"{zlib.crc32(provider.encode()) & 0xFF:02x}"
+
+
+def code_tag(code: str) -> str:
+    """The hash tag of the provider whose code is ``code``."""
+    return f"{{rq-{code}}}"
+
+
+def provider_prefix(provider: str) -> str:
+    """The prefix of a provider's keys: its schedule, queues, stats, its
+    requests' records (ids minted for it end in its code)."""
+    return code_tag(provider_code(provider))
+
+
+def request_prefix(request_id: str) -> str:
+    """The prefix of a request's keys: its provider's (the id's last byte is
+    the provider's code: a version-9 id, ``ids.py``); an id minted before
+    (version 8) keeps the global tag its keys were written under."""
+    return code_tag(request_id[-2:]) if request_id[14:15] == "9" else PREFIX
+
+
+def workspace_prefix(workspace_id: str) -> str:
+    """The prefix of a workspace's keys: its hash, ledger, idempotency keys,
+    history, rate windows, held slots and webhook turn."""
+    return f"{{ws:{workspace_id}}}"
 
 
 def request(request_id: str) -> str:
-    return f"{PREFIX}:req:{request_id}"
+    return f"{request_prefix(request_id)}:req:{request_id}"
 
 
 def result(request_id: str) -> str:
-    return f"{PREFIX}:result:{request_id}"
+    return f"{request_prefix(request_id)}:result:{request_id}"
+
+
+def body(request_id: str) -> str:
+    """A request's native body, apart from its record so the record stays a
+    compact listpack."""
+    return f"{request_prefix(request_id)}:body:{request_id}"
+
+
+def webhook_event(request_id: str) -> str:
+    """The webhook event being delivered for a request."""
+    return f"{request_prefix(request_id)}:webhook:{request_id}"
+
+
+def webhook_next(request_id: str) -> str:
+    """The request's events owed behind the one being delivered."""
+    return f"{webhook_event(request_id)}:next"
 
 
 def queue(provider: str) -> str:
-    return f"{PREFIX}:queue:{provider}"
+    return f"{provider_prefix(provider)}:queue:{provider}"
 
 
 def sequence(provider: str) -> str:
-    return f"{PREFIX}:seq:{provider}"
+    return f"{provider_prefix(provider)}:seq:{provider}"
 
 
 def schedule(provider: str) -> str:
-    return f"{PREFIX}:sched:{provider}"
+    return f"{provider_prefix(provider)}:sched:{provider}"
 
 
 def schedule_workspaces(provider: str) -> str:
@@ -262,47 +324,94 @@ def schedule_workspaces(provider: str) -> str:
 
 
 def running(provider: str) -> str:
-    return f"{PREFIX}:running:{provider}"
+    return f"{provider_prefix(provider)}:running:{provider}"
 
 
 def deadlines(provider: str) -> str:
     """The caller deadlines of a provider's requests ("start|{id}", "run|{id}")
     by when each falls (lua/lib.lua)."""
-    return f"{PREFIX}:deadlines:{provider}"
+    return f"{provider_prefix(provider)}:deadlines:{provider}"
 
 
 def stats(provider: str) -> str:
-    return f"{PREFIX}:stats:{provider}"
-
-
-def idempotency(workspace: str, key_hash: str) -> str:
-    return f"{PREFIX}:idem:{workspace}:{key_hash}"
-
-
-def workspace(workspace_id: str) -> str:
-    return f"{PREFIX}:ws:{workspace_id}"
-
-
-def ledger(workspace_id: str) -> str:
-    return f"{PREFIX}:ledger:{workspace_id}"
-
-
-def open_requests(workspace_id: str) -> str:
-    """The workspace's requests whose start or end it has not yet been given
-    (a split store's, ``ws_settle.lua``): id -> what is still owed, "q" and "e"."""
-    return f"{PREFIX}:open:{workspace_id}"
+    return f"{provider_prefix(provider)}:stats:{provider}"
 
 
 def owed(provider: str) -> str:
     """A split store's workspace effects owed by the provider's steps, not yet
     applied (JSON, by when owed; ``lua/lib.lua``, ``owe_ws``)."""
-    return f"{PREFIX}:owed:{provider}"
+    return f"{provider_prefix(provider)}:owed:{provider}"
 
 
 def admitting(provider: str) -> str:
     """A split store's admissions between their workspace's step and their
     provider's (JSON, by write deadline; ``admission.py``)."""
-    return f"{PREFIX}:admitting:{provider}"
+    return f"{provider_prefix(provider)}:admitting:{provider}"
+
+
+def webhooks_due(provider: str, request_id: str | None = None) -> str:
+    """The pending webhook events of a provider's requests, by when to publish
+    them (beside its requests: the steps that owe an event write it). With
+    ``request_id``: the one that holds the request's event, its provider's,
+    or for an id minted before codes the one of the global tag (read by the
+    sweeper beside the provider's own until it is empty)."""
+    prefix = provider_prefix(provider) if request_id is None else request_prefix(request_id)
+    return f"{prefix}:webhook:due:{provider}"
+
+
+def workspace(workspace_id: str) -> str:
+    return f"{workspace_prefix(workspace_id)}:ws"
+
+
+def idempotency(workspace_id: str, key_hash: str) -> str:
+    return f"{workspace_prefix(workspace_id)}:idem:{key_hash}"
+
+
+def ledger(workspace_id: str) -> str:
+    return f"{workspace_prefix(workspace_id)}:ledger"
+
+
+def open_requests(workspace_id: str) -> str:
+    """The workspace's requests whose start or end it has not yet been given
+    (a split store's, ``ws_settle.lua``): id -> what is still owed, "q" and "e"."""
+    return f"{workspace_prefix(workspace_id)}:open"
+
+
+def history(workspace_id: str) -> str:
+    """The workspace's requests by admission time (``GET /v2/requests``)."""
+    return f"{workspace_prefix(workspace_id)}:history"
+
+
+def model_history(workspace_id: str, model_id: str) -> str:
+    """The workspace's requests of one model by admission time."""
+    return f"{history(workspace_id)}:{model_id}"
+
+
+def held(workspace_id: str) -> str:
+    """The workspace's slots for synchronous calls and event streams held open."""
+    return f"{workspace_prefix(workspace_id)}:held"
+
+
+def rate_window(name: str, workspace_id: str | None = None) -> str:
+    """A caller's request-rate counter for one window (``web/ratelimit.py``:
+    ``name`` is the ``limits`` item's own key): a workspace's beside its
+    other keys (admission counts it in the workspace's step), any other
+    caller's in the global family."""
+    return f"{workspace_prefix(workspace_id) if workspace_id else PREFIX}:rate:{name}"
+
+
+def webhook_log(workspace_id: str) -> str:
+    return f"{workspace_prefix(workspace_id)}:webhooks:log"
+
+
+def webhook_circuit(workspace_id: str, origin: str) -> str:
+    """One workspace's circuit on one URL origin."""
+    return f"{workspace_prefix(workspace_id)}:webhooks:circuit:{origin}"
+
+
+def webhook_in_flight(workspace_id: str) -> str:
+    """The workspace's webhook attempts running now (its fair share's slots)."""
+    return f"{workspace_prefix(workspace_id)}:webhooks:inflight"
 
 
 def workspaces() -> str:
@@ -341,38 +450,21 @@ def epoch() -> str:
     return f"{PREFIX}:config:epoch"
 
 
+def layout() -> str:
+    """The store's key layout (:data:`LAYOUT`), written with its first workspace."""
+    return f"{PREFIX}:config:layout"
+
+
 #: Every request's and provider's event channel: one subscription per process.
 EVENTS_PATTERN = f"{PREFIX}:events:*"
 #: What follows the prefix on a provider's channel (request ids are UUIDs).
 PROVIDER_EVENTS = f"{PREFIX}:events:provider:"
 
 
-def body(request_id: str) -> str:
-    """A request's native body, apart from its record so the record stays a
-    compact listpack."""
-    return f"{PREFIX}:body:{request_id}"
-
-
 def events_channel(request_id: str) -> str:
     """Pub/sub channel announcing a request changed: started, progressed,
     COMPLETED."""
     return f"{PREFIX}:events:{request_id}"
-
-
-def history(workspace_id: str) -> str:
-    """The workspace's requests by admission time (``GET /v2/requests``)."""
-    return f"{PREFIX}:history:{workspace_id}"
-
-
-def model_history(workspace_id: str, model_id: str) -> str:
-    """The workspace's requests of one model by admission time."""
-    return f"{history(workspace_id)}:{model_id}"
-
-
-def rate_window(name: str) -> str:
-    """A caller's request-rate counter for one window (``web/ratelimit.py``:
-    ``name`` is the ``limits`` item's own key)."""
-    return f"{PREFIX}:rate:{name}"
 
 
 def legacy_draining() -> str:
@@ -391,24 +483,9 @@ def fleet_worker(name: str) -> str:
     return f"{PREFIX}:fleet:worker:{name}"
 
 
-def held(workspace_id: str) -> str:
-    """The workspace's slots for synchronous calls and event streams held open."""
-    return f"{PREFIX}:held:{workspace_id}"
-
-
-def webhook_event(request_id: str) -> str:
-    """The webhook event being delivered for a request."""
-    return f"{PREFIX}:webhook:{request_id}"
-
-
-def webhook_next(request_id: str) -> str:
-    """The request's events owed behind the one being delivered."""
-    return f"{PREFIX}:webhook:{request_id}:next"
-
-
-def webhooks_due(provider: str) -> str:
-    """The pending webhook events of a provider's requests, by when to publish
-    them (beside its requests: the steps that owe an event write it)."""
+def one_tag_webhooks_due(provider: str) -> str:
+    """Where the events of a provider's requests minted before codes wait
+    (their ids keep the global tag): read beside the provider's own until empty."""
     return f"{PREFIX}:webhook:due:{provider}"
 
 
@@ -418,23 +495,9 @@ def legacy_webhooks_due() -> str:
     return f"{PREFIX}:webhooks:due"
 
 
-def webhook_log(workspace_id: str) -> str:
-    return f"{PREFIX}:webhooks:log:{workspace_id}"
-
-
 def webhooks_failing() -> str:
     """Failing endpoints, "{ws}|{origin}" by their last failure (trimmed)."""
     return f"{PREFIX}:webhooks:failing-origins"
-
-
-def webhook_circuit(workspace_id: str, origin: str) -> str:
-    """One workspace's circuit on one URL origin."""
-    return f"{PREFIX}:webhooks:circuit:{workspace_id}|{origin}"
-
-
-def webhook_in_flight(workspace_id: str) -> str:
-    """The workspace's webhook attempts running now (its fair share's slots)."""
-    return f"{PREFIX}:webhooks:inflight:{workspace_id}"
 
 
 def webhooks_in_flight() -> str:
@@ -442,25 +505,31 @@ def webhooks_in_flight() -> str:
     return f"{PREFIX}:webhooks:inflight"
 
 
-def _lua_layout() -> str:
-    """The ``KEY_*`` constants ``load_script`` puts in front of every script: the
-    prefixes of the keys a script builds from an id it read (the request the
-    schedule names next, an index's members), taken from the functions above
-    so the layout is written here only."""
-    marker = "\x00"
-    fields = []
-    for name, build in (("request", request), ("workspace", workspace), ("schedule", schedule),
-                        ("events", events_channel), ("webhook", webhook_event)):
-        head, _, tail = build(marker).partition(marker)
-        assert tail == "", name  # a prefix: the script appends the id
-        fields.append((name, head))
-    fields.append(("provider_events", PROVIDER_EVENTS))
-    fields.append(("webhook_next", webhook_next(marker).partition(marker)[2]))  # appended to a webhook's key
-    fields.append(("webhooks_due", webhooks_due(marker).partition(marker)[0]))  # the provider appended
-    # Locals, not a table: a constant costs a script nothing per call.
-    return ("-- The key layout (generated from router_queue/store/keys.py, _lua_layout)\n"
-            + "".join(f'local KEY_{name.upper()} = "{value}"\n' for name, value in fields))
-
-
-#: Lua source defining ``KEY_REQUEST`` and the other prefixes above (``load_script``).
-LUA_LAYOUT = _lua_layout()
+def lua_layout() -> str:
+    """The Lua definitions ``load_script`` offers every script beside
+    ``lua/lib.lua``'s (each script takes those it names): functions building
+    the keys a script builds from an id it read (the request the schedule
+    names next, an index's members) by the rules written above.
+    ``tests/unit/test_keys.py`` holds the Lua to the Python for every kind of id."""
+    return f"""local function request_prefix(id)
+  if string.sub(id, 15, 15) == "9" then
+    return "{{rq-" .. string.sub(id, -2) .. "}}"
+  end
+  return "{PREFIX}"
+end
+local function key_request(id)
+  return request_prefix(id) .. ":req:" .. id
+end
+local function key_webhook(id)
+  return request_prefix(id) .. ":webhook:" .. id
+end
+local function key_webhooks_due(id, provider)
+  return request_prefix(id) .. ":webhook:due:" .. provider
+end
+local function key_workspace(ws)
+  return "{{ws:" .. ws .. "}}:ws"
+end
+local KEY_EVENTS = "{PREFIX}:events:"
+local KEY_PROVIDER_EVENTS = "{PROVIDER_EVENTS}"
+local KEY_WEBHOOK_NEXT = ":next"
+"""

@@ -1,12 +1,19 @@
-"""Renaming a store's keys from the layout before the hash tag (``rq:…``) to
-today's (``{rq}:…``, ``keys.PREFIX``).
+"""Moving a store's keys from an earlier layout to today's (``keys.py``): from
+before the hash tag (``rq:…``), and from one tag for everything (``{rq}:…``)
+to a tag per family (a provider's ``{rq-<code>}``, a workspace's
+``{ws:<id>}``, the global ``{rq}``).
 
 Run it with the service stopped (``router-queue ops migrate-keys``): a process
-of the earlier version still writes ``rq:…`` keys, and one of this version
+of an earlier version still writes keys of its layout, and one of this version
 refuses to serve a store that holds them (``legacy_keys_present``), so that
 nothing is answered as if the data were not there. ``RENAMENX`` keeps a key's
 value, TTL and type; a name already taken is left and reported, never
-overwritten. Pub/sub channels carry no data and need nothing.
+overwritten. What stays where it was: the global keys, the keys of requests
+whose ids were minted before ids carried their provider's code (their keys
+keep the global tag: ``keys.request_prefix``) and their providers' events'
+due sets. Rate windows are dropped (a caller's count restarts once).
+Pub/sub channels carry no data and need nothing. The layout marker
+(``keys.layout``) is written last.
 """
 
 from __future__ import annotations
@@ -18,19 +25,64 @@ from redis.cluster import RedisCluster
 
 from . import keys
 
-LEGACY_MATCH = f"{keys.UNTAGGED_PREFIX}:*"
+#: Keys written before the hash tag, and under the one tag.
+LEGACY_MATCHES = (f"{keys.UNTAGGED_PREFIX}:*", keys.PREFIX.replace("{", "[{]") + ":*")
+
+#: What follows the prefix of a provider's keys, by kind.
+_PROVIDER_KINDS = {"queue": keys.queue, "seq": keys.sequence, "running": keys.running, "deadlines": keys.deadlines,
+                   "stats": keys.stats, "owed": keys.owed, "admitting": keys.admitting}
+#: The same of a request's keys (the id's prefix decides where they go).
+_REQUEST_KINDS = {"req": keys.request, "result": keys.result, "body": keys.body}
+#: The same of a workspace's keys.
+_WORKSPACE_KINDS = {"ws": keys.workspace, "ledger": keys.ledger, "open": keys.open_requests, "held": keys.held}
 
 
-def tagged(legacy_key: bytes) -> bytes:
-    """The name ``legacy_key`` has in today's layout."""
-    return keys.PREFIX.encode() + legacy_key[len(keys.UNTAGGED_PREFIX):]
+def current_name(legacy_key: str) -> str | None:
+    """The name ``legacy_key`` has in today's layout; None for a key dropped
+    (a rate window, which would sit in its workspace's slot now)."""
+    path = legacy_key.removeprefix(keys.PREFIX + ":") if legacy_key.startswith(keys.PREFIX + ":") \
+        else legacy_key[len(keys.UNTAGGED_PREFIX) + 1:]
+    kind, _, rest = path.partition(":")
+    if kind in _PROVIDER_KINDS:
+        return _PROVIDER_KINDS[kind](rest)
+    if kind == "sched":
+        provider, _, under = rest.partition(":")
+        return keys.schedule(provider) + (f":{under}" if under else "")
+    if kind in _REQUEST_KINDS:
+        return _REQUEST_KINDS[kind](rest)
+    if kind == "webhook" and not rest.startswith("due:"):
+        request_id, _, under = rest.partition(":")
+        return keys.webhook_event(request_id) + (f":{under}" if under else "")
+    if kind in _WORKSPACE_KINDS:
+        return _WORKSPACE_KINDS[kind](rest)
+    if kind == "history":
+        workspace, _, model = rest.partition(":")
+        return keys.model_history(workspace, model) if model else keys.history(workspace)
+    if kind == "idem":
+        workspace, _, key_hash = rest.partition(":")
+        return keys.idempotency(workspace, key_hash)
+    if kind == "webhooks":
+        what, _, workspace = rest.partition(":")
+        if what == "log":
+            return keys.webhook_log(workspace)
+        if what == "inflight" and workspace:
+            return keys.webhook_in_flight(workspace)
+        if what == "circuit":
+            workspace, _, origin = workspace.partition("|")
+            return keys.webhook_circuit(workspace, origin)
+    if kind == "rate":
+        return None
+    return f"{keys.PREFIX}:{path}"
 
 
 def legacy_keys_present(client: redis.Redis) -> bool:
-    """Whether the store still holds the earlier layout's data: its workspace
-    index or epoch marker (one command each, never a scan)."""
+    """Whether the store still holds an earlier layout's data: the workspace
+    index from before the tag, or an index with no layout marker (a few
+    commands, never a scan)."""
     old = keys.UNTAGGED_PREFIX
-    return bool(client.exists(f"{old}:workspaces", f"{old}:config:epoch"))
+    if client.exists(f"{old}:workspaces", f"{old}:config:epoch"):
+        return True
+    return bool(client.exists(keys.workspaces())) and not client.exists(keys.layout())
 
 
 @dataclass
@@ -41,23 +93,57 @@ class Migration:
 
 
 def migrate(client: redis.Redis, batch: int = 1000) -> Migration:
-    """Rename every ``rq:…`` key to its ``{rq}:…`` name, a SCAN page's worth
-    of ``RENAMENX`` per round trip. A cluster store has nothing to rename:
-    the earlier layout never ran on one (its scripts spanned slots)."""
+    """Move every key of an earlier layout to its name in today's, a SCAN
+    page's worth per round trip, then mark the store's layout."""
     done = Migration()
+    for match in LEGACY_MATCHES:
+        for node_client in _primaries(client):
+            _migrate_matching(client, node_client, match, batch, done)
+    if client.exists(keys.workspaces()):
+        client.set(keys.layout(), keys.LAYOUT)
+    return done
+
+
+def _primaries(client: redis.Redis) -> list[redis.Redis]:
+    """Where to scan: each primary of a cluster, else the one Redis."""
     if isinstance(client, RedisCluster):
-        return done
+        return [client.get_redis_connection(node) for node in client.get_primaries()]
+    return [client]
+
+
+def _migrate_matching(client: redis.Redis, node: redis.Redis, match: str, batch: int, done: Migration) -> None:
     cursor = 0
     while True:
-        cursor, page = client.scan(cursor, match=LEGACY_MATCH, count=batch)
-        if page:
-            pipe = client.pipeline(transaction=False)
-            for key in page:
-                pipe.renamenx(key, tagged(key))
-            for key, renamed in zip(page, pipe.execute(raise_on_error=False)):
-                if renamed is True:
-                    done.renamed += 1
-                elif client.exists(key):  # its new name was taken (a key gone since the page is no clash)
-                    done.clashes.append(key.decode(errors="replace"))
+        cursor, page = node.scan(cursor, match=match, count=batch)
+        moves = [(key, current_name(key.decode())) for key in page]
+        for key in (key for key, new in moves if new is None):
+            client.delete(key)  # one at a time: on a cluster each may be in a slot of its own
+        moves = [(key, new) for key, new in moves if new is not None and new != key.decode()]
+        for key, moved in zip((key for key, _ in moves), _move(client, moves)):
+            if moved:
+                done.renamed += 1
+            elif client.exists(key):  # its new name was taken (a key gone since the page is no clash)
+                done.clashes.append(key.decode(errors="replace"))
         if cursor == 0:
-            return done
+            return
+
+
+def _move(client: redis.Redis, moves: list[tuple[bytes, str]]) -> list[bool]:
+    """Rename each key unless its new name is taken: ``RENAMENX`` on one
+    Redis; on a cluster, where the names may hash to other slots, a copy
+    (``DUMP``, ``RESTORE`` with the TTL left) and the old key deleted."""
+    if not isinstance(client, RedisCluster):
+        pipe = client.pipeline(transaction=False)
+        for key, new in moves:
+            pipe.renamenx(key, new)
+        return [reply is True for reply in pipe.execute(raise_on_error=False)]
+    moved = []
+    for key, new in moves:
+        value, ttl = client.dump(key), client.pttl(key)
+        if value is None or client.exists(new):
+            moved.append(False)
+            continue
+        client.restore(new, max(int(ttl), 0), value)
+        client.delete(key)
+        moved.append(True)
+    return moved

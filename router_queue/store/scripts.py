@@ -1,5 +1,5 @@
-"""The Lua scripts, assembled for Redis: each script's text after the key
-layout (``keys.LUA_LAYOUT``), its arguments' names and the part of
+"""The Lua scripts, assembled for Redis: each script's text after its
+arguments' names and the part of the key layout (``keys.lua_layout``) and of
 ``lua/lib.lua`` it uses."""
 
 from __future__ import annotations
@@ -16,11 +16,12 @@ from .cluster import register_script
 
 
 def load_script(client: redis.Redis, name: str, args: tuple[str, ...] = ()):
-    """Register ``lua/{name}.lua`` with the key layout (``keys.LUA_LAYOUT``),
-    its arguments' names (``lua_arg_names``) and what it uses of what the
-    scripts share (``lua/lib.lua``, :func:`lib_for`) in front."""
+    """Register ``lua/{name}.lua`` with its arguments' names
+    (``lua_arg_names``) and what it uses of the key layout's functions
+    (``keys.lua_layout``) and of what the scripts share (``lua/lib.lua``,
+    :func:`lib_for`) in front."""
     body = _lua(f"{name}.lua")
-    return register_script(client, keys.LUA_LAYOUT + lua_arg_names(args) + lib_for(body) + body)
+    return register_script(client, lua_arg_names(args) + lib_for(body) + body)
 
 
 def _lua(name: str) -> str:
@@ -32,17 +33,22 @@ _LIB_DEFINITION = re.compile(r"^local (?:function )?([A-Za-z_][A-Za-z0-9_]*)")
 _LUA_COMMENT = re.compile(r"--.*$", re.M)
 
 
-@functools.cache
-def _lib_definitions() -> tuple[tuple[str, str], ...]:
-    """lib.lua as (name, text) per top-level definition, in order."""
+def _definitions(text: str) -> tuple[tuple[str, str], ...]:
+    """``text`` as (name, text) per top-level definition, in order."""
     chunks: list[tuple[str, str]] = []
-    for line in _lua("lib.lua").splitlines(keepends=True):
+    for line in text.splitlines(keepends=True):
         defined = _LIB_DEFINITION.match(line)
         if defined:
             chunks.append((defined.group(1), line))
         elif chunks:
             chunks[-1] = (chunks[-1][0], chunks[-1][1] + line)
     return tuple(chunks)
+
+
+@functools.cache
+def _lib_definitions() -> tuple[tuple[str, str], ...]:
+    """lib.lua as (name, text) per top-level definition, in order."""
+    return _definitions(_lua("lib.lua"))
 
 
 def lib_for(body: str) -> str:
@@ -53,7 +59,7 @@ def lib_for(body: str) -> str:
     pays for what it uses. A definition is a top-level ``local`` and the
     lines down to the next one; names are matched as whole words outside
     comments (lib.lua has no "--" inside a string)."""
-    chunks = _lib_definitions()
+    chunks = _definitions(keys.lua_layout()) + _lib_definitions()
     wanted: set[str] = set()
     pending = [body]
     while pending:

@@ -48,10 +48,10 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _due_key(provider: str | None) -> str:
+def _due_key(request_id: str, provider: str | None) -> str:
     """The due set that holds an event of ``provider``'s request (None or "":
     one owed before events named their provider)."""
-    return keys.webhooks_due(provider) if provider else keys.legacy_webhooks_due()
+    return keys.webhooks_due(provider, request_id) if provider else keys.legacy_webhooks_due()
 
 
 def _float(value: str | None) -> float | None:
@@ -187,9 +187,9 @@ class WebhookStore:
             keys.webhook_event(request_id), "workspace", "url", "provider"))
         limits = self.limits
         reply = self._take(
-            keys=[keys.webhook_event(request_id), _due_key(provider), keys.webhook_in_flight(workspace or ""),
-                  keys.webhook_circuit(workspace or "", origin(url or "")), keys.webhooks_in_flight(),
-                  keys.workspace(workspace or "")],
+            keys=[keys.webhook_event(request_id), _due_key(request_id, provider),
+                  keys.webhook_in_flight(workspace or ""), keys.webhook_circuit(workspace or "", origin(url or "")),
+                  keys.webhooks_in_flight(), keys.workspace(workspace or "")],
             args=argv(TAKE_ARGS, request_id=request_id, now=repr(now), lease_s=lease_s, token=token,
                       max_in_flight=limits.max_in_flight_per_workspace, wait_s=repr(limits.wait_s),
                       circuit_failures=limits.circuit_failures, window_s=repr(limits.window_s), keep_s=self.keep_s,
@@ -217,10 +217,10 @@ class WebhookStore:
                             "seconds": round(seconds, 3)}, separators=(",", ":"))
         limits = self.limits
         reply = self._record(
-            keys=[keys.webhook_event(event.request_id), _due_key(event.provider), keys.webhook_log(event.workspace),
-                  keys.webhooks_failing(), keys.webhook_circuit(event.workspace, endpoint),
-                  keys.webhook_in_flight(event.workspace), keys.webhooks_in_flight(),
-                  keys.workspace(event.workspace)],
+            keys=[keys.webhook_event(event.request_id), _due_key(event.request_id, event.provider),
+                  keys.webhook_log(event.workspace), keys.webhooks_failing(),
+                  keys.webhook_circuit(event.workspace, endpoint), keys.webhook_in_flight(event.workspace),
+                  keys.webhooks_in_flight(), keys.workspace(event.workspace)],
             args=argv(
                 RECORD_ARGS, request_id=event.request_id, token=token, now=repr(now), outcome=outcome,
                 status="" if status is None else status, error=error[:300],
@@ -263,7 +263,8 @@ class WebhookStore:
         return sum(pipe.execute())
 
     def _due_keys(self) -> list[str]:
-        return [*map(keys.webhooks_due, self.providers), keys.legacy_webhooks_due()]
+        return [*map(keys.webhooks_due, self.providers), *map(keys.one_tag_webhooks_due, self.providers),
+                keys.legacy_webhooks_due()]
 
     def in_flight(self, now: float) -> int:
         """Attempts running now, every workspace's (leases not yet run out)."""

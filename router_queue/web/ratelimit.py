@@ -69,7 +69,9 @@ def _allowance(bucket: str, spec: str) -> Allowance:
     items = _items(spec)
     return Allowance(
         items=items,
-        keys=tuple(rate_window(item.key_for(bucket)) for item in items),
+        # a workspace's windows beside its other keys: admission counts them in the workspace's step
+        keys=tuple(rate_window(item.key_for(bucket), bucket[3:] if bucket.startswith("ws:") else None)
+                   for item in items),
         args=tuple(n for item in items for n in (item.amount, item.get_expiry())),
     )
 

@@ -61,7 +61,7 @@ def sequence(services: Any, provider: str) -> int:
 
 def rate_counters(services: Any, workspace_id: str) -> list[bytes]:
     """The workspace's rate-limit counters (``limits``' fixed-window keys under ``rq:rate``)."""
-    return list(services.redis.scan_iter(match=keys.rate_window(f"*/ws:{workspace_id}/*"), count=1000))
+    return list(services.redis.scan_iter(match=keys.rate_window("*", workspace_id), count=1000))
 
 
 def idempotency_key_name(workspace_id: str, key: str) -> str:

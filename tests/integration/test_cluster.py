@@ -1,7 +1,8 @@
 """The store on a Redis Cluster (``REDIS_URL=redis+cluster://…``): three
 primaries and a replica of each, started here; Celery's broker a Redis of its
-own, as ``settings.py`` requires. Every key carries the ``{rq}`` hash tag, so
-one primary serves the store and the others stand by for its slot's failover
+own, as ``settings.py`` requires. Each provider's keys (its requests' too), each
+workspace's and the global ones carry a hash tag of their own, so the primaries
+share the store; a fault here hits the primary serving Flux's provider
 (``docs/ARCHITECTURE.md``, "Redis Cluster")."""
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ from router_queue.store import keys
 from tests.integration.harness import FLUX, RunningStack, unique_prompt
 from tests.integration.test_operations import Fault, _outage_under_load, _private_env
 from tests.redis_servers import ClusterGroup, PrivateRedis
+
+#: The hash tag of Flux's provider: its schedule and its requests' keys.
+BFL = keys.provider_prefix("bfl")
 
 
 @pytest.fixture(scope="module")
@@ -54,22 +58,19 @@ def test_a_request_runs_on_a_cluster_store_from_submit_to_result(cluster: tuple[
         assert (workspace.held, workspace.queued, workspace.queued_bytes) == (0, 0, 0)
         assert running.services.redis.zcard(keys.owed("bfl")) == 0
         assert running.services.redis.hlen(keys.open_requests(caller.workspace)) == 0
-    # every key of the store sits in the one slot of the {rq} tag, on that slot's primary
-    owner = group.owner(keys.PREFIX)
-    with group._client(owner.port) as client:
-        assert len(client.keys(keys.request("*"))) >= 2
-    for node in group.nodes:
-        if node is not owner and node.proc is not None:
-            with group._client(node.port) as client:
-                if client.info("replication")["role"] == "master":
-                    assert client.dbsize() == 0, node.port
+    # a request's keys on its provider's primary, a workspace's on its own, each provider on a primary of its own
+    with group._client(group.owner(BFL).port) as client:
+        assert client.exists(keys.request(request_id), keys.result(request_id)) == 2
+    with group._client(group.owner(keys.workspace_prefix(caller.workspace)).port) as client:
+        assert client.exists(keys.workspace(caller.workspace), keys.ledger(caller.workspace)) == 2
+    assert len({group.owner(keys.provider_prefix(p)).port for p in ("bfl", "vertexai", "openai")}) == 3
 
 
 def test_a_node_without_the_scripts_is_given_them_at_the_first_call(cluster: tuple[ClusterGroup, RunningStack]) -> None:
     """What a promoted replica is: a primary holding the data but none of the
     scripts (SCRIPT FLUSH here). The first call loads each on the slot's node."""
     group, running = cluster
-    with group._client(group.owner(keys.PREFIX).port) as client:
+    with group._client(group.owner(BFL).port) as client:
         client.script_flush()
     with running.caller("cluster-noscript") as caller:
         request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("after a script flush")})
@@ -86,7 +87,7 @@ def test_status_polls_are_served_by_the_slots_replica(cluster: tuple[ClusterGrou
     """REDIS_READ_URL is the cluster's own URL: polls read the slot's replica
     (EVALSHA_RO), and one sent right after the 201 is read on the primary."""
     group, running = cluster
-    primary, *replicas = group.serving(keys.PREFIX)
+    primary, *replicas = group.serving(BFL)
     before = {node.port: _evalsha_ro_calls(group, node) for node in (primary, *replicas)}
     with running.caller("cluster-replica-reads") as caller:
         request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("read on a replica", "[stub:latency=1]")})
@@ -104,24 +105,24 @@ FAILOVER_DELAY_S = 0.5
 
 
 def _slot_fault(group: ClusterGroup, name: str, act: str, undo: str) -> Fault:
-    """``act`` ("kill", "pause") on the primary serving the store's slot; the fault ends
+    """``act`` ("kill", "pause") on the primary serving Flux's provider's slot; the fault ends
     when its replica has taken the slot over, then ``undo`` ("start", "resume") brings
     the old primary back, as a replica of the new one."""
     hit: list[PrivateRedis] = []
 
     def begin() -> None:
-        hit.append(group.owner(keys.PREFIX))
+        hit.append(group.owner(BFL))
         getattr(hit[0], act)()
 
     return Fault(name, begin, heal=lambda: getattr(hit[0], undo)(),
-                 healed=lambda: bool(hit) and group.moved_from(hit[0], keys.PREFIX),
+                 healed=lambda: bool(hit) and group.moved_from(hit[0], BFL),
                  surely_down_s=group.NODE_TIMEOUT_MS / 1000 + FAILOVER_DELAY_S, heal_within_s=40.0,
                  in_flight_s=0.05)  # SIGKILL and SIGSTOP act at once
 
 
 @pytest.mark.slow
 def test_cluster_failover_under_load(cluster: tuple[ClusterGroup, RunningStack]) -> None:
-    """The primary serving the store's slot SIGKILLed; the cluster promotes its
+    """The primary serving Flux's provider's slot SIGKILLed; the cluster promotes its
     replica; the front door and workers follow the slot with no restart."""
     group, running = cluster
     _outage_under_load(running, _slot_fault(group, "cluster failover", "kill", "start"))
@@ -144,7 +145,7 @@ def test_the_whole_slot_killed_under_load(cluster: tuple[ClusterGroup, RunningSt
     nodes: list[PrivateRedis] = []
 
     def begin() -> None:
-        nodes.extend(group.serving(keys.PREFIX))
+        nodes.extend(group.serving(BFL))
         for node in nodes:
             node.kill()
 

@@ -8,11 +8,13 @@ from importlib import resources
 
 import pytest
 
+from router_queue.store import keys
 from router_queue.store.scripts import lib_for
 
 LUA = resources.files("router_queue.store").joinpath("lua")
 SCRIPTS = sorted(p.name for p in LUA.iterdir() if p.name.endswith(".lua") and p.name != "lib.lua")
-LIB = LUA.joinpath("lib.lua").read_text()
+#: The key layout's definitions, then lib.lua's: the order a script gets them in.
+LIB = keys.lua_layout() + LUA.joinpath("lib.lua").read_text()
 DEFINED = re.findall(r"^local (?:function )?(\w+)", LIB, re.M)
 
 
@@ -28,7 +30,7 @@ def test_a_script_gets_every_lib_definition_it_names(script):
     named = {name for name in DEFINED if re.search(rf"\b{name}\b", _code(assembled + body))}
     assert named <= kept, f"{script} names {sorted(named - kept)} but lib_for left them out"
     assert [name for name in DEFINED if name in kept] == [n for n in re.findall(
-        r"^local (?:function )?(\w+)", assembled, re.M)], "lib.lua's order is kept"
+        r"^local (?:function )?(\w+)", assembled, re.M)], "the layout's and lib.lua's order is kept"
 
 
 def test_a_status_read_carries_two_of_lib_luas_definitions():

@@ -42,7 +42,7 @@ return reply
 
 def _paths_script(client):
     lib = resources.files("router_queue.store").joinpath("lua", "lib.lua").read_text()
-    return client.register_script(keys.LUA_LAYOUT + lib + _PATHS)
+    return client.register_script(keys.lua_layout() + lib + _PATHS)
 
 
 def _state(client) -> dict:

@@ -1,13 +1,15 @@
 """Which scripts a Redis Cluster still cannot spread: on a split store every
 script call's keys must belong to one family, a provider's (its requests and
-schedule), a workspace's (its accounts, quotas and history) or the global one
-(API keys, configuration), so that once each family has a hash tag of its own
-every call runs in one slot (``docs/ARCHITECTURE.md``, "Redis Cluster").
+schedule: ``{rq-<code>}``), a workspace's (its accounts, quotas and history:
+``{ws:<id>}``) or the global one (API keys, configuration: ``{rq}``), each a
+hash tag of its own, so that every call runs in one slot
+(``docs/ARCHITECTURE.md``, "Redis Cluster").
 
 A request's life runs here on a split store with every script call recorded:
 the calls that still mix families are exactly the ones :data:`STILL_MIXED`
 names, each with why. One that starts mixing families fails this test, as
-does one named here that no longer does (take it off the list)."""
+does one named here that no longer does (take it off the list); every other
+call's keys hash to one slot."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import re
 import time
 
 import pytest
+from redis.crc import key_slot
 
 from router_queue.services import Services
 from router_queue.store import keys, scripts
@@ -26,18 +29,10 @@ from tests.unit.support import record_of
 MODEL = "bfl/flux-2-pro"
 PROVIDER = "bfl"
 
-#: Each key family by the first part of a key's name after the prefix.
-FAMILIES = {
-    "provider": {"req", "result", "body", "queue", "seq", "sched", "running", "deadlines", "stats", "owed",
-                 "admitting", "webhook"},
-    "workspace": {"ws", "ledger", "idem", "open", "history", "held", "rate"},
-    "global": {"workspaces", "apikey", "key", "keys", "keyaudit", "config", "draining", "fleet", "webhooks"},
-}
-
 #: The family of the keys a script builds itself from an id it read
-#: (``keys.LUA_LAYOUT``'s prefixes; the event channels are no keys).
-BUILT = {"KEY_REQUEST": "provider", "KEY_SCHEDULE": "provider", "KEY_WEBHOOK": "provider",
-         "KEY_WEBHOOKS_DUE": "provider", "KEY_WORKSPACE": "workspace"}
+#: (``keys.lua_layout``'s functions; the event channels are no keys).
+BUILT = {"key_request": "provider", "key_webhook": "provider", "key_webhooks_due": "provider",
+         "key_workspace": "workspace"}
 
 #: Scripts whose calls still mix families on a split store, and why: the work
 #: left before every key can carry a tag of its own family.
@@ -49,10 +44,13 @@ STILL_MIXED = {
 
 
 def _family(key: str) -> str:
-    name = key.removeprefix(keys.PREFIX + ":").split(":", 1)[0]
-    for family, names in FAMILIES.items():
-        if name in names:
-            return family
+    """A key's family, by its hash tag."""
+    if key.startswith(keys.PREFIX + ":"):
+        return "global"
+    if key.startswith("{rq-"):
+        return "provider"
+    if key.startswith("{ws:"):
+        return "workspace"
     raise AssertionError(f"{key}: no family")
 
 
@@ -62,16 +60,19 @@ def _built_families(text: str) -> set[str]:
     waiting since before the schedule kept a copy of its limits, which a
     store split per slot never has (its schedules were written by this version)."""
     fallback = dict(scripts._lib_definitions())["ws_limits"]
+    layout = {name for name, _ in scripts._definitions(keys.lua_layout())}
     code = "\n".join(line for line in text.replace(fallback, "").splitlines()
-                     if not line.startswith("local KEY_") and not line.lstrip().startswith("--"))
+                     if not line.startswith("local ") or not any(f" {name}" in line for name in layout)
+                     if not line.lstrip().startswith("--"))
     return {family for name, family in BUILT.items() if re.search(rf"\b{name}\b", code)}
 
 
 @pytest.fixture
-def calls(monkeypatch) -> list[tuple[str, set[str]]]:
+def calls(monkeypatch) -> list[tuple[str, set[str], set[int]]]:
     """Every script call of the services built after it: (script, the
-    families of the keys it was given and of those it builds)."""
-    recorded: list[tuple[str, set[str]]] = []
+    families of the keys it was given and of those it builds, the hash slots
+    of the keys it was given)."""
+    recorded: list[tuple[str, set[str], set[int]]] = []
     register = scripts.register_script
 
     def recording(client, text):
@@ -83,8 +84,8 @@ def calls(monkeypatch) -> list[tuple[str, set[str]]]:
             sha = script.sha
 
             def __call__(self, keys=(), args=(), client=None):
-                given = {_family(k.decode() if isinstance(k, bytes) else k) for k in keys}
-                recorded.append((name, given | built))
+                names = [k.decode() if isinstance(k, bytes) else k for k in keys]
+                recorded.append((name, {_family(k) for k in names} | built, {key_slot(k.encode()) for k in names}))
                 return script(keys=keys, args=args, client=client)
 
         return Recorded()
@@ -131,8 +132,10 @@ def test_on_a_split_store_only_the_scripts_named_still_mix_key_families(calls, c
     store.effects.reconcile(PROVIDER, time.time() + 60)
     store.two_step.abandon(PROVIDER, time.time() + 60)
 
-    mixed = {name for name, families in calls if len(families) > 1}
-    ran = {name for name, _ in calls}
+    mixed = {name for name, families, _ in calls if len(families) > 1}
+    ran = {name for name, _, _ in calls}
     assert {"admit_ws", "admit_place", "claim", "complete", "ws_settle", "cancel", "expire_queued", "status", "rate",
             "webhook_take", "webhook_record", "history", "positions"} <= ran
     assert mixed == set(STILL_MIXED), f"mixing families now: {sorted(mixed)}; listed: {sorted(STILL_MIXED)}"
+    spread = {name for name, _, slots in calls if len(slots) > 1 and name not in STILL_MIXED}
+    assert not spread, f"calls whose keys span hash slots: {sorted(spread)}"

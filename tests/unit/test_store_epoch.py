@@ -61,19 +61,39 @@ def test_a_process_that_started_on_an_empty_store_adopts_the_marker_at_its_first
                  "service_unavailable")
 
 
-def _to_legacy_layout(client) -> int:
-    """Rename every key to the layout before the {rq} hash tag, as an earlier version wrote it."""
-    names = list(client.scan_iter(match=keys.PREFIX.replace("{", "[{]") + ":*"))
+def _one_tag_path(name: str) -> str:
+    """What followed the one tag in a key's name before each family had its own."""
+    tag, _, path = name.partition("}:")
+    if not tag.startswith("{ws:"):
+        return path  # a provider's and a request's keys, and the global ones, kept their names
+    workspace = tag.removeprefix("{ws:")
+    kind, _, rest = path.partition(":")
+    if kind == "rate":
+        return path
+    if kind == "webhooks":
+        what, _, origin = rest.partition(":")
+        return f"webhooks:{what}:{workspace}" + (f"|{origin}" if origin else "")
+    return f"{kind}:{workspace}" + (f":{rest}" if rest else "")
+
+
+def _to_legacy_layout(client, prefix: str) -> int:
+    """Rename every key to an earlier layout, as an earlier version wrote it:
+    before the hash tag (``rq``) or under the one tag (``{rq}``)."""
+    client.delete(keys.layout())
+    names = [name.decode() for name in client.scan_iter(match="{*")]
     for name in names:
-        client.rename(name, keys.UNTAGGED_PREFIX.encode() + name[len(keys.PREFIX):])
-    return len(names)
+        client.rename(name, f"{prefix}:{_one_tag_path(name)}")
+    # rate windows are left to expire, not moved
+    return len([name for name in names if f"{prefix}:{_one_tag_path(name)}" != name
+                and not _one_tag_path(name).startswith("rate:")])
 
 
-def test_a_store_in_the_earlier_key_layout_is_refused_until_migrated(app, http, auth, services, client, settings,
-                                                                    caplog: pytest.LogCaptureFixture):
+@pytest.mark.parametrize("prefix", [keys.UNTAGGED_PREFIX, keys.PREFIX])
+def test_a_store_in_an_earlier_key_layout_is_refused_until_migrated(app, http, auth, services, client, settings,
+                                                                    caplog: pytest.LogCaptureFixture, prefix):
     request_id = submit(http, auth, {"prompt": "written before the tag"}).json["request_id"]
     before = http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).json
-    legacy = _to_legacy_layout(client)
+    legacy = _to_legacy_layout(client, prefix)
     services.accounts.epoch.known = None  # a process of this version starting on that store
     with caplog.at_level(logging.CRITICAL):
         with pytest.raises(StoreLost, match="migrate-keys"):
@@ -90,13 +110,13 @@ def test_a_store_in_the_earlier_key_layout_is_refused_until_migrated(app, http, 
     assert listed.exit_code == 1 and "ops migrate-keys" in listed.output  # not "holds no router-queue data"
     migrated = cli_runner(app).invoke(main, ["ops", "migrate-keys"])
     assert migrated.exit_code == 0, migrated.output
-    assert migrated.output.strip() == f"renamed {legacy} keys to the {{rq}} layout"
-    assert list(client.scan_iter(match=migrate.LEGACY_MATCH)) == []
+    assert migrated.output.strip() == f"moved {legacy} keys to today's layout"
+    assert list(client.scan_iter(match=migrate.LEGACY_MATCHES[0])) == []
     assert http.get("/readyz").status_code == 200
     after = http.get(f"{FLUX}/requests/{request_id}/status", headers=auth)
     assert after.status_code == 200 and after.json == before  # the same request, the same state
     again = cli_runner(app).invoke(main, ["ops", "migrate-keys"])
-    assert again.exit_code == 0 and again.output.strip() == "renamed 0 keys to the {rq} layout"
+    assert again.exit_code == 0 and again.output.strip() == "moved 0 keys to today's layout"
 
 
 def test_migration_leaves_a_key_whose_new_name_is_taken(client):
@@ -113,7 +133,10 @@ def test_migration_keeps_each_keys_value_type_and_ttl_across_scan_pages(client):
         client.hset(f"rq:req:{n}", "status", "COMPLETED")
         client.expire(f"rq:req:{n}", 1000)
     client.zadd("rq:queue:bfl", {"a": 1})
+    client.hset("{rq}:ws:ws_1", "credits", 5)
+    client.sadd("{rq}:workspaces", "ws_1")
     done = migrate.migrate(client, batch=4)
-    assert done.renamed == 26 and done.clashes == []
+    assert done.renamed == 27 and done.clashes == []
+    assert client.hget(keys.workspace("ws_1"), "credits") == b"5" and client.get(keys.layout()) == b"2"
     assert client.hget(keys.request("7"), "status") == b"COMPLETED" and 990 < client.ttl(keys.request("7")) <= 1000
     assert client.zscore(keys.queue("bfl"), "a") == 1.0 and client.ttl(keys.queue("bfl")) == -1

@@ -252,7 +252,7 @@ end
 -- moved (a slot was granted or a granted request started): they read their
 -- position again, each at most once a second (router_queue/web/stream.py).
 local function announce_moved(sched_base)
-  redis.call("PUBLISH", KEY_PROVIDER_EVENTS .. string.sub(sched_base, #KEY_SCHEDULE + 1), "MOVED")
+  redis.call("PUBLISH", KEY_PROVIDER_EVENTS .. string.match(sched_base, ":sched:(.+)$"), "MOVED")
 end
 
 -- True when a write arrives past the deadline its caller gave it (ARGV, Unix
@@ -366,7 +366,7 @@ local function ws_limits(S, ws)
     if copy then
       known = limits_of(string.match(copy, "^([^:]*):(.*)$"))
     else
-      local v = redis.call("HMGET", KEY_WORKSPACE .. ws, "weight", "max_in_flight")
+      local v = redis.call("HMGET", key_workspace(ws), "weight", "max_in_flight")
       known = limits_of(v[1], v[2])
     end
     S.limits[ws] = known
@@ -496,7 +496,7 @@ local function give_slot(S, ws, request_id, granted, record)
   if record then
     append(record, "granted_at", S.now)
   else
-    redis.call("HSET", KEY_REQUEST .. request_id, "granted_at", S.now)
+    redis.call("HSET", key_request(request_id), "granted_at", S.now)
   end
   local added = redis.call("ZADD", S.running, S.grant_until, request_id)
   redis.call("ZADD", base .. ":granted", n, request_id)
@@ -555,7 +555,7 @@ local function grant(S)
       local popped = redis.call("ZPOPMIN", base .. ":ws:" .. ws)
       forget_workspace_if_idle(S, ws)
       local request_id = popped[1]
-      if request_id and redis.call("HGET", KEY_REQUEST .. request_id, "status") == "IN_QUEUE" then
+      if request_id and redis.call("HGET", key_request(request_id), "status") == "IN_QUEUE" then
         in_flight = in_flight + give_slot(S, ws, request_id, granted)
         S.moved = true
       end
@@ -694,7 +694,7 @@ end
 -- before snapshots named it, `otherwise` (the caller's, which holds it).
 local function webhook_due_key(event, otherwise)
   if event.provider and event.provider ~= "" then
-    return KEY_WEBHOOKS_DUE .. event.provider
+    return key_webhooks_due(event.request_id, event.provider)
   end
   return otherwise
 end
@@ -717,7 +717,7 @@ end
 -- else it queues behind ("QUEUED"); a progress event takes the place of a
 -- progress event not yet attempted instead ("COALESCED").
 local function owe_event(event, now)
-  local event_key = KEY_WEBHOOK .. event.request_id
+  local event_key = key_webhook(event.request_id)
   local next_key = event_key .. KEY_WEBHOOK_NEXT
   local head = redis.call("HMGET", event_key, "state", "type", "attempts")
   if head[1] ~= "pending" then
@@ -780,7 +780,7 @@ local function owe_webhook(req_key, e, request_id, now, rec)
     return
   end
   redis.call("HSET", req_key, "webhook_final", 1)
-  local event_key = KEY_WEBHOOK .. request_id
+  local event_key = key_webhook(request_id)
   if wants_event(rec.webhook_events, "completed") then
     owe_event(webhook_snapshot(req_key, request_id, "completed", "msg_" .. request_id, now), now)
   end
@@ -818,7 +818,7 @@ local function owe_progress(req_key, request_id, now, every)
   local recent = r[3] and tonumber(now) - tonumber(r[3]) < tonumber(every)
   if recent then
     -- only a coalesce: never a new event within the interval
-    local event_key = KEY_WEBHOOK .. request_id
+    local event_key = key_webhook(request_id)
     local head = redis.call("HMGET", event_key, "state", "type", "attempts")
     local tail = redis.call("LINDEX", event_key .. KEY_WEBHOOK_NEXT, -1)
     local pending_progress = (tail and cjson.decode(tail).type == "progress")

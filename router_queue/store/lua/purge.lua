@@ -8,7 +8,7 @@
 local purged = 0
 for _, index in ipairs(KEYS) do
   for _, id in ipairs(redis.call("ZRANGE", index, 0, -1)) do
-    if redis.call("EXISTS", KEY_REQUEST .. id) == 0 then
+    if redis.call("EXISTS", key_request(id)) == 0 then
       purged = purged + redis.call("ZREM", index, id)
     end
   end

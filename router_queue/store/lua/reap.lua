@@ -12,7 +12,7 @@ local ids = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1], "LIMIT", 0, to
 local out = {}
 for _, id in ipairs(ids) do
   redis.call("ZADD", KEYS[1], "XX", ARGV[2], id)
-  local status = redis.call("HGET", KEY_REQUEST .. id, "status")
+  local status = redis.call("HGET", key_request(id), "status")
   out[#out + 1] = id
   out[#out + 1] = (status and status ~= "IN_QUEUE") and "1" or "0"
 end
