@@ -1,8 +1,8 @@
 """The store on a Redis Cluster (``redis+cluster://``, ``connect.py``): the
 client, and where redis-py's cluster client needs steering to keep the store's
 promises (a bounded wait on a stalled node, scripts on a promoted replica,
-reads on replicas). Every key carries the hash tag ``{rq}`` (``keys.PREFIX``),
-so each script's keys share one slot.
+reads on replicas). Every key carries its family's hash tag (``keys.py``), so
+each script's keys share one slot.
 """
 
 from __future__ import annotations

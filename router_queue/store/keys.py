@@ -1,49 +1,55 @@
 """The Redis key layout, in one place. Every key is built by a function here.
-Every key starts with the hash tag ``{rq}`` (:data:`PREFIX`), written ``rq`` below.
+Every key starts with the hash tag of its family, so that each script's keys
+share one Redis Cluster slot and a cluster spreads the families over its
+primaries: a provider's, ``{rq-<code>}`` (:func:`provider_code`), written ``P``
+below, which its requests' keys share (an id ends in its provider's code); a
+workspace's, ``{ws:<id>}``, written ``W``; the global one, ``{rq}``
+(:data:`PREFIX`), written ``rq``. Ids minted before codes keep their keys
+under ``{rq}`` (:func:`request_prefix`).
 
 =============================  ======  ==============================  ==================
 key                            type    TTL                             written by
 =============================  ======  ==============================  ==================
-rq:req:{id}                    hash    none; retention once COMPLETED  admit/claim/cancel/
+P:req:{id}                     hash    none; retention once COMPLETED  admit/claim/cancel/
                                                                        complete.lua
-rq:result:{id}                 string  retention                       complete.lua
-rq:body:{id}                   string  none; deleted once it succeeded admit.lua (its native body)
+P:result:{id}                  string  retention                       complete.lua
+P:body:{id}                    string  none; deleted once it succeeded admit.lua (its native body)
                                        retention once it failed (a
                                        retry submits it again)
-rq:deadlines:{provider}        zset    none (members leave when the    admit.lua; claim/cancel/
+P:deadlines:{provider}         zset    none (members leave when the    admit.lua; claim/cancel/
                                        request no longer needs them)   complete/expire_queued
-rq:queue:{provider}            zset    none (members leave on claim,   admit/claim/cancel
+P:queue:{provider}             zset    none (members leave on claim,   admit/claim/cancel
                                        cancel or completion)           .lua
-rq:seq:{provider}              string  none (INCR counter)             admit.lua
-rq:running:{provider}          zset    none (members leave on          lib.lua (grant),
+P:seq:{provider}               string  none (INCR counter)             admit.lua
+P:running:{provider}           zset    none (members leave on          lib.lua (grant),
                                        completion)                     claim/renew/complete/
                                                                        reap/purge.lua
-rq:sched:{provider}            hash    none (scheduler state)          lib.lua (the schedule)
-rq:sched:{provider}:slots      zset    none (the fair order)           lib.lua
-rq:sched:{provider}:heads      zset    none (each workspace's first    lib.lua
+P:sched:{provider}             hash    none (scheduler state)          lib.lua (the schedule)
+P:sched:{provider}:slots       zset    none (the fair order)           lib.lua
+P:sched:{provider}:heads       zset    none (each workspace's first    lib.lua
                                        slot, unless it is parked)
-rq:sched:{provider}:ws:{ws}    zset    none (a workspace's waiting)    lib.lua
-rq:sched:{provider}:wslots:{ws} zset   none (a workspace's slots)      lib.lua
-rq:sched:{provider}:granted    zset    none (granted, not started)     lib.lua, claim.lua
-rq:sched:{provider}:depths     zset    none (waiting per workspace)    lib.lua
-rq:stats:{provider}            hash    none (pace, and the ops page's  complete.lua
+P:sched:{provider}:ws:{ws}     zset    none (a workspace's waiting)    lib.lua
+P:sched:{provider}:wslots:{ws} zset   none (a workspace's slots)      lib.lua
+P:sched:{provider}:granted     zset    none (granted, not started)     lib.lua, claim.lua
+P:sched:{provider}:depths      zset    none (waiting per workspace)    lib.lua
+P:stats:{provider}             hash    none (pace, and the ops page's  complete.lua
                                        completion totals)
-rq:idem:{workspace}:{keyhash}  string  IDEMPOTENCY_TTL_SECONDS         admit.lua
-rq:ws:{workspace}              hash    none                            cli (accounts.py)
+W:idem:{keyhash}               string  IDEMPOTENCY_TTL_SECONDS         admit.lua
+W:ws                           hash    none                            cli (accounts.py)
 rq:workspaces                  set     none (all workspace ids)        cli (accounts.py)
-rq:open:{workspace}            hash    none (fields leave once owed    admit.lua, ws_settle
+W:open                         hash    none (fields leave once owed    admit.lua, ws_settle
                                        nothing: split stores only)     .lua
-rq:owed:{provider}             zset    none (members leave once        lib.lua (owe_ws),
+P:owed:{provider}              zset    none (members leave once        lib.lua (owe_ws),
                                        applied: split stores only)     owed.py
-rq:admitting:{provider}        zset    none (members leave when        admission.py,
+P:admitting:{provider}         zset    none (members leave when        admission.py,
                                        placed or given up: split       admit_place.lua
                                        stores only)
-rq:ledger:{workspace}          stream  none (append-only)              lua/lib.lua (settle),
+W:ledger                       stream  none (append-only)              lua/lib.lua (settle),
                                                                        admit.lua (hold)
 rq:apikey:{sha256(key)}        string  none; a rotated-out key's ends  key_*.lua (apikeys.py)
                                        with its overlap (value: the
                                        workspace id, "-" for a legacy key)
-rq:key:{key id}                hash    as its rq:apikey (what an       key_*.lua; key_resolve
+rq:key:{key                    id}                hash    as its rq:apikey (what an       key_*.lua; key_resolve
                                        operator sees of a key)         .lua (last_used_at)
 rq:keys:{workspace}            zset    none (its key ids, scored by    key_*.lua
                                        when each stops: +inf, or its
@@ -53,50 +59,53 @@ rq:keyaudit:{workspace}        list    none (its last key changes,     key_*.lua
 rq:config:keys-indexed         string  none (keys minted before the    apikeys.py
                                        index are indexed: done)
 rq:config:id-secret            string  none                            ids.py (SET NX)
+rq:config:layout               string  none ("2": a tag per family)    accounts.py (with the
+                                                                       first workspace),
+                                                                       migrate.py
 rq:config:epoch                string  none (the data's epoch marker,  accounts.py (SET NX,
                                        written with the first          with a workspace),
                                        workspace)                      epoch.py
-rq:rate:{limits item key}      string a window (INCR, PEXPIRE)         rate.lua, admit.lua,
+W:rate:{limits item key}       string  a window (INCR, PEXPIRE)        rate.lua, admit.lua,
                                                                        rate_add.lua
 rq:draining                    set     none (earlier versions' draining  earlier versions
                                        providers: moved by the sweeper
-                                       to rq:sched:{provider})
+                                       to P:sched:{provider})
 rq:fleet:workers               zset    none (worker names by their     fleet.py (heartbeats)
                                        last heartbeat; trimmed to the
                                        last hour)
 rq:fleet:worker:{name}         hash    FORGET_AFTER_S from its last    fleet.py (heartbeats)
                                        heartbeat (queues, pid)
-rq:webhook:{id}                hash    none while pending; retention   lua/lib.lua
+P:webhook:{id}                 hash    none while pending; retention   lua/lib.lua
                                        once its request's last event   (owe_*),
                                        is delivered or given up        webhook_*.lua
-rq:webhook:{id}:next           list    none (deleted once empty)       lua/lib.lua
-rq:webhook:due:{provider}      zset    none (events owed, scored by    lua/lib.lua,
+P:webhook:{id}:next            list    none (deleted once empty)       lua/lib.lua
+P:webhook:due:{provider}       zset    none (events owed, scored by    lua/lib.lua,
                                        when to publish them next)      webhook_*.lua
 rq:webhooks:due                zset    none (earlier versions' events   webhook_*.lua
                                        of every provider; emptied as
                                        they end)
-rq:webhooks:log:{workspace}    list    none (its last attempts)        webhook_record.lua
+W:webhooks:log                 list    none (its last attempts)        webhook_record.lua
 rq:webhooks:failing-origins    zset    none; trimmed to the 1,000      webhook_record.lua
                                        most recent in the last 24 h
                                        ("{ws}|{origin}" by its last
                                        failure)
-rq:webhooks:circuit:{ws}|{o}   hash    24 h from its last failure;     webhook_take.lua,
+W:webhooks:circuit:{o}         hash    24 h from its last failure;     webhook_take.lua,
                                        deleted at a success            webhook_record.lua
-rq:webhooks:inflight:{ws}      zset    a lease (attempts running:      webhook_take.lua,
+W:webhooks:inflight            zset    a lease (attempts running:      webhook_take.lua,
                                        token by lease end)             webhook_record.lua
 rq:webhooks:inflight           zset    none (every workspace's;        webhook_take.lua,
                                        members leave at the record     webhook_record.lua
                                        or their lease's end)
 rq:held:{workspace}            zset    a lease (slots lapse unless     held.py (HeldSlots),
                                        renewed)                        held_take.lua
-rq:history:{workspace}         stream  retention + 60 s, renewed by    admit.lua (lib.lua,
+W:history                      stream  retention + 60 s, renewed by    admit.lua (lib.lua,
                                        an admission at most once a     history_add)
                                        minute (rq:ws history_until),
                                        so never less than retention
                                        after the last admission;
                                        entries older than retention
                                        trimmed on admission
-rq:history:{workspace}:{model} stream  as rq:history:{workspace}       admit.lua
+W:history:{model}              stream  as W:history       admit.lua
 rq:events:{id}                 pubsub  (a channel, not a key)          lua/lib.lua
                                                                        (announce): claim,
                                                                        progress, completion
@@ -127,7 +136,7 @@ admission finds less than the retention left, at most once a minute); ``max_held
 (the cap on ``rq:held:{workspace}``, its synchronous calls and event streams
 held open, whose members are slot ids scored by when their lease lapses).
 Request hash field ``open`` (a split store's: admitted with an entry in
-``rq:open:{workspace}``, which makes each of its workspace effects count once;
+``W:open``, which makes each of its workspace effects count once;
 ``store/owed.py``). Request hash fields for them: ``body_bytes`` (counted in ``queued_bytes``,
 zeroed when given back) and ``webhook_counted`` (at its completion, copied to
 its event being delivered as ``counted``, dropped when its last event ends).
@@ -140,7 +149,7 @@ retry_of cancel_detail hold charged traceparent`` (``traceparent``: the submit's
 context, written by admit.lua only while tracing is on, read by the workers' spans;
 ``start_deadline_at``, ``deadline_at``: the
 caller's X-Comfy-Start-Deadline and X-Comfy-Deadline as Unix seconds, each also
-a member of ``rq:deadlines:{provider}``, "start|{id}" or "run|{id}", scored by
+a member of ``P:deadlines:{provider}``, "start|{id}" or "run|{id}", scored by
 it; ``retry_of``: the failed request it submits again; ``cancel_detail``: what
 a running request's cancellation will say, the first cancel's reason; ``hold``:
 credits held at admission, zeroed when settled; ``charged``: what was charged)
@@ -149,9 +158,9 @@ execution holding the lease, ``holder`` its "{Celery task id}:{retries}";
 ``successor`` the resume key of the retry a holder kept its lease for;
 ``upstream_ref`` is the provider's own handle on a submitted generation, JSON,
 so a new worker resumes instead of resubmitting).
-``rq:queue:{provider}`` holds every IN_QUEUE request scored by the ``rq:seq``
+``P:queue:{provider}`` holds every IN_QUEUE request scored by the ``P:seq``
 admission sequence: depth, oldest wait and queue timeouts read it.
-``rq:running:{provider}`` holds the requests that have a provider slot: the
+``P:running:{provider}`` holds the requests that have a provider slot: the
 running ones, scored by lease expiry, and the granted ones not yet started,
 scored by when their grant must have been claimed (``REPUBLISH_AFTER_SECONDS``
 after it). Its size is the provider's count in flight (the fleet-wide cap);
@@ -168,7 +177,7 @@ events chosen, canonical "started,progress,completed" or a subset; absent:
 "completed"), ``webhook_progress_n`` and ``webhook_progress_at`` (progress events
 owed so far, and when the last was: the throttle), ``webhook_final`` (it
 completed: no more events will be owed).
-``rq:webhook:{id}`` is the request's event being delivered (a request's events go
+``P:webhook:{id}`` is the request's event being delivered (a request's events go
 one at a time), snapshotted when it was owed:
 ``request_id url response_url workspace model type msg_id status error_type
 created_at started_at completed_at progress owed_at`` (what the body is built
@@ -180,31 +189,31 @@ delivery's state: ``state`` (pending, delivered, gone: the receiver answered
 410, given_up), ``attempts``, ``first_attempt_at``, ``next_at`` (no attempt
 before it), ``lease_until`` and ``token`` (the attempt running now),
 ``last_status``, ``last_error``, ``done_at``, ``waits`` (times in a row it waited its
-workspace's turn or an open circuit; its next wait doubles). ``rq:webhook:due:{provider}`` holds every
+workspace's turn or an open circuit; its next wait doubles). ``P:webhook:due:{provider}`` holds every
 pending event's request id scored by when beat's sweeper publishes it: its
 next attempt, or the end of a running attempt's lease (a killed worker's
-event comes back then). ``rq:webhook:{id}:next`` holds the request's events owed
+event comes back then). ``P:webhook:{id}:next`` holds the request's events owed
 behind the one being delivered, oldest first, each the JSON object of those
 same snapshot fields; the first takes the hash's place when its event ends.
 Webhook endpoints are a workspace's URL origins (``scheme://host[:port]``: never a
-path or query, which often carry a receiver's token). ``rq:webhooks:circuit:{ws}|{o}``
+path or query, which often carry a receiver's token). ``W:webhooks:circuit:{o}``
 (``{o}`` the origin) fields: ``failures`` (in a row), ``open_until`` (no attempt
 before it once ``failures`` reached ``WEBHOOK_CIRCUIT_FAILURES``), ``probe_until`` (the lease of the one attempt let
-through to probe it), ``last_failure_at``. ``rq:webhooks:inflight:{ws}`` holds the tokens
+through to probe it), ``last_failure_at``. ``W:webhooks:inflight`` holds the tokens
 of the workspace's attempts running now, at most ``WEBHOOK_MAX_IN_FLIGHT_PER_WORKSPACE``;
 ``rq:webhooks:inflight`` the same tokens for every workspace (the in-flight gauge). The
 hash ``rq:webhooks:failing`` of earlier versions (whole URLs) is no longer written.
-``rq:history:{workspace}`` is a stream of the workspace's requests admitted
+``W:history`` is a stream of the workspace's requests admitted
 within the retention window, for ``GET /v2/requests``: each entry's stream id
 is its admission time in ms (and a sequence), its one field ``i`` the
-request id packed into 16 bytes. ``rq:history:{workspace}:{model}`` (for
+request id packed into 16 bytes. ``W:history:{model}`` (for
 ``GET /v2/models/{model}/requests``) has an empty entry under the same stream
 id for each of that model's. admit.lua writes both with the record, so
 nothing admitted is missing from the list.
 Request hash fields for the cost (lib.lua's ``settle``, in the step that
 writes the ledger's entry): ``cost_state`` (``charged`` or ``released``;
 absent while held) and ``price`` (what the hold was).
-``rq:sched:{provider}`` and the keys under it are the fair schedule of the
+``P:sched:{provider}`` and the keys under it are the fair schedule of the
 requests waiting for a slot (the policy is written down in ``lua/lib.lua``).
 Its hash fields: ``vtime`` (the tag granted last), ``slotseq`` and ``grantseq``
 (counters), and per workspace ``f|{ws}`` (its last slot's tag), ``run|{ws}``
@@ -218,7 +227,7 @@ waiting request ids scored by priority band * 2^45 + admission sequence;
 ``:heads`` each workspace's first slot (same member and tag), unless the
 workspace is at its own max_in_flight; ``:granted`` ids granted and not started, in grant order; ``:depths``
 workspaces scored by how many requests they have waiting.
-``lua/lib.lua`` builds the per-workspace keys from the ``rq:sched:{provider}``
+``lua/lib.lua`` builds the per-workspace keys from the ``P:sched:{provider}``
 key it is given, and the keys of the workspaces and requests the schedule names
 (the schedule picks them, so no caller can pass them) from ``KEY_*``, the prefixes
 :data:`LUA_LAYOUT` generates from the functions below.
