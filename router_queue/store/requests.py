@@ -903,9 +903,10 @@ class RequestStore:
         return [(_text(reply[i]), reply[i + 1] == b"1") for i in range(0, len(reply), 2)]
 
     def purge_expired(self, providers: list[str]) -> int:
-        """Drop queue and running entries whose request record has expired (``purge.lua``)."""
-        indexes = [key(p) for p in providers for key in (keys.queue, keys.running)]
-        return int(self._purge(keys=indexes, args=[])) if indexes else 0
+        """Drop queue and running entries whose request record has expired
+        (``purge.lua``), one call per provider (each its own slot on a cluster)."""
+        return sum(int(self._purge(keys=[keys.queue(provider), keys.running(provider)], args=[]))
+                   for provider in providers)
 
     def queue_head(self, provider: str, count: int = 100) -> list[QueuedRequest]:
         """The ``count`` longest-waiting requests of a provider's queue, oldest first."""

@@ -1,9 +1,10 @@
 -- lib.lua: what the scripts share, each written once. load_script
 -- (store/scripts.py) puts what a script uses of it (lib_for: the top-level
 -- locals it names, and theirs, in this file's order; so define a name before
--- its users) in front of the script, after the key layout
--- (KEY_*, generated from store/keys.py) and the script's argument positions
--- (ARG_*, generated from its names in Python, lua_arg_names). In order:
+-- its users) in front of the script, after what it uses of the key layout
+-- (key_request, key_webhook, ..., KEY_*: store/keys.py, lua_layout) and the
+-- script's argument positions (ARG_*, generated from its names in Python,
+-- lua_arg_names). In order:
 --   * the workspace's side of a request's start and end (ws_effects,
 --     ws_apply) and the record's (give_back_body, drop_body, settle);
 --   * the caller's deadlines (forget_deadlines, passed, past_deadline);
@@ -15,10 +16,10 @@
 --     (owe_started, owe_progress, owe_webhook, webhook_ended);
 --   * endings several scripts share (finish_unbilled, with_granted);
 --   * the history's streams (history_add).
--- Callers pass the workspace hash (rq:ws:{ws}) and its ledger
--- (rq:ledger:{ws}) among their KEYS; a key a script only learns by reading
--- (the request the schedule names next, a request's webhook event) is built
--- from KEY_*.
+-- Callers pass the workspace hash and its ledger among their KEYS; a key a
+-- script only learns by reading (the request the schedule names next, a
+-- request's webhook event) is built by the key layout's functions, in the
+-- slot of the key it was read from (a request's keys share its provider's).
 
 -- Appends its further arguments to the list `fields` (a hash's field-value
 -- pairs, collected to be written in one HSET).
