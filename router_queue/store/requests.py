@@ -20,6 +20,7 @@ from ..webhooks.event import PROGRESS_EVENT_EVERY_S
 from . import keys
 from .admission import ADMIT_ARGS, TwoStepAdmission
 from .connect import bounded, primaries_info, queue_script
+from .ids import well_formed
 from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
 from .owed import OwedEffects
 from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES
@@ -568,6 +569,17 @@ class RequestStore:
         granted = self._grant(keys=[keys.schedule(provider), keys.running(provider), list_key],
                               args=[cap, repr(now), grant_until, template])
         self._publish_granted(provider, granted)
+
+    def addressable(self, request_id: str, provider: str) -> bool:
+        """Whether a request of ``provider`` may have this id: well formed and
+        minted for it (its last byte the provider's code), or minted before ids
+        carried codes on a store not split per slot (on a cluster none is
+        there: its keys would not share the provider's slot). Any other id is
+        answered 404 unread: reading it would span two slots of a cluster."""
+        if not well_formed(request_id):
+            return False
+        prefix = keys.request_prefix(request_id)
+        return prefix == keys.provider_prefix(provider) or (prefix == keys.PREFIX and not self.effects.split)
 
     def status_view(self, request_id: str, provider: str, rate=None, *, replica: bool = False) -> StatusView:
         """Record, queue position and provider pace, in one round trip (``status.lua``).

@@ -24,7 +24,6 @@ from ..errors import (
     ServiceUnavailable,
 )
 from ..states import COMPLETED, RESULT_STATUS
-from ..store.ids import well_formed
 from ..store.outcomes import Cancel
 from ..store.requests import RequestRecord, StatusView
 from . import admission, pacing, paths
@@ -79,8 +78,6 @@ def _caller_request(front: FrontDoor, provider: str, model: str, request_id: str
     """The request's view as this caller may see it, or 404/410."""
     workspace = front.keys.workspace(request)
     entry = model_entry(provider, model, front.services.catalog)
-    if not well_formed(request_id):
-        raise RequestNotFound(NOT_FOUND)
     return visible_view(front, workspace, entry, request_id, carried_allowance(), replica=replica)
 
 
@@ -90,6 +87,8 @@ def visible_view(front: FrontDoor, workspace: str, entry: ModelEntry, request_id
     round trip; 404 unless it is this workspace's request for this model,
     410 when it was but is past retention. (The lane calls it too.) With
     ``replica`` (status polls), a read replica answers when there is one."""
+    if not front.services.store.addressable(request_id, entry.provider):
+        raise RequestNotFound(NOT_FOUND)
     view = front.services.store.status_view(request_id, entry.provider, allowance, replica=replica)
     record = view.record
     if record is None:
@@ -287,7 +286,7 @@ def retry(provider: str, model: str, request_id: str) -> Response:
     front = front_door()
     workspace = front.keys.workspace(request)
     entry = model_entry(provider, model, front.services.catalog)
-    if not well_formed(request_id):
+    if not front.services.store.addressable(request_id, entry.provider):
         raise RequestNotFound(NOT_FOUND)
     admission.refuse_bring_your_own_key(request.headers)
     base = _base_url(front)
@@ -311,7 +310,7 @@ def cancel(provider: str, model: str, request_id: str) -> Response:
     front = front_door()
     workspace = front.keys.workspace(request)
     entry = model_entry(provider, model, front.services.catalog)
-    if not well_formed(request_id):
+    if not front.services.store.addressable(request_id, entry.provider):
         raise RequestNotFound(NOT_FOUND)
     base = _base_url(front)
     outcome = front.services.store.cancel(
