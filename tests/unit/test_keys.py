@@ -8,9 +8,11 @@ import pytest
 from redis.crc import key_slot
 
 from router_queue.catalog import Catalog
+from router_queue.services import Services
 from router_queue.store import keys
 from router_queue.store.ids import RequestIds
 from router_queue.store.scripts import lib_for
+from tests.unit.conftest import RecordingDispatcher
 
 BUILD = """
 return {key_request(ARGV[1]), key_webhook(ARGV[1]), key_webhook(ARGV[1]) .. KEY_WEBHOOK_NEXT,
@@ -69,3 +71,15 @@ def test_each_catalog_provider_has_a_code_of_its_own_and_a_third_of_an_even_clus
     assert set(providers) <= set(keys.PROVIDER_CODES)
     thirds = {key_slot(keys.provider_prefix(provider).encode()) * 3 // 16384 for provider in providers}
     assert thirds == {0, 1, 2}
+
+
+def test_an_id_is_read_only_under_its_own_provider(client, settings):
+    one_redis = Services.build(settings, client, dispatcher=RecordingDispatcher())
+    split = Services.build(settings, client, dispatcher=RecordingDispatcher(), split=True)
+    minted = one_redis.ids.mint("ws_1", "openai/gpt-4o-mini-tts")
+    for services in (one_redis, split):
+        assert services.store.addressable(minted, "openai")
+        assert not services.store.addressable(minted, "bfl")  # its keys are in openai's slot
+        assert not services.store.addressable(minted.upper(), "openai")
+    assert one_redis.store.addressable(ONE_TAG_ID, "bfl")  # minted before codes: its keys under {rq}
+    assert not split.store.addressable(ONE_TAG_ID, "bfl")  # none on a cluster: it would span two slots
