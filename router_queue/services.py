@@ -75,23 +75,24 @@ class Services:
         if dispatcher is None and celery is not None:
             dispatcher = Dispatcher(celery, providers=tuple(catalog.providers()),
                                     broker_is_store=settings.effective_broker_url == settings.redis_url)
+        store = RequestStore(
+            client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
+            republish_after_s=settings.republish_after_s, max_queued=settings.max_queued,
+            max_in_flight=catalog.max_in_flight, write_deadline_s=write_deadline_s,
+            replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
+            grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
+            split=settings.store_is_cluster if split is None else split,
+        )
         return cls(
             settings=settings,
             redis=client,
-            store=RequestStore(
-                client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
-                republish_after_s=settings.republish_after_s, max_queued=settings.max_queued,
-                max_in_flight=catalog.max_in_flight, write_deadline_s=write_deadline_s,
-                replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
-                grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
-                split=settings.store_is_cluster if split is None else split,
-            ),
+            store=store,
             accounts=Accounts(client, providers=tuple(catalog.providers())),
             ids=RequestIds(client),
             catalog=catalog,
             metrics=Recorder(),
             webhooks=WebhookStore(client, keep_s=settings.result_retention_s, limits=webhook_limits(settings),
-                                  providers=tuple(catalog.providers())),
+                                  providers=tuple(catalog.providers()), effects=store.effects),
             fleet=Fleet(client, heartbeat_s=settings.worker_heartbeat_s),
             dispatcher=dispatcher,
         )

@@ -381,8 +381,10 @@ def ledger(workspace_id: str) -> str:
 
 
 def open_requests(workspace_id: str) -> str:
-    """The workspace's requests whose start or end it has not yet been given
-    (a split store's, ``ws_settle.lua``): id -> what is still owed, "q" and "e"."""
+    """The workspace's requests whose start, end or pending webhook it has not
+    yet been given (a split store's, ``ws_settle.lua``): id -> what is still
+    owed, "q", "e" and "w" ("W": a webhook given to a request admitted before
+    the store was split)."""
     return f"{workspace_prefix(workspace_id)}:open"
 
 

@@ -6,14 +6,15 @@ A step that starts or ends a request (claim, completion, cancel, queue
 timeout) writes what it owes the workspace (its waiting count, its hold
 settled with the ledger's entry, its body's bytes, its pending webhook) into
 the provider's owed set in the same atomic step, and returns it
-(``lua/lib.lua``, ``owe_ws``). Its caller then applies each effect in the
+(``lua/lib.lua``, ``owe_ws``); so does the step that ends a request's last
+webhook event after the request ended (its pending webhook: ``webhooks.py``). Its caller then applies each effect in the
 workspace's own step (``ws_settle.lua``) and drops it from the set. A caller
 that dies between the two leaves the effect in the set: the sweeper applies
 whatever has waited there longer than :data:`RECONCILE_AFTER_S`. The
 workspace's open entry for the request (``keys.open_requests``, written by
-admission) makes each effect count once, whoever applies it and in whichever
-order. On one Redis the effects are applied inside the step itself and none
-is owed.
+admission: "q" its start, "e" its end, "w" its pending webhook) makes each
+effect count once, whoever applies it and in whichever order. On one Redis
+the effects are applied inside the step itself and none is owed.
 """
 
 from __future__ import annotations

@@ -29,6 +29,7 @@ import redis
 
 from ..webhooks.endpoints import origin
 from . import keys
+from .owed import OwedEffects
 from .scripts import argv, load_script
 
 #: Attempts kept per workspace for ``router-queue ops webhooks``.
@@ -37,11 +38,11 @@ LOG_LENGTH = 200
 FAILING_KEPT = 1000
 #: webhook_take.lua's ARGV by name (``scripts.argv``), in order.
 TAKE_ARGS = ("request_id", "now", "lease_s", "token", "max_in_flight", "wait_s", "circuit_failures", "window_s",
-             "keep_s", "circuit_cooling_s", "jitter")
+             "keep_s", "circuit_cooling_s", "jitter", "split")
 #: webhook_record.lua's ARGV by name (``scripts.argv``), in order.
 RECORD_ARGS = ("request_id", "token", "now", "outcome", "status", "error", "next_at", "keep_s", "entry", "log_length",
                "endpoint", "endpoint_failed", "circuit_failures", "circuit_cooling_s", "failing_kept",
-               "failing_window_s", "msg_id")
+               "failing_window_s", "msg_id", "split")
 
 
 def _text(value: Any) -> str:
@@ -166,8 +167,12 @@ class Attempt:
 
 class WebhookStore:
     def __init__(self, client: redis.Redis, *, keep_s: int, limits: DeliveryLimits = DeliveryLimits(),
-                 rand: random.Random | None = None, providers: tuple[str, ...] = ()):
+                 rand: random.Random | None = None, providers: tuple[str, ...] = (),
+                 effects: OwedEffects | None = None):
         self.client = client
+        #: Where an ended event gives back its workspace's pending count: in
+        #: the step, or owed on a split store (the request store's).
+        self.effects = effects or OwedEffects(client, split=False)
         #: The catalog's providers: each keeps its requests' pending events.
         self.providers = providers
         #: Seconds an event is kept once delivered or given up.
@@ -186,15 +191,20 @@ class WebhookStore:
         workspace, url, provider = (_text(v) if v is not None else None for v in self.client.hmget(
             keys.webhook_event(request_id), "workspace", "url", "provider"))
         limits = self.limits
+        ws_keys, split = self._workspace_target(provider, workspace or "")
         reply = self._take(
             keys=[keys.webhook_event(request_id), _due_key(request_id, provider),
-                  keys.webhook_in_flight(workspace or ""), keys.webhook_circuit(workspace or "", origin(url or "")),
-                  keys.webhooks_in_flight(), keys.workspace(workspace or "")],
+                  keys.webhook_in_flight(workspace or ""),
+                  keys.webhook_circuit(workspace or "", origin(url or "")), keys.webhooks_in_flight(),
+                  *ws_keys],
             args=argv(TAKE_ARGS, request_id=request_id, now=repr(now), lease_s=lease_s, token=token,
                       max_in_flight=limits.max_in_flight_per_workspace, wait_s=repr(limits.wait_s),
                       circuit_failures=limits.circuit_failures, window_s=repr(limits.window_s), keep_s=self.keep_s,
-                      circuit_cooling_s=repr(limits.circuit_cooling_s), jitter=repr(self._rand.random())))
+                      circuit_cooling_s=repr(limits.circuit_cooling_s), jitter=repr(self._rand.random()),
+                      split=split))
         outcome = _text(reply[0])
+        if outcome == "GAVE_UP":
+            self.effects.settle(provider or "", reply)
         if outcome in ("WAIT", "OPEN"):
             return Taken(outcome, due_at=float(_text(reply[1])))
         if outcome != "TAKEN":
@@ -216,11 +226,12 @@ class WebhookStore:
                             "attempt": event.attempt, "outcome": outcome, "status": status, "error": error[:300],
                             "seconds": round(seconds, 3)}, separators=(",", ":"))
         limits = self.limits
+        ws_keys, split = self._workspace_target(event.provider, event.workspace)
         reply = self._record(
             keys=[keys.webhook_event(event.request_id), _due_key(event.request_id, event.provider),
-                  keys.webhook_log(event.workspace), keys.webhooks_failing(),
-                  keys.webhook_circuit(event.workspace, endpoint), keys.webhook_in_flight(event.workspace),
-                  keys.webhooks_in_flight(), keys.workspace(event.workspace)],
+                  keys.webhook_log(event.workspace),
+                  keys.webhooks_failing(), keys.webhook_circuit(event.workspace, endpoint),
+                  keys.webhook_in_flight(event.workspace), keys.webhooks_in_flight(), *ws_keys],
             args=argv(
                 RECORD_ARGS, request_id=event.request_id, token=token, now=repr(now), outcome=outcome,
                 status="" if status is None else status, error=error[:300],
@@ -228,10 +239,20 @@ class WebhookStore:
                 log_length=LOG_LENGTH, endpoint=f"{event.workspace}|{endpoint}",
                 endpoint_failed="1" if endpoint_failed else "0", circuit_failures=limits.circuit_failures,
                 circuit_cooling_s=repr(limits.circuit_cooling_s), failing_kept=FAILING_KEPT,
-                failing_window_s=int(limits.window_s), msg_id=event.msg_id,
+                failing_window_s=int(limits.window_s), msg_id=event.msg_id, split=split,
             ),
         )
-        return _text(reply[0])
+        return _text(self.effects.settle(event.provider, reply)[0])
+
+    def _workspace_target(self, provider: str | None, workspace: str) -> tuple[list[str], str]:
+        """The KEYS and ``split`` argument of where an ended event's step
+        gives back its workspace's pending count (``lua/lib.lua``,
+        ``ws_target``): owed to the provider's owed set on a split store;
+        else, and for an event owed before events named their provider (it
+        has no provider's set), the workspace's hash in the step."""
+        if provider and self.effects.split:
+            return self.effects.workspace_keys(provider, workspace), self.effects.flag
+        return [keys.workspace(workspace), keys.ledger(workspace)], ""
 
     def due(self, *, now: float, again_at: float, limit: int = 500) -> list[str]:
         """The events to publish now, each pushed back to ``again_at``

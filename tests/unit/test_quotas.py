@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from router_queue.services import Services
 from router_queue.store import keys
 from router_queue.store.held import HeldSlots
 from router_queue.store.quotas import DEFAULT_MAX_HELD, DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES
@@ -20,6 +21,7 @@ from router_queue.store.requests import Lease
 from router_queue.web.app import create_app
 from router_queue.web.front import EXTENSION
 from router_queue.webhooks import event as webhook_event
+from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import cli_runner, record_of
 
 MODEL = "bfl/flux-2-pro"
@@ -197,10 +199,14 @@ def test_the_workspace_default_webhook_counts_too_and_429_pending_webhooks_full(
     assert services.accounts.get(workspace).queued == 1
 
 
-def test_pending_webhooks_never_drift(hooked, workspace):
+@pytest.mark.parametrize("split", [False, True], ids=["one step", "split"])
+def test_pending_webhooks_never_drift(hooked, workspace, client, split):
     """Delivered, gone, given up, a stale attempt's report and a duplicate
-    report: each event gives its count back once."""
+    report: each event gives its count back once, in the step or, on a
+    store split into per-slot steps, through the provider's owed set."""
     services = hooked
+    if split:
+        services = Services.build(services.settings, client, dispatcher=RecordingDispatcher(), split=True)
     ids = [admit(services, workspace, webhook_url=HOOK)[0] for _ in range(5)]
     legacy, _ = admit(services, workspace)  # no webhook: never counted
     assert counters(services, workspace)[1] == 5
@@ -228,6 +234,8 @@ def test_pending_webhooks_never_drift(hooked, workspace):
                                     error="", seconds=1, next_at=None) == "DONE"
     assert deliver(services, ids[4]) == "DELIVERED"
     assert counters(services, workspace)[1] == 0
+    assert services.redis.zcard(keys.owed("bfl")) == 0
+    assert services.redis.hlen(keys.open_requests(workspace)) == 0
 
 
 def test_an_event_owed_before_the_count_existed_gives_nothing_back(hooked, workspace):

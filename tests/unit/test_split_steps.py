@@ -23,6 +23,7 @@ from router_queue.store.gauges import QueueGauges
 from router_queue.store.owed import RECONCILE_AFTER_S, OwedEffects
 from router_queue.store.requests import Lease
 from router_queue.store.scripts import argv
+from router_queue.store.webhooks import DeliveryLimits
 from router_queue.web import ratelimit
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import record_of
@@ -342,3 +343,137 @@ def test_a_status_poll_on_a_split_store_counts_in_its_windows_exactly(split):
     assert refused.value.retry_after >= 1
     with pytest.raises(RateLimited):
         split.store.history(ws, since=0, rate=allowance)
+
+
+# -- the pending webhook's count, given back when the request's last event ends ---------------------
+
+HOOK = "https://hooks.example.com/h"
+
+
+def _hooked(services, credits: int = 1000) -> str:
+    ws = _workspace(services, credits)
+    services.accounts.webhook_secret(ws, "whsec_" + "a" * 32)
+    return ws
+
+
+def _completed_with_event(services, ws: str) -> str:
+    """A request with a webhook, completed: its "completed" event pending."""
+    request_id = services.ids.mint(ws, MODEL)
+    assert services.store.admit(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
+                                price=PRICE, webhook_url=HOOK).outcome.value == "ADMITTED"
+    _claim(services, request_id)
+    _complete(services, request_id, output=b"{}", content_type="application/json")
+    assert services.webhooks.event(request_id)["state"] == "pending"
+    return request_id
+
+
+def _delivered(services, request_id: str, token: str = "w") -> None:
+    now = time.time()
+    taken = services.webhooks.take(request_id, now=now, lease_s=30, token=token)
+    assert taken.outcome == "TAKEN"
+    assert services.webhooks.record(taken.event, token=token, now=now, outcome="delivered", status=200, error="",
+                                    seconds=0.1, next_at=None) == "DELIVERED"
+
+
+def _pending_webhooks(services, ws: str) -> int:
+    return services.accounts.get(ws).webhooks_pending
+
+
+def test_a_delivered_event_gives_its_workspaces_pending_webhook_back_once_through_the_owed_set(split):
+    ws = _hooked(split)
+    request_id = _completed_with_event(split, ws)
+    assert _pending_webhooks(split, ws) == 1
+    assert split.redis.hget(keys.open_requests(ws), request_id) == b"w"  # its end given, its webhook still owed
+    given = []
+    apply = split.store.effects._apply
+    split.store.effects._apply = lambda provider, owed: given.extend(owed) or apply(provider, owed)
+    _delivered(split, request_id)
+    assert [json.loads(effect)["kind"] for effect in given] == ["webhook"]
+    assert _pending_webhooks(split, ws) == 0
+    assert _owed(split) == [] and split.redis.hlen(keys.open_requests(ws)) == 0
+    # given again (a sweeper's copy after a lost acknowledgement), or reconciled: nothing more
+    assert apply(PROVIDER, given) == 0
+    split.redis.zadd(keys.owed(PROVIDER), {given[0]: 0})
+    assert split.store.effects.reconcile(PROVIDER, time.time() + RECONCILE_AFTER_S + 1) == 0
+    assert _pending_webhooks(split, ws) == 0
+
+
+def test_a_pending_webhook_left_owed_by_a_failed_workspace_step_is_given_by_the_sweeper_once(split, monkeypatch):
+    ws = _hooked(split)
+    request_id = _completed_with_event(split, ws)
+    monkeypatch.setattr(split.store.effects, "_apply", _redis_down)
+    _delivered(split, request_id)
+    monkeypatch.undo()
+    assert _pending_webhooks(split, ws) == 1
+    assert [e["kind"] for e in _owed(split)] == ["webhook"]
+    assert split.store.effects.reconcile(PROVIDER, time.time()) == 0  # its caller may still give it
+    assert split.store.effects.reconcile(PROVIDER, time.time() + RECONCILE_AFTER_S + 1) == 1
+    assert split.store.effects.reconcile(PROVIDER, time.time() + RECONCILE_AFTER_S + 2) == 0
+    assert _pending_webhooks(split, ws) == 0
+    assert _owed(split) == [] and split.redis.hlen(keys.open_requests(ws)) == 0
+
+
+def test_a_pending_webhook_given_before_its_requests_end_counts_once_and_the_end_still_counts(split, monkeypatch):
+    ws = _hooked(split)
+    given = []
+    monkeypatch.setattr(split.store.effects, "_apply", lambda provider, owed: given.extend(owed) or 0)
+    request_id = _completed_with_event(split, ws)
+    _delivered(split, request_id)
+    monkeypatch.undo()
+    start, end, webhook = given
+    apply = split.store.effects._apply
+    assert apply(PROVIDER, [webhook, webhook]) == 1
+    assert apply(PROVIDER, [end, start, webhook, end, start]) == 2
+    workspace = split.accounts.get(ws)
+    assert (workspace.credits, workspace.held, workspace.queued, workspace.queued_bytes, workspace.webhooks_pending) \
+        == (1000 - PRICE, 0, 0, 0, 0)
+    assert _ledger(split, ws) == [("hold", PRICE), ("charge", PRICE)]
+    assert split.redis.hlen(keys.open_requests(ws)) == 0
+
+
+def test_an_event_given_up_waiting_its_turn_gives_its_pending_webhook_back_through_the_owed_set(split):
+    ws = _hooked(split)
+    split.webhooks.limits = DeliveryLimits(max_in_flight_per_workspace=1, window_s=60)
+    first, late = (_completed_with_event(split, ws) for _ in range(2))
+    now = time.time()
+    assert split.webhooks.take(first, now=now, lease_s=600, token="held").outcome == "TAKEN"
+    assert split.webhooks.take(late, now=now + 120, lease_s=30, token="late").outcome == "GAVE_UP"
+    assert _pending_webhooks(split, ws) == 1  # the first's, still being delivered
+    assert _owed(split) == [] and split.redis.hget(keys.open_requests(ws), first) == b"w"
+    assert split.redis.hexists(keys.open_requests(ws), late) is False
+
+
+def test_an_event_that_ends_with_its_request_gives_the_pending_webhook_back_with_the_end(split):
+    ws = _hooked(split)
+    request_id = split.ids.mint(ws, MODEL)
+    assert split.store.admit(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
+                             price=PRICE, webhook_url=HOOK, webhook_events="started").outcome.value == "ADMITTED"
+    _claim(split, request_id)
+    _delivered(split, request_id)  # its "started" event, before it completed: nothing to give back yet
+    assert _pending_webhooks(split, ws) == 1 and _owed(split) == []
+    _complete(split, request_id, output=b"{}", content_type="application/json")  # no event left: given with the end
+    assert _pending_webhooks(split, ws) == 0
+    assert _owed(split) == [] and split.redis.hlen(keys.open_requests(ws)) == 0
+
+
+def test_an_event_of_a_request_admitted_before_the_store_was_split_gives_its_pending_webhook_back_once(
+        services, client, settings):
+    ws = _hooked(services)
+    before = _completed_with_event(services, ws)  # all on one Redis: its event is left to deliver
+    after = services.ids.mint(ws, MODEL)  # admitted on one Redis, completed split
+    assert services.store.admit(request_id=after, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
+                                price=PRICE, webhook_url=HOOK).outcome.value == "ADMITTED"
+    split = Services.build(settings, client, dispatcher=RecordingDispatcher(), split=True)
+    given = []
+    apply = split.store.effects._apply
+    split.store.effects._apply = lambda provider, owed: given.extend(owed) or apply(provider, owed)
+    _claim(split, after)
+    _complete(split, after, output=b"{}", content_type="application/json")
+    for request_id in (before, after):
+        _delivered(split, request_id)
+    assert _pending_webhooks(split, ws) == 0
+    assert [json.loads(effect)["kind"] for effect in given] == ["start", "end", "webhook", "webhook"]
+    assert apply(PROVIDER, given) == 0  # every one again, as a sweeper after a lost acknowledgement
+    workspace = split.accounts.get(ws)
+    assert (workspace.credits, workspace.held, workspace.queued, workspace.webhooks_pending) \
+        == (1000 - 2 * PRICE, 0, 0, 0)

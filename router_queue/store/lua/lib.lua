@@ -133,9 +133,10 @@ end
 --: The effects this step owed (JSON), returned to its caller (with_granted).
 local OWED = {}
 
--- Give the workspace effects `e` of the request's `kind` ("start" | "end")
--- to its workspace (k.ws_id): at once, or owed (ws_target). An owed end is
--- owed even when it gives nothing back: it closes the request's open entry.
+-- Give the workspace effects `e` of the request's `kind` ("start" | "end" |
+-- "webhook": its last webhook event ended after it did) to its workspace
+-- (k.ws_id): at once, or owed (ws_target). An owed end is owed even when it
+-- gives nothing back: it closes the request's open entry.
 -- `opened`: the record's "open" (admitted with an open entry; absent on a
 -- request admitted before its store was split, ws_settle.lua's "unopened").
 local function owe_ws(k, e, kind, opened)
@@ -744,18 +745,24 @@ local function owe_event(event, now)
 end
 
 -- Give back the workspace's pending-webhook count the request holds, once
--- (e.webhooks: ws_apply).
+-- (e.webhooks: ws_apply). Returns the event's "counted" as it was: "open"
+-- when the request has an open entry (owe_webhook), false when it held none.
 local function webhook_uncount(event_key, e)
-  if redis.call("HDEL", event_key, "counted") == 1 then
+  local counted = redis.call("HGET", event_key, "counted")
+  if counted then
+    redis.call("HDEL", event_key, "counted")
     e.webhooks = 1
   end
+  return counted
 end
 
 -- The head ended as `state` (delivered, gone, given_up): the next event owed
 -- behind it takes its place, due now (the caller publishes it); with none,
 -- the head is kept `keep` seconds and, the request completed, its count given
--- back. due_key: the due set the head was published from (keys.py, webhooks_due).
-local function webhook_ended(event_key, ws_key, due_key, request_id, state, now, keep)
+-- back to its workspace (k: ws_target's, with ws_id): at once, or owed
+-- ("webhook": ws_settle.lua gives it through the request's open entry's "w").
+-- due_key: the due set the head was published from (keys.py, webhooks_due).
+local function webhook_ended(event_key, k, due_key, request_id, state, now, keep)
   redis.call("HSET", event_key, "state", state, "done_at", now)
   redis.call("ZREM", due_key, request_id)
   local raw = redis.call("LPOP", event_key .. KEY_WEBHOOK_NEXT)
@@ -764,9 +771,11 @@ local function webhook_ended(event_key, ws_key, due_key, request_id, state, now,
     return true
   end
   redis.call("EXPIRE", event_key, keep)
-  local e = {}
-  webhook_uncount(event_key, e)
-  ws_apply(ws_key, nil, e)
+  local e = ws_effects(request_id, now)
+  local counted = webhook_uncount(event_key, e)
+  if counted then
+    owe_ws(k, e, "webhook", counted == "open")
+  end
   return false
 end
 
@@ -786,7 +795,8 @@ local function owe_webhook(req_key, e, request_id, now, rec)
     owe_event(webhook_snapshot(req_key, request_id, "completed", "msg_" .. request_id, now), now)
   end
   if rec.webhook_counted == "1" then
-    redis.call("HSET", event_key, "counted", 1)
+    -- "open": its count goes back through its open entry's "w" (a split store's)
+    redis.call("HSET", event_key, "counted", rec.open and "open" or 1)
     if redis.call("HGET", event_key, "state") ~= "pending" then
       webhook_uncount(event_key, e)
     end

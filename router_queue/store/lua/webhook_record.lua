@@ -26,7 +26,8 @@
 -- KEYS[3] rq:webhooks:log:{ws}
 -- KEYS[4] rq:webhooks:failing-origins  KEYS[5] rq:webhooks:circuit:{ws}|{origin}
 -- KEYS[6] rq:webhooks:inflight:{ws}  KEYS[7] rq:webhooks:inflight
--- KEYS[8] rq:ws:{ws} (its pending events count)
+-- KEYS[8] rq:ws:{ws}  KEYS[9] rq:ledger:{ws} (its pending events count; split "1":
+--   rq:owed:{provider} in both places, lib.lua's ws_target)
 -- ARGV by name (ARGV[ARG_REQUEST_ID] and so on; store/webhooks.py,
 -- RECORD_ARGS, whose order the generated ARG_* constants give):
 --   request_id, token (the attempt's), now (s)
@@ -43,7 +44,9 @@
 --   msg_id             the event's webhook-id: an attempt at an event that
 --                      already ended (the request's next one holds the head
 --                      now) only logs
--- returns {"DELIVERED"} | {"GONE"} | {"GAVE_UP"} | {"RETRY"} | {"STALE"} | {"DONE"} | {"MISSING"}
+--   split              "1" on a store split into per-slot steps (lib.lua, ws_target)
+-- returns {"DELIVERED" | "GONE" | "GAVE_UP", effects owed...} | {"RETRY"} | {"STALE"} | {"DONE"}
+--   | {"MISSING"}
 
 local now = tonumber(ARGV[ARG_NOW])
 redis.call("ZREM", KEYS[6], ARGV[ARG_TOKEN])
@@ -69,7 +72,7 @@ elseif redis.call("EXISTS", KEYS[5]) == 1 then
   redis.call("HSET", KEYS[5], "probe_until", 0)
 end
 
-local e = redis.call("HMGET", KEYS[1], "state", "token", "msg_id")
+local e = redis.call("HMGET", KEYS[1], "state", "token", "msg_id", "workspace")
 if not e[1] then
   return {"MISSING"}
 end
@@ -85,8 +88,9 @@ redis.call("HSET", KEYS[1], "last_status", ARGV[ARG_STATUS], "last_error", ARGV[
 
 -- the event ends; the request's next event, if one is owed, takes its place
 local function finish(state, code)
-  webhook_ended(KEYS[1], KEYS[8], KEYS[2], ARGV[ARG_REQUEST_ID], state, ARGV[ARG_NOW], ARGV[ARG_KEEP_S])
-  return {code}
+  webhook_ended(KEYS[1], ws_target({ws_id = e[4] or ""}, KEYS[8], KEYS[9], ARGV[ARG_SPLIT]), KEYS[2],
+    ARGV[ARG_REQUEST_ID], state, ARGV[ARG_NOW], ARGV[ARG_KEEP_S])
+  return with_granted(code, {})
 end
 
 if outcome == "delivered" then

@@ -28,19 +28,22 @@
 --
 -- KEYS[1] rq:webhook:{id}   KEYS[2] rq:webhook:due:{provider} (the one that holds it)
 -- KEYS[3] rq:webhooks:inflight:{ws}  KEYS[4] rq:webhooks:circuit:{ws}|{origin}
--- KEYS[5] rq:webhooks:inflight  KEYS[6] rq:ws:{ws} (its pending events count)
+-- KEYS[5] rq:webhooks:inflight
+-- KEYS[6] rq:ws:{ws}  KEYS[7] rq:ledger:{ws} (its pending events count; split "1":
+--   rq:owed:{provider} in both places, lib.lua's ws_target)
 -- ARGV by name (ARGV[ARG_REQUEST_ID] and so on; store/webhooks.py, TAKE_ARGS):
 --   request_id  now (s)  lease_s  token (of this attempt)
 --   max_in_flight: attempts in flight per workspace (0: no cap)  wait_s: the first wait
 --   circuit_failures: failures in a row that open a circuit (0: no circuit)
 --   window_s: the retry window  keep_s: seconds an ended event is kept
 --   circuit_cooling_s: an open circuit's cooling  jitter: a random number in [0, 1)
+--   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
 -- returns {"TAKEN", field, value, ...} | {"BUSY"} | {"NOT_DUE"} | {"OPEN", at} | {"WAIT", at}
---   | {"GAVE_UP"} | {"DONE"} | {"MISSING"}
+--   | {"GAVE_UP", effects owed...} | {"DONE"} | {"MISSING"}
 
 local now = tonumber(ARGV[ARG_NOW])
 local e = redis.call("HMGET", KEYS[1], "state", "next_at", "lease_until", "first_attempt_at", "owed_at",
-  "counted")
+  "workspace")
 if not e[1] then
   redis.call("ZREM", KEYS[2], ARGV[ARG_REQUEST_ID])
   return {"MISSING"}
@@ -68,8 +71,9 @@ local function defer(code, after, span)
   local began = tonumber(e[5] or e[4] or ARGV[ARG_NOW])
   if at > began + tonumber(ARGV[ARG_WINDOW_S]) then
     redis.call("HSET", KEYS[1], "last_error", "still waiting its turn when the retry window ended")
-    webhook_ended(KEYS[1], KEYS[6], KEYS[2], ARGV[ARG_REQUEST_ID], "given_up", ARGV[ARG_NOW], ARGV[ARG_KEEP_S])
-    return {"GAVE_UP"}
+    webhook_ended(KEYS[1], ws_target({ws_id = e[6] or ""}, KEYS[6], KEYS[7], ARGV[ARG_SPLIT]), KEYS[2],
+      ARGV[ARG_REQUEST_ID], "given_up", ARGV[ARG_NOW], ARGV[ARG_KEEP_S])
+    return with_granted("GAVE_UP", {})
   end
   redis.call("ZADD", KEYS[2], at, ARGV[ARG_REQUEST_ID])
   return {code, tostring(at)}

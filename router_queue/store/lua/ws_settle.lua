@@ -1,39 +1,59 @@
 -- ws_settle.lua: on a store split into per-slot steps, give a workspace what
 -- a step of its request's provider owed it (lib.lua, owe_ws): the request's
--- start ("q": it no longer waits) or its end ("e": its hold settled, its
--- body's bytes and pending webhook given back, and "q" too if it never
--- started). rq:open:{workspace} says what the request still owes, so each is
--- applied once whoever applies it (the caller of the step, or the sweeper
--- for a caller that died), and in whichever order they arrive. A request
--- admitted before its store was split has no entry ("unopened"): its first
--- effect opens one as admission would have, and its entry stays once
+-- start ("q": it no longer waits), its end ("e": its hold settled, its
+-- body's bytes given back, its pending webhook too when it had no event left
+-- to deliver, and "q" too if it never started), or its pending webhook
+-- ("w": its last webhook event ended after the request did; lib.lua,
+-- webhook_ended). rq:open:{workspace} says what the request still owes, so
+-- each is applied once whoever applies it (the caller of the step, or the
+-- sweeper for a caller that died), and in whichever order they arrive. A
+-- request admitted before its store was split has no entry ("unopened"): its
+-- first effect opens one as admission would have, and its entry stays once
 -- nothing is owed ("", or "q" for a start an earlier version gave), so a
 -- second is still refused: one field per request in flight at the upgrade.
+-- Such a request's pending webhook is given once by the "W" it leaves in
+-- the entry (an entry an earlier version opened has no "w" to take).
 --
 -- KEYS[1] rq:ws:{workspace}  KEYS[2] rq:ledger:{workspace}  KEYS[3] rq:open:{workspace}
 -- ARGV[1] the effect (JSON: lib.lua, ws_effects, with ws and kind)
--- (an entry's "w" is admit_undo.lua's: it counted a pending webhook)
+-- (an entry's "w" is also admit_undo.lua's: it counted a pending webhook)
 -- returns 1 when applied now, 0 when it already was
 
 local e = cjson.decode(ARGV[1])
 local open = redis.call("HGET", KEYS[3], e.request_id)
 if not open and e.unopened then
-  open = "qe"
+  open = "qew"
 end
-local owes = e.kind == "start" and "q" or "e"
-if not open or not string.find(open, owes, 1, true) then
+if not open then
   return 0
 end
-local left = string.gsub(open, owes, "")
-if e.kind == "end" and e.queued then
-  if string.find(left, "q", 1, true) then
-    left = string.gsub(left, "q", "")
-  else
-    e.queued = nil  -- its start was given already
+local left
+if e.kind == "webhook" and e.unopened then
+  if string.find(open, "W", 1, true) then
+    return 0
+  end
+  left = string.gsub(open, "w", "") .. "W"
+else
+  local owes = ({start = "q", ["end"] = "e", webhook = "w"})[e.kind]
+  if not string.find(open, owes, 1, true) then
+    return 0
+  end
+  left = string.gsub(open, owes, "")
+end
+if e.kind == "end" then
+  if e.queued then
+    if string.find(left, "q", 1, true) then
+      left = string.gsub(left, "q", "")
+    else
+      e.queued = nil  -- its start was given already
+    end
+  end
+  if e.webhooks then
+    left = string.gsub(left, "w", "")  -- given with the end: no event of it was left
   end
 end
 ws_apply(KEYS[1], KEYS[2], e)
-if not string.find(left, "[qe]") and not e.unopened then
+if not string.find(left, "[qew]") and not e.unopened then
   redis.call("HDEL", KEYS[3], e.request_id)
 else
   redis.call("HSET", KEYS[3], e.request_id, left)
