@@ -84,17 +84,17 @@ P:webhook:due:{provider}       zset    none (events owed, scored by    lua/lib.l
 rq:webhooks:due                zset    none (earlier versions' events   webhook_*.lua
                                        of every provider; emptied as
                                        they end)
-W:webhooks:log                 list    none (its last attempts)        webhook_record.lua
-rq:webhooks:failing-origins    zset    none; trimmed to the 1,000      webhook_record.lua
+W:webhooks:log                 list    none (its last attempts)        webhook_turn_end.lua
+rq:webhooks:failing-origins    zset    none; trimmed to the 1,000      webhooks.py (record)
                                        most recent in the last 24 h
                                        ("{ws}|{origin}" by its last
                                        failure)
-W:webhooks:circuit:{o}         hash    24 h from its last failure;     webhook_take.lua,
-                                       deleted at a success            webhook_record.lua
-W:webhooks:inflight            zset    a lease (attempts running:      webhook_take.lua,
-                                       token by lease end)             webhook_record.lua
-rq:webhooks:inflight           zset    none (every workspace's;        webhook_take.lua,
-                                       members leave at the record     webhook_record.lua
+W:webhooks:circuit:{o}         hash    24 h from its last failure;     webhook_turn.lua,
+                                       deleted at a success            webhook_turn_end.lua
+W:webhooks:inflight            zset    a lease (attempts running:      webhook_turn.lua,
+                                       token by lease end)             webhook_turn_end.lua
+rq:webhooks:inflight           zset    none (every workspace's;        webhooks.py (take,
+                                       members leave at the record     record)
                                        or their lease's end)
 rq:held:{workspace}            zset    a lease (slots lapse unless     held.py (HeldSlots),
                                        renewed)                        held_take.lua

@@ -5,17 +5,29 @@ An event is written by the script that makes the change it reports
 request with a webhook URL always has the events it chose: no crash can fall
 between the two. A request's events are delivered one at a time, in order:
 ``rq:webhook:{id}`` is the one being delivered, the others wait behind it
-(``rq:webhook:{id}:next``) and each takes its place when it ends. Every
-change is one script: an attempt takes the event under a lease
-(``webhook_take.lua``), its outcome is recorded with the next attempt's time
-(``webhook_record.lua``), and the sweeper picks what is due
-(``webhook_due.lua``). The key layout is in ``keys.py``.
+(``rq:webhook:{id}:next``) and each takes its place when it ends. An
+attempt takes the event under a lease, its outcome is recorded with the next
+attempt's time, and the sweeper picks what is due (``webhook_due.lua``). The
+key layout is in ``keys.py``.
 
 Taking is fair and spares a dead endpoint (:class:`DeliveryLimits`): a
 workspace has at most a few attempts in flight, the rest wait their turn, and
 an endpoint (the workspace's URL origin) that failed several times in a row
 has its circuit opened: its events wait out a cooling interval, then one
 attempt probes it, and an answer closes it. Waiting is not an attempt.
+
+Each script touches one key family (``docs/ARCHITECTURE.md``, "Redis
+Cluster"), on one Redis as on a cluster: a take is the workspace's turn and
+its endpoint's circuit (``webhook_turn.lua``), then the event's part
+(``webhook_take.lua``, given the turn's answer); a record is the event's part
+(``webhook_record.lua``), then the workspace's (``webhook_turn_end.lua``: the
+slot freed, the circuit, the attempt log), then every workspace's sets (the
+in-flight gauge's, the failing endpoints: plain commands). Between the steps
+the lease covers a crash: a turn held and never ended or given back frees
+its slot at its lease's end, and a record that stops after the event's part
+leaves only the circuit and the log without this attempt. An event that ends
+gives back its workspace's pending count in its step on one Redis; on a
+split store it owes it (``owed.py``), and the caller gives it.
 """
 
 from __future__ import annotations
@@ -36,13 +48,18 @@ from .scripts import argv, load_script
 LOG_LENGTH = 200
 #: Failing endpoints kept (the most recently failed), whatever their number.
 FAILING_KEPT = 1000
+#: webhook_turn.lua's ARGV by name (``scripts.argv``), in order.
+TURN_ARGS = ("now", "lease_s", "token", "max_in_flight", "circuit_failures")
 #: webhook_take.lua's ARGV by name (``scripts.argv``), in order.
-TAKE_ARGS = ("request_id", "now", "lease_s", "token", "max_in_flight", "wait_s", "circuit_failures", "window_s",
-             "keep_s", "circuit_cooling_s", "jitter", "split")
+TAKE_ARGS = ("request_id", "now", "lease_s", "token", "turn", "open_until", "wait_s", "window_s", "keep_s",
+             "circuit_cooling_s", "jitter", "split")
+#: webhook_turn.lua's answers that hold a slot of the workspace's turn.
+HELD = ("HELD", "PROBE")
 #: webhook_record.lua's ARGV by name (``scripts.argv``), in order.
-RECORD_ARGS = ("request_id", "token", "now", "outcome", "status", "error", "next_at", "keep_s", "entry", "log_length",
-               "endpoint", "endpoint_failed", "circuit_failures", "circuit_cooling_s", "failing_kept",
-               "failing_window_s", "msg_id", "split")
+RECORD_ARGS = ("request_id", "token", "now", "outcome", "status", "error", "next_at", "keep_s", "msg_id", "split")
+#: webhook_turn_end.lua's ARGV by name (``scripts.argv``), in order.
+TURN_END_ARGS = ("token", "now", "outcome", "endpoint_failed", "circuit_failures", "circuit_cooling_s",
+                 "failing_window_s", "entry", "log_length", "probe")
 
 
 def _text(value: Any) -> str:
@@ -179,36 +196,56 @@ class WebhookStore:
         self.keep_s = keep_s
         self.limits = limits
         self._rand = rand or random.Random()
+        self._turn = load_script(client, "webhook_turn", TURN_ARGS)
         self._take = load_script(client, "webhook_take", TAKE_ARGS)
         self._record = load_script(client, "webhook_record", RECORD_ARGS)
+        self._turn_end = load_script(client, "webhook_turn_end", TURN_END_ARGS)
         self._due = load_script(client, "webhook_due")
 
     def take(self, request_id: str, *, now: float, lease_s: float, token: str) -> Taken:
         """Take the event for one attempt, in its workspace's turn and past its
-        endpoint's circuit (``webhook_take.lua``)."""
+        endpoint's circuit: the workspace's part first (``webhook_turn.lua``),
+        then the event's (``webhook_take.lua``), each with its own family's
+        keys. A turn held for an event the second part then does not take
+        (another attempt took or ended it in between) is given back at once
+        (``webhook_turn_end.lua``); one whose caller died between the two
+        frees itself at its lease's end, as a killed worker's does."""
         # An event's workspace, URL and provider never change once owed:
-        # reading them first races with nothing.
-        workspace, url, provider = (_text(v) if v is not None else None for v in self.client.hmget(
-            keys.webhook_event(request_id), "workspace", "url", "provider"))
+        # reading them first races with nothing. Its state, read with them,
+        # spares a duplicate or early message the workspace's turn.
+        workspace, url, provider, state, next_at, lease_until = (
+            _text(v) if v is not None else None for v in self.client.hmget(
+                keys.webhook_event(request_id), "workspace", "url", "provider", "state", "next_at", "lease_until"))
+        workspace = workspace or ""
+        endpoint = origin(url or "")
         limits = self.limits
-        ws_keys, split = self._workspace_target(provider, workspace or "")
+        turn, open_until = "", ""
+        if state == "pending" and float(lease_until or 0) <= now and float(next_at or 0) <= now:
+            answer = [_text(v) for v in self._turn(
+                keys=[keys.webhook_in_flight(workspace), keys.webhook_circuit(workspace, endpoint)],
+                args=argv(TURN_ARGS, now=repr(now), lease_s=lease_s, token=token,
+                          max_in_flight=limits.max_in_flight_per_workspace, circuit_failures=limits.circuit_failures))]
+            turn, open_until = answer[0], answer[1] if len(answer) > 1 else ""
+        ws_keys, split = self._workspace_target(provider, workspace)
         reply = self._take(
-            keys=[keys.webhook_event(request_id), _due_key(request_id, provider),
-                  keys.webhook_in_flight(workspace or ""),
-                  keys.webhook_circuit(workspace or "", origin(url or "")), keys.webhooks_in_flight(),
-                  *ws_keys],
-            args=argv(TAKE_ARGS, request_id=request_id, now=repr(now), lease_s=lease_s, token=token,
-                      max_in_flight=limits.max_in_flight_per_workspace, wait_s=repr(limits.wait_s),
-                      circuit_failures=limits.circuit_failures, window_s=repr(limits.window_s), keep_s=self.keep_s,
-                      circuit_cooling_s=repr(limits.circuit_cooling_s), jitter=repr(self._rand.random()),
-                      split=split))
+            keys=[keys.webhook_event(request_id), _due_key(request_id, provider), *ws_keys],
+            args=argv(TAKE_ARGS, request_id=request_id, now=repr(now), lease_s=lease_s, token=token, turn=turn,
+                      open_until=open_until, wait_s=repr(limits.wait_s), window_s=repr(limits.window_s),
+                      keep_s=self.keep_s, circuit_cooling_s=repr(limits.circuit_cooling_s),
+                      jitter=repr(self._rand.random()), split=split))
         outcome = _text(reply[0])
+        if turn in HELD and outcome != "TAKEN":
+            self._end_turn(workspace, endpoint, token=token, now=now, probe=turn == "PROBE")
         if outcome == "GAVE_UP":
             self.effects.settle(provider or "", reply)
         if outcome in ("WAIT", "OPEN"):
             return Taken(outcome, due_at=float(_text(reply[1])))
         if outcome != "TAKEN":
             return Taken(outcome)
+        pipe = self.client.pipeline(transaction=False)  # every workspace's: the in-flight gauge
+        pipe.zremrangebyscore(keys.webhooks_in_flight(), "-inf", now)
+        pipe.zadd(keys.webhooks_in_flight(), {token: now + lease_s})
+        pipe.execute()
         flat = [_text(v) for v in reply[1:]]
         return Taken(outcome, WebhookEvent.from_fields(dict(zip(flat[::2], flat[1::2]))))
 
@@ -217,32 +254,54 @@ class WebhookStore:
         """Record an attempt's ``outcome`` ("delivered", "gone", "failed");
         ``next_at`` None after a failure gives the event up. ``endpoint_failed``
         says whether a failure was the endpoint's (it counts towards its
-        circuit): by default, every failure is. Returns what
+        circuit): by default, every failure is. The event's part first
+        (``webhook_record.lua``, and the workspace's pending count it owes,
+        given through ``effects``), then the workspace's (``webhook_turn_end.lua``:
+        the slot freed, the circuit, the attempt log), then every workspace's
+        (the in-flight gauge's set, the failing endpoints). Returns what
         ``webhook_record.lua`` answered."""
         if endpoint_failed is None:
             endpoint_failed = outcome == "failed"
         endpoint = origin(event.url)
+        ws_keys, split = self._workspace_target(event.provider, event.workspace)
+        reply = self._record(
+            keys=[keys.webhook_event(event.request_id), _due_key(event.request_id, event.provider), *ws_keys],
+            args=argv(RECORD_ARGS, request_id=event.request_id, token=token, now=repr(now), outcome=outcome,
+                      status="" if status is None else status, error=error[:300],
+                      next_at="" if next_at is None else repr(next_at), keep_s=self.keep_s, msg_id=event.msg_id,
+                      split=split))
+        recorded = _text(self.effects.settle(event.provider, reply)[0])
         entry = json.dumps({"at": now, "request_id": event.request_id, "event": event.event, "origin": endpoint,
                             "attempt": event.attempt, "outcome": outcome, "status": status, "error": error[:300],
                             "seconds": round(seconds, 3)}, separators=(",", ":"))
+        self._end_turn(event.workspace, endpoint, token=token, now=now, outcome=outcome,
+                       endpoint_failed=endpoint_failed, entry="" if recorded == "MISSING" else entry)
+        failing, member = keys.webhooks_failing(), f"{event.workspace}|{endpoint}"
+        pipe = self.client.pipeline(transaction=False)
+        pipe.zrem(keys.webhooks_in_flight(), token)
+        if outcome in ("delivered", "gone"):
+            pipe.zrem(failing, member)  # it answered
+        elif endpoint_failed:
+            pipe.zadd(failing, {member: now})
+            # bounded: none older than the window, at most FAILING_KEPT of them
+            pipe.zremrangebyscore(failing, "-inf", now - int(self.limits.window_s))
+            pipe.zremrangebyrank(failing, 0, -(FAILING_KEPT + 1))
+        pipe.execute()
+        return recorded
+
+    def _end_turn(self, workspace: str, endpoint: str, *, token: str, now: float, outcome: str = "",
+                  endpoint_failed: bool = False, entry: str = "", probe: bool = False) -> None:
+        """The workspace's part of an attempt's end (``webhook_turn_end.lua``),
+        or, ``outcome`` "", of a turn given back unused (``probe``: it was to
+        probe the endpoint)."""
         limits = self.limits
-        ws_keys, split = self._workspace_target(event.provider, event.workspace)
-        reply = self._record(
-            keys=[keys.webhook_event(event.request_id), _due_key(event.request_id, event.provider),
-                  keys.webhook_log(event.workspace),
-                  keys.webhooks_failing(), keys.webhook_circuit(event.workspace, endpoint),
-                  keys.webhook_in_flight(event.workspace), keys.webhooks_in_flight(), *ws_keys],
-            args=argv(
-                RECORD_ARGS, request_id=event.request_id, token=token, now=repr(now), outcome=outcome,
-                status="" if status is None else status, error=error[:300],
-                next_at="" if next_at is None else repr(next_at), keep_s=self.keep_s, entry=entry,
-                log_length=LOG_LENGTH, endpoint=f"{event.workspace}|{endpoint}",
-                endpoint_failed="1" if endpoint_failed else "0", circuit_failures=limits.circuit_failures,
-                circuit_cooling_s=repr(limits.circuit_cooling_s), failing_kept=FAILING_KEPT,
-                failing_window_s=int(limits.window_s), msg_id=event.msg_id, split=split,
-            ),
-        )
-        return _text(self.effects.settle(event.provider, reply)[0])
+        self._turn_end(
+            keys=[keys.webhook_in_flight(workspace), keys.webhook_circuit(workspace, endpoint),
+                  keys.webhook_log(workspace)],
+            args=argv(TURN_END_ARGS, token=token, now=repr(now), outcome=outcome,
+                      endpoint_failed="1" if endpoint_failed else "0", circuit_failures=limits.circuit_failures,
+                      circuit_cooling_s=repr(limits.circuit_cooling_s), failing_window_s=int(limits.window_s),
+                      entry=entry, log_length=LOG_LENGTH, probe="1" if probe else ""))
 
     def _workspace_target(self, provider: str | None, workspace: str) -> tuple[list[str], str]:
         """The KEYS and ``split`` argument of where an ended event's step

@@ -16,7 +16,8 @@ NAMED = {
     "admit": admission.ADMIT_ARGS, "admit_ws": admission.SPLIT_ADMIT_ARGS, "admit_place": admission.SPLIT_ADMIT_ARGS,
     "claim": requests.CLAIM_ARGS, "complete": requests.COMPLETE_ARGS,
     "cancel": requests.CANCEL_ARGS, "expire_queued": requests.EXPIRE_QUEUED_ARGS, "webhook_take": webhooks.TAKE_ARGS,
-    "webhook_record": webhooks.RECORD_ARGS, "key_mint": apikeys.MINT_ARGS, "key_rotate": apikeys.ROTATE_ARGS,
+    "webhook_record": webhooks.RECORD_ARGS, "webhook_turn": webhooks.TURN_ARGS,
+    "webhook_turn_end": webhooks.TURN_END_ARGS, "key_mint": apikeys.MINT_ARGS, "key_rotate": apikeys.ROTATE_ARGS,
 }
 
 

@@ -91,6 +91,60 @@ def test_a_workspace_at_its_cap_waits_and_another_is_not_delayed(hooked, http):
     assert take(store, flooded[3], now + 30.5).outcome == "TAKEN"
 
 
+def _in_flight(services, workspace) -> set[bytes]:
+    return set(services.redis.zrange(keys.webhook_in_flight(workspace), 0, -1))
+
+
+def test_a_turn_held_for_an_event_not_taken_is_given_back_at_once(hooked, http, monkeypatch):
+    store, now = hooked.webhooks, time.time() + 5  # past every event owed below
+    hooked.webhooks.limits = dataclasses.replace(LIMITS, max_in_flight_per_workspace=3)
+    workspace, owe = owing(hooked, http, "raced")
+    request_id = owe("http://127.0.0.1:9/x")
+    assert take(store, request_id, now, token="first").outcome == "TAKEN"
+    # A duplicate message: the event is busy, and no turn is held for it.
+    assert take(store, request_id, now + 1, token="duplicate").outcome == "BUSY"
+    assert _in_flight(hooked, workspace) == {b"first"}
+    assert store.in_flight(now + 1) == 1
+
+    # Another attempt takes the event between this one's turn and its take:
+    # this one's turn is given back, the other's holds.
+    again = owe("http://127.0.0.1:9/y")
+    turn = store._turn
+
+    def another_takes_it_meanwhile(**call):
+        answer = turn(**call)
+        monkeypatch.setattr(store, "_turn", turn)
+        assert take(store, again, now, token="other").outcome == "TAKEN"
+        return answer
+
+    monkeypatch.setattr(store, "_turn", another_takes_it_meanwhile)
+    assert take(store, again, now, token="late").outcome == "BUSY"
+    assert _in_flight(hooked, workspace) == {b"first", b"other"}
+    assert store.in_flight(now) == 2
+
+
+def test_a_probe_given_back_unused_lets_the_next_attempt_probe(hooked, http, monkeypatch):
+    store, now = hooked.webhooks, time.time() + 5  # past every event owed below
+    hooked.webhooks.limits = dataclasses.replace(LIMITS, max_in_flight_per_workspace=0)
+    workspace, owe = owing(hooked, http, "probed")
+    for n in range(3):
+        fail(store, owe("http://127.0.0.1:9/a"), now + n)
+    ended, waiting = owe("http://127.0.0.1:9/b"), owe("http://127.0.0.1:9/c")
+    turn = store._turn
+
+    def it_ends_meanwhile(**call):
+        answer = turn(**call)
+        assert answer == [b"PROBE"]
+        hooked.redis.hset(keys.webhook_event(ended), "state", "delivered")  # as another attempt's record would
+        return answer
+
+    monkeypatch.setattr(store, "_turn", it_ends_meanwhile)
+    assert take(store, ended, now + 20, token="probe").outcome == "DONE"
+    monkeypatch.undo()
+    assert _in_flight(hooked, workspace) == set()
+    assert take(store, waiting, now + 20, token="next").outcome == "TAKEN"  # not "OPEN": no probe runs
+
+
 def test_an_event_that_keeps_waiting_waits_longer_each_time(hooked, http):
     store, now = hooked.webhooks, time.time() + 5
     _, flood = owing(hooked, http, "patient")

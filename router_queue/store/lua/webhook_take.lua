@@ -1,24 +1,28 @@
--- webhook_take.lua: an attempt takes a pending webhook event to deliver it,
--- one attempt at a time, in its workspace's turn and past its endpoint's
--- circuit. The attempt holds the event for a lease: the event's due score
--- moves to the lease's end, so if the worker dies mid-delivery the sweeper
--- publishes the event again then (at least once, same webhook-id). It holds
--- one of its workspace's in-flight slots for the same lease, so a killed
--- worker's slot frees itself.
+-- webhook_take.lua: the event's part of an attempt taking a pending webhook
+-- event, with its provider's keys alone; the workspace's part, its turn and
+-- its endpoint's circuit, came first (webhook_turn.lua) and its answer is
+-- given here as turn. Events are delivered one attempt at a time: the
+-- attempt holds the event for a lease, its due score moved to the lease's
+-- end, so if the worker dies mid-delivery the sweeper publishes the event
+-- again then (at least once, same webhook-id).
 --
 --   missing                     -> "MISSING" (and out of the due set)
 --   delivered / gone / given up -> "DONE" (and out of the due set)
 --   an attempt's lease is alive -> "BUSY": a duplicate message; nothing changes
 --   before its next attempt     -> "NOT_DUE": an early message; nothing changes
---   its endpoint's circuit open -> "OPEN", at: due again at a random point of
---     the cooling after it ends (or, while another attempt probes the
---     endpoint, after a wait)
---   its workspace at its cap    -> "WAIT", at: due again after a wait
+--   no turn asked (turn "": the caller read it just before as one of the
+--     above, and a step that changed it since publishes it) -> "BUSY"
+--   its endpoint's circuit open (turn "OPEN") -> "OPEN", at: due again at a
+--     random point of the cooling after it ends ("PROBING": while another
+--     attempt probes the endpoint, after a wait)
+--   its workspace at its cap (turn "WAIT") -> "WAIT", at: due again after a wait
 --   a wait past the retry window (counted from when the event was owed)
 --     -> "GAVE_UP" (and the request's next event, if one is owed, takes its
---     place, due now)
---   else                        -> "TAKEN" with the event's fields; when the
---     circuit was open and its cooling over, this attempt is the probe
+--     place, due now; with none, the workspace's pending count given back:
+--     lib.lua, webhook_ended)
+--   else (turn "HELD" or "PROBE") -> "TAKEN" with the event's fields
+-- The caller gives back at once a turn held for an event not taken here
+-- (webhook_turn_end.lua).
 --
 -- Waiting (OPEN, WAIT) is not an attempt: nothing is counted or logged. An
 -- event that waits again and again waits longer each time (x2, up to x64:
@@ -27,15 +31,12 @@
 -- thousand every wait.
 --
 -- KEYS[1] rq:webhook:{id}   KEYS[2] rq:webhook:due:{provider} (the one that holds it)
--- KEYS[3] rq:webhooks:inflight:{ws}  KEYS[4] rq:webhooks:circuit:{ws}|{origin}
--- KEYS[5] rq:webhooks:inflight
--- KEYS[6] rq:ws:{ws}  KEYS[7] rq:ledger:{ws} (its pending events count; split "1":
+-- KEYS[3] rq:ws:{ws}  KEYS[4] rq:ledger:{ws} (its pending events count; split "1":
 --   rq:owed:{provider} in both places, lib.lua's ws_target)
 -- ARGV by name (ARGV[ARG_REQUEST_ID] and so on; store/webhooks.py, TAKE_ARGS):
 --   request_id  now (s)  lease_s  token (of this attempt)
---   max_in_flight: attempts in flight per workspace (0: no cap)  wait_s: the first wait
---   circuit_failures: failures in a row that open a circuit (0: no circuit)
---   window_s: the retry window  keep_s: seconds an ended event is kept
+--   turn: webhook_turn.lua's answer ("" when not asked)  open_until: its "OPEN"'s until
+--   wait_s: the first wait  window_s: the retry window  keep_s: seconds an ended event is kept
 --   circuit_cooling_s: an open circuit's cooling  jitter: a random number in [0, 1)
 --   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
 -- returns {"TAKEN", field, value, ...} | {"BUSY"} | {"NOT_DUE"} | {"OPEN", at} | {"WAIT", at}
@@ -59,19 +60,20 @@ if tonumber(e[2] or "0") > now then
   redis.call("ZADD", KEYS[2], e[2], ARGV[ARG_REQUEST_ID])  -- the sweeper publishes it at its time
   return {"NOT_DUE"}
 end
-
-local lease_until = now + tonumber(ARGV[ARG_LEASE_S])
-local spread = tonumber(ARGV[ARG_JITTER])
+local turn = ARGV[ARG_TURN]
+if turn == "" then
+  return {"BUSY"}
+end
 
 -- code, and when the event is due again given how long from now (or from
 -- after, for an open circuit) and the span its waits spread over
 local function defer(code, after, span)
   local waits = redis.call("HINCRBY", KEYS[1], "waits", 1)
-  local at = after + span * 2 ^ math.min(waits - 1, 6) * spread
+  local at = after + span * 2 ^ math.min(waits - 1, 6) * tonumber(ARGV[ARG_JITTER])
   local began = tonumber(e[5] or e[4] or ARGV[ARG_NOW])
   if at > began + tonumber(ARGV[ARG_WINDOW_S]) then
     redis.call("HSET", KEYS[1], "last_error", "still waiting its turn when the retry window ended")
-    webhook_ended(KEYS[1], ws_target({ws_id = e[6] or ""}, KEYS[6], KEYS[7], ARGV[ARG_SPLIT]), KEYS[2],
+    webhook_ended(KEYS[1], ws_target({ws_id = e[6] or ""}, KEYS[3], KEYS[4], ARGV[ARG_SPLIT]), KEYS[2],
       ARGV[ARG_REQUEST_ID], "given_up", ARGV[ARG_NOW], ARGV[ARG_KEEP_S])
     return with_granted("GAVE_UP", {})
   end
@@ -79,39 +81,17 @@ local function defer(code, after, span)
   return {code, tostring(at)}
 end
 
--- The endpoint's circuit: open once its failures in a row reach the threshold.
-local probe = false
-if tonumber(ARGV[ARG_CIRCUIT_FAILURES]) > 0 then
-  local c = redis.call("HMGET", KEYS[4], "failures", "open_until", "probe_until")
-  if tonumber(c[1] or "0") >= tonumber(ARGV[ARG_CIRCUIT_FAILURES]) then
-    local open_until = tonumber(c[2] or "0")
-    if open_until > now then
-      return defer("OPEN", open_until, tonumber(ARGV[ARG_CIRCUIT_COOLING_S]))
-    end
-    if tonumber(c[3] or "0") > now then
-      return defer("OPEN", now, 2 * tonumber(ARGV[ARG_WAIT_S]))  -- another attempt is probing it
-    end
-    probe = true
-  end
+if turn == "OPEN" then
+  return defer("OPEN", tonumber(ARGV[ARG_OPEN_UNTIL]), tonumber(ARGV[ARG_CIRCUIT_COOLING_S]))
+end
+if turn == "PROBING" then
+  return defer("OPEN", now, 2 * tonumber(ARGV[ARG_WAIT_S]))
+end
+if turn == "WAIT" then
+  return defer("WAIT", now, 2 * tonumber(ARGV[ARG_WAIT_S]))
 end
 
--- The workspace's turn: at most max_in_flight attempts in flight; a dead worker's
--- slot leaves at its lease's end.
-local cap = tonumber(ARGV[ARG_MAX_IN_FLIGHT])
-if cap > 0 then
-  redis.call("ZREMRANGEBYSCORE", KEYS[3], "-inf", ARGV[ARG_NOW])
-  if redis.call("ZCARD", KEYS[3]) >= cap then
-    return defer("WAIT", now, 2 * tonumber(ARGV[ARG_WAIT_S]))
-  end
-end
-redis.call("ZADD", KEYS[3], lease_until, ARGV[ARG_TOKEN])
-redis.call("EXPIRE", KEYS[3], math.ceil(tonumber(ARGV[ARG_LEASE_S])) + 1)
-redis.call("ZREMRANGEBYSCORE", KEYS[5], "-inf", ARGV[ARG_NOW])
-redis.call("ZADD", KEYS[5], lease_until, ARGV[ARG_TOKEN])
-if probe then
-  redis.call("HSET", KEYS[4], "probe_until", tostring(lease_until))
-end
-
+local lease_until = now + tonumber(ARGV[ARG_LEASE_S])
 redis.call("HINCRBY", KEYS[1], "attempts", 1)
 redis.call("HSET", KEYS[1], "token", ARGV[ARG_TOKEN], "lease_until", tostring(lease_until), "last_attempt_at", ARGV[ARG_NOW],
   "waits", 0)
