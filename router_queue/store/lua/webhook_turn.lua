@@ -14,7 +14,7 @@
 --     when the circuit was open and its cooling is over: this attempt probes
 --     the endpoint (its probe mark set for the lease, so no other does)
 --
--- KEYS[1] rq:webhooks-ws:inflight:{ws}  KEYS[2] rq:webhooks-ws:circuit:{ws}|{origin}
+-- KEYS[1] W:webhooks:inflight ({ws:<id>})  KEYS[2] W:webhooks:circuit:{origin}
 -- ARGV by name (ARGV[ARG_NOW] and so on; store/webhooks.py, TURN_ARGS):
 --   now (s)  lease_s  token (of this attempt)
 --   max_in_flight: attempts in flight per workspace (0: no cap)

@@ -13,8 +13,8 @@
 -- (its URL refused, no secret) only ends a probe. (The failing endpoints
 -- every workspace shares are written apart: store/webhooks.py, record.)
 --
--- KEYS[1] rq:webhooks-ws:inflight:{ws}  KEYS[2] rq:webhooks-ws:circuit:{ws}|{origin}
--- KEYS[3] rq:webhooks-ws:log:{ws}
+-- KEYS[1] W:webhooks:inflight ({ws:<id>})  KEYS[2] W:webhooks:circuit:{origin}
+-- KEYS[3] W:webhooks:log
 -- ARGV by name (ARGV[ARG_TOKEN] and so on; store/webhooks.py, TURN_END_ARGS):
 --   token (the attempt's)  now (s)
 --   outcome            "delivered" | "gone" | "failed" | "" (a turn given back unused)
