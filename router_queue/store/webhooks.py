@@ -25,7 +25,8 @@ slot freed, the circuit, the attempt log), then every workspace's sets (the
 in-flight gauge's, the failing endpoints: plain commands). Between the steps
 the lease covers a crash: a turn held and never ended or given back frees
 its slot at its lease's end, and a record that stops after the event's part
-leaves only the circuit and the log without this attempt. An event that ends
+(a crash, or a later step that failed: logged, not raised) leaves only the
+circuit and the log without this attempt. An event that ends
 gives back its workspace's pending count in its step on one Redis; on a
 split store it owes it (``owed.py``), and the caller gives it.
 """
@@ -33,9 +34,10 @@ split store it owes it (``owed.py``), and the caller gives it.
 from __future__ import annotations
 
 import json
+import logging
 import random
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 import redis
 
@@ -43,6 +45,8 @@ from ..webhooks.endpoints import origin
 from . import keys
 from .owed import OwedEffects
 from .scripts import argv, load_script
+
+log = logging.getLogger(__name__)
 
 #: Attempts kept per workspace for ``router-queue ops webhooks``.
 LOG_LENGTH = 200
@@ -235,7 +239,8 @@ class WebhookStore:
                       jitter=repr(self._rand.random()), split=split))
         outcome = _text(reply[0])
         if turn in HELD and outcome != "TAKEN":
-            self._end_turn(workspace, endpoint, token=token, now=now, probe=turn == "PROBE")
+            self._after_event("a turn given back", lambda: self._end_turn(workspace, endpoint, token=token,
+                                                                          now=now, probe=turn == "PROBE"))
         if outcome == "GAVE_UP":
             self.effects.settle(provider or "", reply)
         if outcome in ("WAIT", "OPEN"):
@@ -245,7 +250,7 @@ class WebhookStore:
         pipe = self.client.pipeline(transaction=False)  # every workspace's: the in-flight gauge
         pipe.zremrangebyscore(keys.webhooks_in_flight(), "-inf", now)
         pipe.zadd(keys.webhooks_in_flight(), {token: now + lease_s})
-        pipe.execute()
+        self._after_event("the attempts in flight", pipe.execute)
         flat = [_text(v) for v in reply[1:]]
         return Taken(outcome, WebhookEvent.from_fields(dict(zip(flat[::2], flat[1::2]))))
 
@@ -274,8 +279,9 @@ class WebhookStore:
         entry = json.dumps({"at": now, "request_id": event.request_id, "event": event.event, "origin": endpoint,
                             "attempt": event.attempt, "outcome": outcome, "status": status, "error": error[:300],
                             "seconds": round(seconds, 3)}, separators=(",", ":"))
-        self._end_turn(event.workspace, endpoint, token=token, now=now, outcome=outcome,
-                       endpoint_failed=endpoint_failed, entry="" if recorded == "MISSING" else entry)
+        self._after_event("the workspace's part of a record", lambda: self._end_turn(
+            event.workspace, endpoint, token=token, now=now, outcome=outcome, endpoint_failed=endpoint_failed,
+            entry="" if recorded == "MISSING" else entry))
         failing, member = keys.webhooks_failing(), f"{event.workspace}|{endpoint}"
         pipe = self.client.pipeline(transaction=False)
         pipe.zrem(keys.webhooks_in_flight(), token)
@@ -286,8 +292,19 @@ class WebhookStore:
             # bounded: none older than the window, at most FAILING_KEPT of them
             pipe.zremrangebyscore(failing, "-inf", now - int(self.limits.window_s))
             pipe.zremrangebyrank(failing, 0, -(FAILING_KEPT + 1))
-        pipe.execute()
+        self._after_event("the failing endpoints", pipe.execute)
         return recorded
+
+    @staticmethod
+    def _after_event(what: str, step: Callable[[], object]) -> None:
+        """A step after the event's part, whose outcome is written then: one
+        that fails is logged, not raised. What it leaves is bounded: a slot
+        frees itself at its lease's end, a gauge's member leaves at the next
+        take after it; a circuit or the attempt log misses this attempt."""
+        try:
+            step()
+        except redis.RedisError as exc:
+            log.warning("webhook attempt: %s not written (%s)", what, exc)
 
     def _end_turn(self, workspace: str, endpoint: str, *, token: str, now: float, outcome: str = "",
                   endpoint_failed: bool = False, entry: str = "", probe: bool = False) -> None:

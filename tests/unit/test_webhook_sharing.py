@@ -123,6 +123,28 @@ def test_a_turn_held_for_an_event_not_taken_is_given_back_at_once(hooked, http, 
     assert store.in_flight(now) == 2
 
 
+def test_a_workspace_step_that_fails_after_the_events_is_logged_and_its_slot_frees_at_its_lease(
+        hooked, http, monkeypatch, caplog):
+    import redis
+    store, now = hooked.webhooks, time.time() + 5  # past every event owed below
+    workspace, owe = owing(hooked, http, "unlucky")
+    first, second, third = (owe(f"http://127.0.0.1:9/{n}") for n in range(3))
+    taken = [take(store, request_id, now, token=request_id) for request_id in (first, second)]
+
+    def unreachable(**call):
+        raise redis.ConnectionError("the workspace's node did not answer")
+
+    monkeypatch.setattr(store, "_turn_end", unreachable)
+    assert store.record(taken[0].event, token=first, now=now + 1, outcome="delivered", status=200, error="",
+                        seconds=0.1, next_at=None) == "DELIVERED"
+    monkeypatch.undo()
+    assert "not written" in caplog.text
+    assert hooked.webhooks.event(first)["state"] == "delivered"
+    assert store.attempts(workspace) == []  # the log misses it
+    assert take(store, third, now + 2).outcome == "WAIT"  # its slot is still held ...
+    assert take(store, third, now + 31).outcome == "TAKEN"  # ... until its lease's end
+
+
 def test_a_probe_given_back_unused_lets_the_next_attempt_probe(hooked, http, monkeypatch):
     store, now = hooked.webhooks, time.time() + 5  # past every event owed below
     hooked.webhooks.limits = dataclasses.replace(LIMITS, max_in_flight_per_workspace=0)
