@@ -118,8 +118,8 @@ def _migrate_matching(client: redis.Redis, node: redis.Redis, match: str, batch:
         moves = [(key, current_name(key.decode())) for key in page]
         for key in (key for key, new in moves if new is None):
             client.delete(key)  # one at a time: on a cluster each may be in a slot of its own
-        moves = [(key, new) for key, new in moves if new is not None and new != key.decode()]
-        for key, moved in zip((key for key, _ in moves), _move(client, moves)):
+        renames = [(key, new) for key, new in moves if new is not None and new != key.decode()]
+        for key, moved in zip((key for key, _ in renames), _move(client, renames)):
             if moved:
                 done.renamed += 1
             elif client.exists(key):  # its new name was taken (a key gone since the page is no clash)

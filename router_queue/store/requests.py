@@ -601,7 +601,7 @@ class RequestStore:
                 return view
             rate = None  # counted already
         if rate is not None and self.effects.split:
-            self._count_apart(rate)
+            self.count_apart(rate)
             rate = None
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         reply = self._status(keys=[*request_keys, *rate_keys], args=[request_id, *_STATUS_FIELD_ARGS, *rate_args])
@@ -609,10 +609,11 @@ class RequestStore:
             raise rate.refusal(reply[1:])
         return _status_view(reply)
 
-    def _count_apart(self, rate) -> None:
+    def count_apart(self, rate) -> None:
         """Count a read in the caller's windows in a step of its own (a split
-        store's reads: their windows are not in the record's slot); raise the
-        refusal a spent window makes."""
+        store's reads, whose windows are not in the record's slot; a read of an
+        id not :meth:`addressable`, which reads nothing); raise the refusal a
+        spent window makes."""
         spent = self._spend_rate(keys=rate.keys, args=rate.args)
         if spent:
             raise rate.refusal(spent)

@@ -88,6 +88,8 @@ def visible_view(front: FrontDoor, workspace: str, entry: ModelEntry, request_id
     410 when it was but is past retention. (The lane calls it too.) With
     ``replica`` (status polls), a read replica answers when there is one."""
     if not front.services.store.addressable(request_id, entry.provider):
+        if allowance is not None:
+            front.services.store.count_apart(allowance)  # counted, as a read it would have been
         raise RequestNotFound(NOT_FOUND)
     view = front.services.store.status_view(request_id, entry.provider, allowance, replica=replica)
     record = view.record
