@@ -6,10 +6,8 @@ hash tag of its own, so that every call runs in one slot
 (``docs/ARCHITECTURE.md``, "Redis Cluster").
 
 A request's life runs here on a split store with every script call recorded:
-the calls that still mix families are exactly the ones :data:`STILL_MIXED`
-names, each with why. One that starts mixing families fails this test, as
-does one named here that no longer does (take it off the list); every other
-call's keys hash to one slot."""
+a call whose keys (given, or built by the script from an id it read) mix
+families, or span hash slots, fails this test."""
 
 from __future__ import annotations
 
@@ -33,12 +31,6 @@ PROVIDER = "bfl"
 #: (``keys.lua_layout``'s functions; the event channels are no keys).
 BUILT = {"key_request": "provider", "key_webhook": "provider", "key_webhooks_due": "provider",
          "key_workspace": "workspace"}
-
-#: Scripts whose calls still mix families on a split store, and why: the work
-#: left before every key can carry a tag of its own family.
-STILL_MIXED = {
-}
-
 
 def _family(key: str) -> str:
     """A key's family, by its hash tag."""
@@ -91,7 +83,7 @@ def calls(monkeypatch) -> list[tuple[str, set[str], set[int]]]:
     return recorded
 
 
-def test_on_a_split_store_only_the_scripts_named_still_mix_key_families(calls, client, settings):
+def test_on_a_split_store_every_script_call_keeps_to_one_family_and_one_slot(calls, client, settings):
     services = Services.build(settings, client, dispatcher=RecordingDispatcher(), split=True)
     ws = services.accounts.create_workspace("w", queue_enabled=True, credits=10**6)
     services.accounts.set_limits(ws, max_queued=100, weight=2, max_in_flight=3)
@@ -134,6 +126,6 @@ def test_on_a_split_store_only_the_scripts_named_still_mix_key_families(calls, c
     assert {"admit_ws", "admit_place", "claim", "complete", "ws_settle", "cancel", "expire_queued", "status", "rate",
             "webhook_take", "webhook_record", "history", "positions",
             "webhook_turn", "webhook_turn_end"} <= ran
-    assert mixed == set(STILL_MIXED), f"mixing families now: {sorted(mixed)}; listed: {sorted(STILL_MIXED)}"
-    spread = {name for name, _, slots in calls if len(slots) > 1 and name not in STILL_MIXED}
+    assert not mixed, f"calls mixing key families: {sorted(mixed)}"
+    spread = {name for name, _, slots in calls if len(slots) > 1}
     assert not spread, f"calls whose keys span hash slots: {sorted(spread)}"
