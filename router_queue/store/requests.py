@@ -94,15 +94,18 @@ def event_source(channel: bytes | str) -> tuple[str | None, str | None]:
     return None, name.rsplit(":", 1)[-1]
 
 
-def _text(value: Any) -> str | None:
-    if value is None:
-        return None
+def _text(value: bytes | str | int) -> str:
+    """A reply element the script or command always gives, as text."""
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _seconds(value: Any) -> float | None:
-    text = _text(value)
-    return float(text) if text else None
+def _maybe_text(value: bytes | str | None) -> str | None:
+    """A field that may be missing (an ``HMGET`` of an expired record), as text or None."""
+    return None if value is None else _text(value)
+
+
+def _seconds(value: bytes | None) -> float | None:
+    return float(value) if value else None
 
 
 #: A request's cost as the caller sees it: its credits are held from its
@@ -683,7 +686,8 @@ class RequestStore:
         filtered = bool(status or error_type)
         tested = ("workspace", "status", "error_type") if filtered else _FIELDS
         at = [tested.index(name) for name in ("workspace", "status", "error_type")]
-        examined, chosen = 0, []
+        examined = 0
+        chosen: list[Any] = []  # ids (filtered) or HMGET replies (not)
         while examined < len(request_ids) and len(chosen) < limit:
             # unfiltered, nearly every record is listed: read as many as the page lacks
             batch = request_ids[examined:] if filtered else request_ids[examined:examined + limit - len(chosen)]
@@ -766,7 +770,7 @@ class RequestStore:
         current = int((now or time.time()) // COMPLETIONS_WINDOW_S)
         last_minute = 0
         for entry in ring:
-            window, _, count = (_text(entry) or "").partition(":")
+            window, _, count = (_maybe_text(entry) or "").partition(":")
             if window and current - int(window) < COMPLETIONS_RING:
                 last_minute += int(count)
         ran_n = _int(ran)
@@ -960,7 +964,7 @@ class RequestStore:
         pipe = self.client.pipeline(transaction=False)
         for member in members:
             pipe.hmget(keys.request(member.split("|", 1)[1]), ("workspace", "model"))
-        return [DeadlineDue(kind, request_id, _text(workspace), _text(model))
+        return [DeadlineDue(kind, request_id, _maybe_text(workspace), _maybe_text(model))
                 for (kind, request_id), (workspace, model) in zip((m.split("|", 1) for m in members), pipe.execute())]
 
     def forget_deadline(self, provider: str, due: "DeadlineDue") -> None:

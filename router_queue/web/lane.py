@@ -26,7 +26,8 @@ always did, counting each once.
 
 from __future__ import annotations
 
-from typing import Callable, Iterable
+from typing import Any, Iterable
+from wsgiref.types import StartResponse
 
 from flask import Flask, Request
 from werkzeug.http import HTTP_STATUS_CODES
@@ -41,7 +42,6 @@ from .envelope import Call, Envelope
 from .front import FrontDoor
 from .routes import base_url, status_answer, submit_answer, visible_view
 
-StartResponse = Callable[..., object]
 #: Status lines as werkzeug writes them ("404 NOT FOUND").
 _STATUS_LINES = {code: f"{code} {phrase.upper()}" for code, phrase in HTTP_STATUS_CODES.items()}
 
@@ -65,13 +65,13 @@ class Lane:
                 self.routes[route.method, pattern.size] = (route, pattern.literal_at, pattern.literals,
                                                            pattern.values_at, *lanes[route])
 
-    def __call__(self, environ: dict, start_response: StartResponse) -> Iterable[bytes]:
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         """A plain call of a lane route (``paths.Pattern``'s match, inlined) from
         a workspace's key on a catalog model is answered here, through the
         envelope as Flask's hooks would; anything else goes to Flask."""
         path = environ.get("PATH_INFO", "")
         parts = path.split("/")
-        lane = self.routes.get((environ.get("REQUEST_METHOD"), len(parts)))
+        lane = self.routes.get((environ.get("REQUEST_METHOD", ""), len(parts)))
         if lane is None:
             return self.flask(environ, start_response)
         route, literal_at, literals, values_at, fits, serve = lane
@@ -103,10 +103,10 @@ class Lane:
         return self._send(answer, call, start_response)
 
     @staticmethod
-    def _id_fits(environ: dict, values: tuple[str, ...]) -> bool:
+    def _id_fits(environ: dict[str, Any], values: tuple[str, ...]) -> bool:
         return well_formed(values[2])
 
-    def _body_fits(self, environ: dict, values: tuple[str, ...]) -> bool:
+    def _body_fits(self, environ: dict[str, Any], values: tuple[str, ...]) -> bool:
         length = environ.get("CONTENT_LENGTH", "")
         return length.isdigit() and int(length) <= self.max_body
 
