@@ -1,26 +1,14 @@
 """Validating a body at a cost bounded by the contract, not by the body.
 
-marshmallow, left to itself, walks every list item and reports every unknown
-key: a 1 MB body of 90,000 unknown keys took over half a second to refuse and
-its 422 listed all 90,000 (6.5 MB). Here:
-
-* an input object (:class:`StrictSchema`) counts its unknown keys in one pass
-  over the keys and lists only the first few;
-* a list (:class:`BoundedList`) refuses a length over its maximum before it
-  reads an item, and stops reading items once the request has ``MAX_ERRORS``;
-* the 422's ``detail`` lists at most ``MAX_ERRORS`` entries, echoes at most
-  ``MAX_ECHO`` characters of any key, and ends with one ``too_many_errors``
-  entry saying how many were left out; encoded, it stays under
-  ``MAX_DETAIL_BYTES``.
-
-Before any of that, :func:`too_many_items` counts a raw body's strings and
-separators in a few passes over its bytes: parsing 90,000 small keys costs
-forty times what parsing one 1 MB prompt does, and no model's input holds a
-tenth of ``MAX_JSON_ITEMS``, so such a body is refused unparsed.
-
-The error budget is a context variable (as marshmallow 4's own context is),
-set for one :func:`validate` call: validation never yields, so a greenlet or
-thread sees only its own.
+:func:`too_many_items` refuses a raw body with too many strings and
+separators unparsed; an input object (:class:`StrictSchema`) counts its
+unknown keys in one pass and lists only the first few; a list
+(:class:`BoundedList`) refuses a length over its maximum before reading an
+item and stops at ``MAX_ERRORS``; the 422's ``detail`` is capped
+(``MAX_ERRORS``, ``MAX_ECHO``, ``MAX_DETAIL_BYTES``, then one
+``too_many_errors`` entry). The error budget is a context variable set for one
+:func:`validate` call. Why (marshmallow's own cost, measured):
+``docs/ARCHITECTURE.md``, "The front door's parts".
 """
 
 from __future__ import annotations

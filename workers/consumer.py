@@ -1,32 +1,14 @@
 """The worker's Celery consumer: Celery's own, with one kombu race guarded so a
 store fault never ends the worker process, and a heartbeat of its own.
 
-When the broker connection drops (Redis killed, or a Sentinel primary killed
-and its replica promoted), Celery's consumer first ``collect()``s the broken
-connection, which detaches its kombu transport (``transport.client = None``),
-and then ``close()``s it. If the task channel's first close was cut short by
-the dead socket (its pending ``BRPOP`` read raises before the channel is
-marked closed, and a channel closed after it raises too), that channel is
-still open with its unacked messages, and everything it does next reads the
-detached client in the Redis transport's ``_connparams``: ``AttributeError:
-'NoneType' object has no attribute 'hostname'``. First the consumer's own
-``close()`` (its ``restore_unacked``), then the ack of every task that was
-running on the old connection, from the event loop. Neither is a connection
-error, so each is "Unrecoverable error" and the worker exits (celery 5.7.0,
-kombu 5.7.0), losing every delivery in flight on it and, under honcho or
-foreman, never coming back.
-
-The guard gives the transport its client back as soon as ``collect()`` took
-it: the kombu ``Connection``, closed, still holds the broker's address. The
-old channel then closes as kombu means it to (its unacked messages restored,
-or, with Redis still down, a connection error Celery ignores), and a late ack
-removes its message from the broker's unacked index, or fails with a
-connection error that Celery logs and the visibility timeout covers.
-
-The heartbeat (:class:`Heartbeat`, ``router_queue/store/fleet.py``) is a
-timer on the consumer's own event loop, started once the consumer consumes:
-a worker that is dead, stopped, disconnected or stuck in that loop stops
-beating, which a thread of its own would not.
+The race: on a lost broker connection Celery's consumer ``collect()``s the
+connection, which detaches its kombu transport's client, and a task channel
+whose close the dead socket cut short then reads that client
+(``AttributeError: 'NoneType' object has no attribute 'hostname'``): an
+"Unrecoverable error" that exits the worker (celery 5.7.0, kombu 5.7.0). The
+guard gives the transport its client back as soon as ``collect()`` took it.
+The heartbeat (:class:`Heartbeat`) is a timer on the consumer's own event
+loop. The whole story: ``docs/ARCHITECTURE.md``, "The broker and the workers".
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
 """Housekeeping, run by Celery beat every ``SWEEP_INTERVAL_SECONDS``.
 
-* Lost publishes: a request granted a slot whose delivery did not claim it
-  within its grant lease (a crash between the grant and the publish, or a
-  worker that died holding the message) is published again.
-* Dead workers: a running request whose lease ran out is published again; the
-  new delivery takes it over and resumes the provider's generation.
-* Queue timeouts: the longest-waiting requests of each queue that waited past
-  their model's queue timeout end ``queue_timeout``, never dispatched.
-* Caller deadlines: a request past its ``X-Comfy-Start-Deadline`` that has
-  not started ends ``queue_timeout`` (expire_queued.lua); one past its
-  ``X-Comfy-Deadline`` that has not completed is cancelled through the cancel
-  route's own script (cancel.lua: at once while queued, flagged for its
-  worker while running).
-* Free slots: each provider's free slots are granted (a raised cap heals here).
-* A store split per slot (a cluster): what a start or an end owed its
-  workspace and its caller died before giving is given here
-  (router_queue/store/owed.py), and an admission left between its two steps
-  past its write deadline is given up and its workspace's part undone
-  (router_queue/store/admission.py).
-* Webhooks: every event due (new, a retry whose time came, or one whose
-  attempt's lease ran out: its worker died) is published to
-  ``router.webhooks``, and pushed back a lease in the same step, so a lost
-  message is published again then (router_queue/webhooks/delivery.py).
-
-Every action is safe to repeat: the claim lets one delivery run a request.
+Each run: grants whose message was lost and running requests whose lease ran
+out are published again; requests past their queue timeout or the caller's
+start deadline end ``queue_timeout``, those past ``X-Comfy-Deadline`` are
+cancelled (``cancel.lua``); free slots are granted; on a split store, owed
+workspace effects are given and abandoned admissions undone; webhook events
+due are published to ``router.webhooks``. Every action is safe to repeat: the
+claim lets one delivery run a request. Each in full: ``docs/ARCHITECTURE.md``,
+"The broker and the workers".
 """
 
 from __future__ import annotations

@@ -1,29 +1,13 @@
 """The Celery factory. ``workers/main.py`` (the worker and beat entry point) and
 the front door's dispatcher both build their app here, from one ``Settings``.
 
-Delivery semantics, chosen deliberately:
-
-* ``task_acks_late`` + ``task_reject_on_worker_lost``: a message is acked only
-  after its task returns, and a child killed mid-task puts the message back at
-  once. A request therefore may be delivered twice; the claim in ``claim.lua``
-  lets a second delivery through only once the first one's lease ran out, so
-  it runs once at a time and a dead worker's request is taken over.
-* ``worker_prefetch_multiplier = 1``: a worker process reserves only what it
-  runs, so short requests never wait behind a long one reserved by a busy
-  process (celery#2788).
-* ``visibility_timeout`` (Redis broker): an unacked message is redelivered
-  after this long even while its task still runs (celery#5935), so it is set
-  far above the longest generation (12 h by default) and in every transport
-  options dict, since the shortest wins (celery#7651). Fast recovery after a
-  crash comes from our own sweeper, not from this timeout.
-* Results are not stored by Celery: a request's outcome lives in its Redis
-  record, written by the task itself.
-* No Celery time limits: the workers run the threads pool, which does not
-  enforce them. A delivery is bounded by its model's call policy instead
-  (timeouts on every HTTP exchange, ``max_attempts``, ``max_run_s``), and one
-  that hangs past ``CallPolicy.hung_after_s`` anyway stops being renewed by
-  the lease heartbeat (``workers/leases.py``), so another delivery takes the
-  request over. The sweep's message expires after three sweep intervals.
+Delivery semantics, chosen deliberately: ``task_acks_late`` with
+``task_reject_on_worker_lost`` (a request may be delivered twice; the claim's
+lease runs it once at a time), ``worker_prefetch_multiplier = 1``, a
+``visibility_timeout`` far above the longest generation in every transport
+options dict, no Celery results and no Celery time limits (the model's call
+policy and the lease heartbeat bound a delivery). Why each, with the upstream
+issues: ``docs/ARCHITECTURE.md``, "The broker and the workers".
 """
 
 from __future__ import annotations

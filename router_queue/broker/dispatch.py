@@ -1,28 +1,13 @@
 """Publishing granted requests to their provider's Celery queue.
 
-A request waiting for a provider slot has no message at all: the schedule in
-Redis (``lua/lib.lua``) holds it. A message is published when the schedule
-grants a request a slot, and it carries only the request id: the worker
-reads everything else from the record.
-
-Two ways to publish, chosen by where the broker is:
-
-* The broker is the store's own Redis (``CELERY_BROKER_URL`` unset, the
-  default): the script that grants the slot (admit, complete, cancel, claim,
-  the sweeper's grant) pushes the Celery message onto the queue's list in the
-  same atomic step, so a grant cannot be made without its message. The
-  message is the one Celery itself builds for the task: made once per
-  provider by ``send_task`` through kombu's in-memory transport (the same
-  virtual-transport envelope the Redis transport pushes), its body kept as
-  UTF-8 text instead of base64 so that Lua can fill in the request id, task
-  id and delivery tag (kombu decodes a body by its ``body_encoding``).
-* Any other broker (RabbitMQ, another Redis): the script returns the ids it
-  granted and ``send_task`` publishes them after. A publish that fails (the
-  broker away) makes its grants due at once (``grant_unsent.lua``), so the
-  sweeper's first run after the broker's return publishes them; a crash
-  between the two leaves the grant unclaimed in ``rq:running``, and the
-  reaper publishes it again once its grant lease (``REPUBLISH_AFTER_SECONDS``)
-  ends. Either way the worker's atomic claim runs it once.
+A waiting request has no message; one is published when the schedule grants
+it a slot, carrying only the request id. With the store's own Redis as the
+broker (the default), the granting script pushes Celery's own message (a
+template built once per provider by ``send_task``, its body UTF-8 so Lua can
+fill it in) in the same atomic step. With any other broker the script returns
+the ids it granted and ``send_task`` publishes them after (a failed publish:
+``grant_unsent.lua``; a crash: the reaper). Either way the worker's atomic
+claim runs it once. ``docs/ARCHITECTURE.md``, "The broker and the workers".
 """
 
 from __future__ import annotations

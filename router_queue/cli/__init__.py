@@ -1,23 +1,13 @@
 """The ``router-queue`` command: accounts, and the one-command demo.
 
-    router-queue workspace create NAME [--enable-queue] [--credits N]
-    router-queue workspace enable-queue WS_ID [--off]
-    router-queue workspace set-credits WS_ID N
-    router-queue workspace set-limits WS_ID [--max-queued N] [--rate "20/second"] [--weight N] [--max-in-flight N]
-                                           [--max-held N] [--max-queued-bytes N] [--max-pending-webhooks N]
-    router-queue workspace list
-    router-queue workspace ledger WS_ID
-    router-queue workspace set-webhook WS_ID [URL] [--events started,progress,completed] | --off
-    router-queue workspace webhook-secret WS_ID [--rotate]
-    router-queue key mint WS_ID [--label TEXT]
-    router-queue key mint-legacy [--label TEXT]
-    router-queue key list WS_ID             # "-": the legacy keys
-    router-queue key revoke KEY_OR_ID
-    router-queue key rotate KEY_OR_ID [--overlap SECONDS]
-    router-queue key audit WS_ID [--count N]
-    router-queue ops depths | inspect ID | cancel ID | requeue ID | drain PROVIDER [--off] | purge-expired
-    router-queue ops webhooks WS_ID
+    router-queue workspace create | enable-queue | set-credits | set-limits | list | ledger
+    router-queue workspace set-webhook | webhook-secret
+    router-queue key mint | mint-legacy | list | revoke | rotate | audit
+    router-queue ops depths | inspect | cancel | requeue | drain | purge-expired | webhooks | migrate-keys
     router-queue dev                # the whole stack on this machine
+
+Each command's arguments: ``--help``, and the synopsis in
+``docs/ARCHITECTURE.md``, "The front door's parts".
 """
 
 from __future__ import annotations

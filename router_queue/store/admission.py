@@ -2,24 +2,13 @@
 (a Redis Cluster's: a request's provider and its workspace live in different
 slots, so no one script may write both).
 
-One Redis admits in one step (``admit.lua``). Split, it takes three:
-
-1. the admission is written pending in the provider's slot
-   (``keys.admitting``: a member naming the request, its workspace, price,
-   body bytes and idempotency key, scored by its write deadline);
-2. ``admit_ws.lua``, the workspace's part: rate windows, idempotency key,
-   quotas and credits checked; its counts, hold, ledger entry, history
-   entries, reservation and the request's open entry written;
-3. ``admit_place.lua``, the provider's part: the record and its place in the
-   schedule, only while the admission is still pending, which it ends in the
-   same step.
-
-A refusal at step 3 (draining, a retry's original gone) is undone at once
-(``admit_undo.lua``). A caller that dies or gives up between the steps leaves
-the admission pending: once its write deadline is :data:`ABANDON_AFTER_S`
-behind, the sweeper takes it out of the pending set, so that step 3 can no
-longer run, and undoes step 2. Whichever of the two takes the member out
-first decides, so no clock decides whether a request exists.
+One Redis admits in one step (``admit.lua``). Split, it takes three: the
+admission written pending in the provider's slot (``keys.admitting``), the
+workspace's part (``admit_ws.lua``), then the provider's (``admit_place.lua``),
+which runs only while the admission is still pending. A refusal there is
+undone at once (``admit_undo.lua``); one abandoned between the steps is undone
+by the sweeper :data:`ABANDON_AFTER_S` past its write deadline. Whichever
+takes the member out first decides. ``docs/ARCHITECTURE.md``, "Redis Cluster".
 """
 
 from __future__ import annotations

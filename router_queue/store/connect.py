@@ -1,19 +1,12 @@
 """How every process reaches Redis: one URL, plain or through Sentinel, and
 clients for side work that must not wait as long as the store does.
 
-``REDIS_URL`` and ``CELERY_BROKER_URL`` take either form:
-
-* ``redis://[:PASSWORD@]HOST:PORT/DB``: one server;
-* ``sentinel://[:PASSWORD@]HOST:PORT;sentinel://HOST:PORT;.../DB?master_name=NAME``:
-  the primary that the sentinels at those addresses name ``NAME``, found anew
-  after every failover. This is kombu's Sentinel syntax (sentinels separated
-  by ``;``) with the master name carried in the URL, so one string serves the
-  store (redis-py's ``Sentinel``) and the Celery broker (kombu's ``sentinel``
-  transport) alike. ``PASSWORD`` is the primary's; sentinels without a password
-  are assumed;
-* ``redis+cluster://[:PASSWORD@]HOST:PORT[,HOST:PORT…]``: a Redis Cluster,
-  through its seed nodes (``cluster.py``). Celery's broker is then RabbitMQ
-  or a Redis of its own (``settings.py`` refuses the cluster).
+``REDIS_URL`` and ``CELERY_BROKER_URL`` take ``redis://[:PASSWORD@]HOST:PORT/DB``
+(one server), ``sentinel://[:PASSWORD@]HOST:PORT;sentinel://HOST:PORT;.../DB?master_name=NAME``
+(kombu's Sentinel syntax with the master name in the URL, so one string serves
+the store and the broker) or, the store only,
+``redis+cluster://[:PASSWORD@]HOST:PORT[,HOST:PORT…]`` (``cluster.py``). Each
+form in full: ``docs/ARCHITECTURE.md``, "The store's parts".
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Whether the store still holds the data this process started on.
 
-A Redis restarted without its append-only file comes back empty and answers
-as if nothing happened: every key a 401, every admitted request a 404, and
-``/readyz`` 200. So the store carries an epoch marker, ``rq:config:epoch``, a
-random token written (``SET NX``) with the first workspace, at setup. A
-process adopts the marker it first reads; from then on, a marker gone or
-replaced means the data it served is gone too, and it refuses to serve
-(``StoreLost``: 503, logged as critical) instead of answering like an empty
-deployment. Restore the data, or accept the loss and restart the processes.
-
-The check is one GET, made where an empty store would show: ``/readyz``, an
-API key that does not resolve (before it is answered 401), and each sweep;
-and once, to adopt the marker, at the first key that resolves.
-A store still in an earlier key layout is refused the same way until
-``router-queue ops migrate-keys`` moves it (``migrate.py``).
-A process started after the loss cannot tell an emptied store from a new
-one; its ``/readyz`` still says ready, and persistence is what prevents it
-(``deploy/README.md``).
+A Redis restarted without its data answers as if nothing happened, so the
+store carries an epoch marker (``keys.epoch``), a random token written
+(``SET NX``) with the first workspace. A process adopts the marker it first
+reads; a marker gone or replaced later means its data is gone, and it refuses
+to serve (``StoreLost``: 503, logged as critical). The check is one GET, at
+``/readyz``, an API key that does not resolve, and each sweep. A store in an
+earlier key layout is refused the same way (``migrate.py``). Why, and what it
+cannot catch: ``docs/ARCHITECTURE.md``, "The store's parts".
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
 """Request ids: unguessable, UUID-shaped, and able to prove they were ours.
 
-A request id is 60 random bits, a 54-bit HMAC of those bits, the workspace,
+A version-9 id is 60 random bits, a 54-bit HMAC of those bits, the workspace,
 the model id and its provider's code, and that code in its last byte
-(``keys.provider_code``: the hash tag of the provider's keys, so a request's
-keys share its provider's Redis Cluster slot), laid out as a version-9 UUID.
-Ids minted before the code (version 8: a 62-bit HMAC and no code) still
-verify, and their keys keep the global tag. Two things follow:
-
-* Nobody can guess a live id (60 random bits), nor forge one that would pass
-  for another workspace's (the MAC covers the workspace).
-* Once a finished request's record has expired from Redis, a read that finds
-  no record but a valid MAC for this caller and model knows the request
-  existed: it answers ``410`` for good, with nothing kept per request. Every
-  other id (malformed, unknown, another workspace's, another model's) is
-  ``404 request_not_found``, indistinguishably.
-
-The HMAC secret lives in Redis (``SET NX`` on first use), so every process of a
-deployment shares it without configuration.
+(``keys.provider_code``: the request's keys share its provider's slot);
+version-8 ids (a 62-bit HMAC, no code) still verify. So no live id can be
+guessed or forged for another workspace, and an expired request's id with a
+valid MAC answers ``410`` for good while every other id is ``404``,
+indistinguishably. The HMAC secret lives in Redis (``SET NX`` on first use).
+In full: ``docs/ARCHITECTURE.md``, "The store's parts".
 """
 
 from __future__ import annotations

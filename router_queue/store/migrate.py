@@ -1,19 +1,13 @@
 """Moving a store's keys from an earlier layout to today's (``keys.py``): from
 before the hash tag (``rq:…``), and from one tag for everything (``{rq}:…``)
-to a tag per family (a provider's ``{rq-<code>}``, a workspace's
-``{ws:<id>}``, the global ``{rq}``).
+to a tag per family.
 
-Run it with the service stopped (``router-queue ops migrate-keys``): a process
-of an earlier version still writes keys of its layout, and one of this version
-refuses to serve a store that holds them (``legacy_keys_present``), so that
-nothing is answered as if the data were not there. ``RENAMENX`` keeps a key's
-value, TTL and type; a name already taken is left and reported, never
-overwritten. What stays where it was: the global keys, the keys of requests
-whose ids were minted before ids carried their provider's code (their keys
-keep the global tag: ``keys.request_prefix``) and their providers' events'
-due sets. Rate windows are dropped (a caller's count restarts once).
-Pub/sub channels carry no data and need nothing. The layout marker
-(``keys.layout``) is written last.
+Run it with the service stopped (``router-queue ops migrate-keys``); this
+version refuses a store that holds such keys (``legacy_keys_present``).
+``RENAMENX`` keeps a key's value, TTL and type; a name already taken is left
+and reported. The global keys, version-8 requests' keys and their due sets
+stay; rate windows are dropped; the layout marker (``keys.layout``) is written
+last. In full: ``docs/ARCHITECTURE.md``, "The store's parts".
 """
 
 from __future__ import annotations

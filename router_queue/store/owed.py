@@ -2,19 +2,13 @@
 per-slot steps (Redis Cluster: a request's provider and its workspace are in
 different slots, so no one script may touch both).
 
-A step that starts or ends a request (claim, completion, cancel, queue
-timeout) writes what it owes the workspace (its waiting count, its hold
-settled with the ledger's entry, its body's bytes, its pending webhook) into
-the provider's owed set in the same atomic step, and returns it
-(``lua/lib.lua``, ``owe_ws``); so does the step that ends a request's last
-webhook event after the request ended (its pending webhook: ``webhooks.py``). Its caller then applies each effect in the
-workspace's own step (``ws_settle.lua``) and drops it from the set. A caller
-that dies between the two leaves the effect in the set: the sweeper applies
-whatever has waited there longer than :data:`RECONCILE_AFTER_S`. The
-workspace's open entry for the request (``keys.open_requests``, written by
-admission: "q" its start, "e" its end, "w" its pending webhook) makes each
-effect count once, whoever applies it and in whichever order. On one Redis
-the effects are applied inside the step itself and none is owed.
+A step that starts or ends a request, or ends its last webhook event, writes
+what it owes the workspace into the provider's owed set in the same step
+(``lua/lib.lua``, ``owe_ws``); its caller applies each in the workspace's own
+step (``ws_settle.lua``) and drops it, and the sweeper applies what waited
+longer than :data:`RECONCILE_AFTER_S`. The request's open entry
+(``keys.open_requests``) makes each count once. On one Redis nothing is owed.
+``docs/ARCHITECTURE.md``, "Redis Cluster".
 """
 
 from __future__ import annotations

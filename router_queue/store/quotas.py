@@ -1,20 +1,13 @@
 """Per-workspace quotas and their defaults.
 
-Three quotas keep one workspace from taking what the others share (each is a
-field of the workspace's hash, set with ``router-queue workspace set-limits``;
-the defaults below apply until it is):
-
-* ``max_held``: synchronous calls and event streams held open at once, across
-  every front-door process. Each takes a slot in ``rq:held:{workspace}``
-  (``held.py``, ``held_take.lua``) for as long as it is held; slots are
-  leased and renewed by the process holding them, so a process that is
-  killed frees its slots when their leases lapse.
-* ``max_queued_bytes``: the bodies stored for its requests not yet completed
-  (``admit.lua`` counts a body in, ``give_back_body`` in ``lib.lua`` out).
-* ``max_pending_webhooks``: webhook events owed, or to be owed by a request
-  admitted with a webhook, not yet delivered or given up (``admit.lua`` counts
-  one in, ``webhook_record.lua`` out). A request cancelled at once still owes
-  its event, so this bounds a submit-and-cancel flood.
+Three quotas keep one workspace from taking what the others share, each a
+field of the workspace's hash (``router-queue workspace set-limits``; the
+defaults below apply until it is set): ``max_held`` (synchronous calls and
+event streams held open, leased slots: ``held.py``), ``max_queued_bytes``
+(the bodies stored for its requests not yet completed) and
+``max_pending_webhooks`` (requests admitted with a webhook whose last event
+has not ended: this bounds a submit-and-cancel flood). Who counts each in and
+out: ``docs/ARCHITECTURE.md``, "The store's parts"; ``docs/KEYS.md``.
 """
 
 from __future__ import annotations

@@ -1,34 +1,14 @@
 """The webhook events requests owe, and their deliveries, in Redis.
 
 An event is written by the script that makes the change it reports
-(``lib.lua``: claim.lua's start, progress.lua's news, the completion), so a
-request with a webhook URL always has the events it chose: no crash can fall
-between the two. A request's events are delivered one at a time, in order:
-``rq:webhook:{id}`` is the one being delivered, the others wait behind it
-(``rq:webhook:{id}:next``) and each takes its place when it ends. An
-attempt takes the event under a lease, its outcome is recorded with the next
-attempt's time, and the sweeper picks what is due (``webhook_due.lua``). The
-key layout is in ``keys.py``.
-
-Taking is fair and spares a dead endpoint (:class:`DeliveryLimits`): a
-workspace has at most a few attempts in flight, the rest wait their turn, and
-an endpoint (the workspace's URL origin) that failed several times in a row
-has its circuit opened: its events wait out a cooling interval, then one
-attempt probes it, and an answer closes it. Waiting is not an attempt.
-
-Each script touches one key family (``docs/ARCHITECTURE.md``, "Redis
-Cluster"), on one Redis as on a cluster: a take is the workspace's turn and
-its endpoint's circuit (``webhook_turn.lua``), then the event's part
-(``webhook_take.lua``, given the turn's answer); a record is the event's part
-(``webhook_record.lua``), then the workspace's (``webhook_turn_end.lua``: the
-slot freed, the circuit, the attempt log), then every workspace's sets (the
-in-flight gauge's, the failing endpoints: plain commands). Between the steps
-the lease covers a crash: a turn held and never ended or given back frees
-its slot at its lease's end, and a record that stops after the event's part
-(a crash, or a later step that failed: logged, not raised) leaves only the
-circuit and the log without this attempt. An event that ends
-gives back its workspace's pending count in its step on one Redis; on a
-split store it owes it (``owed.py``), and the caller gives it.
+(``lib.lua``), so no crash falls between the two; a request's events are
+delivered one at a time, in order. An attempt takes the event under a lease
+(:meth:`WebhookStore.take`: its workspace's turn and its endpoint's circuit,
+then the event), its outcome is recorded with the next attempt's time
+(:meth:`WebhookStore.record`), and the sweeper picks what is due. Each script
+touches one key family, on one Redis as on a cluster. The steps, fair taking
+and circuits: ``docs/ARCHITECTURE.md``, "The webhook" and "Redis Cluster"; the
+keys: ``docs/KEYS.md``.
 """
 
 from __future__ import annotations

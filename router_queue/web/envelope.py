@@ -1,20 +1,13 @@
 """What every call goes through, on both paths: the lane's and Flask's.
 
-One :class:`Envelope` per app, in these steps (:data:`STEPS`):
-
-1. ``open``: the call's rate allowance, carried into the route's one script
-   (``paths.Rate.CARRIED``) or spent now, in its own round trip;
-2. the route runs; ``refusal`` maps any exception it lets out to the error tree
-   (``refusals.as_router_error``);
-3. ``settle``: a carried allowance the route ended without spending (it refused
-   the call before its script ran) is spent now, and a spent window answers
-   429 in the route's place, as if checked first;
-4. ``headers``: what every answer carries: the call's id
-   (``X-Comfy-Request-Id``: the request id a route admitted, else a fresh
-   one) and ``headers.EVERY_ANSWER``.
-
-The app's hooks (``app.py``) and the lane (``lane.py``) call these and
-nothing else of their own, so a step added here holds on both paths.
+One :class:`Envelope` per app, in these steps (:data:`STEPS`): ``open`` (the
+rate allowance, carried into the route's script or spent now), the route and
+``refusal`` (any exception mapped to the error tree), ``settle`` (a carried
+allowance the route did not spend is spent now; a spent window answers 429 in
+the route's place) and ``headers`` (the call's id and
+``headers.EVERY_ANSWER``). The app's hooks and the lane call these and nothing
+else of their own, so a step added here holds on both paths. In full:
+``docs/ARCHITECTURE.md``, "The front door's parts".
 """
 
 from __future__ import annotations

@@ -1,27 +1,14 @@
 """The two hottest routes, status polls and submits, answered in front of Flask.
 
-Every client polls each request it has until it completes, and submits are
-the rest of a queue's traffic. For one of those calls Flask's request
-context, URL map, hooks and response object cost as much as our own work and
-the Redis round trip together (issue 15's profiles), so the lane sits in
-front of the Flask app as WSGI middleware (``app.wsgi_app``) and answers the
-plain cases itself, with the functions the Flask views call
-(``routes.visible_view`` and ``status_answer``, ``routes.submit_answer``):
-
-* ``GET /v2/models/{provider}/{model}/requests/{id}/status`` for a well-formed id;
-* ``POST /v2/models/{provider}/{model}/requests`` with a ``Content-Length``
-  within ``MAX_BODY_BYTES``;
-
-both from a workspace's key, on a catalog model. The routes are matched by
-their declarations (``paths.py``, as Flask registers them), and each call
-goes through the app's one envelope (``envelope.py``): its rate allowance,
-error mapping, and the headers every answer carries.
-
-Everything else goes to Flask untouched, decided before anything is read or
-counted: other methods and paths, a path werkzeug would route differently (an
-empty or non-ASCII segment), a missing, unknown or legacy key, an unknown
-model, a malformed id, a chunked or oversized body. Flask answers those as it
-always did, counting each once.
+WSGI middleware in front of the Flask app (``app.wsgi_app``) that answers the
+plain cases with the functions the Flask views call (``routes.visible_view``
+and ``status_answer``, ``routes.submit_answer``): a status poll for a
+well-formed id, and a submit with a ``Content-Length`` within
+``MAX_BODY_BYTES``, both from a workspace's key on a catalog model, matched by
+their declarations (``paths.py``) and taken through the app's one envelope
+(``envelope.py``). Everything else goes to Flask untouched, decided before
+anything is read or counted. Why, and what goes to Flask:
+``docs/ARCHITECTURE.md``, "The front door's parts".
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Each caller's request rate over every route, polls included.
 
-Fixed windows as in ``limits`` (whose parser reads the specs, and whose key
-layout the counters keep): a counter per window in the store's Redis, so one
-limit holds across every front-door process. The bucket is the caller's
-workspace; its limit is the workspace's own ``rate_limit`` or
-``DEFAULT_RATE_LIMIT``. Calls with a key we do not know share one bucket per
-client address, which also slows down key guessing.
-
-The count is one ``INCR`` per window in ``lua/lib.lua`` (``spend_rate``).
-Most routes spend it as the call opens (``envelope.py``) (``rate.lua``, its own
-round trip). The hot routes (:data:`CARRIED_ENDPOINTS`: submit, the
-synchronous run, status and result reads, the history's pages) pass the
-allowance into the one script they run anyway, so a status poll costs one
-Redis round trip, not two;
-when such a route ends before its script ran (a malformed id, a refused body),
-the allowance is spent after it, and a spent window still answers 429.
+Fixed windows as in ``limits``, a counter per window in the store's Redis so
+one limit holds across every front-door process. The bucket is the caller's
+workspace (its ``rate_limit`` or ``DEFAULT_RATE_LIMIT``); unknown keys share
+one bucket per client address. The count is one ``INCR`` per window
+(``lua/lib.lua``, ``spend_rate``): spent as the call opens (``rate.lua``), or,
+on :data:`CARRIED_ENDPOINTS`, carried into the route's one script and spent
+after it if the route ended before its script ran. ``docs/ARCHITECTURE.md``,
+"The front door's parts".
 """
 
 from __future__ import annotations

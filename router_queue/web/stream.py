@@ -1,20 +1,13 @@
 """The event stream: ``GET …/requests/{id}/events`` as server-sent events.
 
-A caller follows a request instead of polling it: one event per change (its
-queue position, ``IN_PROGRESS``, progress, ``COMPLETED``), each carrying the
-same body as a status read and an ``id`` that names the state it shows, so a
-client that reconnects with ``Last-Event-ID`` is sent only what it has not
-seen. A comment line every ``HEARTBEAT_S`` keeps proxies from closing an idle
-stream; the stream ends after ``COMPLETED`` (or after ``MAX_STREAM_S``, when
-the client resumes).
-
-What waits costs nothing: the scripts announce every change on Redis pub/sub
-(``announce`` in ``lua/lib.lua``), one :class:`EventHub` per process holds the
-only subscription (a pattern over every request and provider), and a stream
-sleeps on a local event until its request, or its provider's queue, moved.
-Then it reads its status once, as a poll would; the position of a waiting
-request is read again at most once per ``POSITION_REFRESH_S`` however busy
-the provider is. Streams are held by the gevent workers, like synchronous calls.
+One event per change, each carrying a status read's body and an ``id`` that
+names the state shown, so a client reconnecting with ``Last-Event-ID`` is
+sent only what it has not seen; a comment every ``HEARTBEAT_S``; the stream
+ends after ``COMPLETED`` (or after ``MAX_STREAM_S``). Waiting costs nothing:
+one :class:`EventHub` per process holds the only pub/sub subscription, and a
+stream sleeps on a local event until its request or its provider's queue
+moved (a waiting position read at most once per ``POSITION_REFRESH_S``).
+``docs/ARCHITECTURE.md``, "Following it: the event stream".
 """
 
 from __future__ import annotations

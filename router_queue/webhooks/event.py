@@ -1,25 +1,14 @@
 """What a webhook POSTs and how it is signed: the Standard Webhooks format
 (https://www.standardwebhooks.com), so a receiver verifies it with any of
-that specification's libraries (``standardwebhooks`` in Python) and a secret.
+that specification's libraries and a secret.
 
-* A request's events are those its caller chose (``X-Comfy-Webhook-Events``,
-  :func:`parse_events`; ``completed`` by default): ``request.started``,
-  ``request.progress`` (a new one at most every :data:`PROGRESS_EVENT_EVERY_S`)
-  and ``request.completed``, delivered one at a time in that order.
-* The body is the event, JSON, built from the snapshot taken in the step that
-  owed it (``lib.lua``: ``owe_started``, ``owe_progress``, ``owe_webhook``):
-  the same bytes on every attempt.
-* ``webhook-id`` is stable across an event's attempts and differs between a
-  request's events (:func:`webhook_id`), so a receiver that gets an event
-  twice (delivery is at least once) drops the second by its id.
-* ``webhook-timestamp`` is the attempt's time, Unix seconds; receivers refuse
-  one more than 5 minutes off, so it is signed anew on every attempt.
-* ``webhook-signature`` is ``v1,<base64 HMAC-SHA256(secret, "{id}.{timestamp}.{body}")>``
-  for each secret that signs, space-separated: during a rotation the new and
-  the previous secret both sign, and a receiver holding either verifies.
-
-A secret is ``whsec_`` + base64 of 32 random bytes; the HMAC key is the bytes.
-Neither a secret nor a signature is ever logged.
+The events a caller chose (:func:`parse_events`), each body built from the
+snapshot taken in the step that owed it (the same bytes on every attempt);
+``webhook-id`` stable across an event's attempts (:func:`webhook_id`);
+``webhook-timestamp`` the attempt's; ``webhook-signature`` one ``v1,`` HMAC
+per secret that signs. A secret is ``whsec_`` + base64 of 32 random bytes.
+Neither a secret nor a signature is ever logged. In full:
+``docs/ARCHITECTURE.md``, "Webhook delivery"; a receiver's view: ``docs/API.md``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,13 @@
 """The webhook retry policy: when a delivery that failed is tried again.
 
-An attempt that gets no 2xx (a timeout, a refused connection, a 5xx, a 3xx:
-redirects are not followed, a 4xx other than 410) is tried again after the
-next delay in the list below, each delay jittered by ±20 % so that the events a
-receiver's outage failed together do not come back together:
-
-    attempt    1    2     3      4       5       6      7, 8, ...
-    after      -    5 s   30 s   2 min   10 min  30 min  1 h, then every 2 h
-
-until 24 h after the first attempt: an attempt that would start later is not
-made, and the event is given up (about 17 attempts in all). A 410 Gone stops
-at once. The delays and the window are settings
-(``WEBHOOK_RETRY_SCHEDULE``, ``WEBHOOK_RETRY_FOR_SECONDS``) so the tests can
-run it in seconds. Attempts start when beat's sweeper publishes the due event
-(every ``SWEEP_INTERVAL_SECONDS``), so each delay may run up to that much longer.
+A failed attempt (no 2xx; a 410 stops at once) is tried again after the next
+delay, jittered by ±20 %: 5 s, 30 s, 2 min, 10 min, 30 min, 1 h, then every
+2 h. The window is counted from when the event was owed (the caller passes
+the earlier of ``owed_at`` and ``first_attempt_at``): once the next attempt
+would start past it, :func:`next_attempt_at` answers None and the event is
+given up then (about 17 attempts in 24 h). Both are settings
+(``WEBHOOK_RETRY_SCHEDULE``, ``WEBHOOK_RETRY_FOR_SECONDS``). In full:
+``docs/ARCHITECTURE.md``, "Webhook delivery".
 """
 
 from __future__ import annotations
