@@ -3,13 +3,10 @@
 Loaded once from a JSON data file (``catalog.json`` by default). Each entry
 names its adapter, its upstream URL, its input schema (a class in
 ``schemas.py``), its price, whether it can be queued, and its call policy.
-
-A model's provider is the first part of its id (``bfl`` in ``bfl/flux-2-pro``)
-and is what holds the account: its concurrency cap (``max_in_flight``), its
-Celery queue and where its credential comes from (``credentials``). The
-adapter is named apart, so a second account with a provider is another
-provider entry whose models use the same adapter (``bfl-eu/flux-2-pro``,
-``"adapter": "bfl"``), configuration alone.
+A model's provider is the first part of its id and holds the account (its
+``max_in_flight``, Celery queue and ``credentials``); the adapter is named
+apart, so a second account is another provider entry using the same adapter
+(``bfl-eu/flux-2-pro``). ``docs/ARCHITECTURE.md``, "The front door's parts".
 """
 
 from __future__ import annotations

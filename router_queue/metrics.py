@@ -1,17 +1,12 @@
 """Counters and histograms, kept in the process that counts them.
 
-Each process (a gunicorn worker, a Celery worker, the CLI) counts in its own
-memory, at no Redis cost; Prometheus sums the processes. gunicorn's workers
-share ``PROMETHEUS_MULTIPROC_DIR`` (``web/gunicorn_worker.py`` gives its master
-a fresh one when none is set), so the front door's ``/metrics`` serves all of
-them; a Celery worker serves its own on ``WORKER_METRICS_PORT``
-(``workers/main.py``). Processes that share one directory, as every process
-of ``router-queue dev`` and of the test stacks does, are served together by
-whichever of them is scraped. The queue's own state (depth, in flight, the
-oldest wait) is not counted here: ``store/gauges.py`` reads it from Redis at
-scrape time. What the operations page shows fleet-wide comes from the
-request store (``RequestStore.delivery_totals``), written by complete.lua
-in the write it already makes.
+Each process counts in its own memory, at no Redis cost; Prometheus sums the
+processes. gunicorn's workers share ``PROMETHEUS_MULTIPROC_DIR``, so the front
+door's ``/metrics`` serves all of them; a Celery worker serves its own on
+``WORKER_METRICS_PORT``. The queue's own state is not counted here
+(``store/gauges.py`` reads it at scrape time), nor the operations page's
+fleet-wide totals (``RequestStore.delivery_totals``). In full:
+``docs/ARCHITECTURE.md``, "The front door's parts".
 """
 
 from __future__ import annotations

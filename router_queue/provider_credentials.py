@@ -25,14 +25,11 @@ class ProviderCredentials:
     environment variables; their values are read once, at the edge, with the
     rest of the settings (``Settings.provider_credentials``).
 
-    ``api_key``: the key is the value of ``env``.
-    ``google``: an OAuth access token from google-auth, refreshed before it
-    expires. ``env``, when set in the environment, holds a ready token instead
-    (the stub provider, tests, a token minted by hand); ``file_env`` may name a
-    variable holding the path of a service-account key file, so two Google
-    accounts can sit side by side; with neither, Application Default
-    Credentials (the ``GOOGLE_APPLICATION_CREDENTIALS`` file, or the metadata
-    server's workload identity).
+    ``api_key``: the key is the value of ``env``. ``google``: an OAuth access
+    token from google-auth; ``env``, when set, holds a ready token instead;
+    ``file_env`` may name a variable holding a service-account key file's path;
+    with neither, Application Default Credentials. ``docs/ARCHITECTURE.md``,
+    "The broker and the workers".
     """
 
     kind: str

@@ -1,16 +1,12 @@
 """Each provider's current credential, where the catalog says it comes from.
 
-The catalog names, per provider, the kind of credential and the environment
-variables that hold it (``providers.<name>.credentials``); settings read
-those variables once at the edge. This module turns the two into what an
-adapter sends: an API key as it is, or a Vertex AI access token that
-google-auth fetches and fetches again before it expires, so a rotation never
-needs a restart.
-
-A credential that cannot be had (its variable unset, no Google credentials
-found, the token endpoint failing) is a retryable ``provider_error`` for the
-request that needed it, and an error in the log naming the variable; the
-front door never calls a provider and never sees it.
+The catalog names the kind and the environment variables
+(``providers.<name>.credentials``); settings read them once at the edge. This
+module turns the two into what an adapter sends: an API key as it is, or a
+Vertex AI access token that google-auth fetches again before it expires. A
+credential that cannot be had is a retryable ``provider_error`` for the
+request and an error in the log naming the variable. ``docs/ARCHITECTURE.md``,
+"The broker and the workers".
 """
 
 from __future__ import annotations
@@ -76,16 +72,13 @@ class _TokenRequests(google.auth.transport.requests.Request):
 class GoogleToken:
     """A Google OAuth access token for Vertex AI, current at every call.
 
-    A token in ``token_variable`` wins as it is (the stub provider, tests, a
-    token minted by hand). Otherwise the credentials come from the
-    service-account key file named by ``file_variable`` (a second account
-    beside the first), or from Application Default Credentials (the
-    ``GOOGLE_APPLICATION_CREDENTIALS`` file, else workload identity through
-    the metadata server), found on first use. google-auth counts a token stale
-    3 min 45 s before it expires; a stale or missing token is refreshed then,
-    by one thread while the others wait for it (workers run a thread pool,
-    and google-auth's credentials are not safe to refresh concurrently). A
-    stale token whose refresh fails is still sent until it expires.
+    A token in ``token_variable`` wins as it is; otherwise the service-account
+    key file named by ``file_variable``, or Application Default Credentials,
+    found on first use. A stale or missing token (google-auth: 3 min 45 s
+    before expiry) is refreshed by one thread while the others wait (the
+    credentials are not safe to refresh concurrently); a stale token whose
+    refresh fails is still sent until it expires. ``docs/ARCHITECTURE.md``,
+    "The broker and the workers".
     """
 
     def __init__(self, provider: str, *, token: str = "", token_variable: str = "", file: str = "",

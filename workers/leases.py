@@ -1,16 +1,12 @@
 """The heartbeat: one thread per worker process renews the leases of every
 request that process is running, in one Redis round trip each beat.
 
-A lease that is not renewed runs out after ``LEASE_SECONDS``; the reaper then
-hands the request to another delivery. Renewing every third of the lease
-leaves two missed beats of slack before a live worker loses a request.
-
-It is also the deliveries' time limit (Celery's are not enforced by the
-threads pool): a request held past ``for_s`` (its model's
-``CallPolicy.hung_after_s``) is no longer renewed, so a hung execution loses
-its lease like a dead one, and another delivery takes the request over
-(``MAX_TAKEOVERS`` bounds how often). Should the hung one wake, the first
-outcome written stands.
+A lease not renewed runs out after ``LEASE_SECONDS`` and the reaper hands the
+request to another delivery; renewing every third of the lease leaves two
+missed beats of slack. It is also the deliveries' time limit: a request held
+past ``for_s`` (its model's ``CallPolicy.hung_after_s``) is no longer renewed,
+so a hung execution loses its lease like a dead one (``MAX_TAKEOVERS`` bounds
+how often). ``docs/ARCHITECTURE.md``, "The broker and the workers".
 """
 
 from __future__ import annotations

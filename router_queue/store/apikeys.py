@@ -1,17 +1,13 @@
 """API keys: minted, resolved, listed, revoked and rotated, each change audited.
 
-A key is shown once, when minted, and stored only as its SHA-256: keys are
-256-bit random tokens, so a fast hash is enough (nothing to brute-force) and
-the lookup by hash never compares secret bytes in Python. ``rq:apikey:{hash}``
-holds what the key resolves to (a workspace id, or ``-`` for a legacy key);
-beside it, a record by key id holds what an operator sees (label, created,
-last used, when it stops), each workspace indexes its key ids, and keeps its
-last changes as an audit list (``keys.py``). The key id, ``key_`` and the
-first 16 hex digits of the hash, names a key without revealing it.
-
-A legacy key (one issued before workspaces) belongs to none, but is admitted
-under a namespace of its own, ``legacy:{key id}``: its own Idempotency-Keys,
-backlog and fair-share turn. A rotation hands the namespace on.
+A key is shown once, when minted, and stored only as its SHA-256 (a 256-bit
+random token needs no slow hash). It resolves to a workspace id, or ``-`` for
+a legacy key; a record by key id holds what an operator sees, each workspace
+indexes its key ids and keeps an audit list (``docs/KEYS.md``). The key id,
+``key_`` and the first 16 hex digits of the hash, names a key without
+revealing it. A legacy key is admitted under a namespace of its own,
+``legacy:{key id}``, which a rotation hands on. ``docs/ARCHITECTURE.md``,
+"The store's parts".
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """Which workers are consuming, from their heartbeats.
 
-``/readyz`` says whether the front door can admit; it cannot say whether
-anything will run what it admits. Each worker's consumer writes a heartbeat
-here from its own event loop (``workers/consumer.py``), so a worker that is
-dead, stopped, or stuck in its loop (a broker read that never returns) stops
-beating; the operations page, ``ops depths`` and the
-``router_queue_workers_alive`` gauge count the ones heard from lately.
-
-Keys (``keys.py``): ``rq:fleet:workers``, a zset of worker names scored by
-their last heartbeat, and ``rq:fleet:worker:{name}``, a hash of what the
-worker consumes, expiring once the worker is long gone. Each heartbeat is one
-pipeline of single-key commands, so it runs on a Redis Cluster as it is.
+Each worker's consumer writes a heartbeat here from its own event loop
+(``workers/consumer.py``), so a worker that is dead, stopped or stuck in its
+loop stops beating; the operations page, ``ops depths`` and the
+``router_queue_workers_alive`` gauge count the ones heard from lately. Keys:
+``keys.fleet`` (names by last heartbeat) and ``keys.fleet_worker`` (what one
+consumes, expiring once it is long gone): ``docs/KEYS.md``. Each heartbeat is
+one pipeline of single-key commands, so it runs on a Redis Cluster as it is.
 """
 
 from __future__ import annotations

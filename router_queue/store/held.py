@@ -1,7 +1,8 @@
 """The slots of held connections: a workspace's synchronous calls and event
 streams held open, counted across every front-door process (``quotas.py``).
 
-A slot is a member of ``rq:held:{workspace}`` scored by when its lease lapses.
+A slot is a member of the workspace's ``{ws:<id>}:held`` (``keys.held``) scored
+by when its lease lapses.
 ``held_take.lua`` drops the lapsed ones, counts the rest against the cap and
 adds the new one in one step; the process holding slots renews them all in one
 round trip every third of a lease, so a killed process's slots lapse instead

@@ -1,16 +1,13 @@
 """Rate counting for the reads a replica serves, at one primary write per
 caller per process every :data:`SYNC_S`, not one per call.
 
-A status poll served by a replica must still count against its caller's rate
-windows, and those live on the primary (``web/ratelimit.py``). Counting each
-poll there would cost the primary a write per poll, most of what moving the
-read away saved. So each process counts a caller's polls in memory and adds
-them to the primary's windows at most every :data:`SYNC_S` seconds per
-caller (``rate_add.lua``), learning the windows' fleet-wide counts in the same
-step; between syncs it refuses once what it last learnt plus what it counted
-since passes the limit. The price: a window can admit up to what each
-process lets through in one :data:`SYNC_S` beyond its limit before every
-process knows it is spent.
+Each process counts a caller's replica-served polls in memory and adds them to
+the primary's windows at most every :data:`SYNC_S` per caller
+(``rate_add.lua``), learning the fleet-wide counts in the same step; between
+syncs it refuses once what it last learnt plus what it counted since passes
+the limit. The price: a window can admit up to one :data:`SYNC_S` of each
+process's polls beyond its limit. ``docs/ARCHITECTURE.md``, "The front door's
+parts".
 """
 
 from __future__ import annotations

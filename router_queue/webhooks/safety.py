@@ -1,17 +1,12 @@
 """Which webhook URLs we POST to, decided in one place, twice per event.
 
-A caller names the URL, and our worker connects to it from inside our
-network: a URL that reaches a private address, a cloud metadata endpoint or
-the worker's own loopback would let a caller make us talk to what only we can
-reach (SSRF). So a URL must be ``https`` and every address its host resolves
-to must be a public one. The one exception, for the tests and ``router-queue
-dev``, is ``WEBHOOK_ALLOW_LOOPBACK_HTTP``: then a host that resolves to
-loopback addresses only may be reached, over http or https.
-
-The check runs at submit (``400 invalid_input`` naming the header) and again
-before every delivery attempt, because what a name resolves to can change in
-between (DNS rebinding). Between the attempt's check and its connect the name
-is resolved once more by the HTTP client; that window is milliseconds.
+A URL must be ``https`` and every address its host resolves to a public one,
+so no caller makes us talk to what only we can reach (SSRF); the one
+exception, ``WEBHOOK_ALLOW_LOOPBACK_HTTP`` (tests, ``router-queue dev``), lets
+a host that resolves to loopback addresses only be reached over http or https.
+The check runs at submit (``400 invalid_input``) and again before every
+attempt (DNS rebinding). Why, and the window it leaves:
+``docs/ARCHITECTURE.md``, "Webhook delivery".
 """
 
 from __future__ import annotations

@@ -2,16 +2,12 @@
 
 Submit answers ``{"id", "polling_url"}``; the poll answers ``{"status": ...}``
 with ``Ready`` carrying ``result.sample``. The final poll body is the native
-output the caller collects, byte for byte.
-
-The handle is remembered in the request's record the moment BFL answers the
-submit, so a delivery that takes over (the first worker died, or handed the
-request back on shutdown) resumes polling instead of paying for a second
-generation.
-
-The ``polling_url`` BFL names is pinned to BFL's own site (the catalog URL's
-domain, ``hosts.same_site``) as well as to ``PROVIDER_HOSTS``: a submit
-answer cannot send our key to a host of another provider, or anywhere else.
+output the caller collects, byte for byte. The handle is saved in the record
+the moment BFL answers, so a delivery that takes over resumes polling instead
+of paying twice. The ``polling_url`` is pinned to BFL's own site
+(``hosts.same_site``) as well as to ``PROVIDER_HOSTS``, so a submit answer
+cannot send our key elsewhere. ``docs/ARCHITECTURE.md``, "The broker and the
+workers".
 """
 
 from __future__ import annotations
