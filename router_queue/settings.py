@@ -284,7 +284,7 @@ class Settings:
     #: Seconds before attempt 2, 3, ... of a failed webhook; the last repeats
     #: (router_queue/webhooks/retry_policy.py).
     webhook_retry_schedule_s: tuple[float, ...] = (5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0, 7200.0)
-    #: Seconds after a webhook's first attempt past which it is given up.
+    #: Seconds after a webhook event was owed past which no attempt is made: it is given up.
     webhook_retry_for_s: float = 86_400.0
     #: Webhook attempts one workspace may have in flight at once, fleet-wide;
     #: its other events wait their turn (not an attempt, not a failure). 0: no cap.

@@ -124,8 +124,8 @@ class DeliveryLimits:
     #: probes it; each waiting event comes back at a random point of the
     #: cooling after that (doubling with each wait in a row, up to x64).
     circuit_cooling_s: float = 30.0
-    #: Seconds after an event's first attempt (or, never tried, since it was
-    #: owed) past which it is given up; failing endpoints are kept this long.
+    #: Seconds after an event was owed past which no attempt is made and no
+    #: wait ends: it is given up; failing endpoints are kept this long.
     window_s: float = 86_400.0
 
 

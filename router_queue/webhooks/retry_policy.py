@@ -16,7 +16,7 @@ import random
 
 #: Seconds before attempt 2, 3, ...; the last repeats.
 DEFAULT_DELAYS_S = (5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0, 7200.0)
-#: Seconds after the first attempt past which no attempt is made.
+#: Seconds after the window's start (when the event was owed) past which no attempt is made.
 DEFAULT_WINDOW_S = 86_400.0
 #: Each delay is multiplied by a random factor in [1 - JITTER, 1 + JITTER].
 JITTER = 0.2
@@ -33,6 +33,7 @@ def next_attempt_at(attempt: int, now: float, first_attempt_at: float, *,
                     delays_s: tuple[float, ...] = DEFAULT_DELAYS_S, window_s: float = DEFAULT_WINDOW_S,
                     rand: random.Random | None = None) -> float | None:
     """When to try again after failed attempt ``attempt``; None once that
-    would be past the window that began at ``first_attempt_at``: give up."""
+    would be past the window that began at ``first_attempt_at`` (the caller
+    passes when the event was owed, if earlier): give up."""
     at = now + delay_after(attempt, delays_s, rand)
     return at if at <= first_attempt_at + window_s else None
