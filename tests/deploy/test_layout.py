@@ -141,3 +141,76 @@ def test_the_cli_builds_its_services_without_the_flask_app():
             "('router_queue.web.app', 'router_queue.wsgi', 'router_queue.web.lane')))"
     shown = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True)
     assert shown.stdout.strip() == "[]"
+
+
+#: The packages whose docstrings are reference, not essays (the narrative is in docs/).
+DOCUMENTED = ("router_queue", "workers", "bench")
+#: Lines a docstring may span, its quotes included.
+DOCSTRING_LINES = 12
+
+
+def test_no_docstring_runs_to_an_essay():
+    """A module's, class's or function's docstring says what it is, why, and
+    its non-obvious contract; history, measurements and long explanations go
+    to docs/ (ARCHITECTURE.md, KEYS.md)."""
+    offenders = []
+    for package in DOCUMENTED:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text())):
+                if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+                    continue
+                first = node.body[0] if node.body else None
+                if not (isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant)
+                        and isinstance(first.value.value, str)):
+                    continue
+                lines = first.end_lineno - first.lineno + 1
+                if lines > DOCSTRING_LINES:
+                    offenders.append(f"{path.relative_to(ROOT)}:{first.lineno} "
+                                     f"{getattr(node, 'name', '<module>')} ({lines} lines)")
+    assert not offenders, f"docstrings over {DOCSTRING_LINES} lines (move the narrative to docs/): {offenders}"
+
+
+def _key_pattern(function) -> str | None:
+    """A regex for the key ``function`` builds, its family's tag left out and
+    each parameter any ``{placeholder}`` (``keys.request``: ``:req:{id}``);
+    None when it builds no key from placeholders."""
+    import inspect
+
+    marks = [f"{{{name}}}" for name in inspect.signature(function).parameters]
+    try:
+        built = function(*marks)
+    except (TypeError, IndexError, ValueError):
+        return None
+    if not isinstance(built, str) or not built.startswith("{") or "}:" not in built:
+        return None
+    parts = [built.split("}:", 1)[1]]
+    for mark in marks:
+        parts = [piece for part in parts for piece in _split_keeping(part, mark)]
+    return ":" + "".join(r"\{[^}`]*\}" if part in marks else re.escape(part) for part in parts)
+
+
+def _split_keeping(text: str, mark: str) -> list[str]:
+    pieces = text.split(mark)
+    out = [pieces[0]]
+    for piece in pieces[1:]:
+        out += [mark, piece]
+    return [piece for piece in out if piece]
+
+
+def test_every_key_builder_is_in_the_key_layout_document():
+    """docs/KEYS.md names every public function of store/keys.py (each key's
+    builder, the prefixes and the Lua layout), or shows the key it builds."""
+    import inspect
+
+    from router_queue.store import keys
+
+    document = (ROOT / "docs" / "KEYS.md").read_text()
+    builders = [name for name, function in inspect.getmembers(keys, inspect.isfunction)
+                if function.__module__ == keys.__name__ and not name.startswith("_")]
+    assert len(builders) > 40, builders  # the enumeration itself still finds them
+    missing = []
+    for name in builders:
+        pattern = _key_pattern(getattr(keys, name))
+        if not re.search(rf"\b{name}\(", document) and not (pattern and re.search(pattern + "`", document)):
+            missing.append(name)
+    assert not missing, f"store/keys.py functions docs/KEYS.md neither names nor shows the key of: {missing}"
