@@ -1,5 +1,5 @@
-"""What every phase shares: the one error, the phase registry, the BENCH line, child processes, HTTP
-helpers, the fleet and the pinger (bench/README.md)."""
+"""What every phase shares: the one error, the phase registry, the BENCH line and its statistics, child
+processes, HTTP helpers, the fleet and the pinger (bench/README.md)."""
 
 from __future__ import annotations
 
@@ -13,21 +13,22 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
 
 from router_queue.dev.stack import WEB_SERVING, Stack, free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_ID = "bfl/flux-2-pro"
-#: The provider the fleet's catalog copy caps at 1 for the capped figures (no other fleet figure uses it).
+#: The provider the fleet's catalog copy caps at 1 (no other fleet figure uses it).
 CAPPED_PROVIDER, CAPPED_MODEL_ID, CAP = "vertexai", "vertexai/gemini-3.1-flash-image", 1
 IN_PROGRESS, COMPLETED = "IN_PROGRESS", "COMPLETED"
-#: The stages, in the order they run: the front door, the store alone, a fleet of its own, the shared fleet.
+#: The stages, in the order they run (bench/README.md).
 STAGES = ("front", "store", "own_fleet", "fleet")
-#: The databases of the bench's Redis holding the two sides of the depth and dispatch_cost figures.
+#: The bench Redis's databases holding the two sides of the depth and dispatch_cost figures.
 SIDE_DBS = (12, 13)
 #: gunicorn workers of every app served: the Procfile's default WEB_CONCURRENCY.
 WEB_WORKERS = 2
@@ -94,13 +95,14 @@ def emit(name: str, value: float, unit: str, baseline: float) -> None:
 
 
 def pct(values: list[float], q: float) -> float:
-    """The nearest-rank ``q`` quantile."""
-    ordered_values = sorted(values)
-    return ordered_values[min(len(ordered_values) - 1, max(0, round(q * (len(ordered_values) - 1))))]
+    """The nearest-rank ``q`` quantile (0 <= q <= 1)."""
+    return sorted(values)[round(q * (len(values) - 1))]
 
 
-def median_round(pairs: list[tuple[Any, Any]], key: Callable[[Any, Any], float]) -> tuple[Any, Any]:
-    """The (baseline, subject) of the round with the median ``key(baseline, subject)``."""
+def median_round(name: str, pairs: list[tuple[Any, Any]], key: Callable[[Any, Any], float] = lambda b, s: s / b
+                 ) -> tuple[Any, Any]:
+    """The (baseline, subject) of the round with the median ``key(baseline, subject)``; logs every round's."""
+    log(f"{name}: per-round ratios " + " ".join(f"{key(*pair):.3f}" for pair in pairs) + " (the median is reported)")
     return sorted(pairs, key=lambda pair: key(*pair))[(len(pairs) - 1) // 2]
 
 
@@ -138,6 +140,13 @@ def cpu_seconds(pids: list[int], precise: bool = False) -> float:
     return total
 
 
+def cores_used(pids: list[int], window_s: float, precise: bool = False) -> float:
+    """The cores ``pids`` (``cpu_seconds``) used over the next ``window_s`` seconds."""
+    began, before = time.monotonic(), cpu_seconds(pids, precise)
+    time.sleep(window_s)
+    return (cpu_seconds(pids, precise) - before) / (time.monotonic() - began)
+
+
 def tool(binary: str) -> str:
     """The path of ``binary``; the run stops if it is missing."""
     if (path := shutil.which(binary)) is None:
@@ -160,9 +169,10 @@ class Children:
         log(f"started {name} (pid {proc.pid})")
         return proc
 
-    def stop(self, names: set[str] | None = None, timeout_s: float = 15.0) -> None:
-        """Stop the children named (all when None): SIGTERM, then SIGKILL after ``timeout_s``."""
-        chosen = [(name, proc) for name, proc in reversed(self.procs) if names is None or name in names]
+    def stop(self, first: int = 0, timeout_s: float = 15.0) -> None:
+        """Stop the children started since the ``first``-th (all by default): SIGTERM, then SIGKILL after
+        ``timeout_s``."""
+        chosen = self.procs[first:][::-1]
         for _, proc in chosen:
             proc.terminate()
         deadline = time.monotonic() + timeout_s
@@ -173,7 +183,16 @@ class Children:
                 log(f"{name} (pid {proc.pid}) ignored SIGTERM; killing it")
                 proc.kill()
                 proc.wait()
-        self.procs = [child for child in self.procs if child not in chosen]
+        del self.procs[first:]
+
+    @contextmanager
+    def scope(self) -> Iterator[None]:
+        """Every child started inside the block is stopped on leaving it."""
+        first = len(self.procs)
+        try:
+            yield
+        finally:
+            self.stop(first)
 
     def alive(self, prefix: str = "") -> None:
         """Raise if a child whose name starts with ``prefix`` has exited."""
@@ -204,7 +223,7 @@ def start_gunicorn(children: Children, name: str, app: str, env: dict[str, str],
     return f"http://127.0.0.1:{port}"
 
 
-def wait_until(ready: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.2,
+def wait_until(ready: Callable[[], bool], timeout_s: float, what: str | Callable[[], str], interval_s: float = 0.2,
                alive: Callable[[], None] | None = None) -> None:
     """Poll ``ready()`` (and ``alive()``) until it is true; ``what`` "within" ``timeout_s`` is the error after."""
     deadline = time.monotonic() + timeout_s
@@ -212,7 +231,7 @@ def wait_until(ready: Callable[[], bool], timeout_s: float, what: str, interval_
         if alive is not None:
             alive()
         if time.monotonic() > deadline:
-            raise MeasurementError(f"{what} within {timeout_s:g} s")
+            raise MeasurementError(f"{what() if callable(what) else what} within {timeout_s:g} s")
         time.sleep(interval_s)
 
 
@@ -358,7 +377,7 @@ class Fleet:
         self.post_headers = {**self.auth, "Content-Type": "application/json"}
         self.celery: Any = None  # the Celery app of ping(), made at its first call
 
-    def start(self) -> None:
+    def start(self) -> Fleet:
         self.stack.start_stub(self.stub_port)
         workers = ["worker1", "worker2"]
         for name in workers:  # production's Celery app plus the bench's ping (bench/worker_app.py)
@@ -371,11 +390,7 @@ class Fleet:
                    "the workers were not ready", alive=self.alive)
         self.wait_records([self.submit(self.prompt("probe", 0))], (COMPLETED,), timeout_s=60, interval_s=0.05)
         log(f"fleet up at {self.base}: a probe request completed")
-
-    def stop(self) -> None:
-        self.children.stop({self.log_prefix + name for name in self.stack.procs})
-        if self.celery:
-            self.celery.close()
+        return self
 
     def alive(self) -> None:
         self.children.alive(self.log_prefix)
@@ -411,18 +426,16 @@ class Fleet:
     def wait_records(self, ids: list[str], wanted: tuple[str, ...], *, timeout_s: float, interval_s: float
                      ) -> dict[str, dict[str, Any]]:
         """Poll the records (pipelined) until every one's status is in ``wanted``."""
-        deadline, pending = time.monotonic() + timeout_s, list(ids)
         done: dict[str, dict[str, Any]] = {}
-        while True:
-            rows = self.records(pending)
+
+        def all_done() -> bool:
+            rows = self.records([i for i in ids if i not in done])
             done.update({i: row for i, row in rows.items() if row["status"] in wanted})
-            if not (pending := [i for i in pending if i not in done]):
-                return done
-            if time.monotonic() > deadline:
-                raise MeasurementError(f"{len(pending)} of {len(ids)} requests not {'/'.join(wanted)} within "
-                                       f"{timeout_s:.0f} s")
-            self.alive()
-            time.sleep(interval_s)
+            return len(done) == len(ids)
+
+        wait_until(all_done, timeout_s, lambda: f"{len(ids) - len(done)} of {len(ids)} requests not "
+                   f"{'/'.join(wanted)}", interval_s, self.alive)
+        return done
 
     def ping(self, count: int) -> list[float]:
         """``count`` bare Celery round trips (the baseline of the dispatch and grant-to-start figures), 50 ms

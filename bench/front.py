@@ -58,9 +58,6 @@ class FrontDoor:
         self.hello = core.start_gunicorn(self.children, "hello", "bench.hello:app", self.env, WEB_WORKERS)
         self.submit_url = f"{self.url}/v2/models/{core.MODEL_ID}/requests"
 
-    def stop(self) -> None:
-        self.children.stop({"frontdoor", "hello"})
-
     def get(self, what: str, url: str, headers: dict[str, str] | None = None, **kwargs) -> Target:
         return Target(what, "GET", url, 200, headers or self.auth, **kwargs)
 
@@ -113,24 +110,22 @@ def _run(ctx: Context, target: Target, seconds: int = DURATION_S, what: str = ""
         log(f"warning: {what}: {unexpected} answers were not {target.status}, {socket_errors} socket errors")
     if what:
         target.answered += expected
+        log(f"{what}: {requests / (duration_us / 1e6):.4g} req/s")
     return requests / (duration_us / 1e6), requests
 
 
-def measure_pair(ctx: Context, name: str, baseline: Target, subject: Target, rounds: int = ROUNDS,
-                 value: Callable[[Target], float] | None = None) -> tuple[float, float]:
-    """Warm both up, then ``rounds`` x (baseline, subject): the (baseline, subject) ``value`` (default: the
-    rate) of the round with the median subject/baseline ratio."""
-
-    def rate(target: Target) -> float:
-        return _run(ctx, target, what=f"{name} {target.label}")[0]
-
-    measure = value or rate
+def measure_pair(ctx: Context, name: str, baseline: Target, subject: Target, figure: str, unit: str = "req/s",
+                 rounds: int = ROUNDS, value: Callable[[Target], float] | None = None,
+                 check: Callable[[], None] | None = None) -> None:
+    """Warm both up, then ``rounds`` x (baseline, subject); emits ``figure`` from the round with the median
+    subject/baseline ``value`` (default: the rate), once ``check()`` (if given) passed."""
+    measure = value or (lambda target: _run(ctx, target, what=f"{name} {target.label}")[0])
     for target in (baseline, subject):
         _run(ctx, target, WARMUP_S)
-    pairs = [(measure(baseline), measure(subject)) for _ in range(rounds)]
-    log(f"{name}: {subject.label} / {baseline.label} per round: "
-        + " ".join(f"{s:.4g}/{b:.4g} = {s / b:.3f}" for b, s in pairs) + " (the median round is reported)")
-    return core.median_round(pairs, lambda b, s: s / b)
+    b, s = core.median_round(name, [(measure(baseline), measure(subject)) for _ in range(rounds)])
+    if check:
+        check()
+    emit(figure, s, unit, b)
 
 
 @phase("status_read", "front", 10)
@@ -138,18 +133,16 @@ def status_read(ctx: Context) -> None:
     front = ctx.front
     url = f"{front.submit_url}/{front.queued_request()}/status"
     core.http_json("GET", url, front.auth)  # answered 200
-    b, v = measure_pair(ctx, "status_read", front.get("hello GET", f"{front.hello}/hello"),
-                        front.get("status read", url))
-    emit("status_read_throughput", v, "req/s", b)
+    measure_pair(ctx, "status_read", front.get("hello GET", f"{front.hello}/hello"), front.get("status read", url),
+                 "status_read_throughput")
 
 
 @phase("floor", "front", 20)
 def floor(ctx: Context) -> None:
     """One Redis round trip on the hello world: the floor under any read that must touch Redis."""
     front = ctx.front
-    b, v = measure_pair(ctx, "floor", front.get("hello GET", f"{front.hello}/hello"),
-                        front.get("hello + one Redis INCR", f"{front.hello}/hello/redis"))
-    emit("one_redis_round_trip_throughput", v, "req/s", b)
+    measure_pair(ctx, "floor", front.get("hello GET", f"{front.hello}/hello"),
+                 front.get("hello + one Redis INCR", f"{front.hello}/hello/redis"), "one_redis_round_trip_throughput")
 
 
 @phase("submit", "front", 30)
@@ -160,26 +153,26 @@ def submit(ctx: Context) -> None:
     queue_key = keys.queue(front.entry.provider)
     before = front.services.redis.zcard(queue_key)
     subject = front.post("submit", front.submit_url)
-    b, v = measure_pair(ctx, "submit", front.post("hello POST", f"{front.hello}/hello"), subject)
-    # warm-up submits grew the index too; every measured 201 must be in it
-    if (grown := front.services.redis.zcard(queue_key) - before) < subject.answered:
-        raise MeasurementError(f"submit: {subject.answered} answers were 201 but the queue index grew by {grown}")
-    emit("submit_throughput", v, "req/s", b)
+
+    def index_grew() -> None:  # warm-up submits grew the index too; every measured 201 must be in it
+        if (grown := front.services.redis.zcard(queue_key) - before) < subject.answered:
+            raise MeasurementError(f"submit: {subject.answered} answers were 201 but the queue index grew by {grown}")
+
+    measure_pair(ctx, "submit", front.post("hello POST", f"{front.hello}/hello"), subject, "submit_throughput",
+                 check=index_grew)
 
 
 @contextmanager
 def _replica_front(ctx: Context, name: str, env_for: Callable[[str], dict[str, str]]):
     """A replica of the bench's Redis (``redis-replica``) and a third front door (``frontdoor-<name>``)
     whose environment adds ``env_for(replica URL)``; yields that front door's URL."""
-    try:
+    with ctx.children.scope():
         replica = core.start_redis(ctx.children, "redis-replica", "--replicaof", "127.0.0.1",
                                    str(urlsplit(ctx.redis_url).port))
         core.wait_until(lambda: ctx.front.services.redis.info("replication").get("connected_slaves") == 1, 30,
                         f"{name}: the replica did not connect", 0.1)
         yield core.start_gunicorn(ctx.children, f"frontdoor-{name}", APP, dict(ctx.front.env, **env_for(replica)),
                                   WEB_WORKERS)
-    finally:
-        ctx.children.stop({f"frontdoor-{name}", "redis-replica"})
 
 
 @phase("replicated", "front", 40)
@@ -187,9 +180,9 @@ def replicated(ctx: Context) -> None:
     """What REDIS_WAIT_REPLICAS=1 costs a submit (a front door that WAITs for a replica after each admission)."""
     front = ctx.front
     with _replica_front(ctx, "wait", lambda _: {"REDIS_WAIT_REPLICAS": "1"}) as waiting:
-        b, v = measure_pair(ctx, "replicated", front.post("submit", front.submit_url),
-                            front.post("submit, WAIT 1 replica", f"{waiting}/v2/models/{core.MODEL_ID}/requests"))
-    emit("submit_throughput_wait_1_replica", v, "req/s", b)
+        measure_pair(ctx, "replicated", front.post("submit", front.submit_url),
+                     front.post("submit, WAIT 1 replica", f"{waiting}/v2/models/{core.MODEL_ID}/requests"),
+                     "submit_throughput_wait_1_replica")
 
 
 @phase("replica_reads", "front", 45)
@@ -205,9 +198,9 @@ def replica_reads(ctx: Context) -> None:
         return 1000.0 * (core.redis_cpu(primary) - before) / requests
 
     with _replica_front(ctx, "replica", lambda url: {"REDIS_READ_URL": url}) as reading:
-        b, v = measure_pair(ctx, "replica_reads", front.get("status read, primary", front.url + path),
-                            front.get("status read, replica", reading + path), value=cpu_per_poll)
-    emit("status_primary_cpu_with_replica", v, "ms", b)
+        measure_pair(ctx, "replica_reads", front.get("status read, primary", front.url + path),
+                     front.get("status read, replica", reading + path), "status_primary_cpu_with_replica", "ms",
+                     value=cpu_per_poll)
 
 
 def _depth_side(ctx: Context, which: str, ahead: int, db: int, catalog_path: Path) -> Target:
@@ -233,10 +226,8 @@ def depth(ctx: Context) -> None:
     """Each side gets its own database and front door, the provider capped at 1 and that slot held, so
     nothing is ever granted (bench/README.md)."""
     catalog_path = core.capped_catalog(ctx.tmp, {ctx.front.entry.provider: 1})
-    try:
+    with ctx.children.scope():
         near = _depth_side(ctx, "near", NEAR, core.SIDE_DBS[0], catalog_path)
         deep = _depth_side(ctx, "deep", DEPTH, core.SIDE_DBS[1], catalog_path)
-        n, d = measure_pair(ctx, "depth", near, deep, rounds=DEPTH_ROUNDS)
-    finally:
-        ctx.children.stop({"frontdoor-near", "frontdoor-deep"})
-    emit("status_read_cost_behind_100k", 1000.0 / d, "ms", 1000.0 / n)
+        measure_pair(ctx, "depth", near, deep, "status_read_cost_behind_100k", "ms", DEPTH_ROUNDS,
+                     lambda target: 1000.0 / _run(ctx, target, what=f"depth {target.label}")[0])

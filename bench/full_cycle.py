@@ -123,30 +123,25 @@ def measure(ctx: Context) -> None:
     import redis
 
     redis.Redis.from_url(ctx.db_url(MINIMAL_DB)).flushdb()
-    fleet = core.Fleet(ctx.children, ctx.redis_url, caps={}, log_prefix="cycle-")
-    try:
-        fleet.start()
+    rounds: list[dict[str, dict[str, float]]] = []
+    with ctx.children.scope():
+        fleet = core.Fleet(ctx.children, ctx.redis_url, caps={}, log_prefix="cycle-").start()
         port = start_minimal(ctx, fleet.stub)
         sides = [Side("ours", fleet.web_port, OURS, OURS + "/{}/status", OURS + "/{}", fleet.auth)]
         for variant in ("noop", "stub"):
             sides.append(Side(f"minimal-{variant}", port, f"/submit/{variant}", "/status/{}", "/result/{}",
                               {"X-API-Key": "minimal"}))
-
-        rounds: list[dict[str, dict[str, float]]] = []
         for _ in range(ROUNDS):
             rounds.append({})
             for side in sides:
                 rounds[-1][side.label] = run_once(side, fleet.client, ctx.children.alive)
                 log(f"full_cycle {side.label}: " + ", ".join(f"{k} {v:.4g}" for k, v in rounds[-1][side.label].items()))
                 time.sleep(SETTLE_S)
-    finally:
-        ctx.children.stop({"minimal-web", "minimal-worker"})
-        fleet.stop()
 
     def figure(name: str, subject: str, baseline: str, key: str, unit: str) -> None:
         """``key`` of the subject and the baseline in the round with its median ratio."""
-        s, b = core.median_round([(r[subject], r[baseline]) for r in rounds], lambda s, b: s[key] / b[key])
-        emit(name, s[key], unit, b[key])
+        b, s = core.median_round(name, [(r[baseline][key], r[subject][key]) for r in rounds])
+        emit(name, s, unit, b)
 
     figure("full_cycle_throughput", "ours", "minimal-noop", "rate", "deliveries/s")
     figure("full_cycle_p99", "ours", "minimal-noop", "p99", "ms")

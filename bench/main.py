@@ -42,19 +42,17 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
     for stage in dict.fromkeys(p.stage for p in chosen):
         if stage in ("own_fleet", "fleet"):
             client.flushdb()  # what earlier stages left must not reach this stage's workers
-        if stage == "front":
-            ctx.front = front.FrontDoor(ctx)
-        if stage == "fleet":
-            ctx.fleet = Fleet(children, ctx.redis_url)
-            ctx.fleet.start()
-        for p in (p for p in chosen if p.stage == stage):
-            try:
-                p.run(ctx)
-            except MeasurementError as exc:
-                log(f"ERROR: {exc}")
-                failures.append(p.name)
-        if stage == "front":
-            ctx.front.stop()  # the fleets to come must not share the machine with it
+        with children.scope():  # what a stage started stops with it: the next must not share the machine
+            if stage == "front":
+                ctx.front = front.FrontDoor(ctx)
+            if stage == "fleet":
+                ctx.fleet = Fleet(children, ctx.redis_url).start()
+            for p in (p for p in chosen if p.stage == stage):
+                try:
+                    p.run(ctx)
+                except MeasurementError as exc:
+                    log(f"ERROR: {exc}")
+                    failures.append(p.name)
     if failures:
         log(f"ERROR: no figure for: {', '.join(failures)}")
         return 1

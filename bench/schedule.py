@@ -138,10 +138,9 @@ def measure_dispatch_cost(ctx: Context) -> None:
     for side in sides:
         side.run(200)  # warm-up
     rounds = [tuple(side.run(k) for side in sides) for _ in range(COST_ROUNDS)]
-    log("dispatch_cost: wall ratio per round: " + " ".join(f"{m[0] / o[0]:.3f}" for o, m in rounds))
     for index, name in enumerate(("dispatch_cost", "dispatch_redis_cpu")):
-        pairs = [(b[index], s[index]) for b, s in rounds]
-        base, subject = core.median_round(pairs, lambda b, s: s / b if b else float("inf"))
+        base, subject = core.median_round(name, [(b[index], s[index]) for b, s in rounds],
+                                          lambda b, s: s / b if b else float("inf"))
         emit(f"{name}_1000_workspaces", 1000 * subject / k, "ms", 1000 * base / k)
 
 
