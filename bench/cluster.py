@@ -58,9 +58,7 @@ def measure(ctx: Context) -> None:
         def deliver(n: int) -> str:
             model = list(BODIES)[n % len(BODIES)]
             body = json.dumps(BODIES[model](f"bench cluster {n} {time.monotonic_ns()}"))
-            answer = core.http_json("POST", f"{fleet.base}/v2/models/{model}/requests", callers[n % len(callers)],
-                                    body, 201)
-            return answer["request_id"]
+            return fleet.submit_to(model, body, callers[n % len(callers)])
 
         before = [core.redis_cpu(node) for node in nodes]
         with ThreadPoolExecutor(16) as pool:

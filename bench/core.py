@@ -13,6 +13,7 @@ import time
 import urllib.error
 import urllib.request
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -407,10 +408,15 @@ class Fleet:
     def submit(self, prompt: str) -> str:
         return self.submit_to(MODEL_ID, json.dumps({"prompt": prompt}))
 
-    def submit_to(self, model_id: str, body: str) -> str:
+    def submit_to(self, model_id: str, body: str, headers: dict[str, str] | None = None) -> str:
         """Submit ``body`` to ``model_id``'s queued route; the request id."""
-        answer = http_json("POST", f"{self.base}/v2/models/{model_id}/requests", self.post_headers, body, 201)
-        return answer["request_id"]
+        url = f"{self.base}/v2/models/{model_id}/requests"
+        return http_json("POST", url, headers or self.post_headers, body, 201)["request_id"]
+
+    def submit_all(self, bodies: list[str], model_id: str, threads: int) -> list[str]:
+        """Submit ``bodies`` to ``model_id`` from ``threads`` threads; their ids, in order."""
+        with ThreadPoolExecutor(threads, thread_name_prefix="submit") as pool:
+            return list(pool.map(lambda body: self.submit_to(model_id, body), bodies))
 
     def records(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         """status, created_at, started_at, completed_at, error_type of each id, one round trip."""

@@ -1,6 +1,5 @@
 """Status reads on the fleet's front door while connections are held open, against the same reads with
-none: ``sync_held`` (``--held`` synchronous calls) and ``streams`` (``--streams`` idle event streams, and
-the web CPU they cost)."""
+none: ``sync_held`` (synchronous calls held) and ``streams`` (idle event streams, and their web CPU)."""
 
 from __future__ import annotations
 
@@ -13,11 +12,10 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 from . import core
-from .core import Context, MeasurementError, emit, phase
+from .core import COMPLETED, Context, MeasurementError, emit, phase
 
 MODEL_ID, PROVIDER = "openai/gpt-4o-mini-tts", "openai"
-#: Timed status reads per series (before, during, after the hold), reader threads (a connection each),
-#: untimed reads per reader before each series.
+#: Timed status reads per series, reader threads (a connection each), untimed reads per reader first.
 READS, READERS, WARMUP_READS = 2000, 4, 20
 #: sync_held: synchronous calls held open, and the stub's generation time of each, s.
 HELD, HELD_LATENCY_S = 200, 30.0
@@ -27,17 +25,14 @@ STREAMS, STREAM_LATENCY_S, IDLE_WINDOW_S = 1000, 90.0, 5.0
 
 
 def _speech(fleet: core.Fleet, text: str, wanted: str) -> str:
-    """Submit an OpenAI speech generation (its stub answers after the latency in one call) and wait until it
-    is ``wanted``; its id."""
-    request_id = fleet.submit_to(MODEL_ID, json.dumps({"input": f"bench {text} {uuid.uuid4().hex}",
-                                                       "voice": "alloy"}))
+    """The id of a speech generation submitted now (its stub answers in one call), once it is ``wanted``."""
+    request_id = fleet.submit_to(MODEL_ID, json.dumps({"input": f"bench {text} {uuid.uuid4().hex}", "voice": "alloy"}))
     fleet.wait_records([request_id], (wanted,), timeout_s=30, interval_s=0.05)
     return request_id
 
 
 def read_series(fleet: core.Fleet, request_id: str) -> list[float]:
-    """``READS`` status reads of ``request_id`` from ``READERS`` threads, one keep-alive connection each; ms
-    per read."""
+    """ms of each of ``READS`` status reads of ``request_id`` from ``READERS`` keep-alive connections."""
     path = f"/v2/models/{MODEL_ID}/requests/{request_id}/status"
     start = threading.Barrier(READERS)
 
@@ -58,60 +53,53 @@ def read_series(fleet: core.Fleet, request_id: str) -> list[float]:
         return [ms for series in pool.map(reader, range(READERS)) for ms in series]
 
 
-def _hold(fleet: core.Fleet, body: str, timeout_s: float, answers: list[tuple]) -> None:
+def _hold(fleet: core.Fleet, number: int, answers: list[tuple]) -> None:
     """One synchronous call on its own connection; its (status, content type, error) appended to ``answers``."""
-    conn = http.client.HTTPConnection("127.0.0.1", fleet.web_port, timeout=timeout_s)
+    body = json.dumps({"input": f"bench held {number} {uuid.uuid4().hex} [stub:latency={HELD_LATENCY_S:g}]",
+                       "voice": "alloy"})
+    conn = http.client.HTTPConnection("127.0.0.1", fleet.web_port, timeout=HELD_LATENCY_S + 120)
     try:
         conn.request("POST", f"/v2/models/{MODEL_ID}", body=body.encode(), headers=fleet.post_headers)
         response = conn.getresponse()
-        payload = response.read()
-        answers.append((response.status, response.getheader("Content-Type"), payload[:200]))
+        answers.append((response.status, response.getheader("Content-Type"), response.read()[:200]))
     except Exception as exc:  # noqa: BLE001 - counted and reported by the caller
         answers.append((None, None, repr(exc)))
     finally:
         conn.close()
 
 
-# near the end: its held generations occupy the workers' threads while they run
-@phase("sync_held", "fleet", 40)
+@phase("sync_held", "fleet", 40)  # near the end: its held generations occupy the workers' threads while they run
 def measure_sync_held(ctx: Context) -> None:
-    fleet, latency = ctx.fleet, HELD_LATENCY_S
-    target = _speech(fleet, "held target", core.COMPLETED)  # the request whose status is read
+    fleet = ctx.fleet
+    target = _speech(fleet, "held target", COMPLETED)  # the request whose status is read
 
     def admitted() -> int:
         counts = core.schedule_counts(fleet.client, PROVIDER)
         return counts["running"] + counts["queued"]
 
+    def none_answered() -> None:
+        fleet.alive()
+        if answers:
+            raise MeasurementError(f"sync_held: {len(answers)} held calls answered before the reads ended "
+                                   f"(failed, or raise HELD_LATENCY_S): {answers[:3]}")
+
     if admitted():
         raise MeasurementError(f"sync_held: {PROVIDER} requests running or queued before the held calls")
     without = read_series(fleet, target)
     answers: list[tuple] = []
-    bodies = [json.dumps({"input": f"bench held {n} {uuid.uuid4().hex} [stub:latency={latency:g}]",
-                          "voice": "alloy"}) for n in range(HELD)]
-    threads = [threading.Thread(target=_hold, args=(fleet, body, latency + 120, answers), daemon=True)
-               for body in bodies]
+    threads = [threading.Thread(target=_hold, args=(fleet, n, answers), daemon=True) for n in range(HELD)]
     opened, measured = time.monotonic(), False
     for thread in threads:
         thread.start()
     try:
-        def none_answered() -> None:
-            fleet.alive()
-            if answers:
-                raise MeasurementError(f"sync_held: {len(answers)} held calls answered before all were admitted "
-                                       f"({answers[:3]})")
-
-        core.wait_until(lambda: admitted() >= HELD, min(60.0, latency / 2),
+        core.wait_until(lambda: admitted() >= HELD, min(60.0, HELD_LATENCY_S / 2),
                         f"sync_held: not all {HELD} held calls running or queued", 0.1, none_answered)
         time.sleep(1.0)  # the admissions' own work is over; the front door just holds
         held = read_series(fleet, target)
-        if answers:
-            raise MeasurementError(f"sync_held: {len(answers)} held calls were answered while the reads ran "
-                                   "(raise HELD_LATENCY_S)")
+        none_answered()
         measured = True
-    finally:
-        # the generations end at the stub's latency: wait them out (after a failure only briefly: stopping
-        # the fleet closes what is left)
-        end = opened + latency + 120 if measured else time.monotonic() + 5
+    finally:  # wait the generations out (after a failure briefly: stopping the fleet closes what is left)
+        end = opened + HELD_LATENCY_S + 120 if measured else time.monotonic() + 5
         for thread in threads:
             thread.join(max(0.1, end - time.monotonic()))
     failed = [answer for answer in answers if answer[:2] != (200, "audio/mpeg")]
@@ -121,14 +109,6 @@ def measure_sync_held(ctx: Context) -> None:
     baseline = without + read_series(fleet, target)
     emit("sync_held_status_p50", core.pct(held, 0.5), "ms", core.pct(baseline, 0.5))
     emit("sync_held_status_p99", core.pct(held, 0.99), "ms", core.pct(baseline, 0.99))
-
-
-def _web_cpu_percent(fleet: core.Fleet) -> float:
-    """The web processes' CPU over ``IDLE_WINDOW_S``, in % of a core."""
-    pids = fleet.pids("web")
-    before, began = core.cpu_seconds(pids), time.monotonic()
-    time.sleep(IDLE_WINDOW_S)
-    return 100.0 * (core.cpu_seconds(pids) - before) / (time.monotonic() - began)
 
 
 def _first_event(sock: socket.socket) -> None:
@@ -146,11 +126,11 @@ def _first_event(sock: socket.socket) -> None:
 @phase("streams", "fleet", 50)
 def measure_streams(ctx: Context) -> None:
     fleet = ctx.fleet
-    target = _speech(fleet, "streams target", core.COMPLETED)
+    target = _speech(fleet, "streams target", COMPLETED)
     followed = _speech(fleet, f"streams followed [stub:latency={STREAM_LATENCY_S:g}]", core.IN_PROGRESS)
     began = time.monotonic()
     without = read_series(fleet, target)
-    idle_without = _web_cpu_percent(fleet)
+    idle_without = 100 * core.cores_used(fleet.pids("web"), IDLE_WINDOW_S)  # % of a core
     # the streams: raw sockets, all opened, then each read up to its first event (the rest waits in the kernel)
     request = (f"GET /v2/models/{MODEL_ID}/requests/{followed}/events HTTP/1.1\r\nHost: 127.0.0.1:{fleet.web_port}"
                f"\r\nX-API-Key: {fleet.api_key}\r\nAccept: text/event-stream\r\n\r\n").encode()
@@ -161,7 +141,7 @@ def measure_streams(ctx: Context) -> None:
             streams[-1].sendall(request)
         for sock in streams:
             _first_event(sock)
-        idle_with = _web_cpu_percent(fleet)
+        idle_with = 100 * core.cores_used(fleet.pids("web"), IDLE_WINDOW_S)
         with_streams = read_series(fleet, target)
         if time.monotonic() - began > STREAM_LATENCY_S:
             raise MeasurementError("streams: the followed generation ended while measuring; raise STREAM_LATENCY_S")
