@@ -1,5 +1,5 @@
-"""The front-door phases: the real front door against a Flask hello world served the same way
-(gunicorn, gevent), loaded with wrk, baseline and subject interleaved over a few rounds."""
+"""The front-door phases: the front door against a Flask hello world served the same way, loaded with
+wrk, baseline and subject interleaved over a few rounds."""
 
 from __future__ import annotations
 
@@ -17,12 +17,8 @@ from .core import WEB_WORKERS, Context, MeasurementError, emit, log, phase
 
 SUBMIT_BODY = '{"prompt": "bench"}'
 APP = "router_queue.wsgi:app"
-#: wrk's load: threads, connections.
-WRK_LOAD = ("-t2", "-c16")
-#: Seconds of each measured wrk run, and of the warm-up of each target.
-DURATION_S, WARMUP_S = 5, 2
-#: Interleaved (baseline, subject) rounds of a pair; the median-ratio round is reported.
-ROUNDS = 3
+#: wrk's threads and connections; seconds of a measured run and of each target's warm-up; rounds of a pair.
+WRK_LOAD, DURATION_S, WARMUP_S, ROUNDS = ("-t2", "-c16"), 5, 2, 3
 #: depth: requests ahead of the deep and of the near read, workspaces they are spread over, rounds.
 DEPTH, NEAR, DEPTH_WORKSPACES, DEPTH_ROUNDS = 100_000, 10, 1000, 5
 
@@ -46,7 +42,6 @@ class FrontDoor:
     """The front door and the hello world, both served (gunicorn, bench children), and a seeded workspace's key."""
 
     def __init__(self, ctx: Context):
-        self.children = ctx.children
         self.wrk = core.tool("wrk")
         self.services = core.services_for(ctx.redis_url)
         self.entry = self.services.catalog.by_id(core.MODEL_ID)
@@ -54,8 +49,8 @@ class FrontDoor:
         self.auth = {"X-API-Key": self.services.accounts.mint_key(core.new_workspace(self.services, "bench"))}
         self.post_headers = {**self.auth, "Content-Type": "application/json"}
         self.env = core.server_env(ctx.redis_url)
-        self.url = core.start_gunicorn(self.children, "frontdoor", APP, self.env, WEB_WORKERS)
-        self.hello = core.start_gunicorn(self.children, "hello", "bench.hello:app", self.env, WEB_WORKERS)
+        self.url = core.start_gunicorn(ctx.children, "frontdoor", APP, self.env, WEB_WORKERS)
+        self.hello = core.start_gunicorn(ctx.children, "hello", "bench.hello:app", self.env, WEB_WORKERS)
         self.submit_url = f"{self.url}/v2/models/{core.MODEL_ID}/requests"
 
     def get(self, what: str, url: str, headers: dict[str, str] | None = None, **kwargs) -> Target:
@@ -65,7 +60,7 @@ class FrontDoor:
         return Target(what, "POST", url, 201, self.post_headers, SUBMIT_BODY)
 
     def queued_request(self) -> str:
-        """The id of a request submitted now (it stays queued: no worker runs)."""
+        """A request submitted now (it stays queued: no worker runs)."""
         return core.http_json("POST", self.submit_url, self.post_headers, SUBMIT_BODY, 201)["request_id"]
 
 
@@ -147,15 +142,13 @@ def floor(ctx: Context) -> None:
 
 @phase("submit", "front", 30)
 def submit(ctx: Context) -> None:
-    from router_queue.store import keys
-
     front = ctx.front
-    queue_key = keys.queue(front.entry.provider)
-    before = front.services.redis.zcard(queue_key)
+    before = core.schedule_counts(front.services.redis, front.entry.provider)["queued"]
     subject = front.post("submit", front.submit_url)
 
     def index_grew() -> None:  # warm-up submits grew the index too; every measured 201 must be in it
-        if (grown := front.services.redis.zcard(queue_key) - before) < subject.answered:
+        grown = core.schedule_counts(front.services.redis, front.entry.provider)["queued"] - before
+        if grown < subject.answered:
             raise MeasurementError(f"submit: {subject.answered} answers were 201 but the queue index grew by {grown}")
 
     measure_pair(ctx, "submit", front.post("hello POST", f"{front.hello}/hello"), subject, "submit_throughput",
@@ -164,8 +157,7 @@ def submit(ctx: Context) -> None:
 
 @contextmanager
 def _replica_front(ctx: Context, name: str, env_for: Callable[[str], dict[str, str]]):
-    """A replica of the bench's Redis (``redis-replica``) and a third front door (``frontdoor-<name>``)
-    whose environment adds ``env_for(replica URL)``; yields that front door's URL."""
+    """A replica of the bench's Redis and a third front door with ``env_for(replica URL)``; yields its URL."""
     with ctx.children.scope():
         replica = core.start_redis(ctx.children, "redis-replica", "--replicaof", "127.0.0.1",
                                    str(urlsplit(ctx.redis_url).port))
@@ -187,8 +179,7 @@ def replicated(ctx: Context) -> None:
 
 @phase("replica_reads", "front", 45)
 def replica_reads(ctx: Context) -> None:
-    """The primary's CPU per status poll when a replica serves the reads (a front door with REDIS_READ_URL)
-    against the same polls served by the primary (the plain front door)."""
+    """The primary's CPU per status poll when a front door with REDIS_READ_URL at a replica serves them."""
     front, primary = ctx.front, ctx.front.services.redis
     path = f"/v2/models/{core.MODEL_ID}/requests/{front.queued_request()}/status"
 
@@ -223,8 +214,6 @@ def _depth_side(ctx: Context, which: str, ahead: int, db: int, catalog_path: Pat
 
 @phase("depth", "front", 50)
 def depth(ctx: Context) -> None:
-    """Each side gets its own database and front door, the provider capped at 1 and that slot held, so
-    nothing is ever granted (bench/README.md)."""
     catalog_path = core.capped_catalog(ctx.tmp, {ctx.front.entry.provider: 1})
     with ctx.children.scope():
         near = _depth_side(ctx, "near", NEAR, core.SIDE_DBS[0], catalog_path)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from contextlib import closing
 from typing import Any
 from urllib.parse import urlencode
 
@@ -47,8 +48,7 @@ def measure(ctx: Context) -> None:
     workspace = new_workspace(services, "history-bench")
     ids = schedule.seed_spread(services, [workspace], entry, REQUESTS, '{"prompt": "history"}')
     schedule.cancel_all(services, [i for n, i in enumerate(ids) if n % WAITING_ONE_IN], workspace, entry)
-    connection = KeepAlive(ctx.front.url, {"X-API-Key": services.accounts.mint_key(workspace)})
-    try:
+    with closing(KeepAlive(ctx.front.url, {"X-API-Key": services.accounts.mint_key(workspace)})) as connection:
         for name, query, expected in (
                 ("history_paging", {"limit": LIMIT}, ids[::-1]),
                 ("history_paging_filtered", {"limit": LIMIT, "status": "IN_QUEUE"}, ids[::WAITING_ONE_IN][::-1])):
@@ -68,5 +68,3 @@ def measure(ctx: Context) -> None:
                 ratios.append(this_round[1] / this_round[0])
             log(f"{name}: per-round ratios (last / first): " + " ".join(f"{r:.3f}" for r in ratios))
             emit(name, statistics.median(times[1]), "ms", statistics.median(times[0]))
-    finally:
-        connection.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from contextlib import closing
 from typing import Callable
 
 from .core import CAPPED_MODEL_ID, Context, KeepAlive, MeasurementError, emit, phase
@@ -55,18 +56,15 @@ def bodies() -> dict[str, bytes]:
 @phase("hostile_body_ratio", "front", 60)
 def measure(ctx: Context) -> None:
     path, headers, cases = f"/v2/models/{CAPPED_MODEL_ID}/requests", ctx.front.post_headers, bodies()
-    connection = KeepAlive(ctx.front.url)
     timings: dict[str, list[float]] = {name: [] for name in cases}
     statuses: dict[str, int] = {}
-    try:
+    with closing(KeepAlive(ctx.front.url)) as connection:
         for body in cases.values():  # warm-up: each kind once
             connection.call("POST", path, headers, body)
         for _ in range(ROUNDS):
             for name, body in cases.items():
                 ms, statuses[name], _ = connection.call("POST", path, headers, body)
                 timings[name].append(ms)
-    finally:
-        connection.close()
     if statuses.pop("plain") != 201:
         raise MeasurementError("hostile_body_ratio: the plain 1 MB prompt was not answered 201")
     if refused := {name: status for name, status in statuses.items() if not 400 <= status < 500}:

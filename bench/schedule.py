@@ -1,5 +1,5 @@
-"""The schedule behind a provider's cap, seeded and driven through ``RequestStore``: the seeding the
-capped figures share, and the store-only phases ``dispatch_cost`` and ``waiting_memory``."""
+"""The schedule behind a provider's cap, driven through ``RequestStore``: the seeding the capped figures
+share, and the store-only phases ``dispatch_cost`` and ``waiting_memory``."""
 
 from __future__ import annotations
 
@@ -13,17 +13,16 @@ from .core import Context, MeasurementError, emit, log, phase
 
 #: Admits (or cancels) sent per pipeline while seeding.
 BATCH = 2000
-#: What the issue allows a waiting request to cost in Redis beyond its body.
-WAITING_OVERHEAD_BUDGET = 1536
-#: dispatch_cost: workspaces the waiting requests are spread over, requests waiting behind the cap of 1 on
-#: each side throughout, complete -> grant -> claim cycles per run, interleaved (1 workspace, many) rounds.
-COST_WORKSPACES, COST_QUEUE, CYCLES, COST_ROUNDS = 1000, 10_000, 2000, 5
+#: waiting_memory: requests admitted, and what the issue allows each to cost in Redis beyond its body.
+WAITING_COUNT, WAITING_OVERHEAD_BUDGET = 1000, 1536
+#: dispatch_cost: workspaces of the subject side, requests waiting behind the cap of 1 on each side
+#: throughout, complete -> grant -> claim cycles per run (and of the warm-up), rounds.
+COST_WORKSPACES, COST_QUEUE, CYCLES, COST_WARMUP, COST_ROUNDS = 1000, 10_000, 2000, 200, 5
 
 
 def _pipelined(services, method: str, calls: list[dict], reply: list, what: str) -> None:
     """``RequestStore.<method>(**kwargs)`` for each of ``calls`` on a store copy whose script queues on a
-    pipeline (``BATCH`` per round trip) and answers ``reply``, so the store builds KEYS and ARGV; every real
-    reply must start as ``reply``."""
+    pipeline (``BATCH`` per round trip) and answers ``reply``; every real reply must start as ``reply``."""
     script, pipe = getattr(services.store, f"_{method}"), None
 
     def queue_call(keys, args, client=None):
@@ -42,8 +41,7 @@ def _pipelined(services, method: str, calls: list[dict], reply: list, what: str)
 
 
 def seed_spread(services, workspaces: list[str], entry, count: int, body: str) -> list[str]:
-    """``count`` requests for ``entry`` admitted round-robin over ``workspaces`` through ``RequestStore.admit``
-    on pipelines; their ids in admission order."""
+    """The ids of ``count`` requests for ``entry`` admitted round-robin over ``workspaces``, in order."""
     order = [workspaces[n % len(workspaces)] for n in range(count)]
     ids = [services.ids.mint(ws, entry.id) for ws in order]
     _pipelined(services, "admit", [dict(request_id=i, workspace=ws, model=entry.id, provider=entry.provider, body=body)
@@ -52,7 +50,7 @@ def seed_spread(services, workspaces: list[str], entry, count: int, body: str) -
 
 
 def cancel_all(services, request_ids: list[str], workspace: str, entry) -> None:
-    """Cancel waiting requests through ``RequestStore.cancel`` on pipelines."""
+    """Cancel waiting requests (``RequestStore.cancel``, pipelined)."""
     _pipelined(services, "cancel", [dict(request_id=i, workspace=workspace, model=entry.id, provider=entry.provider)
                                     for i in request_ids], [b"CANCELLED"], "cancelling the requests")
 
@@ -67,7 +65,7 @@ def bench_lease():
 
 def seed_behind(services, entry, ahead: int, workspace_count: int, body: str) -> tuple[str, str]:
     """(workspace, id) of a request admitted behind ``ahead`` waiting ones, under a cap of 1 held by a claimed
-    request; admit.lua must place it at position ``ahead``."""
+    request; admit.lua must place it at ``ahead``."""
     store = services.store
     if store.max_in_flight(entry.provider) != 1:
         raise MeasurementError(f"{entry.provider} is not capped at 1 in the bench's catalog copy")
@@ -130,25 +128,22 @@ class CycleSide:
 
 @phase("dispatch_cost", "store", 10)
 def measure_dispatch_cost(ctx: Context) -> None:
-    k = CYCLES
     catalog_path = core.capped_catalog(ctx.tmp, {"bfl": 1})
-    queued = COST_QUEUE + COST_ROUNDS * k + 1  # at the end, COST_QUEUE less the warm-up's cycles still wait
+    queued = COST_QUEUE + COST_ROUNDS * CYCLES + 1  # at the end, COST_QUEUE less the warm-up still wait
     sides = [CycleSide(f"{n} workspace(s)", ctx.db_url(db), catalog_path, n, queued)
              for n, db in zip((1, COST_WORKSPACES), core.SIDE_DBS)]
     for side in sides:
-        side.run(200)  # warm-up
-    rounds = [tuple(side.run(k) for side in sides) for _ in range(COST_ROUNDS)]
+        side.run(COST_WARMUP)
+    rounds = [tuple(side.run(CYCLES) for side in sides) for _ in range(COST_ROUNDS)]
     for index, name in enumerate(("dispatch_cost", "dispatch_redis_cpu")):
         base, subject = core.median_round(name, [(b[index], s[index]) for b, s in rounds],
                                           lambda b, s: s / b if b else float("inf"))
-        emit(f"{name}_1000_workspaces", 1000 * subject / k, "ms", 1000 * base / k)
+        emit(f"{name}_1000_workspaces", 1000 * subject / CYCLES, "ms", 1000 * base / CYCLES)
 
 
 @phase("waiting_memory", "store", 20)
 def measure_waiting_memory(ctx: Context) -> None:
-    """``memory_per_waiting_request``: Redis ``used_memory`` added per request waiting behind a capped provider,
-    admitted as a submit is (a price held, an Idempotency-Key reserved), against the body plus 1.5 KiB."""
-    count = 1000
+    """Redis ``used_memory`` per request waiting behind a cap, admitted as a submit is (bench/README.md)."""
     services = core.services_for(ctx.db_url(core.SIDE_DBS[0]), core.capped_catalog(ctx.tmp, {"bfl": 1}))
     client = services.redis
     client.flushdb()
@@ -164,9 +159,9 @@ def measure_waiting_memory(ctx: Context) -> None:
 
     admit(0)  # takes the one slot: everything after waits
     before = client.info("memory")["used_memory"]
-    for n in range(1, count + 1):
+    for n in range(1, WAITING_COUNT + 1):
         admit(n)
-    per_request = (client.info("memory")["used_memory"] - before) / count
+    per_request = (client.info("memory")["used_memory"] - before) / WAITING_COUNT
     log(f"waiting_memory: one GiB holds about {2**30 / per_request:,.0f} such waiting requests")
     client.flushdb()
     emit("memory_per_waiting_request", per_request, "bytes", len(body) + WAITING_OVERHEAD_BUDGET)

@@ -10,6 +10,7 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import closing
 
 from . import core
 from .core import COMPLETED, Context, MeasurementError, emit, phase
@@ -37,17 +38,15 @@ def read_series(fleet: core.Fleet, request_id: str) -> list[float]:
     start = threading.Barrier(READERS)
 
     def reader(number: int) -> list[float]:
-        conn = core.KeepAlive(fleet.base, fleet.auth, timeout_s=30)
         try:
-            for _ in range(WARMUP_READS):
-                conn.expect(200, "GET", path)
-            start.wait(timeout=60)
-            return [conn.expect(200, "GET", path)[0] for _ in range(READS // READERS + (number < READS % READERS))]
+            with closing(core.KeepAlive(fleet.base, fleet.auth, timeout_s=30)) as conn:
+                for _ in range(WARMUP_READS):
+                    conn.expect(200, "GET", path)
+                start.wait(timeout=60)
+                return [conn.expect(200, "GET", path)[0] for _ in range(READS // READERS + (number < READS % READERS))]
         except Exception as exc:
             start.abort()
             raise MeasurementError(f"status reads failed: reader {number}: {exc!r}") from exc
-        finally:
-            conn.close()
 
     with ThreadPoolExecutor(READERS) as pool:
         return [ms for series in pool.map(reader, range(READERS)) for ms in series]
