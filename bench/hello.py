@@ -1,8 +1,6 @@
 """The baseline: a Flask hello world served like the front door (``GET``/``POST /hello``, and
 ``GET /hello/redis``: the same plus one Redis ``INCR``, the floor under a status read)."""
 
-from __future__ import annotations
-
 import os
 
 import redis
@@ -26,5 +24,4 @@ def hello_redis():
 
 @app.post("/hello")
 def hello_post():
-    body = request.get_json(force=True, silent=True)
-    return jsonify(received=isinstance(body, dict), message="hello"), 201
+    return jsonify(received=isinstance(request.get_json(force=True, silent=True), dict), message="hello"), 201

@@ -36,12 +36,11 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
     import redis
 
     ctx = Context(children, tmp, start_redis(children))
-    client = redis.Redis.from_url(ctx.redis_url)
     chosen = [p for p in ordered() if p.name in args.only]
-    failures: list[str] = []
+    failures = []
     for stage in dict.fromkeys(p.stage for p in chosen):
-        if stage in ("own_fleet", "fleet"):
-            client.flushdb()  # what earlier stages left must not reach this stage's workers
+        if stage in ("own_fleet", "fleet"):  # what earlier stages published must not reach this stage's workers
+            redis.Redis.from_url(ctx.redis_url).flushdb()
         with children.scope():  # what a stage started stops with it: the next must not share the machine
             if stage == "front":
                 ctx.front = front.FrontDoor(ctx)
@@ -55,8 +54,7 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
                     failures.append(p.name)
     if failures:
         log(f"ERROR: no figure for: {', '.join(failures)}")
-        return 1
-    return 0
+    return 1 if failures else 0
 
 
 def _terminate(signum, _frame):
