@@ -124,8 +124,7 @@ def schedule_counts(client, provider: str) -> dict[str, int]:
 
 
 def cpu_seconds(pids: list[int], precise: bool = False) -> float:
-    """CPU of ``pids`` and their direct children: /proc stat's 10 ms ticks, or with ``precise`` every live
-    thread's schedstat (ns)."""
+    """CPU s of ``pids`` and their children: /proc stat's ticks, or (``precise``) live threads' schedstat."""
     total = 0.0
     for pid in pids:
         for p in [pid, *map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]:
@@ -171,8 +170,7 @@ class Children:
         return proc
 
     def stop(self, first: int = 0, timeout_s: float = 15.0) -> None:
-        """Stop the children started since the ``first``-th (all by default): SIGTERM, then SIGKILL after
-        ``timeout_s``."""
+        """Stop the children started since the ``first``-th: SIGTERM, then SIGKILL after ``timeout_s``."""
         chosen = self.procs[first:][::-1]
         for _, proc in chosen:
             proc.terminate()
@@ -215,8 +213,7 @@ def start_redis(children: Children, name: str = "redis", *extra: str, port: int 
 def start_gunicorn(children: Children, name: str, app: str, env: dict[str, str], workers: int,
                    serving: tuple[str, ...] = (*WEB_SERVING, "--graceful-timeout", "5", "--log-level", "warning"),
                    ) -> str:
-    """``gunicorn app`` served as the Procfile serves the front door, on a free port; its URL once it answers
-    ``/healthz``."""
+    """``gunicorn app`` served as the Procfile serves the front door; its URL once it answers ``/healthz``."""
     port = free_port()
     proc = children.spawn(name, [sys.executable, "-m", "gunicorn", "--workers", str(workers), *serving,
                                  "--bind", f"127.0.0.1:{port}", app], env)
@@ -274,8 +271,7 @@ class KeepAlive:
         self.headers = headers or {}
 
     def call(self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None
-             ) -> tuple[float, int, bytes]:
-        """(ms, status, answer bytes)."""
+             ) -> tuple[float, int, bytes]:  # (ms, status, answer bytes)
         started = time.perf_counter()
         self.conn.request(method, path, body=body, headers=headers or self.headers)
         data = (response := self.conn.getresponse()).read()
@@ -283,7 +279,6 @@ class KeepAlive:
 
     def expect(self, status: int, method: str, path: str, body: bytes | None = None,
                headers: dict[str, str] | None = None) -> tuple[float, bytes]:
-        """(ms, answer bytes) of a call that must answer ``status``."""
         ms, code, data = self.call(method, path, headers, body)
         if code != status:
             raise MeasurementError(f"{method} {path} answered {code}, not {status}: {data[:200]!r}")
@@ -444,8 +439,7 @@ class Fleet:
         return done
 
     def ping(self, count: int) -> list[float]:
-        """``count`` bare Celery round trips (the baseline of the dispatch and grant-to-start figures), 50 ms
-        apart: ``send_task(bench.ping, [reply_key])`` on the maintenance queue, then ``BLPOP reply_key``."""
+        """s of ``count`` bare Celery round trips, 50 ms apart: ``send_task(bench.ping, [reply_key])``, ``BLPOP``."""
         from router_queue.broker.celery_app import MAINTENANCE_QUEUE, make_celery
 
         self.celery = self.celery or make_celery(self.settings)

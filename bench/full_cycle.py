@@ -10,38 +10,31 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from typing import Callable
+from contextlib import closing
+from typing import Callable, NamedTuple
+
+from router_queue.dev.stack import WEB_SERVING
 
 from . import core
 from .core import WEB_WORKERS, Context, MeasurementError, emit, log, phase
 from .delivery import capped_body
 
-#: Ours: one synchronous provider call per delivery.
-OURS = f"/v2/models/{core.CAPPED_MODEL_ID}/requests"
-#: Seconds one cycle may take before the run fails.
-CYCLE_TIMEOUT_S = 30.0
-#: Seconds between runs (the last run's stragglers drain).
-SETTLE_S = 0.5
 #: The minimal loop's database on the bench's Redis.
 MINIMAL_DB = 11
-#: Client threads, each looping submit -> poll -> collect; seconds a client sleeps before each status read.
-CLIENTS, POLL_S = 32, 0.01
-#: Uncounted seconds before each run's window, counted seconds of the window.
-WARMUP_S, WINDOW_S = 2.0, 10.0
-#: Interleaved (ours, minimal noop, minimal stub) rounds.
-ROUNDS = 3
+#: Client threads, each looping submit -> poll -> collect; seconds a client sleeps before each status read;
+#: seconds one cycle may take before the run fails.
+CLIENTS, POLL_S, CYCLE_TIMEOUT_S = 32, 0.01, 30.0
+#: Uncounted seconds before each run's window, its counted seconds, seconds between runs (stragglers
+#: drain), interleaved (ours, minimal noop, minimal stub) rounds.
+WARMUP_S, WINDOW_S, SETTLE_S, ROUNDS = 2.0, 10.0, 0.5, 3
 
 
-@dataclass
-class Side:
-    """One loop as the client sees it (paths with ``{}`` for the id)."""
+class Side(NamedTuple):
+    """A loop as its clients see it: submit to ``prefix``, poll ``{prefix}/{id}/status``, collect ``{prefix}/{id}``."""
 
     label: str
     port: int
-    submit_path: str
-    status_path: str
-    result_path: str
+    prefix: str
     headers: dict[str, str]
 
 
@@ -51,40 +44,37 @@ def _snapshot(client) -> tuple[float, float, int]:
     return time.perf_counter(), core.redis_cpu(client), calls
 
 
-def run_once(side: Side, redis_client, alive: Callable[[], None]) -> dict[str, float]:
-    """The clients on ``side`` for warm-up + window; the window's figures."""
-    stop = threading.Event()
-    post_headers = {**side.headers, "Content-Type": "application/json"}
-
-    def client(number: int) -> list[tuple[float, float]]:
-        """Cycles until ``stop``: (collected at, latency s) of each."""
-        conn, done = core.KeepAlive(f"http://127.0.0.1:{side.port}", side.headers, CYCLE_TIMEOUT_S), []
-        try:
+def _client(side: Side, number: int, stop: threading.Event) -> list[tuple[float, float]]:
+    """One client's cycles until ``stop``: (collected at, latency s) of each."""
+    post_headers, done = {**side.headers, "Content-Type": "application/json"}, []
+    try:
+        with closing(core.KeepAlive(f"http://127.0.0.1:{side.port}", side.headers, CYCLE_TIMEOUT_S)) as conn:
             while not stop.is_set():
                 body = capped_body(f"bench cycle {side.label}{number} {uuid.uuid4().hex} [stub:latency=0]")
                 began = time.perf_counter()
-                submitted = conn.expect(201, "POST", side.submit_path, body.encode(), post_headers)[1]
+                submitted = conn.expect(201, "POST", side.prefix, body.encode(), post_headers)[1]
                 request_id = json.loads(submitted)["request_id"]
                 while True:
                     time.sleep(POLL_S)
-                    status = json.loads(conn.expect(200, "GET", side.status_path.format(request_id))[1])["status"]
-                    if status == core.COMPLETED:
+                    answer = conn.expect(200, "GET", f"{side.prefix}/{request_id}/status")[1]
+                    if json.loads(answer)["status"] == core.COMPLETED:
                         break
                     if time.perf_counter() - began > CYCLE_TIMEOUT_S:
                         raise MeasurementError(f"request {request_id} not COMPLETED within {CYCLE_TIMEOUT_S} s")
-                if not conn.expect(200, "GET", side.result_path.format(request_id))[1]:
+                if not conn.expect(200, "GET", f"{side.prefix}/{request_id}")[1]:
                     raise MeasurementError(f"the result of {request_id} was empty")
-                ended = time.perf_counter()
-                done.append((ended, ended - began))
-            return done
-        except Exception as exc:
-            stop.set()
-            raise MeasurementError(f"full_cycle {side.label}: client {number}: {exc!r}") from exc
-        finally:
-            conn.close()
+                done.append((ended := time.perf_counter(), ended - began))
+        return done
+    except Exception as exc:
+        stop.set()
+        raise MeasurementError(f"full_cycle {side.label}: client {number}: {exc!r}") from exc
 
+
+def run_once(side: Side, redis_client, alive: Callable[[], None]) -> dict[str, float]:
+    """The clients on ``side`` for warm-up + window; the window's figures."""
+    stop = threading.Event()
     with ThreadPoolExecutor(CLIENTS) as pool:
-        clients = [pool.submit(client, n) for n in range(CLIENTS)]
+        clients = [pool.submit(_client, side, n, stop) for n in range(CLIENTS)]
         stop.wait(WARMUP_S)
         before = _snapshot(redis_client)
         stop.wait(WINDOW_S)
@@ -100,22 +90,21 @@ def run_once(side: Side, redis_client, alive: Callable[[], None]) -> dict[str, f
 
 
 def start_minimal(ctx: Context, stub_url: str) -> int:
-    """bench/minimal_loop.py served by gunicorn and run by a prefork Celery worker: its web port."""
-    from . import minimal_loop  # its module-level Celery app and Redis client: only when a loop runs
-
-    env = {k: v for k, v in core.server_env(ctx.db_url(MINIMAL_DB), MINIMAL_REDIS_URL=ctx.db_url(MINIMAL_DB),
-                                            MINIMAL_STUB_URL=stub_url).items() if not k.startswith("CELERY")}
-    url = core.start_gunicorn(ctx.children, "minimal-web", "bench.minimal_loop:app", env, WEB_WORKERS,
-                              (*minimal_loop.WEB_SERVING, "--timeout", "660"))
+    """bench/minimal_loop.py served by gunicorn (with its own gevent worker class) and run by a prefork
+    Celery worker (on its app's default queue): its web port."""
+    url = ctx.db_url(MINIMAL_DB)
+    env = {k: v for k, v in core.server_env(url, MINIMAL_REDIS_URL=url, MINIMAL_STUB_URL=stub_url).items()
+           if not k.startswith("CELERY")}
+    web = core.start_gunicorn(ctx.children, "minimal-web", "bench.minimal_loop:app", env, WEB_WORKERS,
+                              ("--worker-class", "gevent", *WEB_SERVING[2:], "--timeout", "660"))
     ctx.children.spawn("minimal-worker", [
-        sys.executable, "-m", "celery", "-A", "bench.minimal_loop:celery_app", "worker", "--queues",
-        minimal_loop.QUEUE, "--pool", "prefork", "--concurrency", "2",
-        "--loglevel", "INFO", "--hostname", f"minimal-{os.getpid()}@%h", "--without-gossip", "--without-mingle",
-    ], env)
+        sys.executable, "-m", "celery", "-A", "bench.minimal_loop:celery_app", "worker", "--pool", "prefork",
+        "--concurrency", "2", "--loglevel", "INFO", "--hostname", f"minimal-{os.getpid()}@%h", "--without-gossip",
+        "--without-mingle"], env)
     worker_log = ctx.children.log_dir / "minimal-worker.log"
     core.wait_until(lambda: " ready." in worker_log.read_text(errors="replace"), 60,
                     "the minimal loop's worker was not ready", alive=ctx.children.alive)
-    return int(url.rsplit(":", 1)[1])
+    return int(web.rsplit(":", 1)[1])
 
 
 @phase("full_cycle", "own_fleet", 10)
@@ -127,10 +116,8 @@ def measure(ctx: Context) -> None:
     with ctx.children.scope():
         fleet = core.Fleet(ctx.children, ctx.redis_url, caps={}, log_prefix="cycle-").start()
         port = start_minimal(ctx, fleet.stub)
-        sides = [Side("ours", fleet.web_port, OURS, OURS + "/{}/status", OURS + "/{}", fleet.auth)]
-        for variant in ("noop", "stub"):
-            sides.append(Side(f"minimal-{variant}", port, f"/submit/{variant}", "/status/{}", "/result/{}",
-                              {"X-API-Key": "minimal"}))
+        sides = [Side("ours", fleet.web_port, f"/v2/models/{core.CAPPED_MODEL_ID}/requests", fleet.auth),
+                 *(Side(f"minimal-{v}", port, f"/minimal/{v}", {"X-API-Key": "minimal"}) for v in ("noop", "stub"))]
         for _ in range(ROUNDS):
             rounds.append({})
             for side in sides:
