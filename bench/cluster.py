@@ -58,7 +58,7 @@ def measure(ctx: Context) -> None:
         def deliver(n: int) -> str:
             model = list(BODIES)[n % len(BODIES)]
             body = json.dumps(BODIES[model](f"bench cluster {n} {time.monotonic_ns()}"))
-            return fleet.submit_to(model, body, callers[n % len(callers)])
+            return fleet.submit(body, model, callers[n % len(callers)])
 
         before = [core.redis_cpu(node) for node in nodes]
         with ThreadPoolExecutor(16) as pool:

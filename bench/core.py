@@ -10,8 +10,6 @@ import shutil
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -19,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit
+
+import requests
 
 from router_queue.dev.stack import WEB_SERVING, Stack, free_port, wait_for_port
 
@@ -83,10 +83,8 @@ class Context:
         return f"{self.redis_url.rsplit('/', 1)[0]}/{db}"
 
 
-def fmt(value: float) -> str:
-    if 0 < value < 0.1:
-        return f"{value:.3g}"
-    return f"{value:.1f}" if value >= 100 else f"{value:.3f}" if value < 10 else f"{value:.2f}"
+def fmt(v: float) -> str:
+    return f"{v:.3g}" if 0 < v < 0.1 else f"{v:.1f}" if v >= 100 else f"{v:.3f}" if v < 10 else f"{v:.2f}"
 
 
 def emit(name: str, value: float, unit: str, baseline: float) -> None:
@@ -240,26 +238,19 @@ def wait_http(url: str, proc: subprocess.Popen, timeout_s: float = 60.0) -> None
         if proc.poll() is not None:
             raise MeasurementError(f"pid {proc.pid} exited with {proc.returncode} while booting {url}")
         try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                return response.status == 200
-        except OSError:
+            return requests.get(url, timeout=5).status_code == 200
+        except requests.RequestException:
             return False
 
     wait_until(answers, timeout_s, f"{url} did not answer 200")
 
 
 def http_json(method: str, url: str, headers: dict[str, str], body: str | None = None, status: int = 200) -> dict:
-    """The JSON answer of a call (urllib, a connection of its own) that must answer ``status``."""
-    request = urllib.request.Request(url, data=None if body is None else body.encode(), method=method,
-                                     headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=10) as response:
-            code, raw = response.status, response.read()
-    except urllib.error.HTTPError as exc:
-        code, raw = exc.code, exc.read()
-    if code != status:
-        raise MeasurementError(f"{method} {url} answered {code}, not {status}: {raw[:300]!r}")
-    return json.loads(raw or b"{}")
+    """The JSON answer of a call (a connection of its own) that must answer ``status``."""
+    answer = requests.request(method, url, headers=headers, data=None if body is None else body.encode(), timeout=10)
+    if answer.status_code != status:
+        raise MeasurementError(f"{method} {url} answered {answer.status_code}, not {status}: {answer.content[:300]!r}")
+    return json.loads(answer.content or b"{}")
 
 
 class KeepAlive:
@@ -384,7 +375,8 @@ class Fleet:
         logs = [self.children.log_dir / f"{self.log_prefix}{name}.log" for name in workers]
         wait_until(lambda: all(" ready." in log.read_text(errors="replace") for log in logs), 90,
                    "the workers were not ready", alive=self.alive)
-        self.wait_records([self.submit(self.prompt("probe", 0))], (COMPLETED,), timeout_s=60, interval_s=0.05)
+        probe = self.submit(json.dumps({"prompt": self.prompt("probe", 0)}))
+        self.wait_records([probe], (COMPLETED,), timeout_s=60, interval_s=0.05)
         log(f"fleet up at {self.base}: a probe request completed")
         return self
 
@@ -400,10 +392,7 @@ class Fleet:
         """A prompt no other request sends (the stub keys its tasks on the body)."""
         return f"bench {label} {uuid.uuid4().hex} [stub:latency={latency:g}]"
 
-    def submit(self, prompt: str) -> str:
-        return self.submit_to(MODEL_ID, json.dumps({"prompt": prompt}))
-
-    def submit_to(self, model_id: str, body: str, headers: dict[str, str] | None = None) -> str:
+    def submit(self, body: str, model_id: str = MODEL_ID, headers: dict[str, str] | None = None) -> str:
         """Submit ``body`` to ``model_id``'s queued route; the request id."""
         url = f"{self.base}/v2/models/{model_id}/requests"
         return http_json("POST", url, headers or self.post_headers, body, 201)["request_id"]
@@ -411,7 +400,7 @@ class Fleet:
     def submit_all(self, bodies: list[str], model_id: str, threads: int) -> list[str]:
         """Submit ``bodies`` to ``model_id`` from ``threads`` threads; their ids, in order."""
         with ThreadPoolExecutor(threads, thread_name_prefix="submit") as pool:
-            return list(pool.map(lambda body: self.submit_to(model_id, body), bodies))
+            return list(pool.map(lambda body: self.submit(body, model_id), bodies))
 
     def records(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         """status, created_at, started_at, completed_at, error_type of each id, one round trip."""

@@ -45,7 +45,7 @@ def measure_dispatch(ctx: Context) -> None:
     for _ in range(WARMUP + SAMPLES):
         pings += fleet.ping(1)
         time.sleep(0.05)  # idle between samples: none starts while the last one winds down
-        request_id = fleet.submit(fleet.prompt("dispatch", 0))
+        request_id = fleet.submit(json.dumps({"prompt": fleet.prompt("dispatch", 0)}))
         row = _completed(fleet, [request_id], "dispatch", 30, 0.005)[request_id]  # the fleet is idle again
         claims.append(float(row["started_at"]) - float(row["created_at"]))
     emit("dispatch_latency", 1000 * statistics.median(claims[WARMUP:]), "ms",
@@ -60,7 +60,7 @@ def _hold_slot(fleet: core.Fleet, latency: float, what: str) -> str:
         raise MeasurementError(f"{what}: {CAPPED_PROVIDER} is not idle ({counts}); the phase needs it to itself")
     if (cap := fleet.services.catalog.max_in_flight(CAPPED_PROVIDER)) != CAP:
         raise MeasurementError(f"{what}: {CAPPED_PROVIDER}'s cap is {cap} in the fleet's catalog, not {CAP}")
-    request_id = fleet.submit_to(CAPPED_MODEL_ID, capped_body(fleet.prompt(what, latency)))
+    request_id = fleet.submit(capped_body(fleet.prompt(what, latency)), CAPPED_MODEL_ID)
     fleet.wait_records([request_id], (core.IN_PROGRESS,), timeout_s=30, interval_s=0.02)
     return request_id
 
