@@ -1,10 +1,6 @@
-"""``cluster_busiest_primary_share``: the store on a Redis Cluster of three primaries (no replicas,
-the slots split evenly, so each provider's slot is on a primary of its own: ``keys.PROVIDER_CODES``),
-Celery's broker on a Redis of its own, deliveries to three providers from 100 workspaces; the
-busiest primary's share of the primaries' CPU over the load (baseline 1: one primary does it all;
-a third is the floor)."""
-
-from __future__ import annotations
+"""``cluster_busiest_primary_share``: the busiest primary's share of the CPU of a Redis Cluster of three
+primaries (the slots split evenly, so each provider's slot is on a primary of its own) serving the store
+while three providers deliver for 100 workspaces (bench/README.md)."""
 
 import json
 import subprocess
@@ -17,16 +13,15 @@ from router_queue.dev.stack import cluster_port
 
 from . import core
 from .core import Context, MeasurementError, emit, phase
+from .delivery import capped_body
 
-PRIMARIES = 3
-#: Workspaces submitting round-robin, deliveries measured.
-WORKSPACES, DELIVERIES = 100, 900
-#: One model per provider, with a body its stub answers at once.
+#: Cluster primaries, workspaces submitting round-robin, deliveries measured.
+PRIMARIES, WORKSPACES, DELIVERIES = 3, 100, 900
+#: One model per provider and its body.
 BODIES = {
-    "bfl/flux-2-pro": lambda text: {"prompt": f"{text} [stub:latency=0]"},
-    "vertexai/gemini-3.1-flash-image": lambda text: {
-        "contents": [{"role": "user", "parts": [{"text": f"{text} [stub:latency=0]"}]}]},
-    "openai/gpt-4o-mini-tts": lambda text: {"input": f"{text} [stub:latency=0]", "voice": "alloy"},
+    "bfl/flux-2-pro": lambda text: json.dumps({"prompt": text}),
+    "vertexai/gemini-3.1-flash-image": capped_body,
+    "openai/gpt-4o-mini-tts": lambda text: json.dumps({"input": text, "voice": "alloy"}),
 }
 
 
@@ -57,7 +52,7 @@ def measure(ctx: Context) -> None:
 
         def deliver(n: int) -> str:
             model = list(BODIES)[n % len(BODIES)]
-            body = json.dumps(BODIES[model](f"bench cluster {n} {time.monotonic_ns()}"))
+            body = BODIES[model](f"bench cluster {n} {time.monotonic_ns()} [stub:latency=0]")
             return fleet.submit(body, model, callers[n % len(callers)])
 
         before = [core.redis_cpu(node) for node in nodes]

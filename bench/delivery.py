@@ -2,8 +2,6 @@
 round trip, ``inflight`` (500 generations at once against one alone) and ``waiting_cpu`` (the workers'
 and beat's CPU while 10,000 requests wait behind vertexai's cap of 1, against the fleet idle)."""
 
-from __future__ import annotations
-
 import json
 import statistics
 import time

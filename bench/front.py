@@ -1,8 +1,6 @@
 """The front-door phases: the front door against a Flask hello world served the same way, loaded with
 wrk, baseline and subject interleaved over a few rounds."""
 
-from __future__ import annotations
-
 import json
 import re
 import subprocess

@@ -1,8 +1,6 @@
 """``full_cycle``: clients looping submit -> poll -> collect on a fleet of its own (the shipped caps) and
 on the minimal loop built from the bare parts (bench/minimal_loop.py), in interleaved rounds."""
 
-from __future__ import annotations
-
 import json
 import os
 import sys

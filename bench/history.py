@@ -1,8 +1,6 @@
 """``history_paging``: the last page of a 100,000-request history (``GET /v2/requests``) against its
 first page, plain and filtered, read interleaved on one keep-alive connection."""
 
-from __future__ import annotations
-
 import json
 import statistics
 from contextlib import closing
@@ -12,12 +10,9 @@ from urllib.parse import urlencode
 from . import schedule
 from .core import MODEL_ID, Context, KeepAlive, MeasurementError, emit, log, new_workspace, phase
 
-#: Entries per page (the most the route lists).
-LIMIT = 100
-#: One in this many requests is left waiting; the rest are cancelled.
-WAITING_ONE_IN = 10
-#: Requests in the workspace's history; interleaved rounds of first- and last-page reads, reads of each
-#: page per round.
+#: Entries per page (the most the route lists); one in this many requests is left waiting, the rest cancelled.
+LIMIT, WAITING_ONE_IN = 100, 10
+#: Requests in the history; interleaved rounds of first- and last-page reads, reads of each page per round.
 REQUESTS, ROUNDS, READS_PER_ROUND = 100_000, 15, 10
 
 

@@ -1,8 +1,6 @@
 """``hostile_body_ratio``: refusing a hostile 1 MB body against admitting a plain 1 MB prompt of the
 same model, interleaved on one keep-alive connection."""
 
-from __future__ import annotations
-
 import json
 import statistics
 from contextlib import closing
@@ -10,10 +8,8 @@ from typing import Callable
 
 from .core import CAPPED_MODEL_ID, Context, KeepAlive, MeasurementError, emit, phase
 
-#: Body size the figures compare, in bytes (under the front door's 1 MiB limit).
-SIZE = 1_000_000
-#: Interleaved rounds of plain and hostile submits.
-ROUNDS = 15
+#: Bytes of every body (under the front door's 1 MiB limit); interleaved rounds of plain and hostile submits.
+SIZE, ROUNDS = 1_000_000, 15
 
 
 def _compact(body: object) -> bytes:

@@ -1,8 +1,6 @@
 """The router-queue benchmark (bench/README.md): runs the selected phases stage by stage and prints
 one ``BENCH`` line per figure on stdout, everything else on stderr; stops every process it started."""
 
-from __future__ import annotations
-
 import argparse
 import shutil
 import signal

@@ -1,8 +1,6 @@
 """The schedule behind a provider's cap, driven through ``RequestStore``: the seeding the capped figures
 share, and the store-only phases ``dispatch_cost`` and ``waiting_memory``."""
 
-from __future__ import annotations
-
 import copy
 import json
 import time

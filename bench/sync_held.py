@@ -1,8 +1,6 @@
 """Status reads on the fleet's front door while connections are held open, against the same reads with
 none: ``sync_held`` (synchronous calls held) and ``streams`` (idle event streams, and their web CPU)."""
 
-from __future__ import annotations
-
 import http.client
 import json
 import socket
