@@ -121,15 +121,12 @@ def schedule_counts(client, provider: str) -> dict[str, int]:
     return dict(zip(("queued", "running", "granted"), pipe.execute()))
 
 
-def cpu_seconds(pids: list[int], precise: bool = False) -> float:
-    """CPU s of ``pids`` and their children: /proc stat's ticks, or (``precise``) live threads' schedstat."""
+def cpu_seconds(pids: list[int]) -> float:
+    """CPU s of ``pids`` and their direct children: their live threads' schedstat (/proc stat's ticks are
+    too coarse for an idle process)."""
     total = 0.0
     for pid in pids:
         for p in [pid, *map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]:
-            if not precise:
-                fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
-                total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-                continue
             for tid in os.listdir(f"/proc/{p}/task"):
                 try:
                     total += int(Path(f"/proc/{p}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
@@ -138,11 +135,11 @@ def cpu_seconds(pids: list[int], precise: bool = False) -> float:
     return total
 
 
-def cores_used(pids: list[int], window_s: float, precise: bool = False) -> float:
+def cores_used(pids: list[int], window_s: float) -> float:
     """The cores ``pids`` (``cpu_seconds``) used over the next ``window_s`` seconds."""
-    began, before = time.monotonic(), cpu_seconds(pids, precise)
+    began, before = time.monotonic(), cpu_seconds(pids)
     time.sleep(window_s)
-    return (cpu_seconds(pids, precise) - before) / (time.monotonic() - began)
+    return (cpu_seconds(pids) - before) / (time.monotonic() - began)
 
 
 def tool(binary: str) -> str:
@@ -261,19 +258,16 @@ class KeepAlive:
         self.conn = http.client.HTTPConnection(str(parts.hostname), parts.port, timeout=timeout_s)
         self.headers = headers or {}
 
-    def call(self, method: str, path: str, headers: dict[str, str] | None = None, body: bytes | None = None
-             ) -> tuple[float, int, bytes]:  # (ms, status, answer bytes)
+    def call(self, method: str, path: str, status: int | None = None, body: bytes | None = None,
+             headers: dict[str, str] | None = None) -> tuple[float, int, bytes]:
+        """(ms, status, answer bytes) of a call that must answer ``status`` if given."""
         started = time.perf_counter()
         self.conn.request(method, path, body=body, headers=headers or self.headers)
         data = (response := self.conn.getresponse()).read()
-        return (time.perf_counter() - started) * 1000, response.status, data
-
-    def expect(self, status: int, method: str, path: str, body: bytes | None = None,
-               headers: dict[str, str] | None = None) -> tuple[float, bytes]:
-        ms, code, data = self.call(method, path, headers, body)
-        if code != status:
-            raise MeasurementError(f"{method} {path} answered {code}, not {status}: {data[:200]!r}")
-        return ms, data
+        ms = (time.perf_counter() - started) * 1000
+        if status is not None and response.status != status:
+            raise MeasurementError(f"{method} {path} answered {response.status}, not {status}: {data[:200]!r}")
+        return ms, response.status, data
 
     def close(self) -> None:
         self.conn.close()
@@ -300,13 +294,13 @@ def capped_catalog(directory: Path, caps: dict[str, int]) -> Path:
     return path
 
 
-def services_for(redis_url: str, catalog_path: Path | None = None):
-    """``Services`` on ``redis_url``, with the catalog at ``catalog_path`` if given."""
+def services_for(redis_url: str, catalog_path: Path | None = None, env: dict[str, str] | None = None):
+    """``Services`` of ``env`` (default: none) on ``redis_url``, with the catalog at ``catalog_path`` if given."""
     from router_queue.services import Services
     from router_queue.settings import Settings
 
-    return Services.build(Settings.from_env({"REDIS_URL": redis_url,
-                                             **({"CATALOG_PATH": str(catalog_path)} if catalog_path else {})}))
+    catalog = {"CATALOG_PATH": str(catalog_path)} if catalog_path else {}
+    return Services.build(Settings.from_env({**(env or {}), "REDIS_URL": redis_url, **catalog}))
 
 
 def new_workspace(services, name: str, **limits) -> str:
@@ -341,9 +335,6 @@ class Fleet:
     broker_url: str = ""  # Celery's broker when it is not the store (a store on a cluster needs one)
 
     def __post_init__(self) -> None:
-        from router_queue.services import Services
-        from router_queue.settings import Settings
-
         self.stub_port, self.web_port = free_port(), free_port()
         self.env = server_env(self.redis_url, PROVIDER_ORIGIN_OVERRIDE=f"http://127.0.0.1:{self.stub_port}",
                               BFL_API_KEY="stub", VERTEXAI_ACCESS_TOKEN="stub", OPENAI_API_KEY="stub",
@@ -352,8 +343,7 @@ class Fleet:
             self.env["CATALOG_PATH"] = str(capped_catalog(self.children.log_dir, self.caps))
         if self.broker_url:
             self.env["CELERY_BROKER_URL"] = self.broker_url
-        self.settings = Settings.from_env(self.env)
-        self.services = Services.build(self.settings)
+        self.services = services_for(self.redis_url, env=self.env)
         self.client = self.services.redis
         self.workspace = new_workspace(self.services, "bench-fleet", max_queued=10**7, rate_limit="100000/second",
                                        max_held=10**6, max_queued_bytes=10**12)
@@ -431,7 +421,7 @@ class Fleet:
         """s of ``count`` bare Celery round trips, 50 ms apart: ``send_task(bench.ping, [reply_key])``, ``BLPOP``."""
         from router_queue.broker.celery_app import MAINTENANCE_QUEUE, make_celery
 
-        self.celery = self.celery or make_celery(self.settings)
+        self.celery = self.celery or make_celery(self.services.settings)
         samples = []
         for _ in range(count):
             time.sleep(0.05)  # no round trip starts while the last one winds down

@@ -113,10 +113,10 @@ def measure_waiting_cpu(ctx: Context) -> None:
                                    "queued behind the one running holder")
 
     def cores(queued: int, what: str) -> float:
-        """The cores the workers and beat used over a window (schedstat: /proc stat's ticks are too coarse)."""
+        """The cores the workers and beat used over a window."""
         check(queued, f"before the window '{what}'")
         time.sleep(SETTLE_S)
-        used = core.cores_used(fleet.pids("worker", "beat"), WINDOW_S, precise=True)
+        used = core.cores_used(fleet.pids("worker", "beat"), WINDOW_S)
         fleet.alive()
         check(queued, f"after the window '{what}'")
         log(f"waiting_cpu: {what}: {used:.4f} cores")

@@ -50,16 +50,16 @@ def _client(side: Side, number: int, stop: threading.Event) -> list[tuple[float,
             while not stop.is_set():
                 body = capped_body(f"bench cycle {side.label}{number} {uuid.uuid4().hex} [stub:latency=0]")
                 began = time.perf_counter()
-                submitted = conn.expect(201, "POST", side.prefix, body.encode(), post_headers)[1]
+                submitted = conn.call("POST", side.prefix, 201, body.encode(), post_headers)[2]
                 request_id = json.loads(submitted)["request_id"]
                 while True:
                     time.sleep(POLL_S)
-                    answer = conn.expect(200, "GET", f"{side.prefix}/{request_id}/status")[1]
+                    answer = conn.call("GET", f"{side.prefix}/{request_id}/status", 200)[2]
                     if json.loads(answer)["status"] == core.COMPLETED:
                         break
                     if time.perf_counter() - began > CYCLE_TIMEOUT_S:
                         raise MeasurementError(f"request {request_id} not COMPLETED within {CYCLE_TIMEOUT_S} s")
-                if not conn.expect(200, "GET", f"{side.prefix}/{request_id}")[1]:
+                if not conn.call("GET", f"{side.prefix}/{request_id}", 200)[2]:
                     raise MeasurementError(f"the result of {request_id} was empty")
                 done.append((ended := time.perf_counter(), ended - began))
         return done

@@ -18,7 +18,7 @@ REQUESTS, ROUNDS, READS_PER_ROUND = 100_000, 15, 10
 
 def _page(connection: KeepAlive, query: dict[str, Any]) -> tuple[float, dict]:
     """(ms, answer) of one page, which must be answered 200 and list something."""
-    ms, data = connection.expect(200, "GET", "/v2/requests?" + urlencode(query))
+    ms, _, data = connection.call("GET", "/v2/requests?" + urlencode(query), 200)
     if not (body := json.loads(data))["requests"]:
         raise MeasurementError(f"history_paging: {query} listed nothing")
     return ms, body

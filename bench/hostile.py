@@ -56,10 +56,10 @@ def measure(ctx: Context) -> None:
     statuses: dict[str, int] = {}
     with closing(KeepAlive(ctx.front.url)) as connection:
         for body in cases.values():  # warm-up: each kind once
-            connection.call("POST", path, headers, body)
+            connection.call("POST", path, None, body, headers)
         for _ in range(ROUNDS):
             for name, body in cases.items():
-                ms, statuses[name], _ = connection.call("POST", path, headers, body)
+                ms, statuses[name], _ = connection.call("POST", path, None, body, headers)
                 timings[name].append(ms)
     if statuses.pop("plain") != 201:
         raise MeasurementError("hostile_body_ratio: the plain 1 MB prompt was not answered 201")

@@ -1,7 +1,6 @@
 """Status reads on the fleet's front door while connections are held open, against the same reads with
 none: ``sync_held`` (synchronous calls held) and ``streams`` (idle event streams, and their web CPU)."""
 
-import http.client
 import json
 import socket
 import threading
@@ -9,6 +8,8 @@ import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
+
+import requests
 
 from . import core
 from .core import COMPLETED, Context, MeasurementError, emit, phase
@@ -39,9 +40,9 @@ def read_series(fleet: core.Fleet, request_id: str) -> list[float]:
         try:
             with closing(core.KeepAlive(fleet.base, fleet.auth, timeout_s=30)) as conn:
                 for _ in range(WARMUP_READS):
-                    conn.expect(200, "GET", path)
+                    conn.call("GET", path, 200)
                 start.wait(timeout=60)
-                return [conn.expect(200, "GET", path)[0] for _ in range(READS // READERS + (number < READS % READERS))]
+                return [conn.call("GET", path, 200)[0] for _ in range(READS // READERS + (number < READS % READERS))]
         except Exception as exc:
             start.abort()
             raise MeasurementError(f"status reads failed: reader {number}: {exc!r}") from exc
@@ -54,15 +55,12 @@ def _hold(fleet: core.Fleet, number: int, answers: list[tuple]) -> None:
     """One synchronous call on its own connection; its (status, content type, error) appended to ``answers``."""
     body = json.dumps({"input": f"bench held {number} {uuid.uuid4().hex} [stub:latency={HELD_LATENCY_S:g}]",
                        "voice": "alloy"})
-    conn = http.client.HTTPConnection("127.0.0.1", fleet.web_port, timeout=HELD_LATENCY_S + 120)
     try:
-        conn.request("POST", f"/v2/models/{MODEL_ID}", body=body.encode(), headers=fleet.post_headers)
-        response = conn.getresponse()
-        answers.append((response.status, response.getheader("Content-Type"), response.read()[:200]))
+        answer = requests.post(f"{fleet.base}/v2/models/{MODEL_ID}", data=body.encode(), headers=fleet.post_headers,
+                               timeout=HELD_LATENCY_S + 120)
+        answers.append((answer.status_code, answer.headers.get("Content-Type"), answer.content[:200]))
     except Exception as exc:  # noqa: BLE001 - counted and reported by the caller
         answers.append((None, None, repr(exc)))
-    finally:
-        conn.close()
 
 
 @phase("sync_held", "fleet", 40)  # near the end: its held generations occupy the workers' threads while they run
