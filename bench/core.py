@@ -366,7 +366,7 @@ class Fleet:
         wait_until(lambda: all(" ready." in log.read_text(errors="replace") for log in logs), 90,
                    "the workers were not ready", alive=self.alive)
         probe = self.submit(json.dumps({"prompt": self.prompt("probe", 0)}))
-        self.wait_records([probe], (COMPLETED,), timeout_s=60, interval_s=0.05)
+        self.wait_records([probe], timeout_s=60)
         log(f"fleet up at {self.base}: a probe request completed")
         return self
 
@@ -403,18 +403,22 @@ class Fleet:
         return {request_id: {f: (v.decode() if v is not None else None) for f, v in zip(fields, values)}
                 for request_id, values in zip(ids, pipe.execute())}
 
-    def wait_records(self, ids: list[str], wanted: tuple[str, ...], *, timeout_s: float, interval_s: float
-                     ) -> dict[str, dict[str, Any]]:
-        """Poll the records (pipelined) until every one's status is in ``wanted``."""
+    def wait_records(self, ids: list[str], wanted: str = COMPLETED, timeout_s: float = 30.0,
+                     interval_s: float = 0.05) -> dict[str, dict[str, Any]]:
+        """Poll the records (pipelined) until every one is ``wanted``; one COMPLETED must have started and
+        not failed."""
         done: dict[str, dict[str, Any]] = {}
 
         def all_done() -> bool:
             rows = self.records([i for i in ids if i not in done])
-            done.update({i: row for i, row in rows.items() if row["status"] in wanted})
+            done.update({i: row for i, row in rows.items() if row["status"] == wanted})
             return len(done) == len(ids)
 
-        wait_until(all_done, timeout_s, lambda: f"{len(ids) - len(done)} of {len(ids)} requests not "
-                   f"{'/'.join(wanted)}", interval_s, self.alive)
+        wait_until(all_done, timeout_s, lambda: f"{len(ids) - len(done)} of {len(ids)} requests not {wanted}",
+                   interval_s, self.alive)
+        if wanted == COMPLETED and (failed := {i: r["error_type"] for i, r in done.items()
+                                               if r["error_type"] or not r["started_at"]}):
+            raise MeasurementError(f"some generations failed: {dict(list(failed.items())[:3])}")
         return done
 
     def ping(self, count: int) -> list[float]:

@@ -1,13 +1,12 @@
-"""The delivery phases on the shared fleet: ``dispatch`` and ``grant_to_start`` against the bare Celery
-round trip, ``inflight`` (500 generations at once against one alone) and ``waiting_cpu`` (the workers'
-and beat's CPU while 10,000 requests wait behind vertexai's cap of 1, against the fleet idle)."""
+"""The delivery phases on the shared fleet: ``dispatch``, ``grant_to_start`` (both against the bare Celery
+round trip), ``inflight`` and ``waiting_cpu`` (bench/README.md)."""
 
 import json
 import statistics
 import time
 
 from . import core, schedule
-from .core import CAP, CAPPED_MODEL_ID, CAPPED_PROVIDER, COMPLETED, Context, MeasurementError, emit, log, phase
+from .core import CAP, CAPPED_MODEL_ID, CAPPED_PROVIDER, Context, MeasurementError, emit, log, phase
 
 #: Stub seconds of the generation holding the capped slot in waiting_cpu (it outlasts the phase) and
 #: while grant_to_start's chain is submitted.
@@ -26,14 +25,6 @@ def capped_body(text: str) -> str:
     return json.dumps({"contents": [{"role": "user", "parts": [{"text": text}]}]})
 
 
-def _completed(fleet: core.Fleet, ids: list[str], what: str, timeout_s: float, interval_s: float) -> dict:
-    """The records once all ``ids`` are COMPLETED; every one must have started and not failed."""
-    rows = fleet.wait_records(ids, (COMPLETED,), timeout_s=timeout_s, interval_s=interval_s)
-    if failed := {i: r["error_type"] for i, r in rows.items() if r["error_type"] or not r["started_at"]}:
-        raise MeasurementError(f"{what}: some generations failed: {dict(list(failed.items())[:3])}")
-    return rows
-
-
 @phase("dispatch", "fleet", 10)
 def measure_dispatch(ctx: Context) -> None:
     """Admitted -> claimed of sequential submits vs publish -> run -> answer of a ping, interleaved."""
@@ -44,7 +35,7 @@ def measure_dispatch(ctx: Context) -> None:
         pings += fleet.ping(1)
         time.sleep(0.05)  # idle between samples: none starts while the last one winds down
         request_id = fleet.submit(json.dumps({"prompt": fleet.prompt("dispatch", 0)}))
-        row = _completed(fleet, [request_id], "dispatch", 30, 0.005)[request_id]  # the fleet is idle again
+        row = fleet.wait_records([request_id], interval_s=0.005)[request_id]  # the fleet is idle again
         claims.append(float(row["started_at"]) - float(row["created_at"]))
     emit("dispatch_latency", 1000 * statistics.median(claims[WARMUP:]), "ms",
          1000 * statistics.median(pings[WARMUP:]))
@@ -59,7 +50,7 @@ def _hold_slot(fleet: core.Fleet, latency: float, what: str) -> str:
     if (cap := fleet.services.catalog.max_in_flight(CAPPED_PROVIDER)) != CAP:
         raise MeasurementError(f"{what}: {CAPPED_PROVIDER}'s cap is {cap} in the fleet's catalog, not {CAP}")
     request_id = fleet.submit(capped_body(fleet.prompt(what, latency)), CAPPED_MODEL_ID)
-    fleet.wait_records([request_id], (core.IN_PROGRESS,), timeout_s=30, interval_s=0.02)
+    fleet.wait_records([request_id], core.IN_PROGRESS, interval_s=0.02)
     return request_id
 
 
@@ -73,7 +64,7 @@ def measure_grant_to_start(ctx: Context) -> None:
     if fleet.records([blocker])[blocker]["status"] != core.IN_PROGRESS:
         raise MeasurementError(f"grant_to_start: the {BLOCK_S} s blocker ended before the {CHAIN} submits did: "
                                "the chain would overlap its own submits")
-    rows = _completed(fleet, [blocker, *ids], "grant_to_start", BLOCK_S + 30 + 2 * CHAIN, 0.2)
+    rows = fleet.wait_records([blocker, *ids], timeout_s=BLOCK_S + 30 + 2 * CHAIN, interval_s=0.2)
     pings += fleet.ping(20)
     order = sorted(rows.values(), key=lambda r: float(r["started_at"]))
     gaps = [float(b["started_at"]) - float(a["completed_at"]) for a, b in zip(order, order[1:])]
@@ -89,7 +80,7 @@ def completion_s(fleet: core.Fleet, count: int, timeout_s: float) -> float:
     prompts = [json.dumps({"prompt": fleet.prompt(f"inflight{i}", LATENCY_S)}) for i in range(count)]
     began = time.time()
     ids = fleet.submit_all(prompts, core.MODEL_ID, SUBMITTERS)
-    rows = _completed(fleet, ids, "inflight", timeout_s, 0.1 if count == 1 else 0.5)
+    rows = fleet.wait_records(ids, timeout_s=timeout_s, interval_s=0.1 if count == 1 else 0.5)
     return max(float(r["completed_at"]) for r in rows.values()) - began
 
 

@@ -55,16 +55,12 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
     return 1 if failures else 0
 
 
-def _terminate(signum, _frame):
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # Ctrl-C, kill and a closed terminal all end in the same clean-up (SIGINT explicitly: a shell
-    # starting us in the background leaves it ignored)
+    # Ctrl-C, kill and a closed terminal all raise KeyboardInterrupt, so end in the same clean-up (SIGINT
+    # explicitly: a shell starting us in the background leaves it ignored)
     for signum in SIGNALS:
-        signal.signal(signum, _terminate)
+        signal.signal(signum, signal.default_int_handler)
     tmp = Path(tempfile.mkdtemp(prefix="router-queue-bench-"))
     children, code = Children(tmp), 1
     try:

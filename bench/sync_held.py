@@ -27,7 +27,7 @@ STREAMS, STREAM_LATENCY_S, IDLE_WINDOW_S = 1000, 90.0, 5.0
 def _speech(fleet: core.Fleet, text: str, wanted: str) -> str:
     """The id of a speech generation submitted now (its stub answers in one call), once it is ``wanted``."""
     request_id = fleet.submit(json.dumps({"input": f"bench {text} {uuid.uuid4().hex}", "voice": "alloy"}), MODEL_ID)
-    fleet.wait_records([request_id], (wanted,), timeout_s=30, interval_s=0.05)
+    fleet.wait_records([request_id], wanted)
     return request_id
 
 
