@@ -1,17 +1,19 @@
-"""The front-door phases: the front door against a Flask hello world served the same way, loaded with
-wrk, baseline and subject interleaved over a few rounds."""
+"""The front-door phases: the front door against a Flask hello world served the same way, loaded with wrk,
+baseline and subject interleaved over a few rounds; then hostile bodies and history pages, each timed
+on one keep-alive connection."""
 
 import json
 import re
+import statistics
 import subprocess
-from contextlib import contextmanager
+from contextlib import closing, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
-from urllib.parse import urlsplit
+from typing import Any, Callable
+from urllib.parse import urlencode, urlsplit
 
 from . import core, schedule
-from .core import WEB_WORKERS, Context, MeasurementError, emit, log, phase
+from .core import CAPPED_MODEL_ID, MODEL_ID, WEB_WORKERS, Context, KeepAlive, MeasurementError, emit, log, phase
 
 SUBMIT_BODY = '{"prompt": "bench"}'
 APP = "router_queue.wsgi:app"
@@ -19,6 +21,12 @@ APP = "router_queue.wsgi:app"
 WRK_LOAD, DURATION_S, WARMUP_S, ROUNDS = ("-t2", "-c16"), 5, 2, 3
 #: depth: requests ahead of the deep and of the near read, workspaces they are spread over, rounds.
 DEPTH, NEAR, DEPTH_WORKSPACES, DEPTH_ROUNDS = 100_000, 10, 1000, 5
+#: hostile_body_ratio: bytes of every body (under the front door's 1 MiB limit), interleaved rounds.
+BODY_SIZE, HOSTILE_ROUNDS = 1_000_000, 15
+#: history_paging: entries per page (the most the route lists); one in this many requests is left waiting,
+#: the rest cancelled; requests in the history; interleaved rounds of first- and last-page reads, reads of
+#: each page per round.
+PAGE_LIMIT, WAITING_ONE_IN, HISTORY_REQUESTS, HISTORY_ROUNDS, READS_PER_ROUND = 100, 10, 100_000, 15, 10
 
 
 @dataclass
@@ -218,3 +226,112 @@ def depth(ctx: Context) -> None:
         deep = _depth_side(ctx, "deep", DEPTH, core.SIDE_DBS[1], catalog_path)
         measure_pair(ctx, "depth", near, deep, "status_read_cost_behind_100k", "ms", DEPTH_ROUNDS,
                      lambda target: 1000.0 / _run(ctx, target, what=f"depth {target.label}")[0])
+
+
+def _compact(body: object) -> bytes:
+    return json.dumps(body, separators=(",", ":")).encode()
+
+
+def _fill(make: Callable[[int], object]) -> bytes:
+    """``make(n)`` for the largest n (doubling, then bisecting) whose JSON fits ``BODY_SIZE`` bytes."""
+    low, high = 1, 2
+    while len(_compact(make(high))) <= BODY_SIZE:
+        low, high = high, high * 2
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if len(_compact(make(middle))) <= BODY_SIZE else (low, middle)
+    return _compact(make(low))
+
+
+def _turn(*parts: dict) -> dict:
+    return {"role": "user", "parts": list(parts)}
+
+
+def hostile_bodies() -> dict[str, bytes]:
+    """The plain body first, then each hostile kind, each about ``BODY_SIZE`` bytes."""
+    plain = _compact({"contents": [_turn({"text": ""})]})
+    return {
+        "plain": _compact({"contents": [_turn({"text": "a" * (BODY_SIZE - len(plain))})]}),
+        # the report's body: a valid prompt and 90,000 unknown keys
+        "unknown_keys": _fill(lambda n: {"contents": [_turn({"text": "a cat"})], **{f"k{i}": 1 for i in range(n)}}),
+        # lists nested as deep as the JSON parser goes, where a part's text belongs
+        "deeply_nested": b'{"contents":[{"parts":[{"text":' + b"[" * (BODY_SIZE // 2 - 40)
+                         + b"]" * (BODY_SIZE // 2 - 40) + b"}]}]}",
+        # every list at its maximum length (64 turns of 4 parts), every item wrong, the data filling the megabyte
+        "max_length_lists": _fill(lambda n: {"contents": [
+            {"role": "robot", "parts": [{"inlineData": {"mimeType": 1, "data": "a" * n}}] * 4}] * 64}),
+        "many_small_parts": _fill(lambda n: {"contents": [_turn(*[{"text": "a"}] * n)]}),
+        "huge_key": _fill(lambda n: {"contents": [_turn({"text": "a cat"})], "k" * n: 1}),
+    }
+
+
+@phase("hostile_body_ratio", "front", 60)
+def hostile_body_ratio(ctx: Context) -> None:
+    path, headers, cases = f"/v2/models/{CAPPED_MODEL_ID}/requests", ctx.front.post_headers, hostile_bodies()
+    timings: dict[str, list[float]] = {name: [] for name in cases}
+    statuses: dict[str, int] = {}
+    with closing(KeepAlive(ctx.front.url)) as connection:
+        for body in cases.values():  # warm-up: each kind once
+            connection.call("POST", path, None, body, headers)
+        for _ in range(HOSTILE_ROUNDS):
+            for name, body in cases.items():
+                ms, statuses[name], _ = connection.call("POST", path, None, body, headers)
+                timings[name].append(ms)
+    if statuses.pop("plain") != 201:
+        raise MeasurementError("hostile_body_ratio: the plain 1 MB prompt was not answered 201")
+    if refused := {name: status for name, status in statuses.items() if not 400 <= status < 500}:
+        raise MeasurementError(f"hostile_body_ratio: hostile bodies not refused: {refused}")
+    plain = statistics.median(timings["plain"])
+    for name in statuses:
+        emit(f"hostile_body_ratio_{name}", statistics.median(timings[name]), "ms", plain)
+    emit("hostile_body_ratio", max(statistics.median(timings[name]) for name in statuses), "ms", plain)
+
+
+def _page(connection: KeepAlive, query: dict[str, Any]) -> tuple[float, dict]:
+    """(ms, answer) of one page, which must be answered 200 and list something."""
+    ms, _, data = connection.call("GET", "/v2/requests?" + urlencode(query), 200)
+    if not (body := json.loads(data))["requests"]:
+        raise MeasurementError(f"history_paging: {query} listed nothing")
+    return ms, body
+
+
+def _walk(connection: KeepAlive, query: dict[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """Every page from the first: (ids listed, the last page's query)."""
+    ids: list[str] = []
+    last = query
+    while True:
+        body = _page(connection, last)[1]
+        ids += [entry["request_id"] for entry in body["requests"]]
+        if body["next_cursor"] is None:
+            return ids, last
+        last = {**query, "cursor": body["next_cursor"]}
+
+
+@phase("history_paging", "front", 70)
+def history_paging(ctx: Context) -> None:
+    services = ctx.front.services
+    entry = services.catalog.by_id(MODEL_ID)
+    workspace = core.new_workspace(services, "history-bench")
+    ids = schedule.seed_spread(services, [workspace], entry, HISTORY_REQUESTS, '{"prompt": "history"}')
+    schedule.cancel_all(services, [i for n, i in enumerate(ids) if n % WAITING_ONE_IN], workspace, entry)
+    with closing(KeepAlive(ctx.front.url, {"X-API-Key": services.accounts.mint_key(workspace)})) as connection:
+        for name, query, expected in (
+                ("history_paging", {"limit": PAGE_LIMIT}, ids[::-1]),
+                ("history_paging_filtered", {"limit": PAGE_LIMIT, "status": "IN_QUEUE"},
+                 ids[::WAITING_ONE_IN][::-1])):
+            listed, last = _walk(connection, query)
+            if listed != expected:
+                raise MeasurementError(f"{name}: the walk listed {len(listed)} requests ({len(set(listed))} "
+                                       f"distinct), not the {len(expected)} expected, newest first")
+            for page in (query, last):  # warm-up
+                _page(connection, page)
+            times: tuple[list[float], list[float]] = ([], [])
+            ratios = []
+            for _ in range(HISTORY_ROUNDS):
+                for _ in range(READS_PER_ROUND):
+                    for series, page in zip(times, (query, last)):
+                        series.append(_page(connection, page)[0])
+                this_round = [statistics.median(series[-READS_PER_ROUND:]) for series in times]
+                ratios.append(this_round[1] / this_round[0])
+            log(f"{name}: per-round ratios (last / first): " + " ".join(f"{r:.3f}" for r in ratios))
+            emit(name, statistics.median(times[1]), "ms", statistics.median(times[0]))

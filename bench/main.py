@@ -9,11 +9,11 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from . import cluster, delivery, front, full_cycle, history, hostile, schedule, sync_held
+from . import cluster, delivery, front, full_cycle, schedule
 from .core import Children, Context, Fleet, MeasurementError, log, ordered, start_redis
 
 #: Every module that adds phases; importing one registers its phases.
-PHASE_MODULES = (front, hostile, history, schedule, full_cycle, cluster, delivery, sync_held)
+PHASE_MODULES = (front, schedule, full_cycle, cluster, delivery)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
