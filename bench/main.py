@@ -9,11 +9,11 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from . import cluster, delivery, front, full_cycle, schedule
+from . import delivery, front, own_fleet, schedule
 from .core import Children, Context, Fleet, MeasurementError, log, ordered, start_redis
 
 #: Every module that adds phases; importing one registers its phases.
-PHASE_MODULES = (front, schedule, full_cycle, cluster, delivery)
+PHASE_MODULES = (front, schedule, own_fleet, delivery)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 

@@ -1,8 +1,9 @@
-"""``full_cycle``: clients looping submit -> poll -> collect on a fleet of its own (the shipped caps) and
-on the minimal loop built from the bare parts (bench/minimal_loop.py), in interleaved rounds."""
+"""The phases on a fleet of their own: ``full_cycle`` (against the minimal loop, bench/minimal_loop.py)
+and ``cluster`` (a three-primary Redis Cluster serving the store)."""
 
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
@@ -11,20 +12,27 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from typing import Callable, NamedTuple
 
-from router_queue.dev.stack import WEB_SERVING
+import redis
+
+from router_queue.dev.stack import WEB_SERVING, cluster_port
 
 from . import core
 from .core import WEB_WORKERS, Context, MeasurementError, emit, log, phase
 from .delivery import capped_body
 
-#: The minimal loop's database on the bench's Redis.
-MINIMAL_DB = 11
-#: Client threads, each looping submit -> poll -> collect; seconds a client sleeps before each status read;
-#: seconds one cycle may take before the run fails.
-CLIENTS, POLL_S, CYCLE_TIMEOUT_S = 32, 0.01, 30.0
-#: Uncounted seconds before each run's window, its counted seconds, seconds between runs (stragglers
-#: drain), interleaved (ours, minimal noop, minimal stub) rounds.
+#: full_cycle: the minimal loop's database; client threads, each looping submit -> poll -> collect;
+#: seconds a client sleeps before each status read; seconds one cycle may take before the run fails.
+MINIMAL_DB, CLIENTS, POLL_S, CYCLE_TIMEOUT_S = 11, 32, 0.01, 30.0
+#: full_cycle: uncounted seconds before each run's window, its counted seconds, seconds between runs
+#: (stragglers drain), interleaved (ours, minimal noop, minimal stub) rounds.
 WARMUP_S, WINDOW_S, SETTLE_S, ROUNDS = 2.0, 10.0, 0.5, 3
+#: cluster: primaries, workspaces submitting round-robin, deliveries measured, one model per provider.
+PRIMARIES, WORKSPACES, DELIVERIES = 3, 100, 900
+BODIES = {
+    "bfl/flux-2-pro": lambda text: json.dumps({"prompt": text}),
+    "vertexai/gemini-3.1-flash-image": capped_body,
+    "openai/gpt-4o-mini-tts": lambda text: json.dumps({"input": text, "voice": "alloy"}),
+}
 
 
 class Side(NamedTuple):
@@ -83,13 +91,11 @@ def run_once(side: Side, redis_client, alive: Callable[[], None]) -> dict[str, f
     if not window:
         raise MeasurementError(f"full_cycle {side.label}: no delivery completed in the window")
     return {"rate": len(window) / (after[0] - before[0]), "p99": core.pct(window, 0.99),
-            "redis_ms": 1000.0 * (after[1] - before[1]) / len(window),
-            "commands": (after[2] - before[2]) / len(window)}
+            "redis_ms": 1000.0 * (after[1] - before[1]) / len(window), "commands": (after[2] - before[2]) / len(window)}
 
 
 def start_minimal(ctx: Context, stub_url: str) -> int:
-    """bench/minimal_loop.py served by gunicorn (with its own gevent worker class) and run by a prefork
-    Celery worker (on its app's default queue): its web port."""
+    """bench/minimal_loop.py served by gunicorn (its own gevent worker) and a prefork Celery worker: its port."""
     url = ctx.db_url(MINIMAL_DB)
     env = {k: v for k, v in core.server_env(url, MINIMAL_REDIS_URL=url, MINIMAL_STUB_URL=stub_url).items()
            if not k.startswith("CELERY")}
@@ -106,9 +112,7 @@ def start_minimal(ctx: Context, stub_url: str) -> int:
 
 
 @phase("full_cycle", "own_fleet", 10)
-def measure(ctx: Context) -> None:
-    import redis
-
+def full_cycle(ctx: Context) -> None:
     redis.Redis.from_url(ctx.db_url(MINIMAL_DB)).flushdb()
     rounds: list[dict[str, dict[str, float]]] = []
     with ctx.children.scope():
@@ -136,3 +140,43 @@ def measure(ctx: Context) -> None:
     figure("full_cycle_floor_throughput", "minimal-stub", "minimal-noop", "rate", "deliveries/s")
     figure("full_cycle_throughput_same_call", "ours", "minimal-stub", "rate", "deliveries/s")
     figure("full_cycle_p99_same_call", "ours", "minimal-stub", "p99", "ms")
+
+
+@phase("cluster", "own_fleet", 20)
+def cluster(ctx: Context) -> None:
+    children = ctx.children
+    with children.scope():
+        ports: list[int] = []
+        for number in range(PRIMARIES):  # each port taken before the next is chosen
+            ports.append(port := cluster_port())
+            core.start_redis(children, f"cluster-node{number}", "--cluster-enabled", "yes", "--cluster-config-file",
+                             f"nodes-{port}.conf", port=port)
+        created = subprocess.run([core.tool("redis-cli"), "--cluster", "create", *(f"127.0.0.1:{p}" for p in ports),
+                                  "--cluster-replicas", "0", "--cluster-yes"], capture_output=True, text=True,
+                                 timeout=60)
+        if created.returncode != 0:
+            raise MeasurementError(f"cluster: redis-cli --cluster create failed: {created.stdout[-300:]}")
+        nodes = [redis.Redis(port=port) for port in ports]
+        core.wait_until(lambda: all(b"cluster_state:ok" in node.execute_command("CLUSTER", "INFO") for node in nodes),
+                        30, "cluster: the nodes did not agree on a cluster")
+        url = "redis+cluster://" + ",".join(f"127.0.0.1:{port}" for port in ports)
+        fleet = core.Fleet(children, url, caps={}, log_prefix="cluster-",
+                           broker_url=core.start_redis(children, "cluster-broker")).start()
+        callers = []
+        for n in range(WORKSPACES):
+            workspace = core.new_workspace(fleet.services, f"cluster-{n}", max_queued=10**6, rate_limit="100000/second")
+            callers.append({**fleet.post_headers, "X-API-Key": fleet.services.accounts.mint_key(workspace)})
+
+        def deliver(n: int) -> str:
+            model = list(BODIES)[n % len(BODIES)]
+            body = BODIES[model](f"bench cluster {n} {time.monotonic_ns()} [stub:latency=0]")
+            return fleet.submit(body, model, callers[n % len(callers)])
+
+        before = [core.redis_cpu(node) for node in nodes]
+        with ThreadPoolExecutor(16) as pool:
+            ids = list(pool.map(deliver, range(DELIVERIES)))
+        fleet.wait_records(ids, timeout_s=300, interval_s=0.2)
+        spent = [core.redis_cpu(node) - b for node, b in zip(nodes, before)]
+    core.log(f"cluster: primaries' CPU per delivery {sum(spent) / DELIVERIES * 1000:.2f} ms, by primary "
+             + ", ".join(f"{share / sum(spent):.2f}" for share in spent))
+    emit("cluster_busiest_primary_share", max(spent) / sum(spent), "share", 1.0)
