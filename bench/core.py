@@ -15,12 +15,16 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 from urllib.parse import urlsplit
 
 import requests
 
+from router_queue.broker.celery_app import MAINTENANCE_QUEUE, make_celery
 from router_queue.dev.stack import WEB_SERVING, Stack, free_port, wait_for_port
+from router_queue.services import Services
+from router_queue.settings import Settings
+from router_queue.store import keys
 
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_ID = "bfl/flux-2-pro"
@@ -43,8 +47,7 @@ def log(message: str) -> None:
     print(f"[bench] {message}", file=sys.stderr, flush=True)
 
 
-@dataclass(frozen=True)
-class Phase:
+class Phase(NamedTuple):
     name: str
     stage: str
     order: int  # within the stage
@@ -113,8 +116,6 @@ def redis_cpu(client) -> float:
 
 def schedule_counts(client, provider: str) -> dict[str, int]:
     """How many of ``provider``'s requests are queued, running, and granted but not started."""
-    from router_queue.store import keys
-
     pipe = client.pipeline(transaction=False)
     for key in (keys.queue(provider), keys.running(provider), f"{keys.schedule(provider)}:granted"):
         pipe.zcard(key)
@@ -122,8 +123,7 @@ def schedule_counts(client, provider: str) -> dict[str, int]:
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    """CPU s of ``pids`` and their direct children: their live threads' schedstat (/proc stat's ticks are
-    too coarse for an idle process)."""
+    """CPU s of ``pids`` and their direct children: their live threads' schedstat (finer than stat's ticks)."""
     total = 0.0
     for pid in pids:
         for p in [pid, *map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]:
@@ -296,9 +296,6 @@ def capped_catalog(directory: Path, caps: dict[str, int]) -> Path:
 
 def services_for(redis_url: str, catalog_path: Path | None = None, env: dict[str, str] | None = None):
     """``Services`` of ``env`` (default: none) on ``redis_url``, with the catalog at ``catalog_path`` if given."""
-    from router_queue.services import Services
-    from router_queue.settings import Settings
-
     catalog = {"CATALOG_PATH": str(catalog_path)} if catalog_path else {}
     return Services.build(Settings.from_env({**(env or {}), "REDIS_URL": redis_url, **catalog}))
 
@@ -394,8 +391,6 @@ class Fleet:
 
     def records(self, ids: list[str]) -> dict[str, dict[str, Any]]:
         """status, created_at, started_at, completed_at, error_type of each id, one round trip."""
-        from router_queue.store import keys
-
         fields = ("status", "created_at", "started_at", "completed_at", "error_type")
         pipe = self.client.pipeline(transaction=False)
         for request_id in ids:
@@ -405,8 +400,7 @@ class Fleet:
 
     def wait_records(self, ids: list[str], wanted: str = COMPLETED, timeout_s: float = 30.0,
                      interval_s: float = 0.05) -> dict[str, dict[str, Any]]:
-        """Poll the records (pipelined) until every one is ``wanted``; one COMPLETED must have started and
-        not failed."""
+        """Poll the records until every one is ``wanted``; a COMPLETED one must have started, without error."""
         done: dict[str, dict[str, Any]] = {}
 
         def all_done() -> bool:
@@ -423,8 +417,6 @@ class Fleet:
 
     def ping(self, count: int) -> list[float]:
         """s of ``count`` bare Celery round trips, 50 ms apart: ``send_task(bench.ping, [reply_key])``, ``BLPOP``."""
-        from router_queue.broker.celery_app import MAINTENANCE_QUEUE, make_celery
-
         self.celery = self.celery or make_celery(self.services.settings)
         samples = []
         for _ in range(count):

@@ -1,6 +1,5 @@
-"""The phases on the shared fleet: ``dispatch``, ``grant_to_start`` (both against the bare Celery round
-trip), ``inflight`` and ``waiting_cpu``; then status reads while connections are held open, against the
-same reads with none: ``sync_held`` (synchronous calls) and ``streams`` (idle event streams)."""
+"""The phases on the shared fleet: ``dispatch``, ``grant_to_start``, ``inflight``, ``waiting_cpu``, and status
+reads while connections are held open against the same with none (``sync_held``, ``streams``)."""
 
 import json
 import socket
@@ -54,13 +53,11 @@ def measure_dispatch(ctx: Context) -> None:
         request_id = fleet.submit(json.dumps({"prompt": fleet.prompt("dispatch", 0)}))
         row = fleet.wait_records([request_id], interval_s=0.005)[request_id]  # the fleet is idle again
         claims.append(float(row["started_at"]) - float(row["created_at"]))
-    emit("dispatch_latency", 1000 * statistics.median(claims[WARMUP:]), "ms",
-         1000 * statistics.median(pings[WARMUP:]))
+    emit("dispatch_latency", 1000 * statistics.median(claims[WARMUP:]), "ms", 1000 * statistics.median(pings[WARMUP:]))
 
 
 def _hold_slot(fleet: core.Fleet, latency: float, what: str) -> str:
-    """Check the capped provider is idle and capped at 1, then submit a ``latency`` s generation and wait
-    until a worker runs it (it holds the slot)."""
+    """The id of a ``latency`` s generation holding the capped provider's one slot (idle until then)."""
     counts = core.schedule_counts(fleet.client, CAPPED_PROVIDER)
     if counts["queued"] or counts["running"] or counts["granted"]:
         raise MeasurementError(f"{what}: {CAPPED_PROVIDER} is not idle ({counts}); the phase needs it to itself")
@@ -92,8 +89,7 @@ def measure_grant_to_start(ctx: Context) -> None:
 
 
 def completion_s(fleet: core.Fleet, count: int, timeout_s: float) -> float:
-    """Seconds from the first of ``count`` submits of a ``LATENCY_S`` generation until the last of them
-    is COMPLETED (its record's ``completed_at``)."""
+    """Seconds from the first of ``count`` submits of a ``LATENCY_S`` generation to the last ``completed_at``."""
     prompts = [json.dumps({"prompt": fleet.prompt(f"inflight{i}", LATENCY_S)}) for i in range(count)]
     began = time.time()
     ids = fleet.submit_all(prompts, core.MODEL_ID, SUBMITTERS)

@@ -1,6 +1,5 @@
-"""The front-door phases: the front door against a Flask hello world served the same way, loaded with wrk,
-baseline and subject interleaved over a few rounds; then hostile bodies and history pages, each timed
-on one keep-alive connection."""
+"""The front-door phases: the front door against a hello world served alike, loaded by wrk in interleaved
+rounds; then hostile bodies and history pages, each timed on one keep-alive connection."""
 
 import json
 import re

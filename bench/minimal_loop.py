@@ -42,10 +42,9 @@ def _provider_call(variant: str, body: bytes) -> bytes:
     if variant != "stub":
         return NOOP_ANSWER
     _session = _session or requests.Session()
-    response = _session.post(
-        f"{STUB_URL}/v1/projects/bench/locations/us-central1/publishers/google/models/"
-        "gemini-3.1-flash-image:generateContent",
-        data=body, headers={"Authorization": "Bearer stub", "Content-Type": "application/json"}, timeout=30)
+    response = _session.post(f"{STUB_URL}/v1/projects/bench/locations/us-central1/publishers/google/models/"
+                             "gemini-3.1-flash-image:generateContent", data=body, timeout=30,
+                             headers={"Authorization": "Bearer stub", "Content-Type": "application/json"})
     response.raise_for_status()
     return response.content
 

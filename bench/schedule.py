@@ -70,8 +70,7 @@ def seed_behind(services, entry, ahead: int, workspace_count: int, body: str) ->
     # the slot holder: admitted in a workspace of its own and claimed, so nothing else is granted
     holder_ws = core.new_workspace(services, "bench-holder-0")
     holder_id = services.ids.mint(holder_ws, entry.id)
-    holder = store.admit(request_id=holder_id, workspace=holder_ws, model=entry.id, provider=entry.provider,
-                         body=body)
+    holder = store.admit(request_id=holder_id, workspace=holder_ws, model=entry.id, provider=entry.provider, body=body)
     if holder.outcome != "ADMITTED" or holder.position != 0:
         raise MeasurementError(f"the slot holder was not granted at once: {holder}")
     if (code := store.claim(store.load(holder_id)[0], bench_lease())) != "CLAIMED":
