@@ -214,3 +214,33 @@ def test_every_key_builder_is_in_the_key_layout_document():
         if not re.search(rf"\b{name}\(", document) and not (pattern and re.search(pattern + "`", document)):
             missing.append(name)
     assert not missing, f"store/keys.py functions docs/KEYS.md neither names nor shows the key of: {missing}"
+
+
+def _bench_imports(path: Path) -> set[str]:
+    """The bench modules ``path`` imports (``from . import core``, ``from .core import ...``)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and (node.level == 1 or (node.module or "").startswith("bench")):
+            module = (node.module or "").removeprefix("bench").lstrip(".")
+            found.update([module] if module else [a.name for a in node.names])
+    return found
+
+
+def test_the_bench_has_one_core_and_no_import_circle():
+    """bench/core.py imports no phase module, the phase modules never import
+    each other in a circle, and there is one MeasurementError (core's)."""
+    modules = {path.stem: _bench_imports(path) for path in (ROOT / "bench").glob("*.py")}
+    assert modules["core"] == set(), modules["core"]
+
+    def reaches(start: str, seen: set[str]) -> set[str]:
+        for name in modules.get(start, set()) - seen:
+            seen.add(name)
+            reaches(name, seen)
+        return seen
+
+    circles = sorted(name for name in modules if name in reaches(name, set()))
+    assert circles == [], f"bench modules that import themselves through others: {circles}"
+    errors = [path.name for path in (ROOT / "bench").glob("*.py")
+              for node in ast.walk(ast.parse(path.read_text()))
+              if isinstance(node, ast.ClassDef) and node.name.endswith("Error")]
+    assert errors == ["core.py"], errors
