@@ -6,17 +6,17 @@
 -- and the provider's are lib.lua's (Admission), which a store split into
 -- per-slot steps runs as two scripts (admit_ws.lua, admit_place.lua).
 --
--- KEYS[1] rq:req:{id}            KEYS[2] rq:queue:{provider}
--- KEYS[3] rq:seq:{provider}      KEYS[4] rq:sched:{provider} (its "draining" too)
--- KEYS[5] rq:ws:{workspace}      KEYS[6] rq:idem:{workspace}:{keyhash}
--- KEYS[7] rq:ledger:{workspace}
--- KEYS[8] rq:running:{provider}  KEYS[9] the broker's list for the provider
--- KEYS[10] rq:req:{original}  KEYS[11] rq:body:{original}: the failed
+-- KEYS[1] P:req:{id}            KEYS[2] P:queue:{provider}
+-- KEYS[3] P:seq:{provider}      KEYS[4] P:sched:{provider} (its "draining" too)
+-- KEYS[5] W:ws      KEYS[6] W:idem:{keyhash}
+-- KEYS[7] W:ledger
+-- KEYS[8] P:running:{provider}  KEYS[9] the broker's list for the provider
+-- KEYS[10] P:req:{original}  KEYS[11] P:body:{original}: the failed
 --          request a retry submits again (the new request's own keys when
 --          this is no retry: not read)
--- KEYS[12] rq:deadlines:{provider} (lib.lua: the caller's deadlines)
--- KEYS[13] rq:history:{workspace}  KEYS[14] rq:history:{workspace}:{model} (lib.lua, history_add)
--- KEYS[15] rq:body:{id}
+-- KEYS[12] P:deadlines:{provider} (lib.lua: the caller's deadlines)
+-- KEYS[13] W:history  KEYS[14] W:history:{model} (lib.lua, history_add)
+-- KEYS[15] P:body:{id}
 -- KEYS[16..] the caller's rate-window counters, with a (limit, window
 --          seconds) pair each in ARGV from ARG_REST, after the named ones
 --          (ratelimit.py): counted first

@@ -3,17 +3,17 @@
 -- submits again and whether the provider is draining checked, then the
 -- record, its body, deadlines and place in the schedule written, granted at
 -- once when a slot is free. It runs only while its admission is still
--- pending in rq:admitting:{provider} (written before admit_ws.lua), and
+-- pending in P:admitting:{provider} (written before admit_ws.lua), and
 -- takes it out in the same step: once the sweeper has given an admission up
 -- (and undone its workspace's part) it can no longer be placed.
 --
--- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:seq:{provider}
--- KEYS[4] rq:sched:{provider}  KEYS[5] rq:running:{provider}
--- KEYS[6] the broker's list for the provider  KEYS[7] rq:req:{original}
--- KEYS[8] rq:body:{original} (as admit.lua's)  KEYS[9] rq:deadlines:{provider}
--- KEYS[10] rq:body:{id}  KEYS[11] rq:admitting:{provider}
+-- KEYS[1] P:req:{id}  KEYS[2] P:queue:{provider}  KEYS[3] P:seq:{provider}
+-- KEYS[4] P:sched:{provider}  KEYS[5] P:running:{provider}
+-- KEYS[6] the broker's list for the provider  KEYS[7] P:req:{original}
+-- KEYS[8] P:body:{original} (as admit.lua's)  KEYS[9] P:deadlines:{provider}
+-- KEYS[10] P:body:{id}  KEYS[11] P:admitting:{provider}
 -- ARGV: admit.lua's (requests.py, ADMIT_ARGS); reserved: admit_ws.lua's
--- answer; admitting: this admission's member of rq:admitting:{provider}
+-- answer; admitting: this admission's member of P:admitting:{provider}
 -- returns admit.lua's "ADMITTED" | its refusals of the provider's part | {"EXPIRED"}
 
 if past_deadline(ARGV[ARG_WRITE_DEADLINE]) or not redis.call("ZSCORE", KEYS[11], ARGV[ARG_ADMITTING]) then

@@ -6,8 +6,8 @@
 -- in the same step. Its history entries stay; a listing skips a request
 -- with no record.
 --
--- KEYS[1] rq:ws:{workspace}  KEYS[2] rq:ledger:{workspace}  KEYS[3] rq:idem:{workspace}:{keyhash}
--- KEYS[4] rq:open:{workspace}
+-- KEYS[1] W:ws  KEYS[2] W:ledger  KEYS[3] W:idem:{keyhash}
+-- KEYS[4] W:open
 -- ARGV[1] the request id  ARGV[2] its price  ARGV[3] its body's bytes  ARGV[4] now (s)
 -- returns 1 when given back now, 0 when there was nothing to give back
 

@@ -6,8 +6,8 @@
 -- the request next; if it never does, admit_undo.lua gives all this back
 -- (store/admission.py).
 --
--- KEYS[1] rq:ws:{workspace}  KEYS[2] rq:idem:{workspace}:{keyhash}  KEYS[3] rq:ledger:{workspace}
--- KEYS[4] rq:history:{workspace}  KEYS[5] rq:history:{workspace}:{model}  KEYS[6] rq:open:{workspace}
+-- KEYS[1] W:ws  KEYS[2] W:idem:{keyhash}  KEYS[3] W:ledger
+-- KEYS[4] W:history  KEYS[5] W:history:{model}  KEYS[6] W:open
 -- KEYS[7..] the caller's rate-window counters (as admit.lua's)
 -- ARGV: admit.lua's (requests.py, ADMIT_ARGS); body "", body_bytes its length
 -- returns {"RESERVED", what admit_place.lua records (JSON: reserve_admission)}

@@ -7,11 +7,11 @@
 -- (X-Comfy-Deadline, by "deadline"): the same path, its own detail,
 -- and its member of the deadline index gone whatever it found.
 --
--- KEYS[1] rq:req:{id}   KEYS[2] rq:queue:{provider}   KEYS[3] rq:sched:{provider}
--- KEYS[4] rq:ws:{workspace}   KEYS[5] rq:ledger:{workspace} (split "1": rq:owed:{provider}
+-- KEYS[1] P:req:{id}   KEYS[2] P:queue:{provider}   KEYS[3] P:sched:{provider}
+-- KEYS[4] W:ws   KEYS[5] W:ledger (split "1": P:owed:{provider}
 --         in both places, lib.lua's ws_target)
--- KEYS[6] rq:running:{provider}   KEYS[7] the broker's list for the provider
--- KEYS[8] rq:deadlines:{provider}  KEYS[9] rq:body:{id}
+-- KEYS[6] P:running:{provider}   KEYS[7] the broker's list for the provider
+-- KEYS[8] P:deadlines:{provider}  KEYS[9] P:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, CANCEL_ARGS):
 --   id  workspace  model  now  retention (s)
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")

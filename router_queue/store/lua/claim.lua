@@ -21,11 +21,11 @@
 --                                         it was taken over too often already
 --   COMPLETED / missing                -> nothing
 --
--- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:sched:{provider}
--- KEYS[4] rq:running:{provider}  KEYS[5] rq:ws:{workspace}  KEYS[6] rq:ledger:{workspace}
---         (split "1": rq:owed:{provider} in both places, lib.lua's ws_target)
--- KEYS[7] the broker's list for the provider  KEYS[8] rq:deadlines:{provider}
--- KEYS[9] rq:body:{id}
+-- KEYS[1] P:req:{id}  KEYS[2] P:queue:{provider}  KEYS[3] P:sched:{provider}
+-- KEYS[4] P:running:{provider}  KEYS[5] W:ws  KEYS[6] W:ledger
+--         (split "1": P:owed:{provider} in both places, lib.lua's ws_target)
+-- KEYS[7] the broker's list for the provider  KEYS[8] P:deadlines:{provider}
+-- KEYS[9] P:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, CLAIM_ARGS):
 --   id  now (s)  lease_s  cap (the provider's on requests in flight)
 --   queue_timeout_s  retention (s)  token: unique to this execution

@@ -7,12 +7,12 @@
 --
 -- The slot it held goes to the request the schedule names next (lib.lua, grant).
 --
--- KEYS[1] rq:req:{id}   KEYS[2] rq:result:{id}   KEYS[3] rq:queue:{provider}
--- KEYS[4] rq:stats:{provider}   KEYS[5] rq:sched:{provider}   KEYS[6] rq:running:{provider}
--- KEYS[7] rq:ws:{workspace}     KEYS[8] rq:ledger:{workspace} (split "1": rq:owed:{provider}
+-- KEYS[1] P:req:{id}   KEYS[2] P:result:{id}   KEYS[3] P:queue:{provider}
+-- KEYS[4] P:stats:{provider}   KEYS[5] P:sched:{provider}   KEYS[6] P:running:{provider}
+-- KEYS[7] W:ws     KEYS[8] W:ledger (split "1": P:owed:{provider}
 --         in both places, lib.lua's ws_target)
--- KEYS[9] the broker's list for the provider  KEYS[10] rq:deadlines:{provider}
--- KEYS[11] rq:body:{id}
+-- KEYS[9] the broker's list for the provider  KEYS[10] P:deadlines:{provider}
+-- KEYS[11] P:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, COMPLETE_ARGS):
 --   id  now (unix seconds)  retention (s)
 --   error_type ("" on success)  detail (a cancel's own reason, cancel.lua's

@@ -4,11 +4,11 @@
 -- on the head of each queue and on the start deadlines due (lib.lua); claim.lua
 -- makes the same checks when a granted request's delivery arrives.
 --
--- KEYS[1] rq:req:{id}  KEYS[2] rq:queue:{provider}  KEYS[3] rq:sched:{provider}
--- KEYS[4] rq:ws:{workspace}  KEYS[5] rq:ledger:{workspace} (split "1": rq:owed:{provider}
+-- KEYS[1] P:req:{id}  KEYS[2] P:queue:{provider}  KEYS[3] P:sched:{provider}
+-- KEYS[4] W:ws  KEYS[5] W:ledger (split "1": P:owed:{provider}
 --         in both places, lib.lua's ws_target)
--- KEYS[6] rq:running:{provider}  KEYS[7] the broker's list for the provider
--- KEYS[8] rq:deadlines:{provider}  KEYS[9] rq:body:{id}
+-- KEYS[6] P:running:{provider}  KEYS[7] the broker's list for the provider
+-- KEYS[8] P:deadlines:{provider}  KEYS[9] P:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, EXPIRE_QUEUED_ARGS):
 --   id  now (s)  queue_timeout_s  retention (s)  workspace
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")

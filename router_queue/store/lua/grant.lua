@@ -2,7 +2,7 @@
 -- next (lib.lua, grant). Every script that frees a slot does this itself; the
 -- sweeper runs it too, so a raised cap or a lost step heals within a sweep.
 --
--- KEYS[1] rq:sched:{provider}  KEYS[2] rq:running:{provider}
+-- KEYS[1] P:sched:{provider}  KEYS[2] P:running:{provider}
 -- KEYS[3] the broker's list for the provider
 -- ARGV[1] the provider's cap  ARGV[2] now (s)  ARGV[3] grant lease end (s)
 -- ARGV[4] message template or ""

@@ -5,7 +5,7 @@
 -- (IN_QUEUE) is touched, and only brought forward (LT), so a claimed
 -- request's lease is never shortened.
 --
--- KEYS[1] rq:running:{provider}  KEYS[2..] rq:req:{id} of each grant
+-- KEYS[1] P:running:{provider}  KEYS[2..] P:req:{id} of each grant
 -- ARGV[1] due at (s)  ARGV[2..] the ids, in the order of KEYS[2..]
 -- returns how many were made due
 

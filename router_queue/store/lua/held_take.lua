@@ -4,7 +4,7 @@
 -- slots of a process that was killed lapse at their lease's end instead of
 -- leaking; lapsed ones are dropped here before counting.
 --
--- KEYS[1] rq:held:{workspace}   KEYS[2] rq:ws:{workspace}
+-- KEYS[1] W:held   KEYS[2] W:ws
 -- ARGV[1] slot id  ARGV[2] now (s)  ARGV[3] lease end (s)
 -- ARGV[4] the cap unless the workspace sets its own max_held
 -- ARGV[5] seconds the set lives past its last lease (a workspace gone quiet leaves nothing)

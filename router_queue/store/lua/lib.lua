@@ -20,6 +20,8 @@
 -- script only learns by reading (the request the schedule names next, a
 -- request's webhook event) is built by the key layout's functions, in the
 -- slot of the key it was read from (a request's keys share its provider's).
+-- Key names in the scripts' headers are docs/KEYS.md's: P: a provider's
+-- family (a request's keys too), W: a workspace's, rq: the global one.
 
 -- Appends its further arguments to the list `fields` (a hash's field-value
 -- pairs, collected to be written in one HSET).
@@ -118,7 +120,7 @@ end
 -- Where a step's workspace effects go (owe_ws), set in `k`, the step's keys:
 -- the workspace's hash and ledger (k.ws, k.ledger), applied in the step; or,
 -- on a store split into per-slot steps (split "1"), the provider's owed set
--- (k.owed: keys.py, rq:owed:{provider}, given in their place), applied by
+-- (k.owed: keys.py, P:owed:{provider}, given in their place), applied by
 -- the workspace's own step (ws_settle.lua) once the caller has the reply, or
 -- by the sweeper for a caller that died first.
 local function ws_target(k, ws_key, ledger_key, split)
@@ -181,7 +183,7 @@ end
 -- ends a request not started by then queue_timeout (claim.lua at once,
 -- expire_queued.lua from the sweeper); X-Comfy-Deadline cancels one not
 -- completed by then, as the cancel route would (cancel.lua from the sweeper,
--- claim.lua at once). Each is a member of rq:deadlines:{provider} ("start|id",
+-- claim.lua at once). Each is a member of P:deadlines:{provider} ("start|id",
 -- "run|id") scored by when it falls, until the request no longer needs it.
 local START_DEADLINE_DETAIL =
   "not started by its start deadline (X-Comfy-Start-Deadline); never run, never billed"
@@ -295,11 +297,11 @@ local function spend_rate(first_key, first_arg)
 end
 
 -- ---------------------------------------------------------------------------
--- The schedule behind a provider's cap (keys.py, "rq:sched:{provider}").
+-- The schedule behind a provider's cap (keys.py, "P:sched:{provider}").
 --
 -- Waiting costs nothing: a request that cannot start has no Celery message.
 -- When a slot is free, grant() moves the request the schedule names next into
--- rq:running:{provider} (the slot is its from then on) and pushes one Celery
+-- P:running:{provider} (the slot is its from then on) and pushes one Celery
 -- message for it; a worker's claim starts it. Every script that frees a slot
 -- or adds a waiting request ends with grant().
 --
@@ -320,8 +322,8 @@ end
 -- slot at once (max-min fair: it only ever had less than its share). Parking
 -- and unparking are O(log n): the slots themselves stay where they are.
 --
--- S, the scheduler's context: base ("rq:sched:{provider}"), running
--- (rq:running:{provider}), cap, now, grant_until (lease of a grant not yet
+-- S, the scheduler's context: base ("P:sched:{provider}"), running
+-- (P:running:{provider}), cap, now, grant_until (lease of a grant not yet
 -- claimed: the reaper publishes it again after that), list (the broker's
 -- list for the provider) and template (its Celery message with RQTPLREQ,
 -- RQTPLTASK and RQTPLTAG standing for the request id, task id and delivery
@@ -451,7 +453,7 @@ local function dequeue_waiting(S, ws, request_id)
   return true
 end
 
--- A request leaves rq:running (it ended, or a grant ended unclaimed): its
+-- A request leaves P:running (it ended, or a grant ended unclaimed): its
 -- workspace has one fewer in flight and may be unparked. True when it held a
 -- slot. `started`: it is IN_PROGRESS, so claim.lua already took it out of
 -- :granted, in the step that started it (nothing grants a started request).
@@ -486,12 +488,12 @@ local function leave_schedule(S, ws, request_id)
 end
 
 -- The request (IN_QUEUE, out of the schedule's waiting structures) takes a
--- slot in rq:running: it is granted, in grant order, counted in its
+-- slot in P:running: it is granted, in grant order, counted in its
 -- workspace's run|ws, and its Celery message pushed (S.template), else its
 -- id added to `granted` for the caller to publish. `record`, when given, is
 -- the request's fields its caller is about to write (admit.lua, one HSET):
 -- granted_at goes with them instead of in a write of its own. Returns how
--- many requests it added to rq:running (1; 0 if it somehow held a slot).
+-- many requests it added to P:running (1; 0 if it somehow held a slot).
 local function give_slot(S, ws, request_id, granted, record)
   local base = S.base
   local n = redis.call("HINCRBY", base, "grantseq", 1)
@@ -516,7 +518,7 @@ end
 
 -- Give every free slot to the request the schedule names next; returns the
 -- ids granted that the caller must publish (none when S.template pushed them).
--- The provider's count in flight (ZCARD rq:running) is read once: given by
+-- The provider's count in flight (ZCARD P:running) is read once: given by
 -- the caller, who read it in this step with nothing changing it since
 -- (S.in_flight: grant_directly's, for admit.lua's slow path), else read once
 -- the schedule names a head, so that nothing waiting costs one read; then
@@ -640,7 +642,8 @@ local function position(base, ws, request_id)
 end
 
 -- ---------------------------------------------------------------------------
--- Webhook events (keys.py: rq:webhook:{id}, rq:webhook:{id}:next, rq:webhooks:due).
+-- Webhook events (keys.py: P:webhook:{id}, P:webhook:{id}:next,
+-- P:webhook:due:{provider}, or an earlier version's rq:webhooks:due).
 --
 -- A request whose record names a URL (admit.lua wrote it: the request's own
 -- X-Comfy-Webhook-Url or its workspace's default) owes the events its
@@ -650,9 +653,9 @@ end
 -- atomic step as the change it reports, snapshotted from the record.
 --
 -- A request's events are delivered one at a time, in the order owed:
--- rq:webhook:{id} holds the one being delivered (the head, with its delivery
--- state) and rq:webhooks:due names the request; the events owed behind it
--- wait in rq:webhook:{id}:next (JSON snapshots, oldest first), each started
+-- P:webhook:{id} holds the one being delivered (the head, with its delivery
+-- state) and P:webhook:due:{provider} names the request; the events owed behind it
+-- wait in P:webhook:{id}:next (JSON snapshots, oldest first), each started
 -- only once the one before it ended (delivered, 410 or given up:
 -- webhook_ended). A progress event nobody has attempted yet takes a newer
 -- value instead of another event queuing behind it.
@@ -850,7 +853,7 @@ end
 -- COMPLETED with its bucket, out of the queue, the schedule and its slot, its
 -- hold released, kept (its body too: it may be retried) for the retention
 -- window, announced. k holds the keys
--- req, body (rq:body:{id}), queue, deadlines (rq:deadlines:{provider}, or nil), the
+-- req, body (P:body:{id}), queue, deadlines (P:deadlines:{provider}, or nil), the
 -- workspace id ws_id and where its effects go (ws_target); S the provider's
 -- scheduler context (the caller runs grant(S) after, for the freed slot).
 local function finish_unbilled(k, S, request_id, now, retention, was_queued, error_type, detail)
@@ -878,7 +881,7 @@ local function finish_unbilled(k, S, request_id, now, retention, was_queued, err
 end
 
 -- ---------------------------------------------------------------------------
--- The history (GET /v2/requests; keys.py, "rq:history:{workspace}").
+-- The history (GET /v2/requests; keys.py, "W:history").
 --
 -- Two streams per workspace, written by admit.lua with the record: its own,
 -- whose entries hold each request's id (16 bytes, the UUID packed), and one

@@ -4,7 +4,7 @@
 -- channel, and owes the request's webhook a "progress" event when it chose
 -- one (lib.lua, owe_progress: a new one at most every ARGV[5] seconds).
 --
--- KEYS[1] rq:req:{id}
+-- KEYS[1] P:req:{id}
 -- ARGV[1] request id  ARGV[2] the execution's lease token  ARGV[3] progress, 0..1
 -- ARGV[4] now (s)  ARGV[5] seconds between a request's progress events
 -- returns 0 when not recorded (not running, not the holder, not more), 1 when

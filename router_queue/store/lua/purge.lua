@@ -2,7 +2,7 @@
 -- operator's repair, `router-queue ops purge-expired`), checked and removed in
 -- one step so a request admitted meanwhile is never dropped.
 --
--- KEYS: the indexes (rq:queue:{provider}, rq:running:{provider}, ...)
+-- KEYS: the indexes (P:queue:{provider}, P:running:{provider}, ...)
 -- returns how many entries were removed
 
 local purged = 0

@@ -3,7 +3,7 @@
 -- is lost too comes back), and a lease renewed meanwhile is never touched,
 -- because only members still past ARGV[1] are taken.
 --
--- KEYS[1] rq:running:{provider}
+-- KEYS[1] P:running:{provider}
 -- ARGV[1] now (s)  ARGV[2] look again at (s)  ARGV[3] at most this many
 -- returns {id, started, id, started, ...}; started "1": its worker died or
 -- hung (the request is IN_PROGRESS), "0": a grant whose message was lost

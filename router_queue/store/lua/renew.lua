@@ -7,7 +7,7 @@
 --                                               does not count as a takeover
 -- A holder whose lease was taken over changes nothing.
 --
--- KEYS[1] rq:req:{id}   KEYS[2] rq:running:{provider}
+-- KEYS[1] P:req:{id}   KEYS[2] P:running:{provider}
 -- ARGV[1] id  ARGV[2] token  ARGV[3] now (s)  ARGV[4] lease (s)
 -- ARGV[5] successor resume key or ""   ARGV[6] "1" to hand back, or ""
 -- returns 1 when renewed, 0 when the token no longer holds the request

@@ -4,7 +4,7 @@
 -- next grant follows the new limits. A workspace with nothing waiting has no
 -- copy; its next admission writes one from its hash.
 --
--- KEYS[1] rq:sched:{provider}
+-- KEYS[1] P:sched:{provider}
 -- ARGV[1] the workspace id   ARGV[2] "{weight}:{max_in_flight}"
 -- returns 1 when the schedule held a copy (now updated), else 0
 

@@ -1,6 +1,6 @@
 -- status.lua: what a status or result read shows, in one round trip, with the
 -- call counted in the caller's rate windows first (ratelimit.py).
--- KEYS[1] rq:req:{id}  KEYS[2] rq:sched:{provider}  KEYS[3] rq:stats:{provider}
+-- KEYS[1] P:req:{id}  KEYS[2] P:sched:{provider}  KEYS[3] P:stats:{provider}
 -- KEYS[4..] the caller's rate-window counters
 -- ARGV[1] id  ARGV[2], ARGV[3] where "workspace" and "status" are among the
 -- fields (requests.py, _STATUS_FIELD_ARGS)  ARGV[4] how many record fields

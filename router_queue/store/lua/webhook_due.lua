@@ -3,7 +3,7 @@
 -- died). Each is pushed back to again_at in the same step, so the next sweep
 -- publishes it again only if no attempt took it by then (a lost message).
 --
--- KEYS[1] rq:webhook:due:{provider} (or an earlier version's rq:webhooks:due)
+-- KEYS[1] P:webhook:due:{provider} (or an earlier version's rq:webhooks:due)
 -- ARGV[1] now (s)  ARGV[2] again_at (s)  ARGV[3] most to take
 -- returns the request ids to publish
 

@@ -19,9 +19,9 @@
 -- mark goes in the same step, and the count is given in it or, on a store
 -- split into per-slot steps, owed (lib.lua, owe_ws) and given by the caller.
 --
--- KEYS[1] rq:webhook:{id}  KEYS[2] rq:webhook:due:{provider} (the one that holds it)
--- KEYS[3] rq:ws:{ws}  KEYS[4] rq:ledger:{ws} (its pending events count; split "1":
---   rq:owed:{provider} in both places, lib.lua's ws_target)
+-- KEYS[1] P:webhook:{id}  KEYS[2] P:webhook:due:{provider} (the one that holds it)
+-- KEYS[3] W:ws  KEYS[4] W:ledger (its pending events count; split "1":
+--   P:owed:{provider} in both places, lib.lua's ws_target)
 -- ARGV by name (ARGV[ARG_REQUEST_ID] and so on; store/webhooks.py,
 -- RECORD_ARGS, whose order the generated ARG_* constants give):
 --   request_id, token (the attempt's), now (s)

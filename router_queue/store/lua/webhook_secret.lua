@@ -5,7 +5,7 @@
 --   "rotate": the new one signs from now; the current one becomes the previous
 --             and keeps signing beside it until previous_until
 --
--- KEYS[1] rq:ws:{workspace}
+-- KEYS[1] W:ws
 -- ARGV[1] "create" | "rotate"  ARGV[2] the new secret  ARGV[3] previous_until (s)
 -- returns {"CREATED"} | {"EXISTS"} | {"ROTATED"} | {"MISSING"}
 

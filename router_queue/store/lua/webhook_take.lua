@@ -30,9 +30,9 @@
 -- waiting events cost the webhooks worker a trickle of messages, not a
 -- thousand every wait.
 --
--- KEYS[1] rq:webhook:{id}   KEYS[2] rq:webhook:due:{provider} (the one that holds it)
--- KEYS[3] rq:ws:{ws}  KEYS[4] rq:ledger:{ws} (its pending events count; split "1":
---   rq:owed:{provider} in both places, lib.lua's ws_target)
+-- KEYS[1] P:webhook:{id}   KEYS[2] P:webhook:due:{provider} (the one that holds it)
+-- KEYS[3] W:ws  KEYS[4] W:ledger (its pending events count; split "1":
+--   P:owed:{provider} in both places, lib.lua's ws_target)
 -- ARGV by name (ARGV[ARG_REQUEST_ID] and so on; store/webhooks.py, TAKE_ARGS):
 --   request_id  now (s)  lease_s  token (of this attempt)
 --   turn: webhook_turn.lua's answer ("" when not asked)  open_until: its "OPEN"'s until

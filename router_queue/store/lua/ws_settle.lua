@@ -4,7 +4,7 @@
 -- body's bytes given back, its pending webhook too when it had no event left
 -- to deliver, and "q" too if it never started), or its pending webhook
 -- ("w": its last webhook event ended after the request did; lib.lua,
--- webhook_ended). rq:open:{workspace} says what the request still owes, so
+-- webhook_ended). W:open says what the request still owes, so
 -- each is applied once whoever applies it (the caller of the step, or the
 -- sweeper for a caller that died), and in whichever order they arrive. A
 -- request admitted before its store was split has no entry ("unopened"): its
@@ -14,7 +14,7 @@
 -- Such a request's pending webhook is given once by the "W" it leaves in
 -- the entry (an entry an earlier version opened has no "w" to take).
 --
--- KEYS[1] rq:ws:{workspace}  KEYS[2] rq:ledger:{workspace}  KEYS[3] rq:open:{workspace}
+-- KEYS[1] W:ws  KEYS[2] W:ledger  KEYS[3] W:open
 -- ARGV[1] the effect (JSON: lib.lua, ws_effects, with ws and kind)
 -- (an entry's "w" is also admit_undo.lua's: it counted a pending webhook)
 -- returns 1 when applied now, 0 when it already was
