@@ -415,7 +415,8 @@ WEBHOOK_EVENT = {
                    "default completed), one at a time, in order, signed per Standard Webhooks (webhook-id: "
                    "msg_<request_id> for completed, msg_<request_id>_started, msg_<request_id>_progress_<n>; "
                    "webhook-timestamp, webhook-signature v1,<base64 HMAC-SHA256>). The request as it was when the "
-                   "event was owed. Answer 2xx; 410 stops retries; anything else is retried for 24 h.",
+                   "event was owed. Answer 2xx; 410 stops retries; anything else is retried until 24 h after "
+                   "the event was owed.",
     "required": ["type", "request_id", "model", "status", "error_type", "response_url", "created_at",
                  "started_at", "completed_at"],
     "properties": {
