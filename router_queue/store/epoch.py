@@ -2,9 +2,10 @@
 
 A Redis restarted without its data answers as if nothing happened, so the
 store carries an epoch marker (``keys.epoch``), a random token written
-(``SET NX``) with the first workspace. A process adopts the marker it first
-reads; a marker gone or replaced later means its data is gone, and it refuses
-to serve (``StoreLost``: 503, logged as critical). The check is one GET, at
+(``SET NX``) by the first process to check it, or with the first workspace.
+A process adopts the marker at its first check (as it starts); a marker gone
+or replaced later means its data is gone, and it refuses to serve
+(``StoreLost``: 503, logged as critical). The check is one GET, at
 ``/readyz``, an API key that does not resolve, and each sweep. A store in an
 earlier key layout is refused the same way (``migrate.py``). Why, and what it
 cannot catch: ``docs/ARCHITECTURE.md``, "The store's parts".
@@ -50,8 +51,9 @@ class StoreEpoch:
                          "`router-queue ops migrate-keys`")
             raise StoreLost("the request store holds data in an earlier key layout; nothing is served until an "
                             "operator migrates it (router-queue ops migrate-keys)", retry_after=30)
-        if current is None and self.known is None and self.client.exists(keys.workspaces()):
-            # Data from before the marker existed: mark it now.
+        if current is None and self.known is None:
+            # A new store, or data from before the marker existed: mark it now, so that
+            # every process running when it is lost knows it held something.
             self.client.set(keys.epoch(), secrets.token_hex(16), nx=True)
             current = self.client.get(keys.epoch())
         if self.known is None:

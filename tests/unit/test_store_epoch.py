@@ -9,8 +9,10 @@ import pytest
 
 from router_queue.cli import main
 from router_queue.errors import StoreLost
+from router_queue.services import Services
 from router_queue.store import keys, migrate
 from router_queue.web.app import create_app
+from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import cli_runner
 from tests.unit.test_delivery import context_of
 from tests.unit.test_routes import FLUX, assert_error, submit
@@ -35,11 +37,11 @@ def test_a_store_emptied_under_a_serving_front_door_is_503_not_401(http, auth, s
 
 
 def test_a_new_deployment_is_no_false_alarm(http, services):
-    """No workspace yet: an unknown key is 401, and ready; the first workspace marks the store."""
+    """No workspace yet: an unknown key is 401, and ready; the store is marked as the process starts."""
+    assert services.redis.get(keys.epoch()) is not None
     assert_error(http.get(f"{FLUX}/requests/x/status", headers={"X-API-Key": "rq_unknown"}), 401, "unauthorized")
     assert http.get("/readyz").status_code == 200
     services.accounts.create_workspace("first")
-    assert services.redis.get(keys.epoch()) is not None
     assert http.get("/readyz").status_code == 200  # the marker adopted, not taken for a replacement
     assert_error(http.get(f"{FLUX}/requests/x/status", headers={"X-API-Key": "rq_unknown"}), 401, "unauthorized")
 
@@ -50,6 +52,19 @@ def test_data_from_before_the_marker_is_marked_not_refused(http, services, works
     assert http.get("/readyz").status_code == 200
     assert services.redis.get(keys.epoch()) is not None
     assert http.get("/readyz").status_code == 200
+
+
+def test_a_process_that_served_nothing_before_the_loss_still_refuses(http, settings, client, services):
+    """Two web workers started on a new store; one served every call before Redis came
+    back empty. The other one's /readyz is 503 too, not a new deployment's 200."""
+    other = create_app(settings, services=Services.build(settings, client, dispatcher=RecordingDispatcher()))
+    workspace = services.accounts.create_workspace("first", queue_enabled=True, credits=1000)
+    auth = {"X-API-Key": services.accounts.mint_key(workspace)}
+    assert submit(http, auth, {"prompt": "served by the first worker"}).status_code == 201
+    client.flushdb()
+    ready = other.test_client().get("/readyz")
+    assert_error(ready, 503, "service_unavailable")
+    assert "lost its data" in ready.json["detail"]
 
 
 def test_a_process_that_started_on_an_empty_store_adopts_the_marker_at_its_first_key(http, auth, services, client):
