@@ -32,8 +32,8 @@ class StoreEpoch:
         self.known: bytes | None = None
 
     @staticmethod
-    def mint(pipe: redis.client.Pipeline) -> None:
-        """Queue the marker's first write on ``pipe`` (no-op once there is one)."""
+    def mint(pipe: redis.Redis | redis.client.Pipeline) -> None:
+        """Write the marker, or queue its write on a pipeline (no-op once there is one)."""
         pipe.set(keys.epoch(), secrets.token_hex(16), nx=True)
 
     def adopt(self) -> None:
@@ -54,7 +54,7 @@ class StoreEpoch:
         if current is None and self.known is None:
             # A new store, or data from before the marker existed: mark it now, so that
             # every process running when it is lost knows it held something.
-            self.client.set(keys.epoch(), secrets.token_hex(16), nx=True)
+            self.mint(self.client)
             current = self.client.get(keys.epoch())
         if self.known is None:
             self.known = current
