@@ -131,8 +131,9 @@ def _spec(title: str, description: str) -> APISpec:
     spec.components.security_scheme("bearer", {"type": "http", "scheme": "bearer"})
     spec.components.header("X-Comfy-Request-Id", {"schema": {"type": "string"}, "description": "this call's id"})
     spec.components.header("X-Comfy-Error-Type", {"schema": {"type": "string"}, "description": "the bucket"})
-    spec.components.header("Retry-After", {"schema": {"type": "integer", "minimum": 1},
-                                           "description": "seconds before a new call is worth it"})
+    spec.components.header("Retry-After", {"schema": {"type": "integer", "minimum": 0},
+                                           "description": "seconds before a new call is worth it "
+                                                          "(0 on a finished request's status read)"})
     spec.components.header("Idempotent-Replayed", {"schema": {"type": "string", "enum": ["true"]}})
     spec.components.header("X-Comfy-Cost-Credits", {"schema": {"type": "string", "pattern": "^[0-9]+$"},
                                                     "required": True, "description": "the request's cost.credits"})

@@ -19,13 +19,16 @@ from ..store.requests import Pace, RequestRecord
 DEFAULT_RUN_S = 2.0
 #: Bounds (s) on the hint: never under a second, never parking a poller long.
 MIN_HINT_S, MAX_QUEUED_HINT_S, MAX_RUNNING_HINT_S = 1, 60, 30
+#: A finished request never changes again: nothing to wait for, and the
+#: contract's status read names a ``Retry-After`` all the same.
+FINISHED_HINT_S = 0
 
 
-def retry_after(record: RequestRecord, position: int | None, pace: Pace, now: float | None = None) -> int | None:
-    """Seconds before a new poll is worth it; ``None`` for a finished request,
+def retry_after(record: RequestRecord, position: int | None, pace: Pace, now: float | None = None) -> int:
+    """Seconds before a new poll is worth it; ``0`` for a finished request,
     which never changes again: there is nothing to wait for."""
     if record.status == COMPLETED:
-        return None
+        return FINISHED_HINT_S
     now = time.time() if now is None else now
     run = pace.avg_run_s if pace.avg_run_s else DEFAULT_RUN_S
     if record.status == IN_PROGRESS:

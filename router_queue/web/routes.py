@@ -103,12 +103,11 @@ def visible_view(front: FrontDoor, workspace: str, entry: ModelEntry, request_id
 
 
 def status_answer(front: FrontDoor, view: StatusView, base: str, status: int = 200) -> Answer:
-    """A status read's JSON body, with ``Retry-After`` unless it is finished."""
+    """A status read's JSON body, with ``Retry-After`` (``0`` once it is finished)."""
     record = view.record
     assert record is not None  # visible_view raised on a missing one
     body = status_body(record, view.position, base, front.services.settings.result_retention_s)
-    hint = pacing.retry_after(record, view.position, view.pace)
-    return Answer(status, body, {} if hint is None else {"Retry-After": str(hint)})
+    return Answer(status, body, {"Retry-After": str(pacing.retry_after(record, view.position, view.pace))})
 
 
 def _status_response(front: FrontDoor, view: StatusView, status: int = 200) -> Response:

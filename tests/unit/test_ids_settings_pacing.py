@@ -76,8 +76,8 @@ def test_the_back_of_the_queue_is_told_to_wait_longer_than_a_running_request():
     assert back <= 60
 
 
-def test_retry_after_is_always_a_whole_second_or_more_and_absent_once_completed():
+def test_retry_after_is_always_a_whole_second_or_more_and_zero_once_completed():
     for pace in (Pace(None, None), Pace(0.01, 0.001), Pace(10_000.0, 5_000.0)):
         for record, position in [(_record(IN_QUEUE), 0), (_record(IN_PROGRESS, started_at=0.0), None)]:
             assert retry_after(record, position, pace, now=1e6) >= 1
-        assert retry_after(_record(COMPLETED), None, pace, now=1e6) is None
+        assert retry_after(_record(COMPLETED), None, pace, now=1e6) == 0

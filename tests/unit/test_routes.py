@@ -179,8 +179,9 @@ def test_status_carries_progress_from_its_first_report_and_it_never_falls(http, 
 @pytest.mark.parametrize("outcome", ["success", "provider_error", "cancelled"])
 def test_a_completed_status_says_nothing_to_wait_for_and_a_fast_success_is_whole(http, auth, services, outcome):
     """A request the provider finished before it ever reported progress is
-    still at 1 when it succeeded, and no finished request names a Retry-After:
-    it never changes again."""
+    still at 1 when it succeeded, and every finished request names
+    ``Retry-After: 0``: the contract's status read always carries the hint,
+    and there is nothing to wait for."""
     request_id = submit(http, auth).json["request_id"]
     url = f"{FLUX}/requests/{request_id}/status"
     if outcome == "cancelled":
@@ -191,7 +192,7 @@ def test_a_completed_status_says_nothing_to_wait_for_and_a_fast_success_is_whole
                                 content_type="application/json", error_type="" if outcome == "success" else outcome)
     finished = http.get(url, headers=auth)
     assert finished.json["status"] == "COMPLETED"
-    assert "Retry-After" not in finished.headers
+    assert finished.headers["Retry-After"] == "0"
     if outcome == "success":
         assert finished.json["progress"] == 1.0
     else:
