@@ -1,16 +1,13 @@
-"""What operators read: liveness, readiness, Prometheus metrics, and an
-operations page that refreshes itself.
+"""What operators read: liveness, readiness (``readiness.py``), Prometheus
+metrics, and an operations page that refreshes itself.
 
 Liveness and readiness answer on every port (probes, load balancers). The
 metrics, the page and its JSON show every tenant's figures, so they answer
 only on the operator listener: the port ``OPS_PORT`` names, which gunicorn
 binds beside the public one (the Procfile's second ``--bind``, on
 ``OPS_HOST``) and which no proxy, Service or published port leads to. On any
-other port they answer 404 like a path that does not exist. gunicorn sets
-``SERVER_PORT`` from the socket that accepted the connection, never from the
-``Host`` header, so a caller cannot claim the operator port. With
-``OPS_TOKEN`` set (required once ``OPS_HOST`` is beyond loopback) they ask
-for it (``ops_token.py``). ``/readyz`` reuses its answer (``readiness.py``).
+other port they answer 404 (gunicorn sets ``SERVER_PORT`` from the socket,
+not from ``Host``); there, with ``OPS_TOKEN`` set, they ask for it (``ops_token.py``).
 """
 
 from __future__ import annotations
