@@ -12,6 +12,7 @@ configuration. Their values are still read here, once, with the rest.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -104,6 +105,19 @@ def _names(name: str, raw: str) -> tuple[str, ...]:
     return values
 
 
+def _networks(name: str, raw: str) -> tuple[str, ...]:
+    """Comma-separated addresses or CIDR networks, as gunicorn reads the same
+    variable; ``*`` alone: every peer."""
+    values = tuple(part.strip() for part in raw.split(","))
+    if values == ("*",):
+        return values
+    try:
+        return tuple(str(ipaddress.ip_network(value, strict=False)) for value in values)
+    except ValueError:
+        raise SettingsError(f"{name} must be IP addresses or CIDR networks, comma-separated (or *), "
+                            f"got {raw!r}") from None
+
+
 def _port(name: str, raw: str) -> int:
     value = _int(name, raw)
     if value > 65535:
@@ -129,6 +143,9 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "TRUSTED_HOSTS": ("trusted_hosts", _names),
     "OPS_PORT": ("ops_port", _port),
     "OPS_HOST": ("ops_host", _str),
+    "OPS_TOKEN": ("ops_token", _secret),
+    "READYZ_CACHE_SECONDS": ("readyz_cache_s", _float),
+    "FORWARDED_ALLOW_IPS": ("forwarded_allow_ips", _networks),
     "WORKER_METRICS_PORT": ("worker_metrics_port", _port),
     "PROVIDER_HOSTS": ("provider_hosts", _names),
     "RESULT_RETENTION_SECONDS": ("result_retention_s", _int),
@@ -190,6 +207,18 @@ class Settings:
     #: The address operator listeners bind: gunicorn's (the Procfile's
     #: ``--bind``) and a worker's metrics endpoint.
     ops_host: str = "127.0.0.1"
+    #: The bearer token the operator listeners ask for (``/metrics``, ``/ops``;
+    #: ``/healthz`` and ``/readyz`` stay open). Required once ``ops_host`` is
+    #: beyond loopback (:meth:`require_ops_token`); empty on loopback: open.
+    ops_token: Secret = Secret("")
+    #: Seconds a process reuses its ``/readyz`` answer: one check of Redis
+    #: (an INFO per primary) per this, whatever the call rate. 0: every call.
+    readyz_cache_s: float = 1.0
+    #: The proxies whose ``X-Forwarded-For`` names the caller (the rate bucket
+    #: of callers without a key): the variable gunicorn reads for the same
+    #: trust (addresses or CIDR networks; ``*``: any peer). = nginx's
+    #: ``set_real_ip_from`` plus the address nginx reaches gunicorn from.
+    forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1", "::1")
     #: The port a Celery worker serves its own counters and histograms on
     #: (``/metrics``, prometheus_client's server on ``ops_host``; workers/main.py),
     #: for Prometheus to scrape each worker. 0: none (``router-queue dev`` and the
@@ -341,6 +370,15 @@ class Settings:
                                 "without either, a caller's Host header would be echoed into status_url and "
                                 "into signed webhooks' response_url")
 
+    def require_ops_token(self, port: int) -> None:
+        """The check at start of a process that serves an operator listener on
+        ``port`` (0: none): one bound beyond loopback never answers without a token."""
+        if port and not _loopback(self.ops_host) and not self.ops_token:
+            raise SettingsError(f"OPS_TOKEN must be set: OPS_HOST={self.ops_host!r} exposes the operator listener "
+                                f"(port {port}: /metrics, /ops) beyond loopback, where it would show every "
+                                "tenant's figures to anyone who reaches it. Set OPS_TOKEN to a long random secret "
+                                "(Prometheus sends it as a bearer token), or OPS_HOST=127.0.0.1")
+
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None, **overrides: Any) -> "Settings":
         """Build settings from ``environ`` (default ``os.environ``)."""
@@ -354,6 +392,15 @@ class Settings:
         if "provider_credentials" not in values:
             values["provider_credentials"] = _credentials(environ, values.get("catalog_path") or DEFAULT_CATALOG)
         return cls(**values)
+
+
+def _loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False  # a host name: whatever it resolves to, assume it is reachable
 
 
 def _credentials(environ: Mapping[str, str], catalog_path: str | Path) -> dict[str, Secret]:

@@ -3,11 +3,11 @@
 import logging
 
 from celery.signals import setup_logging, worker_init
-from prometheus_client import start_http_server
 
 from router_queue import logs, metrics, tracing
 from router_queue.broker.celery_app import make_celery
-from router_queue.settings import Settings
+from router_queue.ops_token import serve_metrics
+from router_queue.settings import Settings, SettingsError
 from workers.consumer import Heartbeat
 
 settings = Settings.from_env()
@@ -30,7 +30,11 @@ def _serve_metrics(**_: object) -> None:
     if not settings.worker_metrics_port:
         return
     try:
-        start_http_server(settings.worker_metrics_port, addr=settings.ops_host, registry=metrics.exposed())
+        settings.require_ops_token(settings.worker_metrics_port)
+    except SettingsError as exc:  # Celery logs an Exception from a signal handler and runs on; this stops it
+        raise SystemExit(f"router-queue worker: {exc}") from None
+    try:
+        serve_metrics(settings.worker_metrics_port, settings.ops_host, metrics.exposed(), settings.ops_token)
     except OSError as exc:
         logging.getLogger(__name__).error("metrics not served on %s:%d: %s", settings.ops_host,
                                           settings.worker_metrics_port, exc)

@@ -13,6 +13,7 @@ from ..store.connect import UNREACHABLE
 from ..store.held import HeldSlots
 from .auth import KeyResolver
 from .bodies import json_response
+from .callers import TrustedProxies
 from .catalog_routes import discovery
 from .envelope import ENVELOPE, Envelope
 from .front import EXTENSION, FrontDoor
@@ -20,6 +21,7 @@ from .history import history
 from .lane import Lane
 from .operations import operations
 from .ratelimit import RateLimits
+from .readiness import READINESS, Readiness
 from .routes import queue
 from .stream import EventHub
 
@@ -45,7 +47,9 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     app.register_blueprint(queue)
     app.register_blueprint(history)
     app.register_blueprint(discovery)
-    rate_limits = RateLimits(services.store, settings.default_rate_limit, keys)
+    rate_limits = RateLimits(services.store, settings.default_rate_limit, keys,
+                             TrustedProxies(settings.forwarded_allow_ips))
+    app.extensions[READINESS] = Readiness(settings.readyz_cache_s)
     envelope = app.extensions[ENVELOPE] = Envelope(rate_limits, settings.max_body_bytes)
     _register_error_handlers(app, envelope)
     app.register_blueprint(operations)

@@ -1,27 +1,27 @@
-"""What operators read: liveness, readiness, Prometheus metrics, and an
-operations page that refreshes itself.
+"""What operators read: liveness, readiness (``readiness.py``), Prometheus
+metrics, and an operations page that refreshes itself.
 
 Liveness and readiness answer on every port (probes, load balancers). The
 metrics, the page and its JSON show every tenant's figures, so they answer
 only on the operator listener: the port ``OPS_PORT`` names, which gunicorn
 binds beside the public one (the Procfile's second ``--bind``, on
 ``OPS_HOST``) and which no proxy, Service or published port leads to. On any
-other port they answer 404 like a path that does not exist. gunicorn sets
-``SERVER_PORT`` from the socket that accepted the connection, never from the
-``Host`` header, so a caller cannot claim the operator port.
+other port they answer 404 (gunicorn sets ``SERVER_PORT`` from the socket,
+not from ``Host``); there, with ``OPS_TOKEN`` set, they ask for it (``ops_token.py``).
 """
 
 from __future__ import annotations
 
 import time
 
-from flask import Blueprint, Response, request
+from flask import Blueprint, Response, current_app, request
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from werkzeug.exceptions import NotFound
 
 from .. import metrics as process_metrics
 from ..broker.celery_app import MAINTENANCE_QUEUE, WEBHOOKS_QUEUE, queue_name
-from ..errors import ServiceUnavailable
+from ..errors import ServiceUnavailable, Unauthorized
+from ..ops_token import CHALLENGE, admits
 from ..services import Services
 from ..store.fleet import FleetCollector
 from ..store.gauges import QueueGauges
@@ -30,6 +30,7 @@ from . import paths
 from .bodies import json_response
 from .front import front_door
 from .headers import page
+from .readiness import READINESS, Readiness
 from .refusals import STORE_FULL_RETRY_S
 
 operations = Blueprint("operations", __name__)
@@ -45,11 +46,23 @@ def on_operator_listener(environ: dict, ops_port: int) -> bool:
     return ops_port != 0 and environ.get("SERVER_PORT") == str(ops_port)
 
 
+class OperatorUnauthorized(Unauthorized):
+    """401 on the operator listener: no ``OPS_TOKEN``, or another one."""
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), "WWW-Authenticate": CHALLENGE}
+
+
 @operations.before_request
 def _operators_only() -> None:
-    if request.endpoint in OPERATOR_ENDPOINTS and \
-            not on_operator_listener(request.environ, front_door().services.settings.ops_port):
+    if request.endpoint not in OPERATOR_ENDPOINTS:
+        return
+    settings = front_door().services.settings
+    if not on_operator_listener(request.environ, settings.ops_port):
         raise NotFound()
+    if not admits(request.headers.get("Authorization"), settings.ops_token):
+        raise OperatorUnauthorized("the operator listener asks for OPS_TOKEN: send Authorization: Bearer <token> "
+                                   "(in a browser: any user name, the token as password)")
 
 
 @paths.HEALTHZ.view(operations)
@@ -64,19 +77,24 @@ def readyz() -> Response:
     (``store/epoch.py``) and has room for writes, and the broker answers;
     else 503 service_unavailable saying which, within the front door's Redis
     wait (the broker is that Redis by default)."""
+    readiness: Readiness = current_app.extensions[READINESS]
+    readiness.answer(_check_ready)
+    return json_response({"status": "ready"})
+
+
+def _check_ready() -> None:
     front = front_door()
     front.services.accounts.epoch.check()
     unready = front.services.store.unready()
     if unready is not None:
         raise ServiceUnavailable(unready, retry_after=STORE_FULL_RETRY_S)
     if front.dispatcher.broker_is_store:
-        return json_response({"status": "ready"})
+        return
     try:
         with front.dispatcher.celery.connection_for_write() as connection:
             connection.ensure_connection(max_retries=1, timeout=2)
     except Exception as exc:  # noqa: BLE001 - whatever the broker raised, it is not ready
         raise ServiceUnavailable(f"the broker cannot be reached: {exc}", retry_after=5) from None
-    return json_response({"status": "ready"})
 
 
 @paths.METRICS.view(operations)

@@ -3,7 +3,8 @@
 Fixed windows as in ``limits``, a counter per window in the store's Redis so
 one limit holds across every front-door process. The bucket is the caller's
 workspace (its ``rate_limit`` or ``DEFAULT_RATE_LIMIT``); unknown keys share
-one bucket per client address. The count is one ``INCR`` per window
+one bucket per client address (``callers.py``: the forwarded one, from a
+trusted proxy). The count is one ``INCR`` per window
 (``lua/lib.lua``, ``spend_rate``): spent as the call opens (``rate.lua``), or,
 on :data:`CARRIED_ENDPOINTS`, carried into the route's one script and spent
 after it if the route ended before its script ran. ``docs/ARCHITECTURE.md``,
@@ -25,6 +26,7 @@ from ..errors import RateLimited, Unauthorized
 from ..store.requests import RequestStore, rate_window
 from . import paths
 from .auth import Caller, KeyResolver
+from .callers import TrustedProxies
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +72,13 @@ def _allowance(bucket: str, spec: str) -> Allowance:
 
 
 class RateLimits:
-    def __init__(self, store: RequestStore, default_limit: str, keys: KeyResolver):
+    def __init__(self, store: RequestStore, default_limit: str, keys: KeyResolver,
+                 proxies: TrustedProxies | None = None):
         _items(default_limit)  # a malformed default fails at start, not on the first call
         self.store = store
         self.default_limit = default_limit
         self.keys = keys
+        self.proxies = proxies or TrustedProxies(())
 
     def allowance(self, request: Request) -> Allowance | None:
         """What this call is counted against; None on the exempt routes. No I/O
@@ -84,7 +88,7 @@ class RateLimits:
         try:
             caller = self.keys.caller(request)
         except Unauthorized:
-            return self._checked(f"unknown:{request.remote_addr}", self.default_limit)
+            return self._checked(f"unknown:{self.proxies.caller(request.environ)}", self.default_limit)
         return self.for_workspace(caller)  # a legacy key's own namespace is its bucket
 
     def for_workspace(self, caller: Caller) -> Allowance:

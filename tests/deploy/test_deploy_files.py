@@ -876,7 +876,8 @@ def test_nginx_believes_forwarded_addresses_from_one_configured_range_only() -> 
         others = [ipaddress.ip_network(n) for n in real_ip if n not in loopback]
         assert len(others) <= 1, f"{path}: one load balancer range, got {others}"
         for network in others:
-            assert network.prefixlen >= (16 if network.version == 4 else 48), f"{path}: {network} is too wide"
+            # the ingress controller's range, never the pod network (kubeadm's 10.244.0.0/16)
+            assert network.prefixlen >= (24 if network.version == 4 else 64), f"{path}: {network} is too wide"
             assert not any(network == wide or wide.subnet_of(network) for wide in private
                            if wide.version == network.version), f"{path}: {network} is a whole private range"
         assert bool(others) == (where == "kubernetes"), f"{path}: compose has no load balancer in front"
@@ -885,6 +886,57 @@ def test_nginx_believes_forwarded_addresses_from_one_configured_range_only() -> 
     assert proxy_volume.endswith(":/etc/nginx/trusted-proxies.conf:ro")
     mounts = {m["mountPath"]: m for m in _sidecar(_deployments()["web"], "proxy")["volumeMounts"]}
     assert mounts["/etc/nginx/trusted-proxies.conf"]["subPath"] == TRUSTED_PROXIES["kubernetes"].name
+
+
+def _networks(values) -> set:
+    return {ipaddress.ip_network(value, strict=False) for value in values}
+
+
+def test_the_app_believes_forwarded_addresses_from_the_proxies_nginx_does():
+    """FORWARDED_ALLOW_IPS (the app's and gunicorn's one list) is nginx's
+    set_real_ip_from plus where nginx reaches gunicorn from: loopback in the
+    Kubernetes pod, the proxy service's fixed address in compose."""
+    k8s_allowed = Settings.from_env(_configmap()).forwarded_allow_ips
+    real_ip, _ = _trusted(TRUSTED_PROXIES["kubernetes"])
+    assert _networks(k8s_allowed) == _networks(real_ip), "ConfigMap FORWARDED_ALLOW_IPS vs trusted-proxies.conf"
+    assert _deployments()["web"]["spec"]["template"]["spec"]["hostAliases"] == [
+        {"ip": "127.0.0.1", "hostnames": ["web"]}], "nginx reaches gunicorn over loopback in the pod"
+
+    services = _compose()["services"]
+    compose_allowed = Settings.from_env(services["web"]["environment"]).forwarded_allow_ips
+    proxy_address = services["proxy"]["networks"]["default"]["ipv4_address"]
+    real_ip, _ = _trusted(TRUSTED_PROXIES["compose"])
+    assert _networks(compose_allowed) == _networks([*real_ip, proxy_address])
+    (subnet,) = [c["subnet"] for c in _compose()["networks"]["default"]["ipam"]["config"]]
+    assert ipaddress.ip_address(proxy_address) in ipaddress.ip_network(subnet)
+
+
+def test_operator_listeners_beyond_loopback_ask_for_a_token_prometheus_sends():
+    """OPS_HOST binds them on 0.0.0.0: each process serving one gets OPS_TOKEN
+    (required, no default), and every way Prometheus is told to scrape sends it."""
+    cm = _configmap()
+    assert Settings.from_env(cm).ops_host == "0.0.0.0" and "OPS_TOKEN" not in cm
+    (template,) = [d.body for d in _of_kind("Secret") if d.name == "router-queue-ops"]
+    assert set(template["stringData"]) == {"OPS_TOKEN"}
+    for name, deployment in _deployments().items():
+        env = {e["name"]: e for e in _container(deployment).get("env", [])}
+        serves = name == "web" or "metrics" in {p["name"] for p in _container(deployment).get("ports", [])}
+        if serves:
+            assert env["OPS_TOKEN"]["valueFrom"]["secretKeyRef"] == {"name": "router-queue-ops", "key": "OPS_TOKEN"}, \
+                name
+            assert not env["OPS_TOKEN"]["valueFrom"]["secretKeyRef"].get("optional"), name
+
+    web = _compose()["services"]["web"]["environment"]
+    assert web["OPS_HOST"] == "0.0.0.0" and web["OPS_TOKEN"].startswith("${OPS_TOKEN:?")
+
+    monitor = yaml.safe_load((DEPLOY / "monitoring" / "podmonitor.yaml").read_text())
+    endpoints = {e["port"]: e for e in monitor["spec"]["podMetricsEndpoints"]}
+    assert set(endpoints) == {"ops", "metrics"}
+    for endpoint in endpoints.values():
+        assert endpoint["authorization"] == {"type": "Bearer", "credentials": {"name": "router-queue-ops",
+                                                                               "key": "OPS_TOKEN"}}
+    (job,) = yaml.safe_load((DEPLOY / "monitoring" / "scrape-configs.yaml").read_text())["scrape_configs"]
+    assert job["authorization"]["type"] == "Bearer" and job["authorization"]["credentials_file"]
 
 
 def test_redis_asks_for_a_password_and_admits_only_our_pods() -> None:

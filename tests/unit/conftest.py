@@ -60,7 +60,7 @@ def client(request):
 @pytest.fixture
 def settings() -> Settings:
     return Settings(redis_url="redis://unused", public_base_url="http://router.test", republish_after_s=0,
-                    default_rate_limit="1000/second")
+                    default_rate_limit="1000/second", readyz_cache_s=0)  # each /readyz checks: tests flip it
 
 
 @pytest.fixture
