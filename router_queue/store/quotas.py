@@ -4,9 +4,8 @@ Four quotas keep one workspace from taking what the others share, each a
 field of the workspace's hash (``router-queue workspace set-limits``; the
 defaults below apply until it is set): ``max_held`` (synchronous calls and
 event streams held open, leased slots: ``held.py``), ``max_queued_bytes``
-(the bodies stored for its requests not yet completed), ``max_stored_bytes``
-(what it keeps past its requests' ends: bodies kept for a retry, counted
-once however many retries share one, until they expire) and
+(bodies of requests not yet completed), ``max_stored_bytes`` (bytes kept past
+its requests' ends: kept bodies, once each, until they expire) and
 ``max_pending_webhooks`` (requests admitted with a webhook whose last event
 has not ended: this bounds a submit-and-cancel flood). Who counts each in and
 out: ``docs/ARCHITECTURE.md``, "The store's parts"; ``docs/KEYS.md``.
