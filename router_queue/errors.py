@@ -59,6 +59,13 @@ class NotRetryable(InvalidInput):
     status = 409
 
 
+class RetryLimitReached(RouterError):
+    """A retry past its chain's cap, ``RETRY_MAX_PER_REQUEST`` retries all told (409)."""
+
+    status = 409
+    error_type = "retry_limit_reached"
+
+
 class Unauthorized(RouterError):
     status = 401
     error_type = "unauthorized"
@@ -124,6 +131,13 @@ class QueuedBytesFull(RouterError):
 
     status = 429
     error_type = "queued_bytes_full"
+
+
+class StoredBytesFull(RouterError):
+    """The workspace keeps as many bytes past its requests' ends as it may (429)."""
+
+    status = 429
+    error_type = "stored_bytes_full"
 
 
 class PendingWebhooksFull(RouterError):

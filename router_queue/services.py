@@ -78,6 +78,7 @@ class Services:
         store = RequestStore(
             client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
             republish_after_s=settings.republish_after_s, max_queued=settings.max_queued,
+            retry_max=settings.retry_max_per_request,
             max_in_flight=catalog.max_in_flight, write_deadline_s=write_deadline_s,
             replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
             grants=dispatcher.grants if dispatcher is not None else None, reads=reads,

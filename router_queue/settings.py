@@ -160,6 +160,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "LEASE_SECONDS": ("lease_s", _float),
     "MAX_TAKEOVERS": ("max_takeovers", _int),
     "MAX_QUEUED_PER_WORKSPACE": ("max_queued", _int),
+    "RETRY_MAX_PER_REQUEST": ("retry_max_per_request", _int),
     "SYNC_DEADLINE_SECONDS": ("sync_deadline_s", _float),
     "DEFAULT_RATE_LIMIT": ("default_rate_limit", _str),
     "LOG_LEVEL": ("log_level", _str),
@@ -271,6 +272,9 @@ class Settings:
     #: Requests a workspace may have waiting IN_QUEUE (a workspace's own
     #: ``max_queued`` wins); past it, ``429 queue_backlog_full``.
     max_queued: int = 1000
+    #: Retries a request's chain (it, its retries and theirs) may have all
+    #: told, sharing its kept body; past it, ``409 retry_limit_reached``.
+    retry_max_per_request: int = 10
     #: Calls per caller across all routes, polls included, in Flask-Limiter's
     #: notation ("50/second;2000/minute"); a workspace's own ``rate_limit`` wins.
     default_rate_limit: str = "50/second"

@@ -116,14 +116,17 @@ def set_credits(workspace_id: str, credits: int) -> None:
 @click.option("--max-queued-bytes", type=click.IntRange(min=0),
               help=f"Body bytes it may have stored for requests not yet completed "
                    f"(default {quotas.DEFAULT_MAX_QUEUED_BYTES}, 256 MiB).")
+@click.option("--max-stored-bytes", type=click.IntRange(min=0),
+              help=f"Bytes it may keep past its requests' ends: bodies kept for a retry, counted once however "
+                   f"many retries share one, until they expire (default {quotas.DEFAULT_MAX_STORED_BYTES}, 10 GiB).")
 @click.option("--max-pending-webhooks", type=click.IntRange(min=0),
               help=f"Webhook events it may have pending, owed or to be owed, not yet delivered "
                    f"(default {quotas.DEFAULT_MAX_PENDING_WEBHOOKS}).")
 def set_limits(workspace_id: str, max_queued: int | None, rate_limit: str | None, weight: int | None,
                max_in_flight: int | None, max_held: int | None, max_queued_bytes: int | None,
-               max_pending_webhooks: int | None) -> None:
+               max_pending_webhooks: int | None, max_stored_bytes: int | None) -> None:
     """Set a workspace's own backlog cap, request rate, fair-share weight,
-    concurrency and quotas (held connections, stored body bytes, pending webhook events)."""
+    concurrency and quotas (held connections, queued body bytes, kept bytes, pending webhook events)."""
     if rate_limit is not None:
         try:
             parse_many(rate_limit)
@@ -132,20 +135,23 @@ def set_limits(workspace_id: str, max_queued: int | None, rate_limit: str | None
     _or_fail(lambda: _accounts().set_limits(workspace_id, max_queued=max_queued, rate_limit=rate_limit,
                                             weight=weight, max_in_flight=max_in_flight, max_held=max_held,
                                             max_queued_bytes=max_queued_bytes,
-                                            max_pending_webhooks=max_pending_webhooks))
+                                            max_pending_webhooks=max_pending_webhooks,
+                                            max_stored_bytes=max_stored_bytes))
     click.echo(f"limits set for {workspace_id}")
 
 
 @workspace.command("list")
 def list_workspaces() -> None:
     """List workspaces under a header row: id, queue switch, balance, credits
-    held, requests waiting, weight, in-flight cap, stored body bytes, pending
-    webhook events, name."""
+    held, requests waiting, weight, in-flight cap, queued body bytes, bytes
+    kept past requests' ends, pending webhook events, name."""
     require_router_queue_data()
-    click.echo("id\tqueue\tcredits\theld\tqueued\tweight\tmax_in_flight\tqueued_bytes\twebhooks_pending\tname")
+    click.echo("id\tqueue\tcredits\theld\tqueued\tweight\tmax_in_flight\tqueued_bytes\tstored_bytes\t"
+               "webhooks_pending\tname")
     for ws in _accounts().list():
         click.echo(f"{ws.id}\t{'on' if ws.queue_enabled else 'off'}\t{ws.credits}\t{ws.held}\t{ws.queued}\t"
-                   f"{ws.weight}\t{ws.max_in_flight or '-'}\t{ws.queued_bytes}\t{ws.webhooks_pending}\t{ws.name}")
+                   f"{ws.weight}\t{ws.max_in_flight or '-'}\t{ws.queued_bytes}\t{ws.stored_bytes}\t"
+                   f"{ws.webhooks_pending}\t{ws.name}")
 
 
 @workspace.command("ledger")

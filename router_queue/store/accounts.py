@@ -44,6 +44,11 @@ class Workspace:
     #: on them (None: ``quotas.DEFAULT_MAX_QUEUED_BYTES``).
     queued_bytes: int = 0
     max_queued_bytes: int | None = None
+    #: Bytes it keeps past its requests' ends (kept bodies, counted once and
+    #: released as they expire: admission releases those expired before it
+    #: checks), and its own quota on them (None: ``quotas.DEFAULT_MAX_STORED_BYTES``).
+    stored_bytes: int = 0
+    max_stored_bytes: int | None = None
     #: Webhook events pending (owed or to be owed), and its own cap on them.
     webhooks_pending: int = 0
     max_pending_webhooks: int | None = None
@@ -119,6 +124,8 @@ class Accounts:
             max_in_flight=int(row["max_in_flight"]) if row.get("max_in_flight") else None,
             queued_bytes=int(row.get("queued_bytes") or 0),
             max_queued_bytes=_optional_int(row.get("max_queued_bytes")),
+            stored_bytes=int(row.get("stored_bytes") or 0),
+            max_stored_bytes=_optional_int(row.get("max_stored_bytes")),
             webhooks_pending=int(row.get("webhooks_pending") or 0),
             max_pending_webhooks=_optional_int(row.get("max_pending_webhooks")),
             max_held=_optional_int(row.get("max_held")),
@@ -156,12 +163,13 @@ class Accounts:
 
     def set_limits(self, workspace_id: str, *, max_queued: int | None = None, rate_limit: str | None = None,
                    weight: int | None = None, max_in_flight: int | None = None, max_held: int | None = None,
-                   max_queued_bytes: int | None = None, max_pending_webhooks: int | None = None) -> None:
+                   max_queued_bytes: int | None = None, max_pending_webhooks: int | None = None,
+                   max_stored_bytes: int | None = None) -> None:
         """The workspace's own backlog cap, request rate (Flask-Limiter
         notation), fair-share weight (new requests are scheduled by it), cap
         on requests in flight per provider (0: none), and its quotas
-        (``quotas.py``): connections held open, stored body bytes, webhook
-        events pending. None leaves a limit as it is."""
+        (``quotas.py``): connections held open, queued body bytes, bytes kept
+        past requests' ends, webhook events pending. None leaves a limit as it is."""
         self._require(workspace_id)
         mapping: dict[str, str | int] = {}
         if max_queued is not None:
@@ -173,7 +181,7 @@ class Accounts:
         if max_in_flight is not None:
             mapping["max_in_flight"] = int(max_in_flight)
         for name, value in (("max_held", max_held), ("max_queued_bytes", max_queued_bytes),
-                            ("max_pending_webhooks", max_pending_webhooks)):
+                            ("max_pending_webhooks", max_pending_webhooks), ("max_stored_bytes", max_stored_bytes)):
             if value is not None:
                 mapping[name] = int(value)
         if mapping:

@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 ADMIT_ARGS = ("body", "id", "workspace", "model", "provider", "now", "fingerprint", "idem_ttl", "require_enabled",
               "grant_until", "price", "max_queued", "template", "cap", "priority", "write_deadline", "webhook_url",
               "response_url", "max_queued_bytes", "max_pending_webhooks", "retry_of", "start_deadline_at",
-              "deadline_at", "traceparent", "webhook_events", "retention")
+              "deadline_at", "traceparent", "webhook_events", "retention", "max_stored_bytes", "retry_max")
 #: The split steps' (admit_ws.lua, admit_place.lua): admit.lua's, and the
 #: body's bytes (the workspace's step is not sent the body), the workspace's
 #: step's answer and the pending member (the provider's step's).
@@ -67,7 +67,8 @@ class TwoStepAdmission:
         self.client.zadd(admitting, {pending: float(values["write_deadline"])})
         reserved = self._reserve(
             keys=[keys.workspace(workspace), idem_key, keys.ledger(workspace), keys.history(workspace),
-                  keys.model_history(workspace, values["model"]), keys.open_requests(workspace), *rate_keys],
+                  keys.model_history(workspace, values["model"]), keys.open_requests(workspace),
+                  keys.stored(workspace), *rate_keys],
             args=[*argv(SPLIT_ADMIT_ARGS, **{**values, "body": "", "body_bytes": body_bytes, "reserved": "",
                                              "admitting": ""}), *rate_args])
         if reserved[0] != b"RESERVED":
@@ -123,11 +124,19 @@ class TwoStepAdmission:
 
     def _body_bytes(self, values: dict[str, Any]) -> int:
         """The bytes the body will take: a retry's is its original's (kept
-        apart, or in its record by an earlier version)."""
+        apart, shared with its chain's first request, or in its record by an
+        earlier version). Another caller's or model's original counts 0, as
+        an unknown one does: its size is read only once it is the caller's,
+        so the quotas' answers tell nothing of it (the provider's step then
+        refuses it as unknown)."""
         if not values["retry_of"]:
             return len(values["body"].encode())
+        original = keys.request(values["retry_of"])
+        workspace, model, owner = self.client.hmget(original, ("workspace", "model", "body_of"))
+        if workspace != values["workspace"].encode() or model != values["model"].encode():
+            return 0
         pipe = self.client.pipeline(transaction=False)
-        pipe.strlen(keys.body(values["retry_of"]))
-        pipe.hstrlen(keys.request(values["retry_of"]), "body")
+        pipe.strlen(keys.body(owner.decode() if owner else values["retry_of"]))
+        pipe.hstrlen(original, "body")
         kept, in_record = pipe.execute()
         return int(kept or in_record or 0)

@@ -83,6 +83,13 @@ def body(request_id: str) -> str:
     return f"{request_prefix(request_id)}:body:{request_id}"
 
 
+def body_refs(request_id: str) -> str:
+    """Who shares a kept body (the request's own, first of its retry chain):
+    its retries ever admitted ("retries", capped) and those still waiting or
+    running ("live", which keep it from expiring)."""
+    return f"{body(request_id)}:refs"
+
+
 def webhook_event(request_id: str) -> str:
     """The webhook event being delivered for a request."""
     return f"{request_prefix(request_id)}:webhook:{request_id}"
@@ -148,6 +155,12 @@ def webhooks_due(provider: str, request_id: str | None = None) -> str:
 
 def workspace(workspace_id: str) -> str:
     return f"{workspace_prefix(workspace_id)}:ws"
+
+
+def stored(workspace_id: str) -> str:
+    """The workspace's kept bodies (its stored bytes, ``quotas.py``):
+    "{id}|{bytes}" scored by when each expires."""
+    return f"{workspace_prefix(workspace_id)}:stored"
 
 
 def idempotency(workspace_id: str, key_hash: str) -> str:
@@ -315,8 +328,17 @@ end
 local function key_webhooks_due(id, provider)
   return request_prefix(id) .. ":webhook:due:" .. provider
 end
+local function key_body(id)
+  return request_prefix(id) .. ":body:" .. id
+end
+local function key_body_refs(id)
+  return key_body(id) .. ":refs"
+end
 local function key_workspace(ws)
   return "{{ws:" .. ws .. "}}:ws"
+end
+local function key_stored(ws)
+  return "{{ws:" .. ws .. "}}:stored"
 end
 local KEY_EVENTS = "{PREFIX}:events:"
 local KEY_PROVIDER_EVENTS = "{PROVIDER_EVENTS}"

@@ -20,6 +20,8 @@ class Admit(StrEnum):
     NOT_ENABLED = "NOT_ENABLED"  #: queued delivery is off for the workspace
     BACKLOG_FULL = "BACKLOG_FULL"  #: the workspace has as many waiting as it may
     QUEUED_BYTES_FULL = "QUEUED_BYTES_FULL"  #: the body would put the workspace over its byte quota
+    #: its kept bodies and this one would pass its stored-bytes quota (``retry_after``: until enough expire)
+    STORED_BYTES_FULL = "STORED_BYTES_FULL"
     PENDING_WEBHOOKS_FULL = "PENDING_WEBHOOKS_FULL"  #: the workspace has as many webhook events pending as it may
     INSUFFICIENT_CREDITS = "INSUFFICIENT_CREDITS"
     DRAINING = "DRAINING"  #: the provider admits nothing new
@@ -37,6 +39,7 @@ class Admit(StrEnum):
     RETRY_MISSING = "RETRY_MISSING"  #: a retry of no request of this caller and model (or past retention)
     NOT_RETRYABLE = "NOT_RETRYABLE"  #: a retry of a request not COMPLETED with an error_type
     RETRY_BODY_GONE = "RETRY_BODY_GONE"  #: a retry of a failed request whose body is no longer kept
+    RETRY_LIMIT = "RETRY_LIMIT"  #: a retry past its chain's cap (``RETRY_MAX_PER_REQUEST`` retries all told)
 
 
 class Cancel(StrEnum):

@@ -23,7 +23,7 @@ from .connect import bounded, primaries_info, queue_script
 from .ids import well_formed
 from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
 from .owed import OwedEffects
-from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES
+from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_STORED_BYTES
 from .rate_counts import SyncedRateCounts
 from .scripts import argv, load_script
 
@@ -283,6 +283,8 @@ class Admission:
     webhook_source: str | None = None
     #: The retried request's status, on NOT_RETRYABLE: IN_QUEUE, IN_PROGRESS or SUCCEEDED.
     original_status: str | None = None
+    #: Seconds until enough kept bodies expire, on STORED_BYTES_FULL.
+    retry_after: int | None = None
 
 
 @dataclass(frozen=True)
@@ -367,7 +369,8 @@ class RequestStore:
                  write_deadline_s: float | None = None, replication: Replication = Replication(),
                  max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
                  max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS, grants: GrantPublishing | None = None,
-                 reads: redis.Redis | None = None, split: bool = False):
+                 reads: redis.Redis | None = None, split: bool = False,
+                 max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES, retry_max: int = 10):
         self.client = client
         #: What starts and ends owe workspaces, applied in the step (one
         #: Redis) or by a step of their own (split: a cluster; ``owed.py``).
@@ -391,6 +394,10 @@ class RequestStore:
         #: it sets its own (``quotas.py``).
         self.max_queued_bytes = max_queued_bytes
         self.max_pending_webhooks = max_pending_webhooks
+        #: Bytes of kept bodies a workspace may store unless it sets its own.
+        self.max_stored_bytes = max_stored_bytes
+        #: Retries a request's chain (it, its retries and theirs) may have all told.
+        self.retry_max = retry_max
         self.retention_s = retention_s
         self.idempotency_ttl_s = idempotency_ttl_s
         #: Seconds a granted request may wait for its delivery before the
@@ -472,6 +479,7 @@ class RequestStore:
             start_deadline_at="" if start_deadline_at is None else repr(start_deadline_at),
             deadline_at="" if deadline_at is None else repr(deadline_at),
             traceparent=traceparent, webhook_events=webhook_events, retention=self.retention_s,
+            max_stored_bytes=self.max_stored_bytes, retry_max=self.retry_max,
         )
         original = retry_of or request_id
         provider_keys = [keys.request(request_id), keys.queue(provider), keys.sequence(provider),
@@ -487,7 +495,7 @@ class RequestStore:
                     keys.schedule(provider), keys.workspace(workspace), idem_key, keys.ledger(workspace),
                     keys.running(provider), list_key, keys.request(original), keys.body(original),
                     keys.deadlines(provider), keys.history(workspace), keys.model_history(workspace, model),
-                    keys.body(request_id), *rate_keys,
+                    keys.body(request_id), keys.stored(workspace), *rate_keys,
                 ],
                 args=[*argv(ADMIT_ARGS, **values), *rate_args],
             )
@@ -505,6 +513,8 @@ class RequestStore:
             return Admission(code, webhook_source=_text(reply[1]))
         if code is Admit.NOT_RETRYABLE:
             return Admission(code, original_status=_text(reply[1]))
+        if code is Admit.STORED_BYTES_FULL:
+            return Admission(code, retry_after=int(reply[1]))
         return Admission(code)
 
     def _acknowledged(self, script, *, keys: list, args: list) -> Any:
@@ -748,6 +758,8 @@ class RequestStore:
         pipe.get(keys.body(request_id))
         raw, ttl, body = pipe.execute()
         record = {k.decode(): v.decode(errors="replace") for k, v in raw.items()}
+        if body is None and "body_of" in record:
+            body = self.client.get(keys.body(record["body_of"]))
         if body is not None:
             record["body"] = body.decode(errors="replace")
         return record, int(ttl)
@@ -806,17 +818,20 @@ class RequestStore:
         return value.decode() if value else ""
 
     def load(self, request_id: str) -> tuple[RequestRecord | None, bytes | None]:
-        """A request's record and its native body, in one round trip. A record
-        admitted before bodies had a key of their own (an older version's, still
-        waiting) holds its body in its ``body`` field: read in a second trip,
-        only when the body's key has none."""
+        """A request's record and its native body, in one round trip. A retry's
+        body is its chain's first request's (``body_of``); a record admitted
+        before bodies had a key of their own (an older version's, still
+        waiting) holds its body in its ``body`` field: either read in a second
+        trip, only when the body's key has none."""
         pipe = self.client.pipeline(transaction=False)
         pipe.hmget(keys.request(request_id), _FIELDS)
         pipe.get(keys.body(request_id))
         values, body = pipe.execute()
         record = RequestRecord.from_values(values)
         if body is None and record is not None:
-            body = self.client.hget(keys.request(request_id), "body")
+            owner, body = self.client.hmget(keys.request(request_id), ("body_of", "body"))
+            if owner is not None:
+                body = self.client.get(keys.body(owner.decode()))
         return record, body
 
     def claim(self, record: RequestRecord, lease: Lease, now: float | None = None) -> Claim:

@@ -28,7 +28,9 @@ from ..errors import (
     QueueBacklogFull,
     QueuedBytesFull,
     RequestNotFound,
+    RetryLimitReached,
     ServiceUnavailable,
+    StoredBytesFull,
     ValidationFailed,
 )
 from ..services import Services
@@ -286,6 +288,10 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     if admission.outcome is Admit.RETRY_BODY_GONE:
         raise NotRetryable(f"request {retry_of} failed before failed requests kept their body, so it cannot be "
                            "submitted again; submit its body anew")
+    if admission.outcome is Admit.RETRY_LIMIT:
+        raise RetryLimitReached(f"request {retry_of}'s chain (the request it first retried, its retries and "
+                                f"theirs) has had {services.store.retry_max} retries, as many as it may; submit "
+                                "its body anew")
     if admission.outcome is Admit.INSUFFICIENT_CREDITS:
         raise InsufficientCredits(f"{entry.id} costs {entry.price_credits} credits and the workspace has "
                                   f"{admission.available} available; nothing was queued or charged")
@@ -298,6 +304,10 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         raise QueuedBytesFull(f"this body ({len(raw_body)} bytes) would put the bodies this workspace has stored "
                               "for requests not yet completed over its byte quota; retry when some have "
                               "completed", retry_after=hint)
+    if admission.outcome is Admit.STORED_BYTES_FULL:
+        raise StoredBytesFull("this workspace keeps as many bytes past its requests' ends (bodies kept for a retry) "
+                              "as it may; nothing was queued or charged; retry when enough have expired",
+                              retry_after=admission.retry_after)
     if admission.outcome is Admit.PENDING_WEBHOOKS_FULL:
         raise PendingWebhooksFull("this workspace has as many webhook events pending (owed and not yet delivered, "
                                   "or owed once its running requests complete) as it may; retry once some are "
@@ -326,7 +336,8 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
 #: The refusals counted as ``router_queue_refusals{reason}``: what the
 #: workspace's or the provider's state refused, not a malformed call.
 COUNTED_REFUSALS = frozenset({Admit.DRAINING, Admit.NOT_ENABLED, Admit.NO_WEBHOOK, Admit.NO_WEBHOOK_SECRET,
-                              Admit.BACKLOG_FULL, Admit.QUEUED_BYTES_FULL, Admit.PENDING_WEBHOOKS_FULL,
+                              Admit.BACKLOG_FULL, Admit.QUEUED_BYTES_FULL, Admit.STORED_BYTES_FULL,
+                              Admit.PENDING_WEBHOOKS_FULL,
                               Admit.INSUFFICIENT_CREDITS})
 
 

@@ -162,11 +162,12 @@ def _errors(*codes: int) -> dict[str, Any]:
         404: _error("model_not_found or request_not_found"),
         405: _error("invalid_input: method not allowed"),
         409: _error("concurrency_limit_exceeded, invalid_input (key held by another request; a retry of a "
-                    "request that has not failed), cancelled", retry_after=False),
+                    "request that has not failed), retry_limit_reached (a retry past its chain's cap), cancelled",
+                    retry_after=False),
         413: _error("invalid_input: body over the size limit"),
         422: _error("invalid_input: the model's schema rejected the input; detail is per field"),
-        429: _error("queue_backlog_full, rate_limited, queued_bytes_full, pending_webhooks_full or "
-                    "held_calls_full (the workspace's quotas)", retry_after=True),
+        429: _error("queue_backlog_full, rate_limited, queued_bytes_full, stored_bytes_full, "
+                    "pending_webhooks_full or held_calls_full (the workspace's quotas)", retry_after=True),
         500: _error("internal_error"),
         502: _error("provider_error"),
         503: _error("service_unavailable: a dependency is briefly down", retry_after=True),

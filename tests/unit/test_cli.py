@@ -52,7 +52,7 @@ def test_with_data_the_same_commands_report(app, services, workspace):
     assert listed.exit_code == 0 and workspace in listed.output
     header, *rows = [line.split("\t") for line in listed.output.splitlines()]
     assert header == ["id", "queue", "credits", "held", "queued", "weight", "max_in_flight", "queued_bytes",
-                      "webhooks_pending", "name"]
+                      "stored_bytes", "webhooks_pending", "name"]
     assert [len(row) for row in rows] == [len(header)] * len(rows)
     assert workspace in [row[0] for row in rows]
     unknown = runner.invoke(main, ["workspace", "ledger", "ws_nope"])

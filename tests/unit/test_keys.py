@@ -16,7 +16,8 @@ from tests.unit.conftest import RecordingDispatcher
 
 BUILD = """
 return {key_request(ARGV[1]), key_webhook(ARGV[1]), key_webhook(ARGV[1]) .. KEY_WEBHOOK_NEXT,
-        key_webhooks_due(ARGV[1], ARGV[2]), key_workspace(ARGV[3])}
+        key_webhooks_due(ARGV[1], ARGV[2]), key_workspace(ARGV[3]), key_body(ARGV[1]), key_body_refs(ARGV[1]),
+        key_stored(ARGV[3])}
 """
 #: An id minted before ids carried their provider's code (version 8).
 ONE_TAG_ID = "0f1e2d3c-4b5a-8987-a6b5-c4d3e2f1a0b9"
@@ -26,7 +27,8 @@ ONE_TAG_ID = "0f1e2d3c-4b5a-8987-a6b5-c4d3e2f1a0b9"
 def test_a_requests_keys_share_its_providers_slot(client, provider):
     request_id = RequestIds(client).mint("ws_1", f"{provider}/some-model")
     slots = {key_slot(name.encode()) for name in (
-        keys.request(request_id), keys.result(request_id), keys.body(request_id), keys.webhook_event(request_id),
+        keys.request(request_id), keys.result(request_id), keys.body(request_id), keys.body_refs(request_id),
+        keys.webhook_event(request_id),
         keys.webhook_next(request_id), keys.schedule(provider), keys.queue(provider), keys.running(provider),
         keys.deadlines(provider), keys.stats(provider), keys.owed(provider), keys.admitting(provider),
         keys.webhooks_due(provider), keys.webhooks_due(provider, request_id))}
@@ -38,7 +40,7 @@ def test_a_workspaces_keys_share_one_slot_apart_from_the_global_ones():
     slots = {key_slot(name.encode()) for name in (
         keys.workspace(ws), keys.ledger(ws), keys.idempotency(ws, "h"), keys.open_requests(ws), keys.history(ws),
         keys.model_history(ws, "bfl/flux-2-pro"), keys.held(ws), keys.rate_window("LIMITER/ws:x/10/1/minute", ws),
-        keys.webhook_log(ws), keys.webhook_in_flight(ws), keys.webhook_circuit(ws, "https://a.example"))}
+        keys.webhook_log(ws), keys.webhook_in_flight(ws), keys.stored(ws), keys.webhook_circuit(ws, "https://a.example"))}
     assert len(slots) == 1
     assert slots != {key_slot(keys.workspaces().encode())}
     assert key_slot(keys.rate_window("LIMITER/unknown:1.2.3.4/10/1/minute").encode()) \
@@ -63,7 +65,8 @@ def test_the_lua_builds_the_keys_the_python_does(client, request_id):
     script = client.register_script(lib_for(BUILD) + BUILD)
     built = [v.decode() for v in script(args=[request_id, "bfl", "ws_9"])]
     assert built == [keys.request(request_id), keys.webhook_event(request_id), keys.webhook_next(request_id),
-                     keys.webhooks_due("bfl", request_id), keys.workspace("ws_9")]
+                     keys.webhooks_due("bfl", request_id), keys.workspace("ws_9"), keys.body(request_id),
+                     keys.body_refs(request_id), keys.stored("ws_9")]
 
 
 def test_each_catalog_provider_has_a_code_of_its_own_and_a_third_of_an_even_cluster(settings):

@@ -16,8 +16,8 @@
 --          this is no retry: not read)
 -- KEYS[12] P:deadlines:{provider} (lib.lua: the caller's deadlines)
 -- KEYS[13] W:history  KEYS[14] W:history:{model} (lib.lua, history_add)
--- KEYS[15] P:body:{id}
--- KEYS[16..] the caller's rate-window counters, with a (limit, window
+-- KEYS[15] P:body:{id}  KEYS[16] W:stored (lib.lua, release_stored)
+-- KEYS[17..] the caller's rate-window counters, with a (limit, window
 --          seconds) pair each in ARGV from ARG_REST, after the named ones
 --          (ratelimit.py): counted first
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, ADMIT_ARGS, whose order
@@ -56,37 +56,42 @@
 --                        for the workspace's default, else "completed"
 --   retention            seconds the history lists a request after its
 --                        admission: older entries are trimmed here
+--   max_stored_bytes     most bytes of kept bodies the workspace may store,
+--                        unless it sets its own
+--   retry_max            most retries a request's chain may have all told
 --   body_bytes, reserved, admitting: the split steps' (admit_ws.lua,
 --                        admit_place.lua); "" here
 -- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}
 --       | {"IDEM_CONFLICT"} | {"NOT_ENABLED"} | {"BACKLOG_FULL"}
 --       | {"NO_WEBHOOK_SECRET", "header" | "default"} | {"NO_WEBHOOK"}
---       | {"QUEUED_BYTES_FULL"} | {"PENDING_WEBHOOKS_FULL"}
+--       | {"QUEUED_BYTES_FULL"} | {"STORED_BYTES_FULL", seconds until room}
+--       | {"PENDING_WEBHOOKS_FULL"}
 --       | {"INSUFFICIENT_CREDITS", available} | {"DRAINING"}
 --       | {"RATE_LIMITED", window index, ms left} | {"EXPIRED"}
 --       | {"RETRY_MISSING"} (no such request of this caller and model)
 --       | {"NOT_RETRYABLE", its status} (not COMPLETED with an error_type)
 --       | {"RETRY_BODY_GONE"} (its body is no longer kept)
+--       | {"RETRY_LIMIT"} (its chain has had retry_max retries)
 -- Admissions and refusals are counted by the front door (web/admission.py),
 -- in its own process, from what this returns.
 
 if past_deadline(ARGV[ARG_WRITE_DEADLINE]) then
   return {"EXPIRED"}
 end
-local W = {rate = 16, ws = KEYS[5], idem = KEYS[6], ledger = KEYS[7], history = KEYS[13], model_history = KEYS[14]}
+local W = {rate = 17, stored = KEYS[16], ws = KEYS[5], idem = KEYS[6], ledger = KEYS[7], history = KEYS[13], model_history = KEYS[14]}
 local P = {req = KEYS[1], queue = KEYS[2], seq = KEYS[3], sched = KEYS[4], running = KEYS[8], list = KEYS[9],
   original = KEYS[10], original_body = KEYS[11], deadlines = KEYS[12], body = KEYS[15]}
 local ended = admission_opening(W)
 if ended then
   return ended
 end
-local body, refused = admission_source(P)
-if not body then
+local src, refused = admission_source(P)
+if not src then
   return refused
 end
 local ws
-ws, refused = admission_checks(W, #body)
+ws, refused = admission_checks(W, src.bytes)
 if not ws then
   return refused
 end
-return place_admission(P, body, reserve_admission(W, ws, #body))
+return place_admission(P, src, reserve_admission(W, ws, src.bytes))

@@ -21,9 +21,9 @@ if past_deadline(ARGV[ARG_WRITE_DEADLINE]) or not redis.call("ZSCORE", KEYS[11],
 end
 local P = {req = KEYS[1], queue = KEYS[2], seq = KEYS[3], sched = KEYS[4], running = KEYS[5], list = KEYS[6],
   original = KEYS[7], original_body = KEYS[8], deadlines = KEYS[9], body = KEYS[10]}
-local body, refused = admission_source(P)
-if not body then
+local src, refused = admission_source(P)
+if not src then
   return refused
 end
 redis.call("ZREM", KEYS[11], ARGV[ARG_ADMITTING])
-return place_admission(P, body, cjson.decode(ARGV[ARG_RESERVED]))
+return place_admission(P, src, cjson.decode(ARGV[ARG_RESERVED]))

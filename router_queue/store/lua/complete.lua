@@ -60,7 +60,7 @@ end
 give_back_body(rec, fields, e)
 redis.call("HSET", KEYS[1], unpack(fields))
 redis.call("EXPIRE", KEYS[1], ARGV[ARG_RETENTION])
-drop_body(KEYS[11], ARGV[ARG_ERROR_TYPE] ~= "" and ARGV[ARG_RETENTION] or nil)
+drop_body(KEYS[11], ARGV[ARG_RETENTION], ARGV[ARG_ERROR_TYPE] ~= "", rec, e, rec.workspace, ARGV[ARG_NOW])
 forget_deadlines(KEYS[10], ARGV[ARG_ID], rec)
 owe_webhook(KEYS[1], e, ARGV[ARG_ID], ARGV[ARG_NOW], rec)
 owe_ws(ws_target({ws_id = rec.workspace}, KEYS[7], KEYS[8], ARGV[ARG_SPLIT]), e, "end", rec.open)

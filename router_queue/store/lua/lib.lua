@@ -6,7 +6,7 @@
 -- script's argument positions (ARG_*, generated from its names in Python,
 -- lua_arg_names). In order:
 --   * the workspace's side of a request's start and end (ws_effects,
---     ws_apply) and the record's (give_back_body, drop_body, settle);
+--     ws_apply, keep_stored) and the record's (give_back_body, drop_body, settle);
 --   * the caller's deadlines (forget_deadlines, passed, past_deadline);
 --   * pub/sub: telling event streams and held calls what changed (announce*);
 --   * rate counting (spend_rate);
@@ -49,7 +49,7 @@ end
 --: The record's fields a request's ending reads (settle, give_back_body,
 --: forget_deadlines, owe_webhook), read once by whatever ends it.
 local ENDING_FIELDS = {"hold", "cost_state", "price", "body_bytes", "start_deadline_at", "deadline_at",
-  "webhook_url", "webhook_events", "webhook_counted", "webhook_final", "open"}
+  "webhook_url", "webhook_events", "webhook_counted", "webhook_final", "open", "body_of"}
 
 -- ---------------------------------------------------------------------------
 -- What a request gives back to its workspace when it starts (it no longer
@@ -65,6 +65,8 @@ local ENDING_FIELDS = {"hold", "cost_state", "price", "body_bytes", "start_deadl
 --   bytes      body bytes given back to its queued_bytes quota
 --   hold, how  credits held for the request, settled: "charge" | "release"
 --   webhooks   its requests whose last webhook event ended (1)
+--   kept       a body kept past its request's end, counted in its stored
+--              bytes until it expires (drop_body, keep_stored)
 --   request_id, at   the ledger entry's request and time
 -- ---------------------------------------------------------------------------
 
@@ -75,10 +77,66 @@ end
 --: The workspace's counts an effect gives back (never below 0), by effect.
 local WS_COUNTS = {{"queued", "queued"}, {"bytes", "queued_bytes"}, {"webhooks", "webhooks_pending"}}
 
+-- A kept body (kept: {ws, id: the body's request, bytes, untl: when it
+-- expires}) in its workspace's stored bytes (W:stored, the hash's
+-- stored_bytes): counted once however many requests share it, its expiry
+-- moved to the latest (a body is one member, "{id}|{bytes}").
+local function keep_stored(ws_key, kept)
+  if redis.call("ZADD", key_stored(kept.ws), kept.untl, kept.id .. "|" .. kept.bytes) == 1 then
+    redis.call("HINCRBY", ws_key, "stored_bytes", kept.bytes)
+  end
+end
+
+-- The bytes of a W:stored member ("{id}|{bytes}").
+local function stored_bytes_of(member)
+  return tonumber(string.match(member, "|(%d+)$")) or 0
+end
+
+--: Most expired kept bodies released from the count per admission.
+local RELEASE_BATCH = 500
+
+-- Release the kept bodies that have expired by `now` from the workspace's
+-- stored bytes (W:stored, the hash's stored_bytes): admission's workspace
+-- step does it before it reads the count, so the count it checks is exact.
+local function release_stored(stored_key, ws_key, now)
+  local gone = redis.call("ZRANGEBYSCORE", stored_key, "-inf", now, "LIMIT", 0, RELEASE_BATCH)
+  if #gone == 0 then
+    return
+  end
+  local bytes = 0
+  for _, member in ipairs(gone) do
+    bytes = bytes + stored_bytes_of(member)
+  end
+  redis.call("ZREM", stored_key, unpack(gone))
+  if redis.call("HINCRBY", ws_key, "stored_bytes", -bytes) < 0 then
+    redis.call("HSET", ws_key, "stored_bytes", 0)
+  end
+end
+
+--: The longest Retry-After a full stored-bytes quota names (s).
+local STORED_WAIT_MAX_S = 3600
+
+-- Seconds until enough of the workspace's kept bodies expire to free `over`
+-- bytes (the earliest first), at least 1, at most STORED_WAIT_MAX_S.
+local function stored_wait(stored_key, over, now)
+  local entries = redis.call("ZRANGE", stored_key, 0, RELEASE_BATCH - 1, "WITHSCORES")
+  local freed = 0
+  for i = 1, #entries, 2 do
+    freed = freed + stored_bytes_of(entries[i])
+    if freed >= over then
+      return math.min(math.max(math.ceil(tonumber(entries[i + 1]) - now), 1), STORED_WAIT_MAX_S)
+    end
+  end
+  return STORED_WAIT_MAX_S
+end
+
 -- Apply effects `e` to the workspace's hash (ws_key) and, for a settled
 -- hold, its ledger (ledger_key): a count alone is one HINCRBY; anything more
 -- one HMGET and one HSET, with the values HINCRBY would have left.
 local function ws_apply(ws_key, ledger_key, e)
+  if e.kept then
+    keep_stored(ws_key, e.kept)
+  end
   local names, deltas = {}, {}
   for _, pair in ipairs(WS_COUNTS) do
     local n = e[pair[1]]
@@ -169,13 +227,31 @@ local function give_back_body(rec, fields, e)
   end
 end
 
--- Delete the body, or, given keep_s (a failed request, which its caller may
--- retry), keep it that many seconds (the retention), no longer counted.
-local function drop_body(body_key, keep_s)
-  if keep_s then
-    redis.call("EXPIRE", body_key, keep_s)
-  else
+-- The body of a request that ended (rec: its ENDING_FIELDS): deleted when it
+-- succeeded (keep false) and shares no one's, else kept `retention` seconds,
+-- no longer counted as queued but in its workspace's stored bytes (e.kept:
+-- keep_stored, with ws_id). A retry shares the body of the first request
+-- of its chain (its record's body_of; P:body:{that id}), which lives on
+-- while any retry sharing it waits or runs (its refs' "live", PERSISTed by
+-- place_admission), then the retention after the last of them ends, so it
+-- outlives every record naming it.
+local function drop_body(body_key, retention, keep, rec, e, ws_id, now)
+  local owner = rec.body_of
+  if owner then
+    body_key = key_body(owner)
+    local refs = key_body_refs(owner)
+    if redis.call("HINCRBY", refs, "live", -1) > 0 then
+      return  -- another retry sharing it still waits or runs
+    end
+    redis.call("EXPIRE", refs, retention)
+  elseif not keep then
     redis.call("DEL", body_key)
+    return
+  end
+  local bytes = redis.call("STRLEN", body_key)
+  if bytes > 0 then
+    redis.call("EXPIRE", body_key, retention)
+    e.kept = {ws = ws_id, id = owner or e.request_id, bytes = bytes, untl = tonumber(now) + tonumber(retention)}
   end
 end
 
@@ -873,7 +949,7 @@ local function finish_unbilled(k, S, request_id, now, retention, was_queued, err
   else
     release_slot(S, k.ws_id, request_id, true)
   end
-  drop_body(k.body, retention)
+  drop_body(k.body, retention, true, rec, e, k.ws_id, now)
   forget_deadlines(k.deadlines, request_id, rec)
   owe_webhook(k.req, e, request_id, now, rec)
   owe_ws(k, e, "end", rec.open)
@@ -1038,41 +1114,57 @@ local function admission_opening(K)
   return nil
 end
 
--- The body to store and whether the provider admits (its schedule's
--- "draining", K.sched): the body,
--- or nil and the reply that ends the admission. A retry submits the body of
--- a request of this caller and model that failed (COMPLETED with an
--- error_type: K.original, K.original_body), kept until its retention ends.
+-- The body and whether the provider admits (its schedule's "draining",
+-- K.sched): the source {body: the text to store, or owner: the request whose
+-- kept body it shares; bytes}, or nil and the reply that ends the admission.
+-- A retry shares the kept body (drop_body) of a request of this caller and
+-- model that failed (COMPLETED with an error_type: K.original,
+-- K.original_body), the first of its chain's (body_of), whose retries are
+-- capped at ARG_RETRY_MAX all told. A body an earlier version kept in its
+-- record is copied, as it was.
 local function admission_source(K)
-  local body = ARGV[ARG_BODY]
+  local src = {body = ARGV[ARG_BODY], bytes = #ARGV[ARG_BODY]}
   if ARGV[ARG_RETRY_OF] ~= "" then
-    local original = redis.call("HMGET", K.original, "status", "workspace", "model", "error_type", "body")
+    local original = redis.call("HMGET", K.original, "status", "workspace", "model", "error_type", "body_of")
     if not original[1] or original[2] ~= ARGV[ARG_WORKSPACE] or original[3] ~= ARGV[ARG_MODEL] then
       return nil, {"RETRY_MISSING"}
     end
     if original[1] ~= "COMPLETED" or not original[4] or original[4] == "" then
       return nil, {"NOT_RETRYABLE", original[1] == "COMPLETED" and "SUCCEEDED" or original[1]}
     end
-    body = redis.call("GET", K.original_body) or original[5]
-    if not body then
-      return nil, {"RETRY_BODY_GONE"}
+    local owner = original[5] or ARGV[ARG_RETRY_OF]
+    if tonumber(redis.call("HGET", key_body_refs(owner), "retries") or "0") >= tonumber(ARGV[ARG_RETRY_MAX]) then
+      return nil, {"RETRY_LIMIT"}
+    end
+    local bytes = redis.call("STRLEN", original[5] and key_body(owner) or K.original_body)
+    if bytes > 0 then
+      src = {owner = owner, bytes = bytes}
+    else
+      local body = redis.call("HGET", K.original, "body")
+      if not body then
+        return nil, {"RETRY_BODY_GONE"}
+      end
+      src = {body = body, bytes = #body}
     end
   end
   if redis.call("HGET", K.sched, "draining") then
     return nil, {"DRAINING"}
   end
-  return body
+  return src
 end
 
 -- The workspace's hash (K.ws) once: what admission checks, the counts it adds
 -- to (written back in one HSET by reserve_admission: nothing in between
 -- writes them), the schedule's weight and max_in_flight (ws_limits) and until
 -- when the history's streams last (history_renewals). Returns those values,
--- or nil and the refusal. bytes: the body's.
+-- or nil and the refusal. bytes: the body's. The kept bodies expired by now
+-- are released from its stored bytes first (release_stored, K.stored).
 local function admission_checks(K, bytes)
+  release_stored(K.stored, K.ws, ARGV[ARG_NOW])
   local ws = redis.call("HMGET", K.ws, "queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url",
     "webhook_secret", "queued_bytes", "max_queued_bytes", "webhooks_pending", "max_pending_webhooks",
-    "webhook_events", "weight", "max_in_flight", "history_until", "history_until|" .. ARGV[ARG_MODEL])
+    "webhook_events", "weight", "max_in_flight", "history_until", "history_until|" .. ARGV[ARG_MODEL],
+    "stored_bytes", "max_stored_bytes")
   if ARGV[ARG_REQUIRE_ENABLED] == "1" and ws[1] ~= "1" then
     return nil, {"NOT_ENABLED"}
   end
@@ -1094,6 +1186,13 @@ local function admission_checks(K, bytes)
   -- deleted (give_back_body: its completion, whatever ends it).
   if tonumber(ws[8] or "0") + bytes > tonumber(ws[9] or ARGV[ARG_MAX_QUEUED_BYTES]) then
     return nil, {"QUEUED_BYTES_FULL"}
+  end
+  -- Its kept bodies (drop_body) under its stored bytes: room for this body
+  -- too, which is kept if the request ends unbilled; else how long until
+  -- enough of them expire.
+  local over = tonumber(ws[17] or "0") + bytes - tonumber(ws[18] or ARGV[ARG_MAX_STORED_BYTES])
+  if over > 0 then
+    return nil, {"STORED_BYTES_FULL", stored_wait(K.stored, over, tonumber(ARGV[ARG_NOW]))}
   end
   -- A request with a webhook holds one of the workspace's pending events
   -- from now until its last event is delivered or given up (webhook_ended),
@@ -1160,18 +1259,29 @@ end
 -- written in one HSET once the schedule has decided whether it is granted at
 -- once (with its granted_at), its body apart (every other field is short, so
 -- the record stays a compact listpack while it waits: keys.py, body()), its
--- deadlines, its place in the queue and the schedule. R: reserve_admission's.
+-- deadlines, its place in the queue and the schedule. src: admission_source's;
+-- R: reserve_admission's.
 -- Returns {"ADMITTED", id, position, granted ids to publish...}.
-local function place_admission(K, body, R)
+local function place_admission(K, src, R)
   local seq = redis.call("INCR", K.seq)
   local record = {
     "id", ARGV[ARG_ID], "workspace", ARGV[ARG_WORKSPACE], "model", ARGV[ARG_MODEL], "provider", ARGV[ARG_PROVIDER],
     "status", "IN_QUEUE", "seq", seq, "created_at", ARGV[ARG_NOW], "hold", tonumber(ARGV[ARG_PRICE]),
-    "priority", ARGV[ARG_PRIORITY], "body_bytes", #body}
+    "priority", ARGV[ARG_PRIORITY], "body_bytes", src.bytes}
   if ARGV[ARG_TRACEPARENT] ~= "" then
     append(record, "traceparent", ARGV[ARG_TRACEPARENT])
   end
-  redis.call("SET", K.body, body)
+  if src.owner then
+    -- a retry shares its chain's kept body, which lives while it waits or runs
+    local refs = key_body_refs(src.owner)
+    redis.call("HINCRBY", refs, "retries", 1)
+    redis.call("HINCRBY", refs, "live", 1)
+    redis.call("PERSIST", refs)
+    redis.call("PERSIST", key_body(src.owner))
+    append(record, "body_of", src.owner)
+  else
+    redis.call("SET", K.body, src.body)
+  end
   if ARGV[ARG_RETRY_OF] ~= "" then
     append(record, "retry_of", ARGV[ARG_RETRY_OF])
   end
