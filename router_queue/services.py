@@ -82,6 +82,7 @@ class Services:
             replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
             grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
             split=settings.store_is_cluster if split is None else split,
+            ledger_retention_s=settings.ledger_retention_s,
         )
         return cls(
             settings=settings,

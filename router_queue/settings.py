@@ -133,6 +133,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "PROVIDER_HOSTS": ("provider_hosts", _names),
     "RESULT_RETENTION_SECONDS": ("result_retention_s", _int),
     "IDEMPOTENCY_TTL_SECONDS": ("idempotency_ttl_s", _int),
+    "LEDGER_RETENTION_SECONDS": ("ledger_retention_s", _int),
     "MAX_BODY_BYTES": ("max_body_bytes", _int),
     "CATALOG_PATH": ("catalog_path", _str),
     "PROVIDER_ORIGIN_OVERRIDE": ("provider_origin_override", _url),
@@ -206,6 +207,10 @@ class Settings:
     result_retention_s: int = 86_400
     #: Seconds an ``Idempotency-Key`` stays bound to its request.
     idempotency_ttl_s: int = 86_400
+    #: Seconds a workspace's credit ledger keeps an entry (35 days): older
+    #: ones are trimmed as new holds are written (``router-queue workspace
+    #: ledger`` exports it before then).
+    ledger_retention_s: int = 3_024_000
     #: Largest submit body accepted, in bytes; larger gets ``413``.
     max_body_bytes: int = 1_048_576
     #: The model catalog (JSON). Defaults to the one shipped in the package.

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import builtins  # builtins.list: the class's list() method shadows the name below it
+import itertools
+import math
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import redis
 
@@ -17,6 +20,11 @@ from .scripts import load_script
 #: Seconds a rotated-out webhook secret keeps signing beside the new one, so
 #: receivers can switch to the new one without missing an event.
 WEBHOOK_SECRET_OVERLAP_S = 86_400
+#: Seconds a workspace's ledger keeps an entry unless settings say otherwise
+#: (``LEDGER_RETENTION_SECONDS``): 35 days, a monthly statement and some days to export it.
+DEFAULT_LEDGER_RETENTION_S = 35 * 86_400
+#: Ledger entries read per round trip by an export (``ledger_entries``).
+LEDGER_PAGE = 1000
 
 
 def _optional_int(raw: str | None) -> int | None:
@@ -198,14 +206,27 @@ class Accounts:
 
     def ledger(self, workspace_id: str, count: int = 1000) -> builtins.list[LedgerEntry]:
         """The workspace's holds, charges and releases, oldest first."""
-        entries = []
-        for entry_id, fields in self.client.xrange(keys.ledger(workspace_id), count=count):
-            row = {k.decode(): v.decode() for k, v in fields.items()}
-            entries.append(LedgerEntry(
-                id=entry_id.decode(), type=row["type"], request_id=row["request_id"], amount=int(row["amount"]),
-                balance=int(float(row["balance"])), held=int(row["held"]), at=float(row["at"]),
-            ))
-        return entries
+        return builtins.list(itertools.islice(self.ledger_entries(workspace_id), count))
+
+    def ledger_entries(self, workspace_id: str, since: float | None = None, until: float | None = None,
+                       page: int = LEDGER_PAGE) -> Iterator[LedgerEntry]:
+        """The ledger's entries written from ``since`` to ``until`` (Unix s, to
+        the ms, inclusive; None: no bound), oldest first, read ``page`` at a time
+        (XRANGE): an export holds one page in memory, never the ledger. An
+        entry's id is its time in ms (``lua/lib.lua``, ``ledger_add``)."""
+        start = "-" if since is None else str(max(0, math.floor(since * 1000)))
+        end = "+" if until is None else str(max(0, math.floor(until * 1000)))
+        while True:
+            rows = self.client.xrange(keys.ledger(workspace_id), start, end, count=page)
+            for entry_id, fields in rows:
+                row = {k.decode(): v.decode() for k, v in fields.items()}
+                yield LedgerEntry(
+                    id=entry_id.decode(), type=row["type"], request_id=row["request_id"], amount=int(row["amount"]),
+                    balance=int(float(row["balance"])), held=int(row["held"]), at=float(row["at"]),
+                )
+            if len(rows) < page:
+                return
+            start = "(" + rows[-1][0].decode()
 
     # -- webhooks ------------------------------------------------------------
     def set_webhook_url(self, workspace_id: str, url: str | None) -> None:

@@ -18,6 +18,7 @@ import redis
 from .. import states
 from ..webhooks.event import PROGRESS_EVENT_EVERY_S
 from . import keys
+from .accounts import DEFAULT_LEDGER_RETENTION_S
 from .admission import ADMIT_ARGS, TwoStepAdmission
 from .connect import bounded, primaries_info, queue_script
 from .ids import well_formed
@@ -367,7 +368,8 @@ class RequestStore:
                  write_deadline_s: float | None = None, replication: Replication = Replication(),
                  max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
                  max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS, grants: GrantPublishing | None = None,
-                 reads: redis.Redis | None = None, split: bool = False):
+                 reads: redis.Redis | None = None, split: bool = False,
+                 ledger_retention_s: int = DEFAULT_LEDGER_RETENTION_S):
         self.client = client
         #: What starts and ends owe workspaces, applied in the step (one
         #: Redis) or by a step of their own (split: a cluster; ``owed.py``).
@@ -392,6 +394,8 @@ class RequestStore:
         self.max_queued_bytes = max_queued_bytes
         self.max_pending_webhooks = max_pending_webhooks
         self.retention_s = retention_s
+        #: Seconds a workspace's ledger keeps an entry (trimmed as holds are added).
+        self.ledger_retention_s = ledger_retention_s
         self.idempotency_ttl_s = idempotency_ttl_s
         #: Seconds a granted request may wait for its delivery before the
         #: reaper publishes it again (its message was lost).
@@ -472,6 +476,7 @@ class RequestStore:
             start_deadline_at="" if start_deadline_at is None else repr(start_deadline_at),
             deadline_at="" if deadline_at is None else repr(deadline_at),
             traceparent=traceparent, webhook_events=webhook_events, retention=self.retention_s,
+            ledger_keep=self.ledger_retention_s,
         )
         original = retry_of or request_id
         provider_keys = [keys.request(request_id), keys.queue(provider), keys.sequence(provider),

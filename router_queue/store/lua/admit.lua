@@ -56,6 +56,9 @@
 --                        for the workspace's default, else "completed"
 --   retention            seconds the history lists a request after its
 --                        admission: older entries are trimmed here
+--   ledger_keep          seconds the ledger keeps an entry
+--                        (LEDGER_RETENTION_SECONDS): older ones are trimmed
+--                        as the hold's entry is added (lib.lua, ledger_add)
 --   body_bytes, reserved, admitting: the split steps' (admit_ws.lua,
 --                        admit_place.lua); "" here
 -- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}
