@@ -242,6 +242,9 @@ def set_webhook(workspace_id: str, url: str | None, events: str | None, off: boo
 def webhook_secret(workspace_id: str, rotate: bool) -> None:
     """Create the workspace's webhook signing secret and print it, once. It is
     never shown again: with one in place, --rotate makes and prints a new one."""
+    if _accounts().box is None:
+        raise click.ClickException("WEBHOOK_SECRETS_KEY is not set: the secret would be stored in plaintext. Set it "
+                                   "(deploy/README.md, \"Webhook secrets\"; router-queue dev prints its own)")
     secret = webhook_event.new_secret()
     outcome = _or_fail(lambda: _accounts().webhook_secret(workspace_id, secret, rotate=rotate))
     if outcome == "EXISTS":

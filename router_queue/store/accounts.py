@@ -16,6 +16,7 @@ from . import keys
 from .apikeys import ApiKeys
 from .epoch import StoreEpoch
 from .scripts import load_script
+from .secret_box import SecretBox, SecretsKeyError, open_stored
 
 #: Seconds a rotated-out webhook secret keeps signing beside the new one, so
 #: receivers can switch to the new one without missing an event.
@@ -75,8 +76,11 @@ class LedgerEntry:
 
 
 class Accounts:
-    def __init__(self, client: redis.Redis, providers: tuple[str, ...] = ()):
+    def __init__(self, client: redis.Redis, providers: tuple[str, ...] = (), box: SecretBox | None = None):
         self.client = client
+        #: Seals the webhook signing secrets (``WEBHOOK_SECRETS_KEY``); None:
+        #: none set, and plaintext ones are stored until a sealed one exists.
+        self.box = box
         #: The catalog's providers, whose schedules keep a copy of a waiting
         #: workspace's weight and max_in_flight (``set_limits``).
         self.providers = providers
@@ -261,10 +265,18 @@ class Accounts:
         """Create the workspace's signing secret (``secret``) unless it has one,
         or with ``rotate`` make ``secret`` the current one while the old one
         signs beside it for :data:`WEBHOOK_SECRET_OVERLAP_S`. Returns
-        "CREATED", "EXISTS" (``secret`` was not stored) or "ROTATED"."""
+        "CREATED", "EXISTS" (``secret`` was not stored) or "ROTATED". Stored
+        sealed with ``box``; without one, plaintext unless the store holds sealed ones."""
         until = (now or time.time()) + WEBHOOK_SECRET_OVERLAP_S
+        if self.box is not None:
+            self.box.mark(self.client)  # first: the marker's slot is not the workspace's
+            stored = self.box.seal(secret)
+        elif self.client.exists(keys.secrets_sealed()):
+            raise SecretsKeyError("the store's webhook secrets are encrypted: set WEBHOOK_SECRETS_KEY")
+        else:
+            stored = secret
         reply = self._webhook_secret(keys=[keys.workspace(workspace_id)],
-                                     args=["rotate" if rotate else "create", secret, repr(until)])
+                                     args=["rotate" if rotate else "create", stored, repr(until)])
         outcome = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
         if outcome == "MISSING":
             raise LookupError(f"no workspace {workspace_id!r}")
@@ -272,10 +284,11 @@ class Accounts:
 
     def signing_secrets(self, workspace_id: str, now: float | None = None) -> builtins.list[str]:
         """The secrets that sign the workspace's events now: the current one,
-        and the previous one while a rotation's overlap lasts."""
+        and the previous one while a rotation's overlap lasts, opened
+        (``SecretsKeyError`` when the keys open neither)."""
         current, previous, until = self.client.hmget(
             keys.workspace(workspace_id), ("webhook_secret", "webhook_secret_previous", "webhook_previous_until"))
         out = [current.decode()] if current else []
         if previous and until and float(until) > (now or time.time()):
             out.append(previous.decode())
-        return out
+        return [open_stored(self.box, stored) for stored in out]
