@@ -887,6 +887,20 @@ def test_nginx_believes_forwarded_addresses_from_one_configured_range_only() -> 
     assert mounts["/etc/nginx/trusted-proxies.conf"]["subPath"] == TRUSTED_PROXIES["kubernetes"].name
 
 
+def test_every_process_gets_the_webhook_secrets_key_and_compose_has_no_default() -> None:
+    """Once a secret is sealed no process starts without WEBHOOK_SECRETS_KEY:
+    compose refuses to start without one, and every pod reads it from its Secret."""
+    for name, service in _compose()["services"].items():
+        if "router_queue" in str(service.get("command", "")) or service.get("environment", {}).get("REDIS_URL"):
+            assert service["environment"]["WEBHOOK_SECRETS_KEY"].startswith("${WEBHOOK_SECRETS_KEY:?"), name
+    assert "WEBHOOK_SECRETS_KEY" not in _configmap(), "a key: the Secret router-queue-webhook-secrets holds it"
+    (template,) = [d.body for d in _of_kind("Secret") if d.name == "router-queue-webhook-secrets"]
+    assert set(template["stringData"]) == {"WEBHOOK_SECRETS_KEY"}
+    for name, deployment in _deployments().items():
+        refs = [e["secretRef"]["name"] for e in _container(deployment)["envFrom"] if "secretRef" in e]
+        assert "router-queue-webhook-secrets" in refs, name
+
+
 def test_redis_asks_for_a_password_and_admits_only_our_pods() -> None:
     services = _compose()["services"]
     command = services["redis"]["command"]
@@ -899,8 +913,9 @@ def test_redis_asks_for_a_password_and_admits_only_our_pods() -> None:
     (template,) = [d.body for d in _of_kind("Secret") if d.name == "router-queue-redis"]
     assert re.match(r"rediss?://:[^@]+@", template["stringData"]["REDIS_URL"])
     for name, deployment in _deployments().items():
-        (ref,) = [e["secretRef"] for e in _container(deployment)["envFrom"] if "secretRef" in e]
-        assert ref["name"] == "router-queue-redis" and not ref.get("optional"), name
+        refs = [e["secretRef"] for e in _container(deployment)["envFrom"] if "secretRef" in e]
+        assert [r["name"] for r in refs] == ["router-queue-redis", "router-queue-webhook-secrets"], name
+        assert not any(r.get("optional") for r in refs), name
     (redis_set,) = [d.body for d in _of_kind("StatefulSet") if d.name == "redis"]
     (container,) = redis_set["spec"]["template"]["spec"]["containers"]
     assert container["args"][-2:] == ["--requirepass", "$(REDIS_PASSWORD)"]
