@@ -15,10 +15,11 @@ from .catalog import Catalog
 from .metrics import Recorder
 from .settings import Settings
 from .store.accounts import Accounts
-from .store.connect import connect
+from .store.connect import UNREACHABLE, connect
 from .store.fleet import Fleet
 from .store.ids import RequestIds
 from .store.requests import GrantPublishing, Replication, RequestStore
+from .store.secret_box import SecretBox, require_key
 from .store.webhooks import DeliveryLimits, WebhookStore
 
 #: Seconds a worker, the sweeper or the CLI waits on Redis before an error.
@@ -83,12 +84,16 @@ class Services:
             replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
             grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
             split=settings.store_is_cluster if split is None else split,
+            ledger_retention_s=settings.ledger_retention_s,
         )
+        box = secret_box(settings)
+        accounts = Accounts(client, providers=tuple(catalog.providers()), box=box)
+        require_secrets_key(client, box)
         return cls(
             settings=settings,
             redis=client,
             store=store,
-            accounts=Accounts(client, providers=tuple(catalog.providers())),
+            accounts=accounts,
             ids=RequestIds(client),
             catalog=catalog,
             metrics=Recorder(),
@@ -104,3 +109,18 @@ def webhook_limits(settings: Settings) -> DeliveryLimits:
     return DeliveryLimits(max_in_flight_per_workspace=settings.webhook_max_in_flight_per_workspace,
                           wait_s=settings.webhook_wait_s, circuit_failures=settings.webhook_circuit_failures,
                           circuit_cooling_s=settings.webhook_circuit_cooling_s, window_s=settings.webhook_retry_for_s)
+
+
+def secret_box(settings: Settings) -> SecretBox | None:
+    """What seals the webhook secrets (``WEBHOOK_SECRETS_KEY``), or None when it is not set."""
+    return SecretBox(settings.webhook_secrets_keys) if settings.webhook_secrets_keys else None
+
+
+def require_secrets_key(client: redis.Redis, box: SecretBox | None) -> None:
+    """Every process's check as it starts (``secret_box.require_key``): refused
+    then, not at its first webhook. A Redis out of reach is let by: a sealed
+    secret without its key then fails where it is read (``signing_secrets``)."""
+    try:
+        require_key(client, box)
+    except UNREACHABLE:
+        pass

@@ -12,6 +12,7 @@ configuration. Their values are still read here, once, with the rest.
 
 from __future__ import annotations
 
+import base64
 import ipaddress
 import os
 import re
@@ -88,6 +89,20 @@ def _secret(name: str, raw: str) -> Secret:
     return Secret(raw.strip())
 
 
+def _fernet_keys(name: str, raw: str) -> tuple[Secret, ...]:
+    """Comma-separated Fernet keys (32 bytes, URL-safe base64), newest first."""
+    values = tuple(Secret(part.strip()) for part in raw.split(","))
+    for value in values:
+        try:
+            if len(base64.urlsafe_b64decode(value.encode())) == 32:
+                continue
+        except ValueError:
+            pass
+        raise SettingsError(f"{name} must be Fernet keys (32 bytes, URL-safe base64, e.g. from "
+                            f"`openssl rand -base64 32 | tr '+/' '-_'`), comma-separated, newest first")
+    return values
+
+
 def _bool(name: str, raw: str) -> bool:
     value = raw.strip().lower()
     if value in ("1", "true", "yes", "on"):
@@ -150,6 +165,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "PROVIDER_HOSTS": ("provider_hosts", _names),
     "RESULT_RETENTION_SECONDS": ("result_retention_s", _int),
     "IDEMPOTENCY_TTL_SECONDS": ("idempotency_ttl_s", _int),
+    "LEDGER_RETENTION_SECONDS": ("ledger_retention_s", _int),
     "MAX_BODY_BYTES": ("max_body_bytes", _int),
     "CATALOG_PATH": ("catalog_path", _str),
     "PROVIDER_ORIGIN_OVERRIDE": ("provider_origin_override", _url),
@@ -168,6 +184,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "REDIS_WAIT_REPLICAS": ("wait_replicas", _int),
     "REDIS_WAIT_TIMEOUT_MS": ("wait_timeout_ms", _int),
     "WEBHOOK_ALLOW_LOOPBACK_HTTP": ("webhook_allow_loopback_http", _bool),
+    "WEBHOOK_SECRETS_KEY": ("webhook_secrets_keys", _fernet_keys),
     "WEBHOOK_TIMEOUT_SECONDS": ("webhook_timeout_s", _float),
     "WEBHOOK_LEASE_SECONDS": ("webhook_lease_s", _float),
     "WEBHOOK_RETRY_SCHEDULE": ("webhook_retry_schedule_s", _floats),
@@ -236,6 +253,10 @@ class Settings:
     result_retention_s: int = 86_400
     #: Seconds an ``Idempotency-Key`` stays bound to its request.
     idempotency_ttl_s: int = 86_400
+    #: Seconds a workspace's credit ledger keeps an entry (35 days): older
+    #: ones are trimmed as new holds are written (``router-queue workspace
+    #: ledger`` exports it before then).
+    ledger_retention_s: int = 3_024_000
     #: Largest submit body accepted, in bytes; larger gets ``413``.
     max_body_bytes: int = 1_048_576
     #: The model catalog (JSON). Defaults to the one shipped in the package.
@@ -303,6 +324,11 @@ class Settings:
     #: http too (``router-queue dev`` and the tests). Off in production:
     #: webhooks go to public https URLs only (router_queue/webhooks/safety.py).
     webhook_allow_loopback_http: bool = False
+    #: Keys that encrypt workspaces' webhook signing secrets in Redis
+    #: (``store/secret_box.py``), newest first: new secrets are sealed with the
+    #: first, any opens. Empty: secrets are stored as given, until the store
+    #: holds a sealed one; then every process refuses to start without them.
+    webhook_secrets_keys: tuple[Secret, ...] = ()
     #: OpenTelemetry's OTLP/HTTP collector (``router_queue/tracing.py``): set,
     #: each process exports its spans there; empty, nothing is instrumented.
     #: The exporter reads the other ``OTEL_*`` variables itself.

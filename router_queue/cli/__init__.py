@@ -12,6 +12,9 @@ Each command's arguments: ``--help``, and the synopsis in
 
 from __future__ import annotations
 
+import datetime
+import itertools
+import json
 import time
 
 import click
@@ -154,17 +157,49 @@ def list_workspaces() -> None:
                    f"{ws.webhooks_pending}\t{ws.name}")
 
 
+class MomentType(click.ParamType):
+    """A time given as ISO-8601 (``2026-12-01``, ``2026-12-01T10:00:00Z``;
+    UTC unless it names an offset) or as Unix seconds; its value is Unix seconds."""
+
+    name = "TIME"
+
+    def convert(self, value, param, ctx) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        try:
+            moment = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError:
+            self.fail(f"{value!r} is neither ISO-8601 (2026-12-01T10:00:00Z) nor Unix seconds", param, ctx)
+        if moment.tzinfo is None:
+            moment = moment.replace(tzinfo=datetime.timezone.utc)
+        return moment.timestamp()
+
+
 @workspace.command("ledger")
 @click.argument("workspace_id")
-@click.option("--count", type=click.IntRange(min=1), default=1000, show_default=True)
-def ledger(workspace_id: str, count: int) -> None:
-    """The workspace's holds, charges and releases, oldest first."""
+@click.option("--since", type=MomentType(), help="Entries from this time on (ISO-8601 or Unix seconds).")
+@click.option("--until", type=MomentType(), help="Entries up to this time (ISO-8601 or Unix seconds).")
+@click.option("--count", type=click.IntRange(min=1), help="At most this many entries (default: all).")
+@click.option("--jsonl", is_flag=True, help="One JSON object per line (an export), instead of tab-separated.")
+def ledger(workspace_id: str, since: float | None, until: float | None, count: int | None, jsonl: bool) -> None:
+    """The workspace's holds, charges and releases, oldest first, read from
+    Redis a page at a time. Entries older than LEDGER_RETENTION_SECONDS are gone."""
     require_router_queue_data()
     if _accounts().get(workspace_id) is None:
         raise click.ClickException(f"no workspace {workspace_id!r}")
-    for entry in _accounts().ledger(workspace_id, count):
-        click.echo(f"{entry.id}\t{entry.type}\t{entry.amount}\t{entry.request_id}\t"
-                   f"balance={entry.balance}\theld={entry.held}")
+    entries = itertools.islice(_accounts().ledger_entries(workspace_id, since, until), count)
+    for entry in entries:
+        if jsonl:
+            click.echo(json.dumps({"id": entry.id, "at": entry.at, "time": _when_ms(entry.at), "type": entry.type,
+                                   "request_id": entry.request_id, "amount": entry.amount,
+                                   "balance": entry.balance, "held": entry.held}, separators=(",", ":")))
+        else:
+            click.echo(f"{entry.id}\t{entry.type}\t{entry.amount}\t{entry.request_id}\t"
+                       f"balance={entry.balance}\theld={entry.held}")
 
 
 @workspace.command("set-webhook")
@@ -213,6 +248,9 @@ def set_webhook(workspace_id: str, url: str | None, events: str | None, off: boo
 def webhook_secret(workspace_id: str, rotate: bool) -> None:
     """Create the workspace's webhook signing secret and print it, once. It is
     never shown again: with one in place, --rotate makes and prints a new one."""
+    if _accounts().box is None:
+        raise click.ClickException("WEBHOOK_SECRETS_KEY is not set: the secret would be stored in plaintext. Set it "
+                                   "(deploy/README.md, \"Webhook secrets\"; router-queue dev prints its own)")
     secret = webhook_event.new_secret()
     outcome = _or_fail(lambda: _accounts().webhook_secret(workspace_id, secret, rotate=rotate))
     if outcome == "EXISTS":
@@ -308,6 +346,12 @@ def _api_keys():
 
 def _when(at: float | None, absent: str = "-") -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at)) if at else absent
+
+
+def _when_ms(at: float) -> str:
+    """``at`` (Unix s) as ISO-8601 UTC, to the millisecond."""
+    return datetime.datetime.fromtimestamp(at, datetime.timezone.utc).isoformat(timespec="milliseconds") \
+        .replace("+00:00", "Z")
 
 
 def _or_fail(action):

@@ -7,7 +7,7 @@ import click
 
 from ..broker.celery_app import make_celery
 from ..services import Services
-from ..settings import Settings
+from ..settings import Settings, SettingsError
 
 
 def services() -> Services:
@@ -15,8 +15,11 @@ def services() -> Services:
     context = click.get_current_context()
     found = context.find_object(Services)
     if found is None:
-        settings = Settings.from_env()
-        found = context.find_root().obj = Services.build(
-            settings, celery=make_celery(settings), wait_s=settings.front_door_redis_wait_s,
-            write_deadline_s=settings.front_door_redis_wait_s)
+        try:
+            settings = Settings.from_env()
+            found = context.find_root().obj = Services.build(
+                settings, celery=make_celery(settings), wait_s=settings.front_door_redis_wait_s,
+                write_deadline_s=settings.front_door_redis_wait_s)
+        except SettingsError as exc:  # a bad variable, or no key for the store's sealed secrets
+            raise click.ClickException(str(exc)) from None
     return found

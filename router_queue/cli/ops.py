@@ -10,7 +10,7 @@ import click
 
 from ..settings import without_password
 from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
-from ..store.migrate import legacy_keys_present, migrate
+from ..store.migrate import legacy_keys_present, migrate, seal_webhook_secrets
 from ..store.outcomes import Cancel
 from ..store.webhooks import FailingEndpoint
 from ..web.operations import summary
@@ -172,11 +172,19 @@ def purge_expired() -> None:
 @ops.command("migrate-keys")
 def migrate_keys() -> None:
     """Move a store's keys from an earlier layout (before the hash tags, or
-    one tag for everything) to today's, a hash tag per family. Run it with
-    every process of the service stopped."""
+    one tag for everything) to today's, a hash tag per family, with every
+    process of the service stopped; then seal the webhook secrets with the
+    newest WEBHOOK_SECRETS_KEY (plaintext ones, and those of an older key:
+    safe while the service runs, and rerun after each key rotation)."""
     services = _services()
     done = migrate(services.redis)
     click.echo(f"moved {done.renamed} keys to today's layout")
+    box = services.accounts.box
+    if box is None:
+        click.echo("WEBHOOK_SECRETS_KEY is not set: webhook secrets left as they are (plaintext)", err=True)
+    else:
+        click.echo(f"sealed {seal_webhook_secrets(services.redis, box)} webhook secrets with the newest "
+                   "WEBHOOK_SECRETS_KEY")
     if done.clashes:
         raise click.ClickException(f"{len(done.clashes)} keys were left: their new name is taken "
                                    f"(first: {', '.join(done.clashes[:5])})")

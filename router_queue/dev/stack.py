@@ -221,7 +221,7 @@ REQUEST_ID=$(curl -sS "$BASE/requests" \\
   -d '{"prompt": "a red teapot on a windowsill, morning light [stub:latency=20]"}' \\
   | tee /dev/stderr | python3 -c 'import json, sys; print(json.load(sys.stdin)["request_id"])')
 
-# 2. Poll until COMPLETED, waiting the Retry-After each answer names (a finished one names none).
+# 2. Poll until COMPLETED, waiting the Retry-After each answer names (a finished one names 0).
 curl -i "$BASE/requests/$REQUEST_ID/status" -H "X-API-Key: $COMFY_API_KEY"
 
 # 3. Collect: 202 with the status body while it runs; 200 with the model's native output once done.
@@ -246,8 +246,9 @@ The operator listener (not the front door's port; see the README's "Operating it
 export COMFY_API_KEY={key}
 export COMFY_ROUTER_BASE_URL={base}
 {steps}
-The operator commands reach this stack's Redis with:
+The operator commands reach this stack's Redis (and its webhook secrets' key) with:
 export REDIS_URL={redis}
+export WEBHOOK_SECRETS_KEY={secrets_key}
 export WORKSPACE_ID={workspace}
 router-queue ops depths
 router-queue workspace webhook-secret "$WORKSPACE_ID"   # before a submit names a webhook
@@ -286,6 +287,28 @@ def _supervise(stack: Stack) -> None:
         started[name] = time.monotonic()
 
 
+#: Where ``dev`` keeps the webhook secrets' key it made for a Redis of yours
+#: (``REDIS_URL`` set), so the next run opens the secrets this one sealed.
+DEV_KEY_FILE = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") \
+    / "router-queue" / "webhook-secrets.key"
+
+
+def dev_secrets_key(*, embedded: bool) -> str:
+    """A ``WEBHOOK_SECRETS_KEY`` for a run that was given none: a new one for
+    the embedded Redis (its data lives as long as the run), else the one in
+    :data:`DEV_KEY_FILE`, made there (mode 0600) the first time."""
+    from cryptography.fernet import Fernet
+
+    if embedded:
+        return Fernet.generate_key().decode()
+    if not DEV_KEY_FILE.exists():
+        DEV_KEY_FILE.parent.mkdir(parents=True, exist_ok=True)
+        descriptor = os.open(DEV_KEY_FILE, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(descriptor, "w") as out:
+            out.write(Fernet.generate_key().decode())
+    return DEV_KEY_FILE.read_text().strip()
+
+
 @click.command("dev")
 @click.option("--port", type=int, default=8000, show_default=True, help="Front door port.")
 @click.option("--stub-port", type=int, default=8300, show_default=True, help="Stub provider port.")
@@ -303,12 +326,15 @@ def dev(port: int, stub_port: int, ops_port: int) -> None:
                                        "with a free one")
 
     env = dict(os.environ)
-    if "REDIS_URL" not in env:
+    embedded = "REDIS_URL" not in env
+    if embedded:
         redis_port = free_port()
         start_embedded_redis(redis_port)
         env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
     env.setdefault("PROVIDER_ORIGIN_OVERRIDE", f"http://127.0.0.1:{stub_port}")
     env.setdefault("WEBHOOK_ALLOW_LOOPBACK_HTTP", "1")  # a receiver of your own on this machine
+    if not env.get("WEBHOOK_SECRETS_KEY"):
+        env["WEBHOOK_SECRETS_KEY"] = dev_secrets_key(embedded=embedded)
     if not env.get("PUBLIC_BASE_URL"):
         env.setdefault("TRUSTED_HOSTS", "127.0.0.1,localhost")  # absolute URLs on the origin you call
     env["OPS_PORT"] = str(ops_port)
@@ -335,6 +361,7 @@ def dev(port: int, stub_port: int, ops_port: int) -> None:
         click.echo(WALKTHROUGH.format(base=f"http://127.0.0.1:{port}", stub=f"http://127.0.0.1:{stub_port}",
                                       ops=f"http://127.0.0.1:{ops_port}", workspace=workspace_id,
                                       redis=env["REDIS_URL"], logs=stack.log_dir, key=api_key,
+                                      secrets_key=env["WEBHOOK_SECRETS_KEY"],
                                       steps=CURL_STEPS))
         _supervise(stack)
     except KeyboardInterrupt:

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import builtins  # builtins.list: the class's list() method shadows the name below it
+import itertools
+import math
 import secrets
 import time
 from dataclasses import dataclass
+from typing import Iterator
 
 import redis
 
@@ -13,10 +16,16 @@ from . import keys
 from .apikeys import ApiKeys
 from .epoch import StoreEpoch
 from .scripts import load_script
+from .secret_box import SecretBox, SecretsKeyError, open_stored
 
 #: Seconds a rotated-out webhook secret keeps signing beside the new one, so
 #: receivers can switch to the new one without missing an event.
 WEBHOOK_SECRET_OVERLAP_S = 86_400
+#: Seconds a workspace's ledger keeps an entry unless settings say otherwise
+#: (``LEDGER_RETENTION_SECONDS``): 35 days, a monthly statement and some days to export it.
+DEFAULT_LEDGER_RETENTION_S = 35 * 86_400
+#: Ledger entries read per round trip by an export (``ledger_entries``).
+LEDGER_PAGE = 1000
 
 
 def _optional_int(raw: str | None) -> int | None:
@@ -72,8 +81,11 @@ class LedgerEntry:
 
 
 class Accounts:
-    def __init__(self, client: redis.Redis, providers: tuple[str, ...] = ()):
+    def __init__(self, client: redis.Redis, providers: tuple[str, ...] = (), box: SecretBox | None = None):
         self.client = client
+        #: Seals the webhook signing secrets (``WEBHOOK_SECRETS_KEY``); None:
+        #: none set, and plaintext ones are stored until a sealed one exists.
+        self.box = box
         #: The catalog's providers, whose schedules keep a copy of a waiting
         #: workspace's weight and max_in_flight (``set_limits``).
         self.providers = providers
@@ -206,14 +218,27 @@ class Accounts:
 
     def ledger(self, workspace_id: str, count: int = 1000) -> builtins.list[LedgerEntry]:
         """The workspace's holds, charges and releases, oldest first."""
-        entries = []
-        for entry_id, fields in self.client.xrange(keys.ledger(workspace_id), count=count):
-            row = {k.decode(): v.decode() for k, v in fields.items()}
-            entries.append(LedgerEntry(
-                id=entry_id.decode(), type=row["type"], request_id=row["request_id"], amount=int(row["amount"]),
-                balance=int(float(row["balance"])), held=int(row["held"]), at=float(row["at"]),
-            ))
-        return entries
+        return builtins.list(itertools.islice(self.ledger_entries(workspace_id), count))
+
+    def ledger_entries(self, workspace_id: str, since: float | None = None, until: float | None = None,
+                       page: int = LEDGER_PAGE) -> Iterator[LedgerEntry]:
+        """The ledger's entries written from ``since`` to ``until`` (Unix s, to
+        the ms, inclusive; None: no bound), oldest first, read ``page`` at a time
+        (XRANGE): an export holds one page in memory, never the ledger. An
+        entry's id is its time in ms (``lua/lib.lua``, ``ledger_add``)."""
+        start = "-" if since is None else str(max(0, math.floor(since * 1000)))
+        end = "+" if until is None else str(max(0, math.floor(until * 1000)))
+        while True:
+            rows = self.client.xrange(keys.ledger(workspace_id), start, end, count=page)
+            for entry_id, fields in rows:
+                row = {k.decode(): v.decode() for k, v in fields.items()}
+                yield LedgerEntry(
+                    id=entry_id.decode(), type=row["type"], request_id=row["request_id"], amount=int(row["amount"]),
+                    balance=int(float(row["balance"])), held=int(row["held"]), at=float(row["at"]),
+                )
+            if len(rows) < page:
+                return
+            start = "(" + rows[-1][0].decode()
 
     # -- webhooks ------------------------------------------------------------
     def set_webhook_url(self, workspace_id: str, url: str | None) -> None:
@@ -248,10 +273,18 @@ class Accounts:
         """Create the workspace's signing secret (``secret``) unless it has one,
         or with ``rotate`` make ``secret`` the current one while the old one
         signs beside it for :data:`WEBHOOK_SECRET_OVERLAP_S`. Returns
-        "CREATED", "EXISTS" (``secret`` was not stored) or "ROTATED"."""
+        "CREATED", "EXISTS" (``secret`` was not stored) or "ROTATED". Stored
+        sealed with ``box``; without one, plaintext unless the store holds sealed ones."""
         until = (now or time.time()) + WEBHOOK_SECRET_OVERLAP_S
+        if self.box is not None:
+            self.box.mark(self.client)  # first: the marker's slot is not the workspace's
+            stored = self.box.seal(secret)
+        elif self.client.exists(keys.secrets_sealed()):
+            raise SecretsKeyError("the store's webhook secrets are encrypted: set WEBHOOK_SECRETS_KEY")
+        else:
+            stored = secret
         reply = self._webhook_secret(keys=[keys.workspace(workspace_id)],
-                                     args=["rotate" if rotate else "create", secret, repr(until)])
+                                     args=["rotate" if rotate else "create", stored, repr(until)])
         outcome = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
         if outcome == "MISSING":
             raise LookupError(f"no workspace {workspace_id!r}")
@@ -259,10 +292,11 @@ class Accounts:
 
     def signing_secrets(self, workspace_id: str, now: float | None = None) -> builtins.list[str]:
         """The secrets that sign the workspace's events now: the current one,
-        and the previous one while a rotation's overlap lasts."""
+        and the previous one while a rotation's overlap lasts, opened
+        (``SecretsKeyError`` when the keys open neither)."""
         current, previous, until = self.client.hmget(
             keys.workspace(workspace_id), ("webhook_secret", "webhook_secret_previous", "webhook_previous_until"))
         out = [current.decode()] if current else []
         if previous and until and float(until) > (now or time.time()):
             out.append(previous.decode())
-        return out
+        return [open_stored(self.box, stored) for stored in out]

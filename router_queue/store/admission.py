@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 ADMIT_ARGS = ("body", "id", "workspace", "model", "provider", "now", "fingerprint", "idem_ttl", "require_enabled",
               "grant_until", "price", "max_queued", "template", "cap", "priority", "write_deadline", "webhook_url",
               "response_url", "max_queued_bytes", "max_pending_webhooks", "retry_of", "start_deadline_at",
-              "deadline_at", "traceparent", "webhook_events", "retention", "max_stored_bytes", "retry_max")
+              "deadline_at", "traceparent", "webhook_events", "retention", "max_stored_bytes", "retry_max",
+              "ledger_keep")
 #: The split steps' (admit_ws.lua, admit_place.lua): admit.lua's, and the
 #: body's bytes (the workspace's step is not sent the body), the workspace's
 #: step's answer and the pending member (the provider's step's).

@@ -252,6 +252,12 @@ def epoch() -> str:
     return f"{PREFIX}:config:epoch"
 
 
+def secrets_sealed() -> str:
+    """Written before the first webhook secret sealed with ``WEBHOOK_SECRETS_KEY``
+    (``secret_box.py``): from then on no process starts without the key."""
+    return f"{PREFIX}:config:secrets_sealed"
+
+
 def layout() -> str:
     """The store's key layout (:data:`LAYOUT`), written with its first workspace."""
     return f"{PREFIX}:config:layout"

@@ -18,6 +18,8 @@ import redis
 from redis.cluster import RedisCluster
 
 from . import keys
+from .scripts import load_script
+from .secret_box import SecretBox
 
 #: Keys written before the hash tag, and under the one tag.
 LEGACY_MATCHES = (f"{keys.UNTAGGED_PREFIX}:*", keys.PREFIX.replace("{", "[{]") + ":*")
@@ -141,3 +143,25 @@ def _move(client: redis.Redis, moves: list[tuple[bytes, str]]) -> list[bool]:
         client.delete(key)
         moved.append(True)
     return moved
+
+
+#: A workspace's fields that hold a webhook signing secret.
+SECRET_FIELDS = ("webhook_secret", "webhook_secret_previous")
+
+
+def seal_webhook_secrets(client: redis.Redis, box: SecretBox) -> int:
+    """Seal every workspace's webhook secrets with ``box``'s newest key:
+    plaintext ones (stored before encryption) and ones sealed with an older
+    key. Each is replaced only if unchanged since read (a rotation meanwhile
+    wins); the store's marker is written first. Returns how many were sealed."""
+    box.mark(client)
+    reseal = load_script(client, "webhook_secret_reseal")
+    sealed = 0
+    for member in client.smembers(keys.workspaces()):
+        ws_key = keys.workspace(member.decode())
+        for name, value in zip(SECRET_FIELDS, client.hmget(ws_key, SECRET_FIELDS)):
+            if value is None or box.is_current(value.decode()):
+                continue
+            fresh = box.seal(box.open(value.decode()))
+            sealed += int(reseal(keys=[ws_key], args=[name, value, fresh]))
+    return sealed

@@ -18,6 +18,7 @@ import redis
 from .. import states
 from ..webhooks.event import PROGRESS_EVENT_EVERY_S
 from . import keys
+from .accounts import DEFAULT_LEDGER_RETENTION_S
 from .admission import ADMIT_ARGS, TwoStepAdmission
 from .connect import bounded, primaries_info, queue_script
 from .ids import well_formed
@@ -370,7 +371,8 @@ class RequestStore:
                  max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
                  max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS, grants: GrantPublishing | None = None,
                  reads: redis.Redis | None = None, split: bool = False,
-                 max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES, retry_max: int = 10):
+                 max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES, retry_max: int = 10,
+                 ledger_retention_s: int = DEFAULT_LEDGER_RETENTION_S):
         self.client = client
         #: What starts and ends owe workspaces, applied in the step (one
         #: Redis) or by a step of their own (split: a cluster; ``owed.py``).
@@ -399,6 +401,8 @@ class RequestStore:
         #: Retries a request's chain (it, its retries and theirs) may have all told.
         self.retry_max = retry_max
         self.retention_s = retention_s
+        #: Seconds a workspace's ledger keeps an entry (trimmed as holds are added).
+        self.ledger_retention_s = ledger_retention_s
         self.idempotency_ttl_s = idempotency_ttl_s
         #: Seconds a granted request may wait for its delivery before the
         #: reaper publishes it again (its message was lost).
@@ -480,6 +484,7 @@ class RequestStore:
             deadline_at="" if deadline_at is None else repr(deadline_at),
             traceparent=traceparent, webhook_events=webhook_events, retention=self.retention_s,
             max_stored_bytes=self.max_stored_bytes, retry_max=self.retry_max,
+            ledger_keep=self.ledger_retention_s,
         )
         original = retry_of or request_id
         provider_keys = [keys.request(request_id), keys.queue(provider), keys.sequence(provider),

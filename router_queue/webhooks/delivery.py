@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 from urllib.parse import urlsplit
 
 from router_queue import logs, tracing
+from router_queue.store.secret_box import SecretsKeyError
 from router_queue.store.webhooks import WebhookEvent
 
 from . import event as webhook_event, retry_policy, safety
@@ -109,7 +110,10 @@ def attempt(services: Services, event: WebhookEvent) -> tuple[str, int | None, s
         addresses = safety.check(event.url, allow_loopback_http=settings.webhook_allow_loopback_http)
     except safety.UnsafeWebhookUrl as exc:
         return "refused", None, f"the URL {exc}", False
-    signing = services.accounts.signing_secrets(event.workspace)
+    try:
+        signing = services.accounts.signing_secrets(event.workspace)
+    except SecretsKeyError as exc:
+        return "failed", None, str(exc), False
     if not signing:
         return "failed", None, "the workspace has no webhook secret (router-queue workspace webhook-secret WS)", False
     body = webhook_event.event_body(request_id=event.request_id, model=event.model, status=event.status,

@@ -903,7 +903,9 @@ def test_the_app_believes_forwarded_addresses_from_the_proxies_nginx_does():
         {"ip": "127.0.0.1", "hostnames": ["web"]}], "nginx reaches gunicorn over loopback in the pod"
 
     services = _compose()["services"]
-    compose_allowed = Settings.from_env(services["web"]["environment"]).forwarded_allow_ips
+    given = {name: value for name, value in services["web"]["environment"].items()
+             if not str(value).startswith("${")}  # compose's required secrets, not values
+    compose_allowed = Settings.from_env(given).forwarded_allow_ips
     proxy_address = services["proxy"]["networks"]["default"]["ipv4_address"]
     real_ip, _ = _trusted(TRUSTED_PROXIES["compose"])
     assert _networks(compose_allowed) == _networks([*real_ip, proxy_address])
@@ -937,6 +939,18 @@ def test_operator_listeners_beyond_loopback_ask_for_a_token_prometheus_sends():
                                                                                "key": "OPS_TOKEN"}}
     (job,) = yaml.safe_load((DEPLOY / "monitoring" / "scrape-configs.yaml").read_text())["scrape_configs"]
     assert job["authorization"]["type"] == "Bearer" and job["authorization"]["credentials_file"]
+def test_every_process_gets_the_webhook_secrets_key_and_compose_has_no_default() -> None:
+    """Once a secret is sealed no process starts without WEBHOOK_SECRETS_KEY:
+    compose refuses to start without one, and every pod reads it from its Secret."""
+    for name, service in _compose()["services"].items():
+        if "router_queue" in str(service.get("command", "")) or service.get("environment", {}).get("REDIS_URL"):
+            assert service["environment"]["WEBHOOK_SECRETS_KEY"].startswith("${WEBHOOK_SECRETS_KEY:?"), name
+    assert "WEBHOOK_SECRETS_KEY" not in _configmap(), "a key: the Secret router-queue-webhook-secrets holds it"
+    (template,) = [d.body for d in _of_kind("Secret") if d.name == "router-queue-webhook-secrets"]
+    assert set(template["stringData"]) == {"WEBHOOK_SECRETS_KEY"}
+    for name, deployment in _deployments().items():
+        refs = [e["secretRef"]["name"] for e in _container(deployment)["envFrom"] if "secretRef" in e]
+        assert "router-queue-webhook-secrets" in refs, name
 
 
 def test_redis_asks_for_a_password_and_admits_only_our_pods() -> None:
@@ -951,8 +965,9 @@ def test_redis_asks_for_a_password_and_admits_only_our_pods() -> None:
     (template,) = [d.body for d in _of_kind("Secret") if d.name == "router-queue-redis"]
     assert re.match(r"rediss?://:[^@]+@", template["stringData"]["REDIS_URL"])
     for name, deployment in _deployments().items():
-        (ref,) = [e["secretRef"] for e in _container(deployment)["envFrom"] if "secretRef" in e]
-        assert ref["name"] == "router-queue-redis" and not ref.get("optional"), name
+        refs = [e["secretRef"] for e in _container(deployment)["envFrom"] if "secretRef" in e]
+        assert [r["name"] for r in refs] == ["router-queue-redis", "router-queue-webhook-secrets"], name
+        assert not any(r.get("optional") for r in refs), name
     (redis_set,) = [d.body for d in _of_kind("StatefulSet") if d.name == "redis"]
     (container,) = redis_set["spec"]["template"]["spec"]["containers"]
     assert container["args"][-2:] == ["--requirepass", "$(REDIS_PASSWORD)"]

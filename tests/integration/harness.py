@@ -204,6 +204,10 @@ CLUSTER_BROKER_URL = ""
 CHAOS_CLUSTER_URL = ""
 
 
+#: The webhook secrets' key (``WEBHOOK_SECRETS_KEY``) of the stacks the tests start.
+TEST_WEBHOOK_SECRETS_KEY = "dGVzdHMtd2ViaG9vay1zZWNyZXRzLWtleS0zMmJ5dGU="
+
+
 def stack_env(redis_url: str, *, stub_port: int, broker_url: str | None = None, catalog: str | Path | None = None,
               **settings: str) -> dict[str, str]:
     """This process's environment for a stack's children: the store on
@@ -233,6 +237,8 @@ def stack_env(redis_url: str, *, stub_port: int, broker_url: str | None = None, 
         "DEFAULT_RATE_LIMIT": "2000/second",
         # Absolute URLs on the origin each test calls (127.0.0.1:its port), never a forged Host.
         "TRUSTED_HOSTS": "127.0.0.1,localhost",
+        # One key for every stack: the stores the tests share are sealed with it.
+        "WEBHOOK_SECRETS_KEY": TEST_WEBHOOK_SECRETS_KEY,
         "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
         **settings,
     })

@@ -15,7 +15,7 @@ import pytest
 import redis
 
 from router_queue.services import Services
-from router_queue.settings import Settings
+from router_queue.settings import Secret, Settings
 from router_queue.store.requests import GrantPublishing
 from router_queue.web.app import create_app
 from tests.redis_servers import UNIT_DB, with_db
@@ -24,6 +24,8 @@ from tests.redis_servers import UNIT_DB, with_db
 #: slowest (the schedule's model test, 45 s on a loaded 2-core machine). The
 #: suite-wide 600 s in pyproject.toml is for the integration stacks.
 UNIT_TIMEOUT_S = 180
+#: The unit tests' WEBHOOK_SECRETS_KEY (a Fernet key): their secrets are sealed as in service.
+TEST_WEBHOOK_SECRETS_KEY = "dW5pdC10ZXN0cy13ZWJob29rLXNlY3JldHMta2V5LTE="
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -60,7 +62,8 @@ def client(request):
 @pytest.fixture
 def settings() -> Settings:
     return Settings(redis_url="redis://unused", public_base_url="http://router.test", republish_after_s=0,
-                    default_rate_limit="1000/second", readyz_cache_s=0)  # each /readyz checks: tests flip it
+                    default_rate_limit="1000/second", readyz_cache_s=0,  # each /readyz checks: tests flip it
+                    webhook_secrets_keys=(Secret(TEST_WEBHOOK_SECRETS_KEY),))
 
 
 @pytest.fixture

@@ -59,6 +59,9 @@
 --   max_stored_bytes     most bytes of kept bodies the workspace may store,
 --                        unless it sets its own
 --   retry_max            most retries a request's chain may have all told
+--   ledger_keep          seconds the ledger keeps an entry
+--                        (LEDGER_RETENTION_SECONDS): older ones are trimmed
+--                        as the hold's entry is added (lib.lua, ledger_add)
 --   body_bytes, reserved, admitting: the split steps' (admit_ws.lua,
 --                        admit_place.lua); "" here
 -- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}

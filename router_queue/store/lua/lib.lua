@@ -130,6 +130,28 @@ local function stored_wait(stored_key, over, now)
   return STORED_WAIT_MAX_S
 end
 
+-- Append an entry (its field-value pairs: ...) to a workspace's ledger under
+-- the ms of `at` (Unix s, the step's time), or the last entry's ms when that
+-- is later (a clock behind another process's): its ids read as its times
+-- (``workspace ledger --since``). With `keep` (s), entries older than `keep`
+-- before `at` go in the same command: MINID ~ drops whole stream nodes only,
+-- so a write's trim is bounded (a node's worth of older entries may stay).
+local function ledger_add(ledger, at, keep, ...)
+  local ms = math.floor(tonumber(at) * 1000)
+  local args = {ledger}
+  if keep then
+    append(args, "MINID", "~", string.format("%.0f", math.max(0, ms - tonumber(keep) * 1000)))
+  end
+  local at_id = #args + 1
+  append(args, string.format("%.0f-*", ms), ...)
+  local added = redis.pcall("XADD", unpack(args))
+  if type(added) == "table" and added.err then
+    local last = redis.call("XREVRANGE", ledger, "+", "-", "COUNT", 1)[1]
+    args[at_id] = string.match(last[1], "^%d+") .. "-*"
+    redis.call("XADD", unpack(args))
+  end
+end
+
 -- Apply effects `e` to the workspace's hash (ws_key) and, for a settled
 -- hold, its ledger (ledger_key): a count alone is one HINCRBY; anything more
 -- one HMGET and one HSET, with the values HINCRBY would have left.
@@ -169,7 +191,7 @@ local function ws_apply(ws_key, ledger_key, e)
       credits = credits - hold
       append(fields, "credits", credits)
     end
-    redis.call("XADD", ledger_key, "*", "type", e.how, "request_id", e.request_id, "amount", hold,
+    ledger_add(ledger_key, e.at, nil, "type", e.how, "request_id", e.request_id, "amount", hold,
       "balance", credits, "held", held, "at", e.at)
   end
   redis.call("HSET", ws_key, unpack(fields))
@@ -1226,8 +1248,10 @@ local function reserve_admission(K, ws, bytes)
   if price > 0 then
     local held = tonumber(ws[5] or "0") + price
     append(counts, "held", held)
-    redis.call("XADD", K.ledger, "*", "type", "hold", "request_id", ARGV[ARG_ID], "amount", price,
-      "balance", tonumber(ws[4] or "0"), "held", held, "at", ARGV[ARG_NOW])
+    -- trimmed here only, as the history is: a ledger grows by priced
+    -- admissions (a hold each, settled once later), each of which trims it
+    ledger_add(K.ledger, ARGV[ARG_NOW], ARGV[ARG_LEDGER_KEEP], "type", "hold", "request_id", ARGV[ARG_ID],
+      "amount", price, "balance", tonumber(ws[4] or "0"), "held", held, "at", ARGV[ARG_NOW])
   end
   if webhook then
     append(counts, "webhooks_pending", tonumber(ws[10] or "0") + 1)
