@@ -186,6 +186,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "WEBHOOK_ALLOW_LOOPBACK_HTTP": ("webhook_allow_loopback_http", _bool),
     "WEBHOOK_SECRETS_KEY": ("webhook_secrets_keys", _fernet_keys),
     "WEBHOOK_TIMEOUT_SECONDS": ("webhook_timeout_s", _float),
+    "WEBHOOK_RESOLVE_TIMEOUT_SECONDS": ("webhook_resolve_timeout_s", _float),
     "WEBHOOK_LEASE_SECONDS": ("webhook_lease_s", _float),
     "WEBHOOK_RETRY_SCHEDULE": ("webhook_retry_schedule_s", _floats),
     "WEBHOOK_RETRY_FOR_SECONDS": ("webhook_retry_for_s", _float),
@@ -336,6 +337,10 @@ class Settings:
     #: Seconds one webhook attempt may take: the connect, each read, and the
     #: (capped) response body in all.
     webhook_timeout_s: float = 10.0
+    #: Seconds a webhook host's name lookup may take, at submit (past it:
+    #: ``400 invalid_input``) and within an attempt's ``webhook_timeout_s``
+    #: (past it: a failed attempt); then it is abandoned (webhooks/lookup.py).
+    webhook_resolve_timeout_s: float = 2.0
     #: Seconds an attempt holds its event: a worker killed mid-delivery leaves
     #: the event due again this long after its attempt began. Keep it above
     #: ``webhook_timeout_s``.

@@ -222,7 +222,8 @@ def set_webhook(workspace_id: str, url: str | None, events: str | None, off: boo
     if url:
         settings = services().settings
         try:
-            safety.check(url, allow_loopback_http=settings.webhook_allow_loopback_http)
+            safety.check(url, allow_loopback_http=settings.webhook_allow_loopback_http,
+                         resolve_timeout_s=settings.webhook_resolve_timeout_s)
         except safety.UnsafeWebhookUrl as exc:
             raise click.BadParameter(str(exc), param_hint="URL") from None
     if off:

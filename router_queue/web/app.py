@@ -62,7 +62,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
 
     @app.before_request
     def _open_call() -> None:
-        g.call = envelope.open(request.endpoint, rate_limits.allowance(request))
+        g.call = envelope.open(request.endpoint, rate_limits.allowance(request), request.headers)
 
     @app.after_request
     def _close_call(response: Response) -> Response:

@@ -1,7 +1,8 @@
 """What every call goes through, on both paths: the lane's and Flask's.
 
 One :class:`Envelope` per app, in these steps (:data:`STEPS`): ``open`` (the
-rate allowance, carried into the route's script or spent now), the route and
+rate allowance, carried into the route's script or spent now: before any name
+lookup, for a submit that names a webhook), the route and
 ``refusal`` (any exception mapped to the error tree), ``settle`` (a carried
 allowance the route did not spend is spent now; a spent window answers 429 in
 the route's place) and ``headers`` (the call's id and
@@ -18,6 +19,7 @@ from flask import g
 
 from ..errors import RateLimited, RouterError
 from ..store.ids import uuid_text
+from ..webhooks.event import URL_HEADER
 from . import paths
 from .headers import EVERY_ANSWER
 from .ratelimit import Allowance, RateLimits
@@ -29,6 +31,11 @@ ENVELOPE = "router_queue.envelope"
 STEPS = ("open", "refusal", "settle", "headers")
 #: Endpoints whose routes hand the allowance to their own script.
 CARRIED_ENDPOINTS = paths.endpoints(paths.Rate.CARRIED)
+#: Of those, the routes that look up the host of an ``X-Comfy-Webhook-Url``
+#: before their script runs (up to ``WEBHOOK_RESOLVE_TIMEOUT_SECONDS``): a
+#: call naming one spends its allowance as it opens, so a caller past its
+#: rate is refused before any lookup is made for it.
+LOOKUP_ENDPOINTS = frozenset({paths.SUBMIT.endpoint, paths.RUN.endpoint})
 
 Header = tuple[str, str]
 _EVERY_ANSWER: tuple[Header, ...] = tuple(EVERY_ANSWER.items())
@@ -58,10 +65,12 @@ class Envelope:
         self.rate_limits = rate_limits
         self.max_body = max_body
 
-    def open(self, endpoint: str | None, allowance: Allowance | None) -> Call:
+    def open(self, endpoint: str | None, allowance: Allowance | None, headers=None) -> Call:
         """The call, its allowance carried for ``endpoint``'s script, else
-        spent now (``429 rate_limited`` once a window is spent)."""
-        if endpoint in CARRIED_ENDPOINTS:
+        spent now (``429 rate_limited`` once a window is spent). ``headers``:
+        the call's, which say whether it names a webhook (:data:`LOOKUP_ENDPOINTS`)."""
+        if endpoint in CARRIED_ENDPOINTS and not (
+                endpoint in LOOKUP_ENDPOINTS and headers is not None and URL_HEADER in headers):
             return Call(allowance)
         if allowance is not None:
             self.rate_limits.spend(allowance)

@@ -80,7 +80,7 @@ class Lane:
         envelope = self.envelope
         call = None
         try:
-            call = envelope.open(route.endpoint, envelope.rate_limits.for_workspace(caller))
+            call = envelope.open(route.endpoint, envelope.rate_limits.for_workspace(caller), request.headers)
             answer = serve(request, caller, entry, values, call)
         except Exception as exc:  # noqa: BLE001 - every fault has its answer
             answer = self._refusal(exc, request)

@@ -246,8 +246,9 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                 "schema": {"type": "string", "enum": list(PRIORITIES), "default": "normal"}}
     webhook = {"name": "X-Comfy-Webhook-Url", "in": "header", "required": False,
                "description": "Where the request's signed events are POSTed (Standard Webhooks); https, public "
-                              "addresses only. Without it, the workspace's default, if any. Either is refused "
-                              "(400) while the workspace has no signing secret.",
+                              "addresses only (IPv4 inside IPv6 included), sendable as written (percent-encode "
+                              "spaces), its host resolving within 2 s. Without it, the workspace's default, if "
+                              "any. Either is refused (400) while the workspace has no signing secret.",
                "schema": {"type": "string", "format": "uri", "maxLength": 2048}}
     events = {"name": "X-Comfy-Webhook-Events", "in": "header", "required": False,
               "description": "Which events the webhook gets, comma-separated: started, progress (at most one per "

@@ -106,8 +106,15 @@ def attempt(services: Services, event: WebhookEvent) -> tuple[str, int | None, s
     """POST the event once: (outcome, HTTP status or None, error or "",
     whether the endpoint failed: not when the attempt never reached it)."""
     settings = services.settings
+    timeout = settings.webhook_timeout_s
+    started = time.monotonic()  # the lookup is inside the attempt's whole time
     try:
-        addresses = safety.check(event.url, allow_loopback_http=settings.webhook_allow_loopback_http)
+        addresses = safety.check(event.url, allow_loopback_http=settings.webhook_allow_loopback_http,
+                                 resolve_timeout_s=min(settings.webhook_resolve_timeout_s, timeout))
+    except safety.UnresolvedInTime as exc:
+        return "failed", None, f"the URL {exc}", True
+    except safety.LookupsBusy:
+        return "failed", None, "too many webhook host lookups under way in this worker; not attempted", False
     except safety.UnsafeWebhookUrl as exc:
         return "refused", None, f"the URL {exc}", False
     try:
@@ -122,9 +129,9 @@ def attempt(services: Services, event: WebhookEvent) -> tuple[str, int | None, s
                                     completed_at=event.completed_at, event=event.event, progress=event.progress,
                                     cost=event.cost)
     headers = webhook_event.signed_headers(event.msg_id, body, signing, int(time.time()))
-    timeout = settings.webhook_timeout_s
+    left_s = max(0.001, timeout - (time.monotonic() - started))
     try:
-        status = post(event.url, str(addresses[0]), body, headers, timeout)
+        status = post(event.url, str(addresses[0]), body, headers, left_s)
     except ConnectTimedOut:
         return "failed", None, f"no connection within {timeout:g} s", True
     except AttemptTimedOut:
@@ -165,7 +172,7 @@ def post(url: str, address: str, body: bytes, headers: dict[str, str], timeout_s
     parts = urlsplit(url)
     https = parts.scheme == "https"
     port = parts.port or (443 if https else 80)
-    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    path = safety.request_target(parts)  # as safety.check had http.client check it
     expired = threading.Event()
     sock = socket.socket(socket.AF_INET6 if ":" in address else socket.AF_INET, socket.SOCK_STREAM)
     # Every blocking step (the connect first: an address that drops our SYN

@@ -28,6 +28,8 @@ EVENTS = ("started", "progress", "completed")
 DEFAULT_EVENTS = "completed"
 #: The header that chooses them, on either submit route.
 EVENTS_HEADER = "X-Comfy-Webhook-Events"
+#: The header that names where they go, on either submit route.
+URL_HEADER = "X-Comfy-Webhook-Url"
 #: Seconds between a request's progress events at least (a newer value
 #: replaces one not yet sent instead).
 PROGRESS_EVENT_EVERY_S = 2.0

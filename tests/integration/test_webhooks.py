@@ -479,12 +479,29 @@ def test_the_workspace_default_url_applies_unless_the_request_names_its_own(
         assert len(receiver.attempts(hook_name("default", caller))) == 1
 
 
+def test_a_host_name_is_looked_up_within_its_budget_at_submit_and_at_delivery(
+        hook_stack: RunningStack, receiver: Receiver) -> None:
+    """``localhost``, not an address: the front door's gevent worker and the
+    webhooks worker's threads each look it up through ``webhooks/lookup.py``."""
+    caller, secret = workspace_with_secret(hook_stack, "hooks-by-name")
+    with caller:
+        url = receiver.configure(hook_name("by-name", caller), secrets={"current": secret})
+        by_name = url.replace("127.0.0.1", "localhost")
+        request_id, _ = submit(caller, "webhook by name", url=by_name)
+        got = receiver.wait_attempts(hook_name("by-name", caller), 1, answered=True)
+        assert got[0]["verified"] and got[0]["webhook_id"] == f"msg_{request_id}"
+
+
 @pytest.mark.parametrize("url, reason", [
     ("https://169.254.169.254/latest/meta-data/", "a cloud metadata address"),
     ("http://[fd00:ec2::254]/latest/meta-data/", "a cloud metadata address"),
     ("http://8.8.8.8/hook", "must use https"),
     ("https://10.0.0.1/hook", "a private address"),
     ("ftp://127.0.0.1/hook", "must be an absolute https URL"),
+    ("http://127.0.0.1:9/a b", "contains a space"),
+    ("https://[2002:a9fe:a9fe::]/", "carries 169.254.169.254 (6to4), a cloud metadata address"),
+    ("https://[fec0::1]/", "a site-local address"),
+    ("https://127.0.0.1:0/hook", "has port 0"),
 ])
 def test_an_unsafe_url_is_refused_at_submit_naming_the_header(
         hook_stack: RunningStack, url: str, reason: str) -> None:
