@@ -205,12 +205,17 @@ def events(provider: str, model: str, request_id: str) -> Response:
     front = front_door()
     view = _caller_request(front, provider, model, request_id)
     assert view.record is not None  # visible_view raised on a missing one
+    base = _base_url(front)  # a refused Host is refused before a slot is taken
     slot = take_slot(front.held, view.record.workspace)
-    frames = stream(front.services.store, front.events, view, base=_base_url(front),  # a generator: runs nothing yet
-                    retention_s=front.services.settings.result_retention_s,
-                    last_event_id=request.headers.get("Last-Event-ID"))
-    return Response(HeldFrames(frames, lambda: front.held.release(slot)), 200, mimetype="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:  # from here the response's close() gives the slot back; until then, this
+        frames = stream(front.services.store, front.events, view, base=base,  # a generator: runs nothing yet
+                        retention_s=front.services.settings.result_retention_s,
+                        last_event_id=request.headers.get("Last-Event-ID"))
+        return Response(HeldFrames(frames, lambda: front.held.release(slot)), 200, mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    except BaseException:
+        front.held.release(slot)
+        raise
 
 
 @paths.RESULT.view(queue)
