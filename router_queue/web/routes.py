@@ -202,7 +202,8 @@ def status(provider: str, model: str, request_id: str) -> Response:
 def events(provider: str, model: str, request_id: str) -> Response:
     """Server-sent events, one per change, until COMPLETED (``stream.py``).
     Found, authorized and counted like a status read: one stream is one call.
-    It holds one of the workspace's held-connection slots until it is closed."""
+    It holds one of the workspace's held-connection slots until it is closed,
+    and ends once its key stops working (revoked, or past its overlap)."""
     front = front_door()
     view = _caller_request(front, provider, model, request_id)
     assert view.record is not None  # visible_view raised on a missing one
