@@ -269,6 +269,16 @@ EVENTS_PATTERN = f"{PREFIX}:events:*"
 PROVIDER_EVENTS = f"{PREFIX}:events:provider:"
 
 
+#: What follows the prefix on an API key's channel: its key id (``key_…``).
+KEY_EVENTS = f"{PREFIX}:events:key:"
+
+
+def key_events_channel(key_id: str) -> str:
+    """Pub/sub channel announcing an API key was revoked or rotated, so held
+    connections opened with it check it again (``web/stream.py``)."""
+    return KEY_EVENTS + key_id
+
+
 def events_channel(request_id: str) -> str:
     """Pub/sub channel announcing a request changed: started, progressed,
     COMPLETED."""
@@ -348,5 +358,6 @@ local function key_stored(ws)
 end
 local KEY_EVENTS = "{PREFIX}:events:"
 local KEY_PROVIDER_EVENTS = "{PROVIDER_EVENTS}"
+local KEY_APIKEY_EVENTS = "{KEY_EVENTS}"
 local KEY_WEBHOOK_NEXT = ":next"
 """

@@ -95,6 +95,13 @@ def event_source(channel: bytes | str) -> tuple[str | None, str | None]:
     return None, name.rsplit(":", 1)[-1]
 
 
+def key_event_source(channel: bytes | str) -> str | None:
+    """The key id an ``event_feed`` message's channel names when it is an API
+    key's (revoked or rotated: ``keys.key_events_channel``), else None."""
+    name = channel.decode() if isinstance(channel, bytes) else channel
+    return name[len(keys.KEY_EVENTS):] if name.startswith(keys.KEY_EVENTS) else None
+
+
 def _text(value: bytes | str | int) -> str:
     """A reply element the script or command always gives, as text."""
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -772,8 +779,9 @@ class RequestStore:
     def event_feed(self) -> Any:
         """A subscription to every request's and provider's change notices (one
         per front-door process: the event streams and held synchronous calls
-        share it, ``web/stream.py``). Each message's
-        channel is ``events_channel(id)`` or ``PROVIDER_EVENTS + provider``."""
+        share it, ``web/stream.py``). Each message's channel is
+        ``events_channel(id)``, ``PROVIDER_EVENTS + provider`` or an API key's
+        ``key_events_channel(key id)``."""
         pubsub = self.client.pubsub(ignore_subscribe_messages=True)
         pubsub.psubscribe(keys.EVENTS_PATTERN)
         return pubsub

@@ -4,11 +4,11 @@ Key -> caller lookups are cached in-process for ``CACHE_TTL_S`` seconds,
 because every status poll authenticates and the mapping almost never changes:
 a revoked key, a rotated-out key past its overlap or a changed rate limit
 takes effect within that on every process (a rotated-out key's entry never
-outlives the key itself). A lookup is one script (``key_resolve.lua``) that
-also notes, at most once a minute, that the key was used; a workspace key's
-rate limit is read with it, in the same round trip, from the workspace the
-key resolved to last (the first lookup in a process, or a key whose workspace
-is not the one it had, takes a second read).
+outlives the key itself), and on connections held open too (:class:`HeldKey`).
+A lookup is one script (``key_resolve.lua``) that also notes, at most once a
+minute, that the key was used; a workspace key's rate limit is read with it,
+in the same round trip, from the workspace the key resolved to last (the
+first lookup in a process, or a key whose workspace changed, reads it apart).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from flask import Request
 
 from ..errors import NotEnabled, Unauthorized
 from ..store.accounts import Accounts
-from ..store.apikeys import hash_key
+from ..store.apikeys import hash_key, key_id
 
 #: Seconds a key -> caller lookup is reused: a revoked key is refused by
 #: every front door within this (the contract promises 5 s).
@@ -32,6 +32,9 @@ MAX_KEY_LENGTH = 256
 CACHE_MAX_ENTRIES = 10_000
 #: Where a request's resolved caller (or its refusal) is kept for the rest of it.
 _ENVIRON_KEY = "router_queue.caller"
+#: Least seconds between two scheduled checks of a held key (a key whose
+#: overlap ends as Redis and this process disagree by a hair is not polled hot).
+HELD_RECHECK_MIN_S = 0.1
 
 
 def presented_key(request: Request) -> str | None:
@@ -59,7 +62,8 @@ class KeyResolver:
     def __init__(self, accounts: Accounts, clock: Callable[[], float] = time.monotonic):
         self.accounts = accounts
         self.clock = clock
-        self._cache: dict[str, tuple[float, Caller | None]] = {}
+        #: key digest -> (reused until, caller or None, when the key stops or None); ``self.clock``'s times
+        self._cache: dict[str, tuple[float, Caller | None, float | None]] = {}
 
     def caller(self, request: Request) -> Caller:
         """Who is calling; ``401 unauthorized`` for no key or an unknown one.
@@ -81,34 +85,46 @@ class KeyResolver:
             raise Unauthorized("send your API key as X-API-Key or Authorization: Bearer")
         if len(key) > MAX_KEY_LENGTH or not key.isascii():
             raise Unauthorized("the API key is not valid")
-        digest = hash_key(key)
-        now = self.clock()
-        cached = self._cache.get(digest)
-        if cached is not None and cached[0] > now:
-            caller = cached[1]
-        else:
-            if len(self._cache) >= CACHE_MAX_ENTRIES:
-                self._cache.clear()
-            caller, valid_s = self._lookup(key, cached[1] if cached is not None else None)
-            self._cache[digest] = (now + valid_s, caller)
+        caller, _ = self.lookup(key)
         if caller is None:
             raise Unauthorized("the API key is not valid")
         return caller
 
-    def _lookup(self, key: str, previous: Caller | None) -> tuple[Caller | None, float]:
-        """The caller, and for how long the answer may be reused. ``previous``:
-        the key's last answer, whose workspace's rate limit is read with it."""
+    def lookup(self, key: str, *, fresh: bool = False) -> tuple[Caller | None, float | None]:
+        """The key's caller (None: refused) and when it stops (``self.clock``'s
+        time; None: no end), from the cache unless ``fresh`` or stale."""
+        digest = hash_key(key)
+        now = self.clock()
+        cached = self._cache.get(digest)
+        if cached is not None and cached[0] > now and not fresh:
+            return cached[1], cached[2]
+        if len(self._cache) >= CACHE_MAX_ENTRIES:
+            self._cache.clear()
+        caller, left_s = self._lookup(key, cached[1] if cached is not None else None)
+        valid_s = CACHE_TTL_S if left_s is None else min(CACHE_TTL_S, left_s)
+        stops_at = None if left_s is None else now + left_s
+        self._cache[digest] = (now + valid_s, caller, stops_at)
+        return caller, stops_at
+
+    def _lookup(self, key: str, previous: Caller | None) -> tuple[Caller | None, float | None]:
+        """The caller, and seconds until the key stops (None: no end).
+        ``previous``: the key's last answer, whose workspace's rate limit is read with it."""
         guess = previous.workspace if previous is not None and not previous.legacy else None
         found = self.accounts.keys.resolve(key, rate_limit_of=guess)
         if found is None:
             self.accounts.epoch.check()  # an emptied store answers 503, not 401 for every key
-            return None, CACHE_TTL_S
+            return None, None
         self.accounts.epoch.adopt()
-        valid_s = CACHE_TTL_S if found.left_s is None else min(CACHE_TTL_S, found.left_s)
         if found.legacy:
-            return Caller(found.workspace, legacy=True), valid_s
+            return Caller(found.workspace, legacy=True), found.left_s
         limit = found.rate_limit if found.rate_limit_read else self.accounts.rate_limit(found.workspace)
-        return Caller(found.workspace, limit), valid_s
+        return Caller(found.workspace, limit), found.left_s
+
+    def held_key(self, request: Request) -> HeldKey:
+        """The key of a call to be held open, which :meth:`caller` accepted."""
+        key = presented_key(request)
+        assert key is not None  # caller() refused a call without one
+        return HeldKey(self, key)
 
     def workspace(self, request: Request) -> str:
         """The caller's workspace, for the queue routes: a legacy key belongs to
@@ -117,3 +133,40 @@ class KeyResolver:
         if caller.legacy:
             raise NotEnabled("this API key belongs to no workspace; queued delivery needs a workspace key")
         return caller.workspace
+
+
+class HeldKey:
+    """The key a held connection (an event stream, a synchronous call) was
+    opened with, checked again while held, so that a revoked key loses those
+    within the contract's 5 s too. Idle, it costs nothing: it is checked on
+    its channel's notice (revoked, rotated; ``EventHub``, fresh from Redis),
+    when its rotation's overlap ends, and once, through the cache, a cache
+    lifetime after it was followed: that answer was read after the follow
+    began, so a revocation whose notice came before it is seen."""
+
+    def __init__(self, resolver: KeyResolver, key: str):
+        self.resolver = resolver
+        self.id = key_id(hash_key(key))
+        self._key = key
+        #: Set by the hub: a notice on the key's channel, or a gap in its subscription.
+        self.noticed = False
+        self._check_at: float | None = resolver.clock() + CACHE_TTL_S
+
+    def followed(self) -> None:
+        """The hub hears its notices from now on (or marks it ``noticed``)."""
+        self._check_at = self.resolver.clock() + CACHE_TTL_S
+
+    def due_in(self) -> float | None:
+        """Seconds until it is to be checked (0: now); None: only on a notice."""
+        if self.noticed:
+            return 0.0
+        return None if self._check_at is None else max(0.0, self._check_at - self.resolver.clock())
+
+    def check(self) -> None:
+        """``401 unauthorized`` once the key stopped working."""
+        fresh, self.noticed = self.noticed, False
+        caller, stops_at = self.resolver.lookup(self._key, fresh=fresh)
+        if caller is None:
+            raise Unauthorized("the API key was revoked (or its rotation's overlap ended) while this "
+                               "connection was held open")
+        self._check_at = None if stops_at is None else max(stops_at, self.resolver.clock() + HELD_RECHECK_MIN_S)

@@ -22,6 +22,7 @@ from ..errors import (
     PayloadTooLarge,
     RequestNotFound,
     ServiceUnavailable,
+    Unauthorized,
 )
 from ..states import COMPLETED, RESULT_STATUS
 from ..store.outcomes import Cancel
@@ -200,16 +201,22 @@ def status(provider: str, model: str, request_id: str) -> Response:
 def events(provider: str, model: str, request_id: str) -> Response:
     """Server-sent events, one per change, until COMPLETED (``stream.py``).
     Found, authorized and counted like a status read: one stream is one call.
-    It holds one of the workspace's held-connection slots until it is closed."""
+    It holds one of the workspace's held-connection slots until it is closed,
+    and ends once its key stops working (revoked, or past its overlap)."""
     front = front_door()
     view = _caller_request(front, provider, model, request_id)
     assert view.record is not None  # visible_view raised on a missing one
+    base = _base_url(front)  # a refused Host is refused before a slot is taken
     slot = take_slot(front.held, view.record.workspace)
-    frames = stream(front.services.store, front.events, view, base=_base_url(front),  # a generator: runs nothing yet
-                    retention_s=front.services.settings.result_retention_s,
-                    last_event_id=request.headers.get("Last-Event-ID"))
-    return Response(HeldFrames(frames, lambda: front.held.release(slot)), 200, mimetype="text/event-stream",
-                    headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    try:  # from here the response's close() gives the slot back; until then, this
+        frames = stream(front.services.store, front.events, view, base=base,  # a generator: runs nothing yet
+                        retention_s=front.services.settings.result_retention_s,
+                        last_event_id=request.headers.get("Last-Event-ID"), key=front.keys.held_key(request))
+        return Response(HeldFrames(frames, lambda: front.held.release(slot)), 200, mimetype="text/event-stream",
+                        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+    except BaseException:
+        front.held.release(slot)
+        raise
 
 
 @paths.RESULT.view(queue)
@@ -252,7 +259,8 @@ def run(provider: str, model: str) -> Response:
     """The synchronous route: the same admission and workers as the queue,
     holding the connection until the request completes or the deadline. It
     holds one of the workspace's held-connection slots from before its
-    admission (refused: nothing admitted) to its answer."""
+    admission (refused: nothing admitted) to its answer. Its key revoked
+    while held: 401, and the generation runs on."""
     front = front_door()
     caller = front.keys.caller(request)
     entry = model_entry(provider, model, front.services.catalog)
@@ -267,8 +275,12 @@ def run(provider: str, model: str) -> Response:
             traceparent=tracing.traceparent(),
         )
         current_call().id = admitted.request_id
-        view = wait_until_completed(front.services.store, front.events, admitted.request_id, entry.provider,
-                                    settings.sync_hold_s)
+        try:
+            view = wait_until_completed(front.services.store, front.events, admitted.request_id, entry.provider,
+                                        settings.sync_hold_s, front.keys.held_key(request))
+        except Unauthorized as stopped:
+            raise Unauthorized(f"{stopped.detail}; request {admitted.request_id} runs on, charged as admitted: "
+                               f"collect it with another key of the workspace") from None
     if view.record is None:
         raise Gone(f"request {admitted.request_id} finished more than its retention window ago")
     if view.record.status != COMPLETED:

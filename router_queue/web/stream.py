@@ -3,11 +3,12 @@
 One event per change, each carrying a status read's body and an ``id`` that
 names the state shown, so a client reconnecting with ``Last-Event-ID`` is
 sent only what it has not seen; a comment every ``HEARTBEAT_S``; the stream
-ends after ``COMPLETED`` (or after ``MAX_STREAM_S``). Waiting costs nothing:
-one :class:`EventHub` per process holds the only pub/sub subscription, and a
-stream sleeps on a local event until its request or its provider's queue
-moved (a waiting position read at most once per ``POSITION_REFRESH_S``).
-``docs/ARCHITECTURE.md``, "Following it: the event stream".
+ends after ``COMPLETED``, after ``MAX_STREAM_S`` or once its key stopped
+working (``auth.HeldKey``). Waiting costs nothing: one :class:`EventHub` per
+process holds the only pub/sub subscription (requests, queues, API keys),
+and a stream sleeps on a local event until its request or its provider's
+queue moved (a waiting position read at most once per ``POSITION_REFRESH_S``)
+or its key's channel spoke. ``docs/ARCHITECTURE.md``, "Following it".
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from typing import Callable, Iterator
 
 import redis
 
+from ..errors import Unauthorized
 from ..states import COMPLETED, IN_QUEUE
-from ..store.requests import RequestStore, StatusView, event_source
+from ..store.requests import RequestStore, StatusView, event_source, key_event_source
+from .auth import HeldKey
 from .bodies import status_body
 
 log = logging.getLogger(__name__)
@@ -43,23 +46,42 @@ LISTEN_S = 1.0
 class Follower:
     """One stream's (or held synchronous call's) wake-up call: its request
     changed, or its provider's queue moved (only a waiting request's position
-    can have; ``provider`` None: not woken for that)."""
+    can have; ``provider`` None: not woken for that); and the key it was
+    opened with, checked while it waits (``key`` None: never)."""
 
-    def __init__(self, request_id: str, provider: str | None):
+    def __init__(self, request_id: str, provider: str | None, key: HeldKey | None = None):
         self.request_id = request_id
         self.provider = provider
+        self.key = key
         self.event = threading.Event()
         self.changed = False
+        self.woken = False
 
     def wake(self, changed: bool) -> None:
         self.changed = self.changed or changed
+        self.woken = True
         self.event.set()
 
+    def notice_key(self) -> None:
+        """Its key's channel spoke, or the hub may have missed that: check it now."""
+        if self.key is not None:
+            self.key.noticed = True
+            self.event.set()
+
     def wait(self, timeout: float) -> bool:
-        """True when woken within ``timeout``; clears the call for the next wait."""
-        woken = self.event.wait(timeout)
-        self.event.clear()
-        return woken
+        """True when woken within ``timeout``; clears the call for the next wait.
+        Its key is checked when due meanwhile: ``Unauthorized`` once it stopped."""
+        ends = time.monotonic() + timeout
+        while True:
+            due = self.key.due_in() if self.key is not None else None
+            left = ends - time.monotonic()
+            self.event.wait(max(0.0, left if due is None else min(left, due)))
+            self.event.clear()
+            if self.key is not None and self.key.due_in() == 0.0:
+                self.key.check()
+            woken, self.woken = self.woken, False
+            if woken or time.monotonic() >= ends:
+                return woken
 
 
 class EventHub:
@@ -72,15 +94,20 @@ class EventHub:
         self._lock = threading.Lock()
         self._by_request: dict[str, set[Follower]] = defaultdict(set)
         self._by_provider: dict[str, set[Follower]] = defaultdict(set)
+        self._by_key: dict[str, set[Follower]] = defaultdict(set)
         self._thread: threading.Thread | None = None
 
-    def follow(self, request_id: str, provider: str | None = None) -> Follower:
-        """Wake on the request's changes, and with ``provider`` on its queue's moves too."""
-        follower = Follower(request_id, provider)
+    def follow(self, request_id: str, provider: str | None = None, key: HeldKey | None = None) -> Follower:
+        """Wake on the request's changes, with ``provider`` on its queue's moves
+        too, and with ``key`` on that key's revocation or rotation."""
+        follower = Follower(request_id, provider, key)
         with self._lock:
             self._by_request[request_id].add(follower)
             if provider is not None:
                 self._by_provider[provider].add(follower)
+            if key is not None:
+                self._by_key[key.id].add(follower)
+                key.followed()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._listen, name="event-hub", daemon=True)
                 self._thread.start()
@@ -88,7 +115,9 @@ class EventHub:
 
     def unfollow(self, follower: Follower) -> None:
         with self._lock:
-            for index, key in ((self._by_request, follower.request_id), (self._by_provider, follower.provider)):
+            key_id = follower.key.id if follower.key is not None else None
+            for index, key in ((self._by_request, follower.request_id), (self._by_provider, follower.provider),
+                               (self._by_key, key_id)):
                 if key is None:  # followed without a provider: in no provider's set
                     continue
                 followers = index.get(key)
@@ -102,6 +131,13 @@ class EventHub:
             return sum(len(f) for f in self._by_request.values())
 
     def _dispatch(self, channel: str) -> None:
+        key_id = key_event_source(channel)
+        if key_id is not None:
+            with self._lock:
+                noticed = list(self._by_key.get(key_id, ()))
+            for follower in noticed:
+                follower.notice_key()
+            return
         provider, request_id = event_source(channel)
         with self._lock:
             if provider:
@@ -112,10 +148,12 @@ class EventHub:
             follower.wake(changed=provider is None)
 
     def _wake_everyone(self) -> None:
-        """After a gap in the subscription: every stream reads its status again."""
+        """After a gap in the subscription: every stream reads its status and
+        checks its key again (either may have changed unannounced)."""
         with self._lock:
             woken = [f for followers in self._by_request.values() for f in followers]
         for follower in woken:
+            follower.notice_key()
             follower.wake(changed=True)
 
     def _idle(self) -> bool:
@@ -177,13 +215,15 @@ def _frame(name: str, ident: str, body: dict) -> str:
 
 
 def stream(store: RequestStore, hub: EventHub, view: StatusView, *, base: str, retention_s: int,
-           last_event_id: str | None, clock: Callable[[], float] = time.monotonic) -> Iterator[str]:
+           last_event_id: str | None, key: HeldKey | None = None,
+           clock: Callable[[], float] = time.monotonic) -> Iterator[str]:
     """The frames of one stream, from ``view`` (the request as this caller may
-    see it, read by the route) until COMPLETED."""
+    see it, read by the route) until COMPLETED, or until ``key`` (the one it
+    was opened with) stops working."""
     record = view.record
     assert record is not None  # the route's view is one visible_view found
     request_id, provider = record.id, record.provider
-    follower = hub.follow(request_id, provider)
+    follower = hub.follow(request_id, provider, key)
     seen = last_event_id or None
     ends = clock() + MAX_STREAM_S
     read_at = clock()
@@ -220,5 +260,8 @@ def stream(store: RequestStore, hub: EventHub, view: StatusView, *, base: str, r
             own_change, follower.changed = follower.changed, False
             read_at = clock()
             view = store.status_view(request_id, provider, replica=not own_change)
+    except Unauthorized:  # its key was revoked, or its overlap ended: reconnecting is refused
+        log.info("event stream ended: its key stopped working", extra={"request_id": request_id})
+        return
     finally:
         hub.unfollow(follower)

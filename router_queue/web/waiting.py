@@ -6,7 +6,9 @@ The waiter follows its request on the process's one subscription (``stream.py``,
 admit and the follow is not missed (the hub also wakes every follower once it
 has subscribed, and after a gap in its subscription); after that it sleeps
 until woken, with a slow safety re-read in case a notice is lost (pub/sub
-does not queue for absent listeners).
+does not queue for absent listeners). The key the call was made with is
+checked while it waits (``auth.HeldKey``): once revoked, the call answers 401
+and its generation runs on.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from ..errors import HeldCallsFull
 from ..states import COMPLETED
 from ..store.held import HELD_RETRY_AFTER_S, HeldSlots
 from ..store.requests import RequestStore, StatusView
+from .auth import HeldKey
 from .stream import EventHub
 
 #: Seconds between two safety re-reads of the status while waiting.
@@ -26,9 +29,10 @@ RECHECK_S = 5.0
 
 
 def wait_until_completed(store: RequestStore, hub: EventHub, request_id: str, provider: str,
-                         hold_s: float) -> StatusView:
-    """The request's view once COMPLETED, or as it stands when ``hold_s`` runs out."""
-    follower = hub.follow(request_id)
+                         hold_s: float, key: HeldKey | None = None) -> StatusView:
+    """The request's view once COMPLETED, or as it stands when ``hold_s`` runs
+    out; ``Unauthorized`` once ``key`` (the call's) stopped working."""
+    follower = hub.follow(request_id, key=key)
     try:
         end = time.monotonic() + hold_s
         while True:

@@ -96,3 +96,17 @@ def test_comfy_sdk_ignores_the_progress_field(comfy_env: ApiClient) -> None:
         result = handle.get()
     assert statuses[-1] == "COMPLETED"
     assert result["status"] == "Ready"
+
+
+def test_streams_refused_for_their_host_leave_the_workspaces_held_slots_free(caller: ApiClient) -> None:
+    """More refused streams than the workspace's cap on held connections (100):
+    each is 400 and gives its slot back, so a good stream still opens."""
+    request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("refused hosts")})
+    url = caller.url(FLUX, request_id, "/events")
+    with requests.Session() as session:
+        for _ in range(120):
+            refused = session.get(url, headers=caller.headers({"Host": "evil.example"}), timeout=10)
+            assert refused.status_code == 400, (refused.status_code, refused.text)
+            assert refused.headers["X-Comfy-Error-Type"] == "invalid_input"
+    with _stream(caller, request_id) as response:  # 200, not 429 held_calls_full
+        assert next(_events(response))["event"] in ("in_queue", "in_progress", "completed")

@@ -6,6 +6,9 @@ workers, the Celery worker, beat, the stub, a private redis-server.
   lasts 2 s).
 * A key rotated with ``router-queue key rotate --overlap`` works beside its
   successor for the overlap, and stops when it ends.
+* A key revoked loses its held connections within the same 5 s: an event
+  stream ends and its reconnect is 401; a held synchronous call answers 401
+  while its generation runs on, charged, collectable with another key.
 * A submit naming a webhook for a workspace with no signing secret is refused
   at once (never 201), on both routes, and nothing is admitted or charged.
 
@@ -18,6 +21,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -25,7 +29,7 @@ import requests
 
 from router_queue.dev.stack import ROOT
 
-from .harness import FLUX, RunningStack, make_caller, unique_prompt
+from .harness import FLUX, ApiClient, RunningStack, ledger_by_request, make_caller, unique_prompt, wait_for
 
 #: A well-formed request id nobody minted: a valid key reads 404 for it, a refused key 401.
 NOBODYS = "00000000-0000-8000-8000-000000000000"
@@ -114,6 +118,87 @@ def test_a_rotated_pair_both_work_during_the_overlap_then_the_old_one_stops(stac
         assert set(_reads(stack, new, AGREEING)) == {404}
         assert caller.submit(FLUX, {"prompt": unique_prompt("rotated key")},
                              headers={"X-API-Key": new}).status_code == 201
+
+
+# -- connections held open with a key that is revoked -------------------------------------------
+
+
+def _open_stream(caller: ApiClient, request_id: str) -> requests.Response:
+    return requests.get(caller.url(FLUX, request_id, "/events"), headers=caller.headers(), stream=True,
+                        timeout=(5, 60))
+
+
+def test_a_revoked_keys_event_stream_ends_within_5_s_and_its_reconnect_is_401(stack: RunningStack) -> None:
+    with make_caller(stack, "key-revoke-stream") as caller:
+        request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("held stream", "[stub:latency=30]")})
+        with _open_stream(caller, request_id) as stream:
+            assert stream.status_code == 200, stream.text
+            lines = stream.iter_lines(decode_unicode=True)
+            assert next(line for line in lines if line.startswith("event: "))  # open and sending
+            assert cli(stack.env, "key", "revoke", caller.api_key).returncode == 0
+            revoked_at = time.monotonic()
+            for _ in lines:  # read until the server ends it (the generation runs 30 s more)
+                pass
+            ended_at = time.monotonic()
+        assert ended_at - revoked_at <= REVOKED_WITHIN_S, ended_at - revoked_at
+        while True:  # a front-door worker holding nothing with the key may have it cached 2 s more
+            with _open_stream(caller, request_id) as again:
+                if again.status_code == 401:
+                    break
+                assert again.status_code == 200 and time.monotonic() - revoked_at <= REVOKED_WITHIN_S
+        assert again.headers["X-Comfy-Error-Type"] == "unauthorized"
+
+
+def test_a_rotated_out_keys_event_stream_ends_with_its_overlap(stack: RunningStack) -> None:
+    overlap_s = 3
+    with make_caller(stack, "key-rotate-stream") as caller:
+        request_id = caller.submit_ok(FLUX, {"prompt": unique_prompt("rotated stream", "[stub:latency=30]")})
+        with _open_stream(caller, request_id) as stream:
+            assert stream.status_code == 200, stream.text
+            lines = stream.iter_lines(decode_unicode=True)
+            assert next(line for line in lines if line.startswith("event: "))
+            started = time.monotonic()
+            new = cli_ok(stack.env, "key", "rotate", caller.api_key, "--overlap", str(overlap_s)).strip()
+            for _ in lines:
+                pass
+            ended_at = time.monotonic()
+        assert overlap_s - 1.0 <= ended_at - started <= overlap_s + REVOKED_WITHIN_S, ended_at - started
+        caller.api_key = new  # its successor follows the same request
+        with _open_stream(caller, request_id) as again:
+            assert again.status_code == 200
+
+
+def test_a_revoked_keys_held_sync_call_answers_401_and_its_generation_runs_on(stack: RunningStack) -> None:
+    with make_caller(stack, "key-revoke-sync") as caller:
+        revoked = caller.api_key
+        kept = stack.services.accounts.mint_key(caller.workspace, "kept")
+        body = {"prompt": unique_prompt("held sync", "[stub:latency=6]")}
+        answer: dict[str, requests.Response] = {}
+
+        def call() -> None:
+            answer["sync"] = requests.post(f"{stack.base_url}/v2/models/{FLUX}", json=body,
+                                           headers={"X-API-Key": revoked}, timeout=(5, 60))
+
+        held = threading.Thread(target=call, daemon=True)
+        held.start()
+        caller.api_key = kept  # the workspace's other key reads and collects
+        listed = wait_for(lambda: caller.session.get(f"{stack.base_url}/v2/requests", headers=caller.headers(),
+                                                     timeout=10).json()["requests"], what="the held call admitted")
+        request_id = listed[0]["request_id"]
+        caller.wait_status(FLUX, request_id, "IN_PROGRESS")
+        assert cli(stack.env, "key", "revoke", revoked).returncode == 0
+        revoked_at = time.monotonic()
+        held.join(60)
+        refused = answer["sync"]
+        assert refused.status_code == 401, (refused.status_code, refused.text)
+        assert time.monotonic() - revoked_at <= REVOKED_WITHIN_S
+        assert refused.headers["X-Comfy-Error-Type"] == "unauthorized"
+        assert refused.headers["X-Comfy-Request-Id"] == request_id
+        assert caller.wait_status(FLUX, request_id)["status"] == "COMPLETED"  # it ran on
+        collected = caller.result(FLUX, request_id)
+        assert collected.status_code == 200 and collected.json()["result"]["prompt"] == body["prompt"]
+        assert collected.headers["X-Comfy-Cost-State"] == "charged"
+        assert ledger_by_request(stack.services, caller.workspace)[request_id] == ["hold", "charge"]
 
 
 # -- webhook secrets ---------------------------------------------------------------------------

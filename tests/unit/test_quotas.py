@@ -18,6 +18,7 @@ from router_queue.store import keys
 from router_queue.store.held import HeldSlots
 from router_queue.store.quotas import DEFAULT_MAX_HELD, DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES
 from router_queue.store.requests import Lease
+from router_queue.web import routes
 from router_queue.web.app import create_app
 from router_queue.web.front import EXTENSION
 from router_queue.webhooks import event as webhook_event
@@ -380,3 +381,32 @@ def test_held_sync_calls_share_the_process_subscription(held_app, services, work
         thread.join(10)
     assert [answers[n].status_code for n in range(4)] == [200] * 4
     assert front.events.following() == 0 and front.held.holding() == 0
+
+
+def test_refused_event_streams_give_their_slots_back(settings, services, workspace, auth, monkeypatch):
+    """A stream refused after it was found (a Host the front door does not
+    answer for, a fault before its response starts) holds no slot afterwards."""
+    services.settings = dataclasses.replace(settings, public_base_url="", trusted_hosts=("router.test",))
+    held_app = create_app(services.settings, services=services)
+    services.accounts.set_limits(workspace, max_held=2)
+    http = held_app.test_client()
+    request_id = http.post(f"{FLUX}/requests", json={"prompt": "x"}, headers=auth,
+                           base_url="http://router.test").json["request_id"]
+    events = f"{FLUX}/requests/{request_id}/events"
+    for _ in range(5):  # more than the cap
+        refused = http.get(events, headers=auth, base_url="http://evil.test", buffered=False)
+        assert refused.status_code == 400 and refused.json["error_type"] == "invalid_input"
+    assert services.redis.zcard(keys.held(workspace)) == 0
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a fault as the stream starts")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(routes, "stream", broken)
+        for _ in range(3):
+            assert http.get(events, headers=auth, base_url="http://router.test").status_code == 500
+    assert services.redis.zcard(keys.held(workspace)) == 0
+    stream = http.get(events, headers=auth, base_url="http://router.test", buffered=False)
+    assert stream.status_code == 200
+    stream.close()
+    assert services.redis.zcard(keys.held(workspace)) == 0 and held_app.extensions[EXTENSION].held.holding() == 0

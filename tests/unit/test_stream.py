@@ -133,7 +133,7 @@ class _Waking:
     def __init__(self, changes):
         self.changes = list(changes)
 
-    def follow(self, request_id, provider):
+    def follow(self, request_id, provider, key=None):
         hub = self
 
         class Follower:

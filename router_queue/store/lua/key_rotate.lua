@@ -1,6 +1,8 @@
 -- key_rotate.lua: a successor for an API key, in one step: the new key (same
 -- workspace, label and, for a legacy key, namespace), and the old one's end
--- at the close of the overlap (its rq:apikey and record expire then), or now.
+-- at the close of the overlap (its rq:apikey and record expire then), or now;
+-- the old key's channel (keys.key_events_channel) tells the connections held
+-- open with it to check it again (and so learn when it stops).
 --
 -- KEYS[1] the old rq:apikey  KEYS[2] the old rq:key record
 -- KEYS[3] the new rq:apikey  KEYS[4] the new rq:key record
@@ -45,4 +47,5 @@ else
 end
 redis.call("LPUSH", KEYS[6], ARGV[ARG_AUDIT_LINE])
 redis.call("LTRIM", KEYS[6], 0, tonumber(ARGV[ARG_AUDIT_KEPT]) - 1)
+redis.call("PUBLISH", KEY_APIKEY_EVENTS .. ARGV[ARG_OLD_ID], "ROTATED")
 return {"ROTATED"}
