@@ -8,10 +8,8 @@ workspace's part (``admit_ws.lua``), then the provider's (``admit_place.lua``),
 which runs only while the admission is still pending. A refusal there is
 undone at once (``admit_undo.lua``); one abandoned between the steps is undone
 by the sweeper :data:`ABANDON_AFTER_S` past its write deadline. Whichever
-takes the member out first decides. ``docs/ARCHITECTURE.md``, "Redis Cluster".
-
-Either way, an admission whose reply was lost is read back (:class:`LostReplies`).
-"""
+takes the member out first decides. A lost reply is read back (:class:`LostReplies`).
+``docs/ARCHITECTURE.md``, "Redis Cluster"."""
 
 from __future__ import annotations
 

@@ -461,8 +461,7 @@ class RequestStore:
         that failed request's kept body again (``body`` is ignored).
         ``start_deadline_at`` and ``deadline_at`` (Unix s) are the caller's.
         ``traceparent`` (tracing.py) is kept on the record for its deliveries
-        and webhook attempts. A reply lost after the script was sent is read
-        back (``admission.LostReplies``): ADMITTED, EXPIRED or IN_DOUBT."""
+        and webhook attempts. A lost reply is read back (``LostReplies``)."""
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         idem_key = keys.idempotency(workspace, idempotency_key_hash or "-")
         now = now or time.time()
