@@ -161,6 +161,23 @@ class DeadlineExceeded(RouterError):
     error_type = "deadline_exceeded"
 
 
+class OutcomeUnknown(RouterError):
+    """A submit without an ``Idempotency-Key`` whose admission's reply was lost
+    and whose outcome the store did not tell in time (504). It names the id
+    the request has if it was admitted, and where to read whether it was."""
+
+    status = 504
+    error_type = "outcome_unknown"
+
+    def __init__(self, detail: str, *, request_id: str, status_url: str):
+        super().__init__(detail, retry_after=1)
+        self.request_id = request_id
+        self.status_url = status_url
+
+    def body(self) -> dict[str, Any]:
+        return {**super().body(), "request_id": self.request_id, "status_url": self.status_url}
+
+
 class InternalError(RouterError):
     status = 500
     error_type = "internal_error"

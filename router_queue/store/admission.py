@@ -8,8 +8,8 @@ workspace's part (``admit_ws.lua``), then the provider's (``admit_place.lua``),
 which runs only while the admission is still pending. A refusal there is
 undone at once (``admit_undo.lua``); one abandoned between the steps is undone
 by the sweeper :data:`ABANDON_AFTER_S` past its write deadline. Whichever
-takes the member out first decides. ``docs/ARCHITECTURE.md``, "Redis Cluster".
-"""
+takes the member out first decides. A lost reply is read back (:class:`LostReplies`).
+``docs/ARCHITECTURE.md``, "Redis Cluster"."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ from typing import Any, Callable
 import redis
 
 from . import keys
+from .connect import UNREACHABLE, Unsent, bounded, never_sent
 from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
@@ -43,9 +44,65 @@ DEFAULT_DEADLINE_S = 10.0
 ABANDON_BATCH = 500
 
 
+#: admitted.lua's ARGV by name.
+ADMITTED_ARGS = ("id", "write_deadline")
+#: Reads of a lost admission's outcome at most, each waiting half the budget.
+LOST_REPLY_READS = 2
+#: Seconds between two of those reads after one failed at once (a refused connection).
+LOST_REPLY_PAUSE_S = 0.05
+
+
+class LostReplies:
+    """What an admission whose reply never came did: ``admitted.lua`` reads
+    whether its record exists, and, if not, whether Redis's clock is past
+    the write deadline (then no script still in flight can admit it). A
+    stalled Redis answers neither: the outcome is then in doubt."""
+
+    def __init__(self, client: redis.Redis, budget_s: float):
+        self.budget_s = budget_s
+        self._admitted = load_script(bounded(client, budget_s / LOST_REPLY_READS), "admitted", ADMITTED_ARGS)
+
+    def reply(self, lost: Exception, values: dict[str, Any]) -> list[Any]:
+        """In place of the reply ``lost`` (raised by the step that writes the
+        record, run with ``values``): admit.lua's ``ADMITTED`` (its granted
+        ids unknown: the reaper publishes them), ``EXPIRED`` (never admitted),
+        or ``IN_DOUBT`` when Redis did not tell within the budget. ``lost``
+        itself again when the step never left this process."""
+        if never_sent(lost):
+            raise lost
+        request_id = values["id"]
+        reply = self._read_back(request_id, values["provider"], str(values["write_deadline"]))
+        log.warning("an admission's reply was lost (%s); read back: %s", lost, reply[0].decode(),
+                    extra={"request_id": request_id})
+        return reply
+
+    def _read_back(self, request_id: str, provider: str, write_deadline: str) -> list[Any]:
+        give_up_at = time.monotonic() + self.budget_s
+        for _ in range(LOST_REPLY_READS):
+            pause = LOST_REPLY_PAUSE_S
+            try:
+                found = self._admitted(keys=[keys.request(request_id), keys.schedule(provider)],
+                                       args=argv(ADMITTED_ARGS, id=request_id, write_deadline=write_deadline))
+            except UNREACHABLE as exc:
+                log.warning("an admission's outcome could not be read (%s)", exc)
+            else:
+                if found[0] == b"ADMITTED":
+                    return [b"ADMITTED", request_id.encode(), found[1]]
+                if found[0] == b"NOT_ADMITTED":
+                    return [b"EXPIRED"]
+                if float(found[1]) < 0:  # no write deadline: a script in flight may still admit it
+                    break
+                pause += float(found[1])  # Redis's clock is behind ours: read again once it is past
+            if time.monotonic() + pause >= give_up_at:
+                break
+            time.sleep(pause)
+        return [b"IN_DOUBT"]
+
+
 class TwoStepAdmission:
-    def __init__(self, client: redis.Redis):
+    def __init__(self, client: redis.Redis, lost_replies: LostReplies):
         self.client = client
+        self.lost_replies = lost_replies
         #: Called between the workspace's step and the provider's (tests kill
         #: the process there); None in service.
         self.between_steps: Callable[[], None] | None = None
@@ -65,24 +122,34 @@ class TwoStepAdmission:
         pending = json.dumps({"id": request_id, "ws": workspace, "price": int(values["price"]), "bytes": body_bytes,
                               "idem": idem_key}, separators=(",", ":"))
         admitting = keys.admitting(provider)
-        self.client.zadd(admitting, {pending: float(values["write_deadline"])})
-        reserved = self._reserve(
-            keys=[keys.workspace(workspace), idem_key, keys.ledger(workspace), keys.history(workspace),
-                  keys.model_history(workspace, values["model"]), keys.open_requests(workspace),
-                  keys.stored(workspace), *rate_keys],
-            args=[*argv(SPLIT_ADMIT_ARGS, **{**values, "body": "", "body_bytes": body_bytes, "reserved": "",
-                                             "admitting": ""}), *rate_args])
-        if reserved[0] != b"RESERVED":
-            self.client.zrem(admitting, pending)
-            if reserved[0] == b"REPLAY" and self._between_steps(workspace, reserved[1].decode()):
-                return [b"ADMITTING"]  # the original may yet be refused: its id is not an answer yet
-            return reserved
+        try:
+            self.client.zadd(admitting, {pending: float(values["write_deadline"])})
+            reserved = self._reserve(
+                keys=[keys.workspace(workspace), idem_key, keys.ledger(workspace), keys.history(workspace),
+                      keys.model_history(workspace, values["model"]), keys.open_requests(workspace),
+                      keys.stored(workspace), *rate_keys],
+                args=[*argv(SPLIT_ADMIT_ARGS, **{**values, "body": "", "body_bytes": body_bytes, "reserved": "",
+                                                 "admitting": ""}), *rate_args])
+            if reserved[0] != b"RESERVED":
+                self.client.zrem(admitting, pending)
+                if reserved[0] == b"REPLAY" and self._between_steps(workspace, reserved[1].decode()):
+                    return [b"ADMITTING"]  # the original may yet be refused: its id is not an answer yet
+                return reserved
+        except UNREACHABLE as exc:
+            # The provider's step, the only one that writes the record, was not
+            # sent: not admitted (a workspace part left pending, the sweeper undoes).
+            raise Unsent(f"admission stopped before its provider's step: {exc}") from exc
         if self.between_steps is not None:
             self.between_steps()
-        placed = self._place(keys=[*provider_keys, admitting],
-                             args=argv(SPLIT_ADMIT_ARGS, **{**values, "body_bytes": body_bytes,
-                                                            "reserved": reserved[1], "admitting": pending}))
-        if placed[0] != b"ADMITTED":
+        try:
+            placed = self._place(keys=[*provider_keys, admitting],
+                                 args=argv(SPLIT_ADMIT_ARGS, **{**values, "body_bytes": body_bytes,
+                                                                "reserved": reserved[1], "admitting": pending}))
+        except UNREACHABLE as exc:
+            if never_sent(exc):
+                self._give_back(admitting, pending)
+            placed = self.lost_replies.reply(exc, values)
+        if placed[0] not in (b"ADMITTED", b"IN_DOUBT"):  # in doubt: the sweeper undoes it if it was not placed
             self._give_back(admitting, pending)
         return placed
 

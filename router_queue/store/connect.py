@@ -29,6 +29,22 @@ UNREACHABLE = (redis.ConnectionError, redis.TimeoutError, redis.exceptions.Clust
 #: front door answers it 503 like an outage; a worker rides it out likewise.
 FULL = (redis.exceptions.OutOfMemoryError,)
 
+
+class Unsent(redis.ConnectionError):
+    """A store fault known to have come before the write it stopped reached
+    Redis (admission's steps before the one that writes the record): the
+    write changed nothing. Answered 503 like any outage."""
+
+
+def never_sent(exc: BaseException) -> bool:
+    """Whether ``exc`` (one of :data:`UNREACHABLE`) came before its command
+    left this process: connecting failed (redis-py says "connecting" then,
+    and only then), or :class:`Unsent`. Any other fault may have come after
+    Redis ran the command, with its reply lost."""
+    return isinstance(exc, Unsent) or (isinstance(exc, (redis.ConnectionError, redis.TimeoutError))
+                                       and "connecting" in str(exc))
+
+
 #: Seconds a process waits on one sentinel when asking where the primary is.
 SENTINEL_WAIT_S = 0.5
 

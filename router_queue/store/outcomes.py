@@ -36,6 +36,9 @@ class Admit(StrEnum):
     #: the Idempotency-Key's first request is still being admitted (a split
     #: store's two steps: ``admission.py``); changed nothing
     ADMITTING = "ADMITTING"
+    #: its reply was lost and Redis did not say in time whether it ran
+    #: (``admission.LostReplies``): it may have been admitted, or not
+    IN_DOUBT = "IN_DOUBT"
     RETRY_MISSING = "RETRY_MISSING"  #: a retry of no request of this caller and model (or past retention)
     NOT_RETRYABLE = "NOT_RETRYABLE"  #: a retry of a request not COMPLETED with an error_type
     RETRY_BODY_GONE = "RETRY_BODY_GONE"  #: a retry of a failed request whose body is no longer kept

@@ -19,8 +19,8 @@ from .. import states
 from ..webhooks.event import PROGRESS_EVENT_EVERY_S
 from . import keys
 from .accounts import DEFAULT_LEDGER_RETENTION_S
-from .admission import ADMIT_ARGS, TwoStepAdmission
-from .connect import bounded, primaries_info, queue_script
+from .admission import ADMIT_ARGS, LostReplies, TwoStepAdmission
+from .connect import UNREACHABLE, bounded, primaries_info, queue_script
 from .ids import well_formed
 from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
 from .owed import OwedEffects
@@ -57,6 +57,9 @@ SPEND_RATE_TIMEOUT_S = 0.5
 #: Seconds by which Redis's clock may lag the front door's without a late
 #: write slipping past its deadline (see ``RequestStore._deadline``).
 CLOCK_ALLOWANCE_S = 0.2
+#: Seconds an admission whose reply was lost is read back for, when the
+#: caller set no write deadline (the front door's is its wait).
+LOST_REPLY_BUDGET_S = 1.0
 #: A request's priority within its workspace (``X-Comfy-Priority``).
 PRIORITIES = ("high", "normal", "low")
 #: status.lua's ARGV after the request id: where "workspace" and "status" are
@@ -384,8 +387,10 @@ class RequestStore:
         #: What starts and ends owe workspaces, applied in the step (one
         #: Redis) or by a step of their own (split: a cluster; ``owed.py``).
         self.effects = OwedEffects(client, split=split)
+        #: Reads back an admission whose reply was lost, within the front door's wait.
+        self.lost_replies = LostReplies(client, write_deadline_s or LOST_REPLY_BUDGET_S)
         #: Split, admission's steps (``admission.py``); None: one step.
-        self.two_step = TwoStepAdmission(client) if split else None
+        self.two_step = TwoStepAdmission(client, self.lost_replies) if split else None
         #: A replica that serves status polls and event streams' position
         #: reads (``REDIS_READ_URL``), or None: the primary serves them.
         self.reads = reads
@@ -474,7 +479,7 @@ class RequestStore:
         that failed request's kept body again (``body`` is ignored).
         ``start_deadline_at`` and ``deadline_at`` (Unix s) are the caller's.
         ``traceparent`` (tracing.py) is kept on the record for its deliveries
-        and webhook attempts."""
+        and webhook attempts. A lost reply is read back (``LostReplies``)."""
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         idem_key = keys.idempotency(workspace, idempotency_key_hash or "-")
         now = now or time.time()
@@ -500,17 +505,20 @@ class RequestStore:
         if self.two_step is not None:
             reply = self.two_step.admit(values, list(rate_keys), list(rate_args), idem_key, provider_keys)
         else:
-            reply = self._acknowledged(
-                self._admit,
-                keys=[
-                    keys.request(request_id), keys.queue(provider), keys.sequence(provider),
-                    keys.schedule(provider), keys.workspace(workspace), idem_key, keys.ledger(workspace),
-                    keys.running(provider), list_key, keys.request(original), keys.body(original),
-                    keys.deadlines(provider), keys.history(workspace), keys.model_history(workspace, model),
-                    keys.body(request_id), keys.stored(workspace), *rate_keys,
-                ],
-                args=[*argv(ADMIT_ARGS, **values), *rate_args],
-            )
+            try:
+                reply = self._acknowledged(
+                    self._admit,
+                    keys=[
+                        keys.request(request_id), keys.queue(provider), keys.sequence(provider),
+                        keys.schedule(provider), keys.workspace(workspace), idem_key, keys.ledger(workspace),
+                        keys.running(provider), list_key, keys.request(original), keys.body(original),
+                        keys.deadlines(provider), keys.history(workspace), keys.model_history(workspace, model),
+                        keys.body(request_id), keys.stored(workspace), *rate_keys,
+                    ],
+                    args=[*argv(ADMIT_ARGS, **values), *rate_args],
+                )
+            except UNREACHABLE as exc:  # sent, and no reply: Redis may have run it
+                reply = self.lost_replies.reply(exc, values)
         code = Admit(_text(reply[0]))
         if code is Admit.RATE_LIMITED:
             raise rate.refusal(reply[1:])

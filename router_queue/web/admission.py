@@ -24,6 +24,7 @@ from ..errors import (
     InvalidInput,
     NotEnabled,
     NotRetryable,
+    OutcomeUnknown,
     PendingWebhooksFull,
     QueueBacklogFull,
     QueuedBytesFull,
@@ -40,7 +41,7 @@ from ..store.requests import PRIORITIES
 from ..validation import too_many_items, validate
 from ..webhooks import event as webhook_event, safety
 from . import pacing
-from .bodies import response_url
+from .bodies import request_urls, response_url
 from .refusals import NOT_FOUND
 
 #: Longest Idempotency-Key accepted, in characters.
@@ -282,6 +283,8 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     if admission.outcome is Admit.EXPIRED:
         raise ServiceUnavailable("the request store answered too late; nothing was admitted or charged; "
                                  "retry shortly", retry_after=1)
+    if admission.outcome is Admit.IN_DOUBT:
+        raise _in_doubt(request_id, entry, key, base_url)
     if admission.outcome is Admit.ADMITTING:
         raise ConcurrencyLimitExceeded("a request with this Idempotency-Key is still being admitted; send it again "
                                        "shortly to get its handle", retry_after=1)
@@ -337,6 +340,29 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         assert admission.request_id is not None  # a replay names the request it replays
         return Admitted(admission.request_id, True, None)
     return Admitted(request_id, False, admission.position)
+
+
+#: Seconds a caller whose admission is in doubt is told to wait before asking
+#: again: by then Redis has answered, or the next ask is in doubt too.
+IN_DOUBT_RETRY_AFTER_S = 1
+
+
+def _in_doubt(request_id: str, entry: ModelEntry, key: str | None, base_url: str) -> Exception:
+    """The answer when the store ran out of time before telling whether the
+    admission took effect: never a 503 (it may have). With an
+    Idempotency-Key, the contract's own answer for a key in doubt, which a
+    resend settles; without one, the id it has if admitted, and where to look."""
+    if key:
+        return ConcurrencyLimitExceeded(
+            "the request store did not answer in time, so whether this request was admitted is not known yet; "
+            "send it again with the same Idempotency-Key: that returns its handle if it was admitted, and "
+            "admits it if it was not", retry_after=IN_DOUBT_RETRY_AFTER_S)
+    status_url = request_urls(base_url, entry.id, request_id)["status_url"]
+    return OutcomeUnknown(
+        f"the request store did not answer in time, so whether this request was admitted is not known; if it was, "
+        f"it is {request_id}. Read {status_url} once the store answers: a status means it was admitted; 404 or "
+        "410 means it was not (nothing was queued or charged) and it may be submitted again. Send an "
+        "Idempotency-Key to have a resend settle this for you", request_id=request_id, status_url=status_url)
 
 
 #: The refusals counted as ``router_queue_refusals{reason}``: what the

@@ -171,7 +171,8 @@ def _errors(*codes: int) -> dict[str, Any]:
         500: _error("internal_error"),
         502: _error("provider_error"),
         503: _error("service_unavailable: a dependency is briefly down", retry_after=True),
-        504: _error("provider_timeout, queue_timeout, or deadline_exceeded (sync route)"),
+        504: _error("provider_timeout, queue_timeout, deadline_exceeded (sync route), or outcome_unknown (a "
+                    "submit without an Idempotency-Key whose admission the store did not confirm in time)"),
     }
     return {str(code): known[code] for code in codes}
 
@@ -296,7 +297,7 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
     spec.path(path=paths.SUBMIT.openapi(entry.id), operations={"post": {
         "summary": f"Queue a {entry.id} request", "tags": [entry.id], "parameters": submit_headers,
         "requestBody": body,
-        "responses": {"201": handle, **_errors(400, 401, 402, 403, 404, 409, 413, 422, 429, 503)},
+        "responses": {"201": handle, **_errors(400, 401, 402, 403, 404, 409, 413, 422, 429, 503, 504)},
     }, "get": listing})
     rid = {"name": "request_id", "in": "path", "required": True, "schema": {"type": "string", "maxLength": 200}}
     status: dict[str, Any] = {"content": {"application/json": {"schema": StatusSchema}},
@@ -344,7 +345,7 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                        "to the request retried: sent again under it, the retry is 409 (already retried), naming the "
                        "new request. No body is read.",
         "parameters": [rid, *submit_headers],
-        "responses": {"201": handle, "410": gone, **_errors(400, 401, 402, 403, 404, 409, 429, 503)},
+        "responses": {"201": handle, "410": gone, **_errors(400, 401, 402, 403, 404, 409, 429, 503, 504)},
     }})
     cancel = {"content": {"application/json": {"schema": CancelSchema}}}
     spec.path(path=paths.CANCEL.openapi(entry.id), operations={"put": {

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
 from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
@@ -79,10 +80,15 @@ class Answer:
 class Load:
     """Threads that submit FLUX requests and poll the ones admitted, until stopped."""
 
-    def __init__(self, base_url: str, callers: list[ApiClient], pause_s: float = 0.1):
+    def __init__(self, base_url: str, callers: list[ApiClient], pause_s: float = 0.1, keyed: int = 0):
         self.base_url = base_url
         self.callers = callers
         self.pause_s = pause_s
+        #: The first ``keyed`` callers send an Idempotency-Key and, as comfy-sdk
+        #: does, send it again after a 409 concurrency_limit_exceeded's Retry-After.
+        self.keyed = callers[:keyed]
+        #: Submits whose outcome the front door did not know (504 outcome_unknown): the id it named.
+        self.in_doubt: list[tuple[ApiClient, str]] = []
         self.stop_event = threading.Event()
         self.lock = threading.Lock()
         self.answers: list[Answer] = []
@@ -130,7 +136,14 @@ class Load:
         while not self.stop_event.is_set():
             turn += 1
             body = {"prompt": unique_prompt("under load", "[stub:latency=0.5]")}
-            response = self._exchange("submit", lambda: caller.submit(FLUX, body))
+            headers = {"Idempotency-Key": f"load-{uuid.uuid4()}"} if caller in self.keyed else {}
+            response = self._exchange("submit", lambda: caller.submit(FLUX, body, headers=headers))
+            while (headers and response is not None and response.status_code == 409
+                   and not self.stop_event.wait(int(response.headers.get("Retry-After", "1")))):
+                response = self._exchange("submit", lambda: caller.submit(FLUX, body, headers=headers))
+            if response is not None and response.status_code == 504 and "request_id" in response.json():
+                with self.lock:
+                    self.in_doubt.append((caller, response.json()["request_id"]))
             if response is not None and response.status_code == 201:
                 request_id = response.json()["request_id"]
                 mine.append(request_id)

@@ -13,7 +13,7 @@ import pytest
 
 from router_queue.store import keys
 from tests.integration.harness import FLUX, RunningStack, unique_prompt
-from tests.integration.test_operations import Fault, _outage_under_load, _private_env
+from tests.integration.test_operations import STALL_EACH_S, Fault, _outage_under_load, _private_env, _stalls_under_load
 from tests.redis_servers import ClusterGroup, PrivateRedis
 
 #: The hash tag of Flux's provider: its schedule and its requests' keys.
@@ -135,6 +135,20 @@ def test_cluster_stall_under_load(cluster: tuple[ClusterGroup, RunningStack]) ->
     follows the new one and writes nothing of its own."""
     group, running = cluster
     _outage_under_load(running, _slot_fault(group, "cluster stall", "pause", "resume"))
+
+
+@pytest.mark.slow
+def test_no_503_during_stalls_of_the_slots_primary_was_admitted(cluster: tuple[ClusterGroup, RunningStack]) -> None:
+    """Issue 32's item 12 on a cluster: the slot's primary SIGSTOPped for 8 s, ten times."""
+    group, running = cluster
+    stalled: list[PrivateRedis] = []
+
+    def begin() -> None:  # whichever primary serves the slot now (an earlier stall may have moved it)
+        stalled[:] = [group.owner(BFL)]
+        stalled[0].pause()
+
+    _stalls_under_load(running, Fault("cluster stalls", begin, heal=lambda: stalled[0].resume(),
+                                      lasts_s=STALL_EACH_S))
 
 
 @pytest.mark.slow

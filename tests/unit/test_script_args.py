@@ -13,7 +13,7 @@ from router_queue.store.scripts import argv, lib_for, lua_arg_names
 
 #: Every script that takes its ARGV by name, with the names it declares.
 NAMED = {
-    "admit": admission.ADMIT_ARGS, "admit_ws": admission.SPLIT_ADMIT_ARGS, "admit_place": admission.SPLIT_ADMIT_ARGS,
+    "admit": admission.ADMIT_ARGS, "admitted": admission.ADMITTED_ARGS, "admit_ws": admission.SPLIT_ADMIT_ARGS, "admit_place": admission.SPLIT_ADMIT_ARGS,
     "claim": requests.CLAIM_ARGS, "complete": requests.COMPLETE_ARGS,
     "cancel": requests.CANCEL_ARGS, "expire_queued": requests.EXPIRE_QUEUED_ARGS, "webhook_take": webhooks.TAKE_ARGS,
     "webhook_record": webhooks.RECORD_ARGS, "webhook_turn": webhooks.TURN_ARGS,

@@ -1,0 +1,148 @@
+"""A submit whose admission's reply never arrived: Redis ran the script (or
+never got it) and the front door's wait ran out. The answer is never a 503
+for a request that was admitted: the front door reads the outcome back, and
+when Redis does not tell in time, answers that the outcome is unknown."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import redis
+
+from router_queue.services import Services
+from router_queue.store.admission import ABANDON_AFTER_S
+from router_queue.web.app import create_app
+from tests.unit.conftest import RecordingDispatcher
+
+FLUX = "/v2/models/bfl/flux-2-pro"
+#: The front door's wait on Redis in these tests (the write deadline ends
+#: 0.2 s before it): short, so a simulated wait that runs out is short too.
+WAIT_S = 0.3
+
+
+class LostReply:
+    """Stands in for a script whose reply never arrives: Redis runs it (``runs``)
+    or never gets it, and the client's wait runs out either way."""
+
+    def __init__(self, script, *, runs: bool, error: Exception | None = None):
+        self.script = script
+        self.runs = runs
+        self.error = error or redis.TimeoutError("Timeout reading from 127.0.0.1:6379")
+
+    def __call__(self, *args, **kwargs):
+        if self.runs:
+            self.script(*args, **kwargs)
+        time.sleep(WAIT_S)  # the client's socket wait, past the script's write deadline
+        raise self.error
+
+
+def unanswered(*args, **kwargs):
+    """A read of the outcome on a Redis that is still stalled."""
+    raise redis.TimeoutError("Timeout reading from 127.0.0.1:6379")
+
+
+@pytest.fixture(params=["one step", "split"])
+def front(request, client, settings):
+    """The front door with its write deadline, on one Redis or split per slot
+    (a cluster's steps); ``lose`` makes the step that writes the record lose its reply."""
+    split = request.param == "split"
+    services = Services.build(settings, client, dispatcher=RecordingDispatcher(), write_deadline_s=WAIT_S,
+                              split=split)
+    workspace = services.accounts.create_workspace("acme", queue_enabled=True, credits=1000)
+    store = services.store
+
+    def lose(*, runs: bool, read_back: bool = True, error: Exception | None = None) -> None:
+        if split:
+            store.two_step._place = LostReply(store.two_step._place, runs=runs, error=error)
+        else:
+            store._admit = LostReply(store._admit, runs=runs, error=error)
+        if not read_back:
+            store.lost_replies._admitted = unanswered
+
+    def restore() -> None:
+        for holder, name in ((store, "_admit"), (store.two_step, "_place")):
+            script = getattr(holder, name, None)
+            if isinstance(script, LostReply):
+                setattr(holder, name, script.script)
+
+    http = create_app(settings, services=services).test_client()
+    return http, {"X-API-Key": services.accounts.mint_key(workspace)}, services, workspace, lose, restore
+
+
+def submit(http, auth, headers=None):
+    return http.post(f"{FLUX}/requests", data=json.dumps({"prompt": "a red teapot"}),
+                     headers={**auth, "Content-Type": "application/json", **(headers or {})})
+
+
+def price(services) -> int:
+    return services.catalog.get("bfl", "flux-2-pro").price_credits
+
+
+def test_an_admission_whose_reply_was_lost_answers_its_handle_not_503(front):
+    http, auth, services, workspace, lose, _ = front
+    lose(runs=True)
+    response = submit(http, auth)
+    assert response.status_code == 201, response.get_data(as_text=True)
+    request_id = response.json["request_id"]
+    assert http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).json["status"] == "IN_QUEUE"
+    assert services.accounts.get(workspace).held == price(services)  # held once
+
+
+def test_in_doubt_with_a_key_is_409_and_the_resend_returns_the_admitted_request(front):
+    http, auth, services, workspace, lose, restore = front
+    lose(runs=True, read_back=False)
+    doubt = submit(http, auth, {"Idempotency-Key": "k1"})
+    assert doubt.status_code == 409, doubt.get_data(as_text=True)
+    assert doubt.json["error_type"] == doubt.headers["X-Comfy-Error-Type"] == "concurrency_limit_exceeded"
+    assert int(doubt.headers["Retry-After"]) >= 1
+    restore()
+    again = submit(http, auth, {"Idempotency-Key": "k1"})
+    assert again.status_code == 201
+    assert again.headers["Idempotent-Replayed"] == "true"
+    assert services.accounts.get(workspace).held == price(services)  # the one admitted, charged once
+    assert services.store.queue_depth("bfl") == 1
+
+
+def test_in_doubt_without_a_key_is_504_naming_the_id_the_status_then_confirms(front):
+    http, auth, services, workspace, lose, _ = front
+    lose(runs=True, read_back=False)
+    doubt = submit(http, auth)
+    assert doubt.status_code == 504, doubt.get_data(as_text=True)
+    assert doubt.json["error_type"] == doubt.headers["X-Comfy-Error-Type"] == "outcome_unknown"
+    request_id = doubt.json["request_id"]
+    assert doubt.json["status_url"].endswith(f"/requests/{request_id}/status")
+    assert request_id in doubt.json["detail"]
+    assert http.get(doubt.json["status_url"], headers=auth).status_code == 200  # it was admitted
+
+
+def test_in_doubt_without_a_key_when_it_was_not_admitted_the_status_says_so(front):
+    http, auth, services, workspace, lose, _ = front
+    lose(runs=False, read_back=False)
+    doubt = submit(http, auth)
+    assert doubt.status_code == 504
+    assert http.get(doubt.json["status_url"], headers=auth).status_code in (404, 410)
+    if services.store.two_step is not None:  # split: its workspace's part waits for the sweeper
+        services.store.two_step.abandon("bfl", time.time() + ABANDON_AFTER_S + 1)
+    assert services.accounts.get(workspace).held == 0
+
+
+def test_a_script_that_never_ran_is_503_and_charges_nothing(front):
+    http, auth, services, workspace, lose, restore = front
+    lose(runs=False)
+    refused = submit(http, auth, {"Idempotency-Key": "k2"})
+    assert refused.status_code == 503
+    assert refused.json["error_type"] == "service_unavailable"
+    assert services.accounts.get(workspace).held == 0
+    assert services.store.queue_depth("bfl") == 0
+    restore()
+    again = submit(http, auth, {"Idempotency-Key": "k2"})  # the key was left free
+    assert again.status_code == 201 and "Idempotent-Replayed" not in again.headers
+
+
+def test_a_connection_that_could_not_be_made_is_503_without_reading_back(front):
+    http, auth, services, workspace, lose, _ = front
+    lose(runs=False, read_back=False,
+         error=redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."))
+    assert submit(http, auth, {"Idempotency-Key": "k3"}).status_code == 503
