@@ -120,6 +120,12 @@ def deadlines(provider: str) -> str:
     return f"{provider_prefix(provider)}:deadlines:{provider}"
 
 
+def result_objects(provider: str) -> str:
+    """The objects holding its requests' results (``"{id} {object key}"``), by
+    when their records expire: the sweeper deletes them from here."""
+    return f"{provider_prefix(provider)}:objects:{provider}"
+
+
 def stats(provider: str) -> str:
     return f"{provider_prefix(provider)}:stats:{provider}"
 

@@ -28,6 +28,7 @@ from ..store.outcomes import Cancel
 from ..store.requests import RequestRecord, StatusView
 from . import admission, pacing, paths
 from .bodies import Answer, cost_headers, json_response, request_urls, status_body
+from .collect import collect
 from .envelope import carried_allowance, current_call
 from .front import FrontDoor, front_door
 from .ratelimit import Allowance
@@ -227,16 +228,15 @@ def result(provider: str, model: str, request_id: str) -> Response:
 
 def _finished(front: FrontDoor, record: RequestRecord) -> Response:
     """A completed request as the caller collects it: the native bytes under the
-    provider's Content-Type, or the error response of its bucket; either way
-    with its cost on ``X-Comfy-Cost-Credits`` and ``X-Comfy-Cost-State``."""
+    provider's Content-Type (``collect.py``: ranges, ETag, from either store),
+    or the error response of its bucket; either way with its cost on
+    ``X-Comfy-Cost-Credits`` and ``X-Comfy-Cost-State``."""
     if record.error_type:
         raise CompletedWithError(RESULT_STATUS.get(record.error_type, 502), record.error_type,
                                  record.detail or record.error_type, cost_headers(record))
-    output = front.services.store.result(record.id)
-    if output is None:
-        raise Gone(f"the result of request {record.id} is past its retention window")
-    return Response(output, 200, content_type=record.content_type or "application/octet-stream",
-                    headers=cost_headers(record))
+    services = front.services
+    return collect(request, record, services.store.result(record.id), services.blobs, services.metrics,
+                   cost_headers(record))
 
 
 @paths.COST.view(queue)
