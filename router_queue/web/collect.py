@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Iterator
+from typing import Any, Iterator
 
 from flask import Request, Response
 
@@ -22,6 +22,7 @@ from ..blobs.store import BlobMissing, BlobStore, BlobUnavailable
 from ..errors import Gone, RangeNotSatisfiable, ServiceUnavailable
 from ..metrics import Recorder
 from ..store.requests import RequestRecord
+from .bodies import iso
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +80,28 @@ def collect(req: Request, record: RequestRecord, stored: bytes | ResultPointer |
     chunks = _open(blobs, record.id, stored, start, end)
     body = _verified(chunks, stored, record.id, metrics) if span is None else chunks
     return Response(body, status, headers=headers, content_type=content_type, direct_passthrough=True)
+
+
+def link(record: RequestRecord, stored: bytes | ResultPointer | None, blobs: BlobStore | None,
+         response_url: str, link_s: int, retention_s: int, now: float) -> dict[str, Any]:
+    """The ``/link`` answer's body: a URL that GETs the output without our key,
+    signed for ``link_s`` seconds where the store can sign, else the
+    ``response_url`` itself (it answers until the record expires)."""
+    if stored is None:
+        raise Gone(f"the result of request {record.id} is past its retention window")
+    if isinstance(stored, bytes):
+        size, sha256, url = len(stored), hashlib.sha256(stored).hexdigest(), None
+    else:
+        size, sha256 = stored.size, stored.sha256
+        try:
+            url = blobs.sign(stored.key, link_s) if blobs is not None else None
+        except BlobUnavailable as exc:
+            log.warning("request %s: the object store could not sign a link: %s", record.id, exc)
+            raise ServiceUnavailable("the result store did not answer; retry shortly",
+                                     retry_after=STORE_AWAY_RETRY_S) from None
+    expires_at = now + link_s if url is not None else (record.completed_at or now) + retention_s
+    return {"url": url or response_url, "expires_at": iso(expires_at), "size": size,
+            "content_type": record.content_type or "application/octet-stream", "sha256": sha256}
 
 
 def _open(blobs: BlobStore | None, request_id: str, pointer: ResultPointer, start: int, end: int) -> Iterator[bytes]:

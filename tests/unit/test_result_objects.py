@@ -175,3 +175,37 @@ def test_settings_default_keeps_64_kib_inline():
 
     assert Settings().result_inline_max_bytes == 65_536
     assert dataclasses.replace(Settings(), object_store_url="file:///x").result_link_s == 300
+
+
+def test_the_link_is_a_signed_url_where_the_store_signs_else_the_response_url(stored, workspace, http, auth):
+    import urllib.request
+
+    request_id = generated(stored, workspace, f"link me [stub:size={TWO_MB}]")
+    pointer = stored.store.result(request_id)
+    answer = http.get(f"{url_of(request_id)}/link", headers=auth)
+    assert answer.status_code == 200
+    link = answer.get_json()
+    assert {k: link[k] for k in ("size", "content_type", "sha256")} == {
+        "size": pointer.size, "content_type": "application/json", "sha256": pointer.sha256}
+    if stored.blobs.signs:
+        assert link["url"].startswith("http://127.0.0.1:") and "X-Amz-Signature=" in link["url"]
+        with urllib.request.urlopen(link["url"]) as download:  # no API key: the signature is the credential
+            assert hashlib.sha256(download.read()).hexdigest() == pointer.sha256
+    else:
+        assert link["url"] == f"{stored.settings.public_base_url}{url_of(request_id)}"
+    assert link["expires_at"].endswith("Z")
+
+
+def test_the_link_answers_like_a_collect_while_running_and_once_failed(stored, workspace, http, auth):
+    running, _ = admitted(stored, workspace, GEMINI, gemini("still queued"))
+    waiting = http.get(f"{url_of(running)}/link", headers=auth)
+    assert waiting.status_code == 202 and waiting.get_json()["status"] == "IN_QUEUE"
+    failed, _ = admitted(stored, workspace, GEMINI, gemini("no [stub:reject]"))
+    deliver_until_done(context_of(stored), failed)
+    refused = http.get(f"{url_of(failed)}/link", headers=auth)
+    assert refused.status_code == http.get(url_of(failed), headers=auth).status_code == 422
+    assert refused.headers["X-Comfy-Error-Type"] == "invalid_input"
+    small = generated(stored, workspace, "a small one, linked")
+    inline = http.get(f"{url_of(small)}/link", headers=auth).get_json()
+    assert inline["url"].endswith(url_of(small))  # kept in Redis: the response_url is the link
+    assert inline["size"] == len(http.get(url_of(small), headers=auth).get_data())
