@@ -268,6 +268,12 @@ def legacy_draining() -> str:
     return f"{PREFIX}:draining"
 
 
+def orphan_pass() -> str:
+    """Held while one sweeper lists the object store for orphaned results
+    (an hour's lock: one pass an hour, fleet-wide)."""
+    return f"{PREFIX}:objects:orphan-pass"
+
+
 def fleet() -> str:
     """The workers heard from, by their last heartbeat."""
     return f"{PREFIX}:fleet:workers"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import time
 
 import pytest
 
@@ -209,3 +210,36 @@ def test_the_link_answers_like_a_collect_while_running_and_once_failed(stored, w
     inline = http.get(f"{url_of(small)}/link", headers=auth).get_json()
     assert inline["url"].endswith(url_of(small))  # kept in Redis: the response_url is the link
     assert inline["size"] == len(http.get(url_of(small), headers=auth).get_data())
+
+
+def test_the_sweeper_deletes_an_object_only_once_its_record_has_expired(stored, workspace):
+    from workers.sweeper import sweep
+
+    context = context_of(stored)
+    request_id = generated(stored, workspace, f"expire me [stub:size={TWO_MB}]")
+    pointer = stored.store.result(request_id)
+    retention = stored.settings.result_retention_s
+    later = time.time() + retention + 5  # past the index's score: the worker's clock says expired
+    assert sweep(context, now=later).objects_deleted == 0  # ... but Redis still holds the record
+    assert stored.blobs.keys_under(pointers.RESULTS) == [pointer.key]
+    (score,) = [s for _, s in stored.redis.zrange(keys.result_objects("vertexai"), 0, -1, withscores=True)]
+    assert score > later  # looked at again when the record really expires
+    stored.redis.delete(keys.request(request_id))  # as Redis expires it
+    assert sweep(context, now=score + 1).objects_deleted == 1
+    assert stored.blobs.keys_under(pointers.RESULTS) == []
+    assert stored.redis.zcard(keys.result_objects("vertexai")) == 0
+
+
+def test_the_hourly_pass_deletes_orphans_past_retention_and_nothing_newer(stored):
+    from workers.object_expiry import ORPHAN_GRACE_S, expire_objects
+
+    now = time.time()
+    retention = stored.settings.result_retention_s
+    old = pointers.result_key("crashed-before-complete", now=now - retention - ORPHAN_GRACE_S - 7200)
+    recent = pointers.result_key("just-written", now=now - 60)
+    for key in (old, recent):
+        stored.blobs.put(key, b"orphan", "text/plain")
+    assert expire_objects(context_of(stored), now) == (0, 1)
+    assert stored.blobs.keys_under(pointers.RESULTS) == [recent]
+    stored.blobs.put(old, b"orphan again", "text/plain")
+    assert expire_objects(context_of(stored), now) == (0, 0)  # one pass an hour, fleet-wide
