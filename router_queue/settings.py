@@ -73,6 +73,15 @@ def _redis_url(name: str, raw: str) -> str:
     return raw
 
 
+def _object_store_url(name: str, raw: str) -> str:
+    """``s3://bucket/prefix``, ``gs://bucket/prefix`` or ``file:///path``."""
+    raw = raw.strip().rstrip("/")
+    scheme, sep, rest = raw.partition("://")
+    if not sep or scheme not in ("s3", "gs", "file") or not rest.strip("/"):
+        raise SettingsError(f"{name} must be s3://bucket/prefix, gs://bucket/prefix or file:///path, got {raw!r}")
+    return raw
+
+
 def without_password(url: str) -> str:
     """``url`` fit to print: any user and password replaced by ``***``."""
     return re.sub(r"://[^@/;]*@", "://***@", url)
@@ -195,6 +204,10 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "WEBHOOK_CIRCUIT_FAILURES": ("webhook_circuit_failures", _int),
     "WEBHOOK_CIRCUIT_COOLING_SECONDS": ("webhook_circuit_cooling_s", _float),
     "OTEL_EXPORTER_OTLP_ENDPOINT": ("otel_endpoint", _url),
+    "OBJECT_STORE_URL": ("object_store_url", _object_store_url),
+    "AWS_ALLOW_HTTP": ("object_store_allow_http", _bool),
+    "RESULT_INLINE_MAX_BYTES": ("result_inline_max_bytes", _int),
+    "RESULT_LINK_SECONDS": ("result_link_s", _int),
 }
 
 
@@ -363,6 +376,19 @@ class Settings:
     #: Seconds an open circuit keeps that endpoint's events waiting; then one
     #: attempt probes it: an answer closes it, a failure opens it again.
     webhook_circuit_cooling_s: float = 30.0
+    #: The object store big results live in (``router_queue/blobs``):
+    #: ``s3://bucket/prefix`` (AWS and S3-compatible stores, configured by the
+    #: standard ``AWS_*`` variables), ``gs://bucket/prefix``, ``file:///path``.
+    #: Empty: every result stays in Redis. ``router-queue dev`` uses a directory.
+    object_store_url: str = ""
+    #: The object store's endpoint may be plain http (``AWS_ALLOW_HTTP=true``: a
+    #: local MinIO or test server). Off: https only.
+    object_store_allow_http: bool = False
+    #: Results up to this many bytes stay in Redis; larger ones go to the
+    #: object store when there is one (Redis keeps a pointer).
+    result_inline_max_bytes: int = 65_536
+    #: Seconds a signed result link (the ``/link`` route) stays valid.
+    result_link_s: int = 300
 
     @property
     def sync_hold_s(self) -> float:

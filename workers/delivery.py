@@ -23,6 +23,7 @@ from router_queue.store.requests import WEBHOOK_DUE, Lease, RequestRecord
 from router_queue.webhooks import delivery as webhook_delivery
 
 from .context import WorkerContext
+from .outputs import discard, keep_output
 from .providers import ADAPTERS, HandBack, ProviderCall, ProviderFailure
 from .providers.hosts import ProviderHosts
 
@@ -261,8 +262,13 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
                                              detail="the worker failed while running the request"),
                    states.INTERNAL_ERROR, call.started_at)
         return "internal_error"
-    _completed(context, metrics, record, complete(output=output.content, content_type=output.content_type),
-               "success", call.started_at)
+    pointer = keep_output(services.blobs, services.settings, metrics, request_id, output.content,
+                          output.content_type, lease_s)
+    written = complete(output=b"" if pointer else output.content, content_type=output.content_type,
+                       pointer=pointer)
+    if written is not Complete.COMPLETED:
+        discard(services.blobs, pointer, request_id)
+    _completed(context, metrics, record, written, "success", call.started_at)
     log.info("request %s completed in %.2f s", request_id, time.monotonic() - started,
              extra={"outcome": "success", "status": "COMPLETED"})
     return "completed"

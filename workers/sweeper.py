@@ -5,7 +5,8 @@ out are published again; requests past their queue timeout or the caller's
 start deadline end ``queue_timeout``, those past ``X-Comfy-Deadline`` are
 cancelled (``cancel.lua``); free slots are granted; on a split store, owed
 workspace effects are given and abandoned admissions undone; webhook events
-due are published to ``router.webhooks``. Every action is safe to repeat: the
+due are published to ``router.webhooks``; results in the object store whose
+records expired are deleted (``object_expiry.py``). Every action is safe to repeat: the
 claim lets one delivery run a request. Each in full: ``docs/ARCHITECTURE.md``,
 "The broker and the workers".
 """
@@ -20,6 +21,7 @@ from router_queue import states
 from router_queue.store.outcomes import Cancel
 
 from .context import WorkerContext
+from .object_expiry import expire_objects
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,9 @@ class SweepReport:
     effects_reconciled: int = 0
     #: Admissions given up between their steps, their workspace's part undone.
     admissions_abandoned: int = 0
+    #: Object-store results deleted: their records expired; orphans (the hourly pass).
+    objects_deleted: int = 0
+    orphans_deleted: int = 0
 
 
 def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
@@ -73,12 +78,14 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
     webhooks = services.webhooks.due(now=now, again_at=now + services.settings.webhook_lease_s)
     for request_id in webhooks:
         context.dispatcher.publish_webhook(request_id)
+    objects_deleted, orphans_deleted = expire_objects(context, now)
     services.metrics.swept(republished=republished, reaped=reaped, timed_out=timed_out,
                            deadline_cancels=deadline_cancels)
     if republished or reaped or timed_out or deadline_cancels:
         log.warning("sweeper: %d re-published, %d taken from dead workers, %d queue timeouts, "
                     "%d cancels at the caller's deadline", republished, reaped, timed_out, deadline_cancels)
-    return SweepReport(republished, reaped, timed_out, len(webhooks), deadline_cancels, reconciled, abandoned)
+    return SweepReport(republished, reaped, timed_out, len(webhooks), deadline_cancels, reconciled, abandoned,
+                       objects_deleted, orphans_deleted)
 
 
 def _enforce_deadlines(context: WorkerContext, provider: str, now: float) -> tuple[int, int]:

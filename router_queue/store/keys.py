@@ -127,6 +127,12 @@ def deadlines(provider: str) -> str:
     return f"{provider_prefix(provider)}:deadlines:{provider}"
 
 
+def result_objects(provider: str) -> str:
+    """The objects holding its requests' results (``"{id} {object key}"``), by
+    when their records expire: the sweeper deletes them from here."""
+    return f"{provider_prefix(provider)}:objects:{provider}"
+
+
 def stats(provider: str) -> str:
     return f"{provider_prefix(provider)}:stats:{provider}"
 
@@ -289,6 +295,12 @@ def legacy_draining() -> str:
     """The set of draining providers earlier versions kept; a provider's mark is
     its schedule's "draining" now (the sweeper moves these there)."""
     return f"{PREFIX}:draining"
+
+
+def orphan_pass() -> str:
+    """Held while one sweeper lists the object store for orphaned results
+    (an hour's lock: one pass an hour, fleet-wide)."""
+    return f"{PREFIX}:objects:orphan-pass"
 
 
 def fleet() -> str:

@@ -114,6 +114,7 @@ NEVER = {
     "tracing": {"store", "broker", "services", "webhooks", "web", "cli", "dev", "wsgi"},
     # the store may read the webhooks feature's leaf modules (event kinds, an endpoint's origin)
     "store": {"broker", "services", "web", "cli", "dev", "wsgi"},
+    "blobs": {"store", "broker", "services", "webhooks", "web", "cli", "dev", "wsgi"},
     "broker": {"services", "webhooks", "web", "cli", "dev", "wsgi"},
     "services": {"web", "cli", "dev", "wsgi"},
     "webhooks": {"web", "cli", "dev", "wsgi"},

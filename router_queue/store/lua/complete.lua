@@ -12,7 +12,7 @@
 -- KEYS[7] W:ws     KEYS[8] W:ledger (split "1": P:owed:{provider}
 --         in both places, lib.lua's ws_target)
 -- KEYS[9] the broker's list for the provider  KEYS[10] P:deadlines:{provider}
--- KEYS[11] P:body:{id}
+-- KEYS[11] P:body:{id}  KEYS[12] P:objects:{provider}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, COMPLETE_ARGS):
 --   id  now (unix seconds)  retention (s)
 --   error_type ("" on success)  detail (a cancel's own reason, cancel.lua's
@@ -20,6 +20,9 @@
 --   content_type  output (bytes)  billable ("1" when the provider bills this outcome)
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
 --   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
+--   blob_key blob_size blob_sha256: the output is that object-store object, already
+--     written (blob_key "" : the output is ARGV output, kept in KEYS[2]); its record
+--     points at it, and KEYS[12] names it for deletion when the record expires
 -- returns {"COMPLETED", granted ids to publish..., effects owed...} | {"ALREADY_COMPLETED"} | {"MISSING"}
 
 -- The record once: what this step reads of it, and what its ending reads (lib.lua).
@@ -48,7 +51,13 @@ local fields = {"status", "COMPLETED", "completed_at", ARGV[ARG_NOW]}
 settle(e, ARGV[ARG_BILLABLE] == "1" and "charge" or "release", rec, fields)
 if ARGV[ARG_ERROR_TYPE] == "" then
   append(fields, "content_type", ARGV[ARG_CONTENT_TYPE])
-  redis.call("SET", KEYS[2], ARGV[ARG_OUTPUT], "EX", ARGV[ARG_RETENTION])
+  if ARGV[ARG_BLOB_KEY] == "" then
+    redis.call("SET", KEYS[2], ARGV[ARG_OUTPUT], "EX", ARGV[ARG_RETENTION])
+  else
+    append(fields, "blob_key", ARGV[ARG_BLOB_KEY], "blob_size", ARGV[ARG_BLOB_SIZE],
+      "blob_sha256", ARGV[ARG_BLOB_SHA256])
+    redis.call("ZADD", KEYS[12], now + tonumber(ARGV[ARG_RETENTION]), ARGV[ARG_ID] .. " " .. ARGV[ARG_BLOB_KEY])
+  end
 else
   local detail = ARGV[ARG_DETAIL]
   if ARGV[ARG_ERROR_TYPE] == "cancelled" then
