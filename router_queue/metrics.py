@@ -25,7 +25,9 @@ SWEEPER_ACTIONS = ("republished", "reaped", "timed_out", "deadline_cancels")
 #: What happens to results in the object store, as counted: an object written,
 #: a put given up (the output kept in Redis instead), a collect cut short by a
 #: sha256 mismatch (a corrupted object), objects deleted by the sweeper.
-OBJECT_EVENTS = ("put", "put_failed", "sha256_mismatch", "deleted", "orphans_deleted")
+OBJECT_EVENTS = ("put", "put_failed", "sha256_mismatch", "deleted", "orphans_deleted",
+                 # request bodies over BODY_INLINE_MAX_BYTES (web/stashed.py, workers/delivery.py)
+                 "body_put", "body_put_failed", "body_read_failed")
 
 #: This process's metrics (never prometheus_client's global registry, which
 #: libraries may add to).
@@ -119,7 +121,7 @@ class Recorder:
         WEBHOOK_DELIVERIES.labels("given_up").inc()
 
     def objects(self, event: str, count: int = 1) -> None:
-        """Results in the object store: one of :data:`OBJECT_EVENTS`."""
+        """Results and bodies in the object store: one of :data:`OBJECT_EVENTS`."""
         if count:
             OBJECTS.labels(event).inc(count)
 

@@ -207,6 +207,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "OBJECT_STORE_URL": ("object_store_url", _object_store_url),
     "AWS_ALLOW_HTTP": ("object_store_allow_http", _bool),
     "RESULT_INLINE_MAX_BYTES": ("result_inline_max_bytes", _int),
+    "BODY_INLINE_MAX_BYTES": ("body_inline_max_bytes", _int),
     "RESULT_LINK_SECONDS": ("result_link_s", _int),
 }
 
@@ -271,8 +272,15 @@ class Settings:
     #: ones are trimmed as new holds are written (``router-queue workspace
     #: ledger`` exports it before then).
     ledger_retention_s: int = 3_024_000
-    #: Largest submit body accepted, in bytes; larger gets ``413``.
-    max_body_bytes: int = 1_048_576
+    #: Largest submit body accepted, in bytes; larger gets ``413``. The
+    #: largest inline request any catalog provider takes: Vertex AI Gemini's
+    #: 20 MB total request size (inline images, base64; larger is its own
+    #: 413: firebase.google.com/docs/vertex-ai/input-file-requirements), read
+    #: as 20,000,000 bytes, the stricter reading. BFL's input_image fields and
+    #: OpenAI TTS's 4,096-character input are smaller. Bodies over
+    #: BODY_INLINE_MAX_BYTES live in the object store, not Redis; without
+    #: one, set this lower (bodies then sit in Redis).
+    max_body_bytes: int = 20_000_000
     #: The model catalog (JSON). Defaults to the one shipped in the package.
     catalog_path: str = str(DEFAULT_CATALOG)
     #: Replaces the scheme and host of every upstream URL (the stub provider
@@ -387,6 +395,9 @@ class Settings:
     #: Results up to this many bytes stay in Redis; larger ones go to the
     #: object store when there is one (Redis keeps a pointer).
     result_inline_max_bytes: int = 65_536
+    #: Request bodies up to this many bytes stay in Redis; larger ones go to
+    #: the object store at admission when there is one (Redis keeps a pointer).
+    body_inline_max_bytes: int = 65_536
     #: Seconds a signed result link (the ``/link`` route) stays valid.
     result_link_s: int = 300
 

@@ -5,15 +5,17 @@ Each sweep deletes, per provider, the objects whose records have expired
 sweeper lists the store's hour folders (``blobs/pointers.py``) and deletes
 those entirely past retention plus a grace: objects whose pointer was never
 recorded (a worker that died between the put and complete.lua) and anything
-the index missed. The bucket's lifecycle rule (``deploy/object-store/``)
-backs both up.
+the index missed; and, in the body folders older than a grace, the body
+objects no ``P:body:{id}`` points at (an admission refused or cut short
+after its put; a body's life has no fixed bound, since retries extend it).
+The bucket's lifecycle rule (``deploy/object-store/``) backs both up.
 """
 
 from __future__ import annotations
 
 import logging
 
-from router_queue.blobs.pointers import RESULTS, hour_of
+from router_queue.blobs.pointers import BODIES, RESULTS, hour_of
 from router_queue.blobs.store import BlobUnavailable
 from router_queue.store.objects import ResultObjects
 
@@ -70,6 +72,13 @@ def _delete_orphans(context: WorkerContext, index: ResultObjects, now: float) ->
         stale = blobs.keys_under(folder)
         blobs.delete(stale)
         orphans += len(stale)
+    for folder in blobs.folders(BODIES):
+        start = hour_of(folder)
+        if start is None or start + HOUR_S > now - ORPHAN_GRACE_S:
+            continue
+        unpointed = index.unpointed_bodies(blobs.keys_under(folder))
+        blobs.delete(unpointed)
+        orphans += len(unpointed)
     if orphans:
         log.warning("sweeper: %d object(s) past retention deleted by the hourly pass (orphans, or missed)", orphans)
     return orphans

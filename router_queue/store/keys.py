@@ -127,10 +127,14 @@ def deadlines(provider: str) -> str:
     return f"{provider_prefix(provider)}:deadlines:{provider}"
 
 
-def result_objects(provider: str) -> str:
-    """The objects holding its requests' results (``"{id} {object key}"``), by
-    when their records expire: the sweeper deletes them from here."""
-    return f"{provider_prefix(provider)}:objects:{provider}"
+def result_objects(provider: str, request_id: str | None = None) -> str:
+    """The objects holding its requests' results and bodies (``"{id} {object
+    key}"``), by when their record (a result's) or pointer (a body's,
+    ``P:body:{id}``) expires: the sweeper deletes them from here. With
+    ``request_id``: the one its scripts name (its provider's: only requests
+    minted with codes keep objects)."""
+    prefix = provider_prefix(provider) if request_id is None else request_prefix(request_id)
+    return f"{prefix}:objects:{provider}"
 
 
 def stats(provider: str) -> str:
@@ -361,6 +365,9 @@ local function key_body(id)
 end
 local function key_body_refs(id)
   return key_body(id) .. ":refs"
+end
+local function key_objects(id, provider)
+  return request_prefix(id) .. ":objects:" .. provider
 end
 local function key_workspace(ws)
   return "{{ws:" .. ws .. "}}:ws"

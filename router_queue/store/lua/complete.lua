@@ -23,6 +23,8 @@
 --   blob_key blob_size blob_sha256: the output is that object-store object, already
 --     written (blob_key "" : the output is ARGV output, kept in KEYS[2]); its record
 --     points at it, and KEYS[12] names it for deletion when the record expires
+-- A success's result counts in its workspace's stored bytes (W:stored, by
+-- way of its effects: lib.lua, keep_result) until its record expires.
 -- returns {"COMPLETED", granted ids to publish..., effects owed...} | {"ALREADY_COMPLETED"} | {"MISSING"}
 
 -- The record once: what this step reads of it, and what its ending reads (lib.lua).
@@ -51,6 +53,9 @@ local fields = {"status", "COMPLETED", "completed_at", ARGV[ARG_NOW]}
 settle(e, ARGV[ARG_BILLABLE] == "1" and "charge" or "release", rec, fields)
 if ARGV[ARG_ERROR_TYPE] == "" then
   append(fields, "content_type", ARGV[ARG_CONTENT_TYPE])
+  -- its bytes, wherever kept, in its workspace's stored bytes until it expires
+  e.result = {ws = rec.workspace, untl = now + tonumber(ARGV[ARG_RETENTION]),
+    bytes = ARGV[ARG_BLOB_KEY] == "" and #ARGV[ARG_OUTPUT] or tonumber(ARGV[ARG_BLOB_SIZE])}
   if ARGV[ARG_BLOB_KEY] == "" then
     redis.call("SET", KEYS[2], ARGV[ARG_OUTPUT], "EX", ARGV[ARG_RETENTION])
   else
