@@ -329,8 +329,8 @@ def _answer(services: Services, admission: Any, request_id: str, workspace: str,
                               "for requests not yet completed over its byte quota; retry when some have "
                               "completed", retry_after=hint)
     if admission.outcome is Admit.STORED_BYTES_FULL:
-        raise StoredBytesFull("this workspace keeps as many bytes past its requests' ends (bodies kept for a retry) "
-                              "as it may; nothing was queued or charged; retry when enough have expired",
+        raise StoredBytesFull("this workspace keeps as many bytes as it may (bodies kept for a retry and results "
+                              "not yet expired); nothing was queued or charged; retry when enough have expired",
                               retry_after=admission.retry_after)
     if admission.outcome is Admit.PENDING_WEBHOOKS_FULL:
         raise PendingWebhooksFull("this workspace has as many webhook events pending (owed and not yet delivered, "

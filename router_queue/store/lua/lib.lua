@@ -120,10 +120,10 @@ local function stored_bytes_of(member)
   return tonumber(string.match(member, "|(%d+)$")) or 0
 end
 
---: Most expired kept bodies released from the count per admission.
+--: Most expired kept bodies and result minutes released from the count per admission.
 local RELEASE_BATCH = 500
 
--- Release the kept bodies that have expired by `now` from the workspace's
+-- Release the kept bodies and results that have expired by `now` from the workspace's
 -- stored bytes (W:stored, the hash's stored_bytes): admission's workspace
 -- step does it before it reads the count, so the count it checks is exact.
 local function release_stored(stored_key, ws_key, now)
@@ -144,7 +144,7 @@ end
 --: The longest Retry-After a full stored-bytes quota names (s).
 local STORED_WAIT_MAX_S = 3600
 
--- Seconds until enough of the workspace's kept bodies expire to free `over`
+-- Seconds until enough of the workspace's kept bodies and results expire to free `over`
 -- bytes (the earliest first), at least 1, at most STORED_WAIT_MAX_S.
 local function stored_wait(stored_key, over, now)
   local entries = redis.call("ZRANGE", stored_key, 0, RELEASE_BATCH - 1, "WITHSCORES")
@@ -1277,7 +1277,7 @@ local function admission_checks(K, bytes)
   if tonumber(ws[8] or "0") + bytes > tonumber(ws[9] or ARGV[ARG_MAX_QUEUED_BYTES]) then
     return nil, {"QUEUED_BYTES_FULL"}
   end
-  -- Its kept bodies (drop_body) under its stored bytes: room for this body
+  -- Its kept bodies (drop_body) and results (keep_result) under its stored bytes: room for this body
   -- too, which is kept if the request ends unbilled; else how long until
   -- enough of them expire.
   local over = tonumber(ws[17] or "0") + bytes - tonumber(ws[18] or ARGV[ARG_MAX_STORED_BYTES])
