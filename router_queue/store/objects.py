@@ -3,13 +3,11 @@ objects are due for deletion, and whose pointers are gone
 (``workers/object_expiry.py`` acts).
 
 ``P:objects:{provider}`` holds ``"{id} {object key}"`` scored by when its
-pointer expires: a result's record (complete.lua adds it with the pointer),
-a body's ``P:body:{id}`` (lib.lua's drop_body adds it when the body's last
-request ends: at once when it is deleted, else at its expiry). An entry is
-due when its score has passed and its pointer is gone; one whose pointer
-still lives (Redis expired it later than the worker's clock said, or a
-retry now shares the body) is scored again at the pointer's own expiry, so
-nothing is deleted while its pointer lives.
+pointer expires: a result's record (complete.lua), a body's ``P:body:{id}``
+(lib.lua's drop_body, when the body's last request ends). An entry is due
+when its score has passed and its pointer is gone; one whose pointer still
+lives (Redis's clock behind the worker's, or a retry shares the body now)
+is scored again at the pointer's expiry: nothing goes while its pointer lives.
 """
 
 from __future__ import annotations
