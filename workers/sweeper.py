@@ -6,10 +6,9 @@ start deadline end ``queue_timeout``, those past ``X-Comfy-Deadline`` are
 cancelled (``cancel.lua``); free slots are granted; on a split store, owed
 workspace effects are given and abandoned admissions undone; webhook events
 due are published to ``router.webhooks``; results in the object store whose
-records expired are deleted (``object_expiry.py``), and those kept in Redis while
-the store was away are moved to it (``result_moves.py``). Every action is safe to repeat: the
-claim lets one delivery run a request. Each in full: ``docs/ARCHITECTURE.md``,
-"The broker and the workers".
+records expired are deleted (``object_expiry.py``), those kept in Redis while it
+was away moved to it (``result_moves.py``). Every action is safe to repeat: the
+claim lets one delivery run a request. Each in full: ``docs/ARCHITECTURE.md``.
 """
 
 from __future__ import annotations
