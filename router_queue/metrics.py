@@ -25,7 +25,8 @@ SWEEPER_ACTIONS = ("republished", "reaped", "timed_out", "deadline_cancels")
 #: What happens to results in the object store, as counted: an object written,
 #: a put given up (the output kept in Redis instead), a collect cut short by a
 #: sha256 mismatch (a corrupted object), objects deleted by the sweeper.
-OBJECT_EVENTS = ("put", "put_failed", "sha256_mismatch", "deleted", "orphans_deleted",
+OBJECT_EVENTS = ("put", "put_failed", "sha256_mismatch", "deleted", "orphans_deleted", "fallback", "fallback_full",
+                 "moved",
                  # request bodies over BODY_INLINE_MAX_BYTES (web/stashed.py, workers/delivery.py)
                  "body_put", "body_put_failed", "body_read_failed")
 

@@ -209,6 +209,8 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "RESULT_INLINE_MAX_BYTES": ("result_inline_max_bytes", _int),
     "BODY_INLINE_MAX_BYTES": ("body_inline_max_bytes", _int),
     "RESULT_LINK_SECONDS": ("result_link_s", _int),
+    "OBJECT_STORE_PUT_WINDOW_SECONDS": ("object_store_put_window_s", _float),
+    "OBJECT_STORE_FALLBACK_MAX_BYTES": ("object_store_fallback_max_bytes", _int),
 }
 
 
@@ -400,6 +402,13 @@ class Settings:
     body_inline_max_bytes: int = 65_536
     #: Seconds a signed result link (the ``/link`` route) stays valid.
     result_link_s: int = 300
+    #: Seconds a worker tries to put a big output into an unanswering object
+    #: store (with backoff, its lease renewed) before keeping it in Redis.
+    object_store_put_window_s: float = 300.0
+    #: Bytes of big outputs Redis may hold for an unanswering object store,
+    #: over the whole store (each provider's family a share: ``store/fallback.py``);
+    #: the sweeper moves them to the store when it answers again.
+    object_store_fallback_max_bytes: int = 256 * 1024 * 1024
 
     @property
     def sync_hold_s(self) -> float:

@@ -24,7 +24,7 @@ from router_queue.webhooks import delivery as webhook_delivery
 
 from .bodies import STORE_AWAY_RETRY_S, BodyLost, BodyUnavailable, native_body
 from .context import WorkerContext
-from .outputs import discard, keep_output
+from .outputs import keep_output
 from .providers import ADAPTERS, HandBack, ProviderCall, ProviderFailure
 from .providers.hosts import ProviderHosts
 
@@ -271,12 +271,8 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
                                              detail="the worker failed while running the request"),
                    states.INTERNAL_ERROR, call.started_at)
         return "internal_error"
-    pointer = keep_output(services.blobs, services.settings, metrics, request_id, output.content,
-                          output.content_type, lease_s)
-    written = complete(output=b"" if pointer else output.content, content_type=output.content_type,
-                       pointer=pointer)
-    if written is not Complete.COMPLETED:
-        discard(services.blobs, pointer, request_id)
+    written = keep_output(services, context.leases, record, execution.token, output.content, output.content_type,
+                          complete)
     _completed(context, metrics, record, written, "success", call.started_at)
     log.info("request %s completed in %.2f s", request_id, time.monotonic() - started,
              extra={"outcome": "success", "status": "COMPLETED"})

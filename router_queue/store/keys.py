@@ -137,6 +137,22 @@ def result_objects(provider: str, request_id: str | None = None) -> str:
     return f"{prefix}:objects:{provider}"
 
 
+def fallback_results(provider: str) -> str:
+    """Its requests' big results kept in Redis while the object store was away
+    (id scored by its bytes): the sweeper moves them to the store."""
+    return f"{provider_prefix(provider)}:fallback:{provider}"
+
+
+def fallback_bytes(provider: str) -> str:
+    """The bytes :func:`fallback_results` holds: its share of the fallback budget."""
+    return f"{provider_prefix(provider)}:fallback-bytes:{provider}"
+
+
+def fallback_pause(provider: str) -> str:
+    """Set for a while after the store failed a move: sweeps skip the move pass meanwhile."""
+    return f"{provider_prefix(provider)}:fallback-pause:{provider}"
+
+
 def stats(provider: str) -> str:
     return f"{provider_prefix(provider)}:stats:{provider}"
 

@@ -80,7 +80,7 @@ HISTORY_EXAMINED_PER_ENTRY = 5
 CLAIM_ARGS = ("id", "now", "lease_s", "cap", "queue_timeout_s", "retention", "token", "max_takeovers", "resume_key",
               "grant_until", "template", "split")
 COMPLETE_ARGS = ("id", "now", "retention", "error_type", "detail", "content_type", "output", "billable", "cap",
-                 "grant_until", "template", "split", "blob_key", "blob_size", "blob_sha256")
+                 "grant_until", "template", "split", "blob_key", "blob_size", "blob_sha256", "fallback_max")
 EXPIRE_QUEUED_ARGS = ("id", "now", "queue_timeout_s", "retention", "workspace", "cap", "grant_until", "template",
                       "split")
 CANCEL_ARGS = ("id", "workspace", "model", "now", "retention", "cap", "grant_until", "template", "write_deadline",
@@ -938,10 +938,13 @@ class RequestStore:
         detail: str = "",
         billable: bool | None = None,
         pointer: ResultPointer | None = None,
+        fallback_max: int | None = None,
     ) -> Complete:
         """Finish the request and settle its credits, once; a request already
         COMPLETED keeps its first outcome. ``billable`` defaults to "a success".
-        ``pointer``: the output is that object (already written), not ``output``."""
+        ``pointer``: the output is that object (already written), not ``output``.
+        ``fallback_max``: ``output`` is kept for an unanswering object store,
+        within that many bytes of the provider's fallback (else FALLBACK_FULL)."""
         request_id, provider = record.id, record.provider
         billable = (not error_type) if billable is None else billable
         now = time.time()
@@ -953,12 +956,14 @@ class RequestStore:
                 keys.stats(provider), keys.schedule(provider), running,
                 *self.effects.workspace_keys(provider, record.workspace), list_key,
                 keys.deadlines(provider), keys.body(request_id), keys.result_objects(provider),
+                keys.fallback_results(provider), keys.fallback_bytes(provider),
             ],
             args=argv(COMPLETE_ARGS, id=request_id, now=repr(now), retention=self.retention_s, error_type=error_type,
                       detail=detail, content_type=pointer.content_type if pointer else content_type, output=output,
                       billable="1" if billable else "0", cap=cap, grant_until=grant_until, template=template,
                       split=self.effects.flag, blob_key=pointer.key if pointer else "",
-                      blob_size=pointer.size if pointer else 0, blob_sha256=pointer.sha256 if pointer else ""),
+                      blob_size=pointer.size if pointer else 0, blob_sha256=pointer.sha256 if pointer else "",
+                      fallback_max="" if fallback_max is None else fallback_max),
         )
         reply = self.effects.settle(provider, reply)
         self._publish_granted(provider, reply[1:])

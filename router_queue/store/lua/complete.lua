@@ -13,6 +13,7 @@
 --         in both places, lib.lua's ws_target)
 -- KEYS[9] the broker's list for the provider  KEYS[10] P:deadlines:{provider}
 -- KEYS[11] P:body:{id}  KEYS[12] P:objects:{provider}
+-- KEYS[13] P:fallback:{provider}  KEYS[14] P:fallback-bytes:{provider}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, COMPLETE_ARGS):
 --   id  now (unix seconds)  retention (s)
 --   error_type ("" on success)  detail (a cancel's own reason, cancel.lua's
@@ -23,9 +24,14 @@
 --   blob_key blob_size blob_sha256: the output is that object-store object, already
 --     written (blob_key "" : the output is ARGV output, kept in KEYS[2]); its record
 --     points at it, and KEYS[12] names it for deletion when the record expires
+--   fallback_max: "" , or the bytes the provider's share of the Redis fallback
+--     may hold: the output belongs in the object store, which did not take it.
+--     It is kept in KEYS[2] if KEYS[14] + its size fits, and KEYS[13] names it
+--     for the sweeper to move; else nothing is written (FALLBACK_FULL).
 -- A success's result counts in its workspace's stored bytes (W:stored, by
 -- way of its effects: lib.lua, keep_result) until its record expires.
 -- returns {"COMPLETED", granted ids to publish..., effects owed...} | {"ALREADY_COMPLETED"} | {"MISSING"}
+--   | {"FALLBACK_FULL"}
 
 -- The record once: what this step reads of it, and what its ending reads (lib.lua).
 local rec = read_fields(KEYS[1], ENDING_FIELDS, {"status", "workspace", "started_at", "created_at", "cancel_detail"})
@@ -35,6 +41,15 @@ if not status then
 end
 if status == "COMPLETED" then
   return {"ALREADY_COMPLETED"}
+end
+local fallback = ARGV[ARG_FALLBACK_MAX] ~= "" and ARGV[ARG_ERROR_TYPE] == ""
+if fallback then
+  local size = string.len(ARGV[ARG_OUTPUT])
+  if (tonumber(redis.call("GET", KEYS[14])) or 0) + size > tonumber(ARGV[ARG_FALLBACK_MAX]) then
+    return {"FALLBACK_FULL"}
+  end
+  redis.call("INCRBY", KEYS[14], size)
+  redis.call("ZADD", KEYS[13], size, ARGV[ARG_ID])
 end
 
 local now = tonumber(ARGV[ARG_NOW])
