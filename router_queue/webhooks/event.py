@@ -30,9 +30,6 @@ DEFAULT_EVENTS = "completed"
 EVENTS_HEADER = "X-Comfy-Webhook-Events"
 #: The header that names where they go, on either submit route.
 URL_HEADER = "X-Comfy-Webhook-Url"
-#: Seconds between a request's progress events at least (a newer value
-#: replaces one not yet sent instead).
-PROGRESS_EVENT_EVERY_S = 2.0
 #: The completed event's type, in the body's ``type`` (the others': ``request.{event}``).
 EVENT_TYPE = "request.completed"
 USER_AGENT = "router-queue-webhooks/1"
