@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import redis
 
-from ..webhooks.endpoints import origin
+from ..urls import origin
 from . import keys
 from .owed import OwedEffects
 from .scripts import argv, load_script
