@@ -88,6 +88,7 @@ class Services:
             grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
             split=settings.store_is_cluster if split is None else split,
             ledger_retention_s=settings.ledger_retention_s,
+            progress_event_every_s=settings.webhook_progress_every_s,
         )
         box = secret_box(settings)
         accounts = Accounts(client, providers=tuple(catalog.providers()), box=box)

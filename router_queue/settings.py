@@ -201,6 +201,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "WEBHOOK_RETRY_FOR_SECONDS": ("webhook_retry_for_s", _float),
     "WEBHOOK_MAX_IN_FLIGHT_PER_WORKSPACE": ("webhook_max_in_flight_per_workspace", _int),
     "WEBHOOK_WAIT_SECONDS": ("webhook_wait_s", _float),
+    "WEBHOOK_PROGRESS_EVERY_SECONDS": ("webhook_progress_every_s", _float),
     "WEBHOOK_CIRCUIT_FAILURES": ("webhook_circuit_failures", _int),
     "WEBHOOK_CIRCUIT_COOLING_SECONDS": ("webhook_circuit_cooling_s", _float),
     "OTEL_EXPORTER_OTLP_ENDPOINT": ("otel_endpoint", _url),
@@ -380,6 +381,9 @@ class Settings:
     #: random point of twice this, doubling with each wait in a row up to x64
     #: (beat's sweep publishes it, so up to a sweep later).
     webhook_wait_s: float = 1.0
+    #: Seconds between a request's progress events at least; a newer value
+    #: replaces one not yet sent instead (``progress.lua``).
+    webhook_progress_every_s: float = 2.0
     #: Failed attempts in a row (timeouts, refused connections, HTTP errors) at
     #: one of a workspace's endpoints (a URL origin) that open its circuit. 0: none.
     webhook_circuit_failures: int = 5

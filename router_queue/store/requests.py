@@ -17,7 +17,6 @@ import redis
 
 from .. import states
 from ..blobs.pointers import ResultPointer
-from ..webhooks.event import PROGRESS_EVENT_EVERY_S
 from . import keys
 from .accounts import DEFAULT_LEDGER_RETENTION_S
 from .admission import ADMIT_ARGS, LostReplies, TwoStepAdmission
@@ -385,8 +384,10 @@ class RequestStore:
                  max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS, grants: GrantPublishing | None = None,
                  reads: redis.Redis | None = None, split: bool = False,
                  max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES, retry_max: int = 10,
-                 ledger_retention_s: int = DEFAULT_LEDGER_RETENTION_S):
+                 ledger_retention_s: int = DEFAULT_LEDGER_RETENTION_S, progress_event_every_s: float):
         self.client = client
+        #: Seconds between a request's progress events at least (WEBHOOK_PROGRESS_EVERY_SECONDS).
+        self.progress_event_every_s = progress_event_every_s
         #: What starts and ends owe workspaces, applied in the step (one
         #: Redis) or by a step of their own (split: a cluster; ``owed.py``).
         self.effects = OwedEffects(client, split=split)
@@ -923,7 +924,7 @@ class RequestStore:
         a webhook event of the request is due now (publish it)."""
         return int(self._progress(keys=[keys.request(request_id)],
                                   args=[request_id, token, repr(progress), repr(now or time.time()),
-                                        PROGRESS_EVENT_EVERY_S]))
+                                        self.progress_event_every_s]))
 
     def cancel_requested(self, request_id: str) -> bool:
         return bool(self.client.hexists(keys.request(request_id), "cancel_requested"))

@@ -961,7 +961,7 @@ local function owe_webhook(req_key, e, request_id, now, rec)
   redis.call("HSET", req_key, "webhook_final", 1)
   local event_key = key_webhook(request_id)
   if wants_event(rec.webhook_events, "completed") then
-    owe_event(webhook_snapshot(req_key, request_id, "completed", "msg_" .. request_id, now), now)
+    owe_event(webhook_snapshot(req_key, request_id, "completed", webhook_id(request_id), now), now)
   end
   if rec.webhook_counted == "1" then
     -- "open": its count goes back through its open entry's "w" (a split store's)
@@ -979,7 +979,7 @@ local function owe_started(req_key, request_id, now, url, events)
   if not url or url == "" or not wants_event(events, "started") then
     return false
   end
-  local event = webhook_snapshot(req_key, request_id, "started", "msg_" .. request_id .. "_started", now)
+  local event = webhook_snapshot(req_key, request_id, "started", webhook_id(request_id, "started"), now)
   return owe_event(event, now) == "DUE"
 end
 
@@ -994,7 +994,7 @@ local function owe_progress(req_key, request_id, now, every)
     return false
   end
   local n = tonumber(r[4] or "0") + 1
-  local event = webhook_snapshot(req_key, request_id, "progress", "msg_" .. request_id .. "_progress_" .. n, now)
+  local event = webhook_snapshot(req_key, request_id, "progress", webhook_id(request_id, "progress", n), now)
   local recent = r[3] and tonumber(now) - tonumber(r[3]) < tonumber(every)
   if recent then
     -- only a coalesce: never a new event within the interval
