@@ -157,8 +157,8 @@ def _floats(name: str, raw: str) -> tuple[float, ...]:
     return values
 
 
-#: environment variable -> (field name, parser). The README's configuration
-#: table lists the same variables; keep them in step.
+#: environment variable -> (field name, parser). docs/CONFIGURATION.md is
+#: generated from these and the fields' comments (``router_queue/settings_doc.py``).
 _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "REDIS_URL": ("redis_url", _redis_url),
     "CELERY_BROKER_URL": ("broker_url", _redis_url),
@@ -328,6 +328,7 @@ class Settings:
     #: Idempotency-Key re-attaches). Clients read with a 600 s timeout, so the
     #: answer leaves ``sync_margin_s`` before this mark.
     sync_deadline_s: float = 600.0
+    #: The level of every process's log lines (Python logging's names: DEBUG, INFO, WARNING, ...).
     log_level: str = "INFO"
     #: Seconds the front door waits on Redis (connect or answer) before it
     #: answers ``503 service_unavailable``: a stalled or restarting Redis costs a
@@ -338,7 +339,7 @@ class Settings:
     #: Replicas that must hold an admission, a cancel or a completion before
     #: it is answered (Redis ``WAIT``). 0: answer as soon as the primary has
     #: it, so a failover can lose what its replica had not yet received.
-    #: See the README's "Redis high availability".
+    #: See docs/DELIVERY.md, "Redis: restarts, stalls and failover".
     wait_replicas: int = 0
     #: Milliseconds such a write waits for its replicas; past it, it is
     #: answered anyway, logged and counted (the write is on the primary).
