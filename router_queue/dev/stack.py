@@ -240,7 +240,7 @@ router-queue is up.
   workspace    {workspace}   (the demo workspace, for the workspace and key commands)
   logs         {logs}
 
-The operator listener (not the front door's port; see the README's "Operating it"):
+The operator listener (not the front door's port; see docs/OPERATIONS.md, "Operating it"):
   ops page     {ops}/ops
   metrics      {ops}/metrics
 
