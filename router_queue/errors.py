@@ -47,6 +47,19 @@ class PayloadTooLarge(InvalidInput):
     status = 413
 
 
+class RangeNotSatisfiable(InvalidInput):
+    """A ``Range`` that selects nothing of the result (416); ``Content-Range`` names its size."""
+
+    status = 416
+
+    def __init__(self, detail: str, *, size: int):
+        super().__init__(detail)
+        self.size = size
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), "Content-Range": f"bytes */{self.size}"}
+
+
 class IdempotencyKeyConflict(InvalidInput):
     """The ``Idempotency-Key`` is bound to a different request (409)."""
 

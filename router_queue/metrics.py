@@ -22,6 +22,14 @@ WEBHOOK_OUTCOMES = ("delivered", "failed", "gone", "refused", "given_up")
 #: What the sweeper does, as counted.
 SWEEPER_ACTIONS = ("republished", "reaped", "timed_out", "deadline_cancels")
 
+#: What happens to results in the object store, as counted: an object written,
+#: a put given up (the output kept in Redis instead), a collect cut short by a
+#: sha256 mismatch (a corrupted object), objects deleted by the sweeper.
+OBJECT_EVENTS = ("put", "put_failed", "sha256_mismatch", "deleted", "orphans_deleted", "fallback", "fallback_full",
+                 "moved",
+                 # request bodies over BODY_INLINE_MAX_BYTES (web/stashed.py, workers/delivery.py)
+                 "body_put", "body_put_failed", "body_read_failed")
+
 #: This process's metrics (never prometheus_client's global registry, which
 #: libraries may add to).
 REGISTRY = CollectorRegistry(auto_describe=False)
@@ -46,8 +54,12 @@ WEBHOOK_DELIVERIES = Counter("router_queue_webhook_deliveries",
 WEBHOOK_SECONDS = Histogram("router_queue_webhook_delivery_seconds",
                             "Seconds one webhook attempt took, to the receiver's answer or failure.",
                             buckets=BUCKETS, registry=REGISTRY)
+OBJECTS = Counter("router_queue_result_objects", "Results in the object store: puts, failed puts, sha256 "
+                  "mismatches on collect, objects deleted (expired, orphaned).", ("event",), registry=REGISTRY)
 
 # Series a dashboard reads before anything happened: shown at 0 from the start.
+for _event in OBJECT_EVENTS:
+    OBJECTS.labels(_event)
 for _action in SWEEPER_ACTIONS:
     SWEEPS.labels(_action)
 for _outcome in WEBHOOK_OUTCOMES:
@@ -108,6 +120,11 @@ class Recorder:
 
     def webhook_given_up(self) -> None:
         WEBHOOK_DELIVERIES.labels("given_up").inc()
+
+    def objects(self, event: str, count: int = 1) -> None:
+        """Results and bodies in the object store: one of :data:`OBJECT_EVENTS`."""
+        if count:
+            OBJECTS.labels(event).inc(count)
 
     def swept(self, *, republished: int, reaped: int, timed_out: int, deadline_cancels: int = 0) -> None:
         for action, count in (("republished", republished), ("reaped", reaped), ("timed_out", timed_out),

@@ -10,6 +10,7 @@ from typing import Protocol
 import redis
 from celery import Celery
 
+from .blobs.store import BlobStore, open_blob_store
 from .broker.dispatch import Dispatcher
 from .catalog import Catalog
 from .metrics import Recorder
@@ -54,6 +55,8 @@ class Services:
     #: What publishes deliveries; the store publishes its grants through it.
     #: None where nothing publishes (a grant then waits for the reaper).
     dispatcher: Publisher | None = None
+    #: The object store big results live in (``OBJECT_STORE_URL``); None: all in Redis.
+    blobs: BlobStore | None = None
 
     @classmethod
     def build(cls, settings: Settings, client: redis.Redis | None = None, *, celery: Celery | None = None,
@@ -85,6 +88,7 @@ class Services:
             grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
             split=settings.store_is_cluster if split is None else split,
             ledger_retention_s=settings.ledger_retention_s,
+            progress_event_every_s=settings.webhook_progress_every_s,
         )
         box = secret_box(settings)
         accounts = Accounts(client, providers=tuple(catalog.providers()), box=box)
@@ -101,6 +105,7 @@ class Services:
                                   providers=tuple(catalog.providers()), effects=store.effects),
             fleet=Fleet(client, heartbeat_s=settings.worker_heartbeat_s),
             dispatcher=dispatcher,
+            blobs=open_blob_store(settings.object_store_url, allow_http=settings.object_store_allow_http),
         )
 
 

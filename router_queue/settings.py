@@ -73,6 +73,15 @@ def _redis_url(name: str, raw: str) -> str:
     return raw
 
 
+def _object_store_url(name: str, raw: str) -> str:
+    """``s3://bucket/prefix``, ``gs://bucket/prefix`` or ``file:///path``."""
+    raw = raw.strip().rstrip("/")
+    scheme, sep, rest = raw.partition("://")
+    if not sep or scheme not in ("s3", "gs", "file") or not rest.strip("/"):
+        raise SettingsError(f"{name} must be s3://bucket/prefix, gs://bucket/prefix or file:///path, got {raw!r}")
+    return raw
+
+
 def without_password(url: str) -> str:
     """``url`` fit to print: any user and password replaced by ``***``."""
     return re.sub(r"://[^@/;]*@", "://***@", url)
@@ -148,8 +157,8 @@ def _floats(name: str, raw: str) -> tuple[float, ...]:
     return values
 
 
-#: environment variable -> (field name, parser). The README's configuration
-#: table lists the same variables; keep them in step.
+#: environment variable -> (field name, parser). docs/CONFIGURATION.md is
+#: generated from these and the fields' comments (``router_queue/settings_doc.py``).
 _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "REDIS_URL": ("redis_url", _redis_url),
     "CELERY_BROKER_URL": ("broker_url", _redis_url),
@@ -192,9 +201,17 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "WEBHOOK_RETRY_FOR_SECONDS": ("webhook_retry_for_s", _float),
     "WEBHOOK_MAX_IN_FLIGHT_PER_WORKSPACE": ("webhook_max_in_flight_per_workspace", _int),
     "WEBHOOK_WAIT_SECONDS": ("webhook_wait_s", _float),
+    "WEBHOOK_PROGRESS_EVERY_SECONDS": ("webhook_progress_every_s", _float),
     "WEBHOOK_CIRCUIT_FAILURES": ("webhook_circuit_failures", _int),
     "WEBHOOK_CIRCUIT_COOLING_SECONDS": ("webhook_circuit_cooling_s", _float),
     "OTEL_EXPORTER_OTLP_ENDPOINT": ("otel_endpoint", _url),
+    "OBJECT_STORE_URL": ("object_store_url", _object_store_url),
+    "AWS_ALLOW_HTTP": ("object_store_allow_http", _bool),
+    "RESULT_INLINE_MAX_BYTES": ("result_inline_max_bytes", _int),
+    "BODY_INLINE_MAX_BYTES": ("body_inline_max_bytes", _int),
+    "RESULT_LINK_SECONDS": ("result_link_s", _int),
+    "OBJECT_STORE_PUT_WINDOW_SECONDS": ("object_store_put_window_s", _float),
+    "OBJECT_STORE_FALLBACK_MAX_BYTES": ("object_store_fallback_max_bytes", _int),
 }
 
 
@@ -202,21 +219,29 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
 class Settings:
     #: Redis holding requests, queues, keys and results. ``router-queue dev``
     #: starts an embedded server instead when the variable is not set at all.
+    #: ``redis://``, ``sentinel://...?master_name=NAME`` or ``redis+cluster://HOST:PORT[,HOST:PORT...]`` (then
+    #: ``CELERY_BROKER_URL`` must be set).
     redis_url: str = "redis://127.0.0.1:6379/0"
     #: Celery broker; empty means the same Redis as ``redis_url``.
+    #: ``redis://``, ``sentinel://`` or ``amqp://``; never a cluster.
     broker_url: str = ""
     #: A replica of ``redis_url`` that serves status polls and event streams'
     #: position reads (``redis://``; a ``sentinel://`` URL reads the replicas
     #: those sentinels name). Empty: the primary serves them.
+    #: With ``REDIS_URL`` a cluster URL, the same URL: each slot's replicas serve them (docs/DELIVERY.md,
+    #: "Status polls served by a replica").
     redis_read_url: str = ""
     #: Origin the absolute status/response/cancel URLs (and a webhook's
     #: ``response_url``) are built on. Empty: the origin the caller used, when
     #: its Host is one of ``trusted_hosts``. The web process needs one of the
     #: two (:meth:`require_public_origin`): never a caller's Host echoed blindly.
+    #: With neither, the web process refuses to start, naming both.
     public_base_url: str = ""
     #: Hosts the front door answers for when ``public_base_url`` is empty
     #: (werkzeug's patterns: ``example.com``, ``.example.com`` for it and its
     #: subdomains; a port is ignored). A call naming another gets 400.
+    #: URLs then follow the caller's ``Host``; another ``Host`` is ``400 invalid_input``. ``router-queue dev``
+    #: and the tests set ``127.0.0.1,localhost``.
     trusted_hosts: tuple[str, ...] = ()
     #: The operator listener's port: ``/metrics``, ``/ops`` and
     #: ``/ops/summary.json`` answer only on connections gunicorn accepted on it
@@ -229,19 +254,25 @@ class Settings:
     #: The bearer token the operator listeners ask for (``/metrics``, ``/ops``;
     #: ``/healthz`` and ``/readyz`` stay open). Required once ``ops_host`` is
     #: beyond loopback (:meth:`require_ops_token`); empty on loopback: open.
+    #: Sent as ``Authorization: Bearer <token>``; in a browser, the password of any user name. Beyond loopback
+    #: without it, the process refuses to start.
     ops_token: Secret = Secret("")
     #: Seconds a process reuses its ``/readyz`` answer: one check of Redis
     #: (an INFO per primary) per this, whatever the call rate. 0: every call.
+    #: Concurrent calls share one check.
     readyz_cache_s: float = 1.0
     #: The proxies whose ``X-Forwarded-For`` names the caller (the rate bucket
     #: of callers without a key): the variable gunicorn reads for the same
     #: trust (addresses or CIDR networks; ``*``: any peer). = nginx's
     #: ``set_real_ip_from`` plus the address nginx reaches gunicorn from.
+    #: ``X-Forwarded-For`` is walked from the right past these to the first other address; gunicorn reads the
+    #: same variable for ``X-Forwarded-Proto`` (deploy/README.md).
     forwarded_allow_ips: tuple[str, ...] = ("127.0.0.1", "::1")
     #: The port a Celery worker serves its own counters and histograms on
     #: (``/metrics``, prometheus_client's server on ``ops_host``; workers/main.py),
     #: for Prometheus to scrape each worker. 0: none (``router-queue dev`` and the
     #: tests share one metrics directory, served by the front door instead).
+    #: 9100 in Kubernetes. A port already taken is logged, and the worker runs on.
     worker_metrics_port: int = 0
     #: Hosts provider calls may go to (``fnmatch`` patterns on the host name),
     #: over https; plus the origin of ``provider_origin_override`` when set. A
@@ -258,8 +289,15 @@ class Settings:
     #: ones are trimmed as new holds are written (``router-queue workspace
     #: ledger`` exports it before then).
     ledger_retention_s: int = 3_024_000
-    #: Largest submit body accepted, in bytes; larger gets ``413``.
-    max_body_bytes: int = 1_048_576
+    #: Largest submit body accepted, in bytes; larger gets ``413``. The
+    #: largest inline request any catalog provider takes: Vertex AI Gemini's
+    #: 20 MB total request size (inline images, base64; larger is its own
+    #: 413: firebase.google.com/docs/vertex-ai/input-file-requirements), read
+    #: as 20,000,000 bytes, the stricter reading. BFL's input_image fields and
+    #: OpenAI TTS's 4,096-character input are smaller. Bodies over
+    #: BODY_INLINE_MAX_BYTES live in the object store, not Redis; without
+    #: one, set this lower (bodies then sit in Redis).
+    max_body_bytes: int = 20_000_000
     #: The model catalog (JSON). Defaults to the one shipped in the package.
     catalog_path: str = str(DEFAULT_CATALOG)
     #: Replaces the scheme and host of every upstream URL (the stub provider
@@ -269,6 +307,9 @@ class Settings:
     #: their credentials (``BFL_API_KEY``, ...), masked in ``repr``; a variable
     #: that is unset or empty is absent. Workers hand them to the adapters
     #: (workers/credentials.py).
+    #: ``VERTEXAI_ACCESS_TOKEN`` is a fixed Vertex AI token (the stub, tests); leave it unset in production:
+    #: tokens then come from google-auth, refreshed before they expire (docs/OPERATIONS.md, "Provider
+    #: credentials").
     provider_credentials: Mapping[str, Secret] = field(default_factory=dict, hash=False)
     #: Seconds a request granted a provider slot may wait for its delivery to
     #: claim it before the sweeper publishes it again (its message was lost:
@@ -277,9 +318,11 @@ class Settings:
     republish_after_s: float = 30.0
     #: Seconds between two sweeper runs (Celery beat): lost publishes, expired
     #: leases, queue timeouts.
+    #: Caller deadlines too: a deadline is acted on within this.
     sweep_interval_s: float = 5.0
     #: Seconds between two heartbeats of a worker's consumer
     #: (``store/fleet.py``); three missed count it dead.
+    #: Dead shows on ``/ops``, in ``ops depths`` and in ``router_queue_workers_alive``.
     worker_heartbeat_s: float = 10.0
     #: Seconds the Redis broker waits for an ack before redelivering. Must be
     #: longer than any task runs; see router_queue/broker/celery_app.py.
@@ -291,31 +334,35 @@ class Settings:
     #: How many times a request whose worker died is taken over before it
     #: ends provider_error (a request that kills its worker every time).
     max_takeovers: int = 3
-    #: Requests a workspace may have waiting IN_QUEUE (a workspace's own
-    #: ``max_queued`` wins); past it, ``429 queue_backlog_full``.
+    #: Requests a workspace may have waiting IN_QUEUE (a workspace's own limit,
+    #: ``workspace set-limits --max-queued``, wins); past it, ``429 queue_backlog_full``.
     max_queued: int = 1000
     #: Retries a request's chain (it, its retries and theirs) may have all
     #: told, sharing its kept body; past it, ``409 retry_limit_reached``.
     retry_max_per_request: int = 10
     #: Calls per caller across all routes, polls included, in Flask-Limiter's
     #: notation ("50/second;2000/minute"); a workspace's own ``rate_limit`` wins.
+    #: A change to a workspace's limit applies within 2 s: each front door reuses a key's resolution, its
+    #: workspace's limit with it, that long.
     default_rate_limit: str = "50/second"
     #: Seconds the synchronous route holds a connection before it answers
     #: ``504 deadline_exceeded`` (the generation runs on; the same
     #: Idempotency-Key re-attaches). Clients read with a 600 s timeout, so the
     #: answer leaves ``sync_margin_s`` before this mark.
     sync_deadline_s: float = 600.0
+    #: The level of every process's log lines (Python logging's names: DEBUG, INFO, WARNING, ...).
     log_level: str = "INFO"
     #: Seconds the front door waits on Redis (connect or answer) before it
     #: answers ``503 service_unavailable``: a stalled or restarting Redis costs a
     #: caller this long, not the workers' 5 s. Admissions and cancels carry a
     #: deadline inside it, checked against Redis's own clock, so one the caller
     #: was told failed never takes effect when Redis wakes.
+    #: A submit whose reply was lost reads its outcome back for up to that long again.
     front_door_redis_wait_s: float = 0.8
     #: Replicas that must hold an admission, a cancel or a completion before
     #: it is answered (Redis ``WAIT``). 0: answer as soon as the primary has
     #: it, so a failover can lose what its replica had not yet received.
-    #: See the README's "Redis high availability".
+    #: See docs/DELIVERY.md, "Redis: restarts, stalls and failover".
     wait_replicas: int = 0
     #: Milliseconds such a write waits for its replicas; past it, it is
     #: answered anyway, logged and counted (the write is on the primary).
@@ -329,17 +376,22 @@ class Settings:
     #: (``store/secret_box.py``), newest first: new secrets are sealed with the
     #: first, any opens. Empty: secrets are stored as given, until the store
     #: holds a sealed one; then every process refuses to start without them.
+    #: Unset: ``workspace webhook-secret`` refuses, and plaintext secrets from before encryption keep signing
+    #: until ``ops migrate-keys`` seals them. Rotation: deploy/README.md, "Webhook secrets".
     webhook_secrets_keys: tuple[Secret, ...] = ()
     #: OpenTelemetry's OTLP/HTTP collector (``router_queue/tracing.py``): set,
     #: each process exports its spans there; empty, nothing is instrumented.
     #: The exporter reads the other ``OTEL_*`` variables itself.
+    #: Spans go to ``.../v1/traces`` under it (docs/OPERATIONS.md, "Tracing (OpenTelemetry)").
     otel_endpoint: str = ""
     #: Seconds one webhook attempt may take: the connect, each read, and the
     #: (capped) response body in all.
+    #: It runs from the host's lookup to the answer's status.
     webhook_timeout_s: float = 10.0
     #: Seconds a webhook host's name lookup may take, at submit (past it:
     #: ``400 invalid_input``) and within an attempt's ``webhook_timeout_s``
     #: (past it: a failed attempt); then it is abandoned (webhooks/lookup.py).
+    #: At most 8 lookups run per process.
     webhook_resolve_timeout_s: float = 2.0
     #: Seconds an attempt holds its event: a worker killed mid-delivery leaves
     #: the event due again this long after its attempt began. Keep it above
@@ -347,8 +399,10 @@ class Settings:
     webhook_lease_s: float = 30.0
     #: Seconds before attempt 2, 3, ... of a failed webhook; the last repeats
     #: (router_queue/webhooks/retry_policy.py).
+    #: Each wait is +-20 %.
     webhook_retry_schedule_s: tuple[float, ...] = (5.0, 30.0, 120.0, 600.0, 1800.0, 3600.0, 7200.0)
     #: Seconds after a webhook event was owed past which no attempt is made: it is given up.
+    #: No wait ends later than this either.
     webhook_retry_for_s: float = 86_400.0
     #: Webhook attempts one workspace may have in flight at once, fleet-wide;
     #: its other events wait their turn (not an attempt, not a failure). 0: no cap.
@@ -357,12 +411,51 @@ class Settings:
     #: random point of twice this, doubling with each wait in a row up to x64
     #: (beat's sweep publishes it, so up to a sweep later).
     webhook_wait_s: float = 1.0
+    #: Seconds between a request's progress events at least; a newer value
+    #: replaces one not yet sent instead (``progress.lua``).
+    webhook_progress_every_s: float = 2.0
     #: Failed attempts in a row (timeouts, refused connections, HTTP errors) at
     #: one of a workspace's endpoints (a URL origin) that open its circuit. 0: none.
     webhook_circuit_failures: int = 5
     #: Seconds an open circuit keeps that endpoint's events waiting; then one
     #: attempt probes it: an answer closes it, a failure opens it again.
+    #: Each waiting event comes back at a random point of the next cooling (doubling with each wait, up to
+    #: x64).
     webhook_circuit_cooling_s: float = 30.0
+    #: The object store big results live in (``router_queue/blobs``):
+    #: ``s3://bucket/prefix`` (AWS and S3-compatible stores, configured by the
+    #: standard ``AWS_*`` variables), ``gs://bucket/prefix``, ``file:///path``.
+    #: Empty: every result stays in Redis. ``router-queue dev`` uses a directory.
+    #: It holds results over ``RESULT_INLINE_MAX_BYTES`` and bodies over ``BODY_INLINE_MAX_BYTES``. S3:
+    #: ``AWS_ACCESS_KEY_ID``/``AWS_SECRET_ACCESS_KEY`` or an instance/container role or web identity,
+    #: ``AWS_REGION``, ``AWS_ENDPOINT_URL`` for R2, MinIO or Ceph; GCS: ``GOOGLE_APPLICATION_CREDENTIALS`` or
+    #: the metadata server.
+    object_store_url: str = ""
+    #: The object store's endpoint may be plain http (``AWS_ALLOW_HTTP=true``: a
+    #: local MinIO or test server). Off: https only.
+    object_store_allow_http: bool = False
+    #: Results up to this many bytes stay in Redis; larger ones go to the
+    #: object store when there is one (Redis keeps a pointer).
+    #: The pointer: key, size, sha256, content type.
+    result_inline_max_bytes: int = 65_536
+    #: Request bodies up to this many bytes stay in Redis; larger ones go to
+    #: the object store at admission when there is one (Redis keeps a pointer).
+    #: Written before the ``201`` (the pointer: key, size, sha256); a store that does not answer is ``503``,
+    #: nothing admitted or charged. The worker reads the body back before it claims the request and checks its
+    #: sha256.
+    body_inline_max_bytes: int = 65_536
+    #: Seconds a signed result link (the ``/link`` route) stays valid.
+    result_link_s: int = 300
+    #: Seconds a worker tries to put a big output into an unanswering object
+    #: store (with backoff, its lease renewed) before keeping it in Redis.
+    #: Kept within ``OBJECT_STORE_FALLBACK_MAX_BYTES``.
+    object_store_put_window_s: float = 300.0
+    #: Bytes of big outputs Redis may hold for an unanswering object store,
+    #: over the whole store (each provider's family a share: ``store/fallback.py``);
+    #: the sweeper moves them to the store when it answers again.
+    #: 256 MiB; each provider's share is this divided by the catalog's providers. Full too: the request stays
+    #: ``IN_PROGRESS``, uncharged, until one store takes its output.
+    object_store_fallback_max_bytes: int = 256 * 1024 * 1024
 
     @property
     def sync_hold_s(self) -> float:

@@ -21,6 +21,7 @@ _TOKEN = re.compile(r"\[stub:([A-Za-z0-9_]+)(?:=([^\]\s]*))?\]")
 
 DEFAULT_HANG_S = 120.0  # seconds, when `[stub:hang]` carries no value
 DEFAULT_RETRY_AFTER_S = 1.0  # seconds, when only `[stub:429_times=N]` is given
+MAX_SIZE_BYTES = 64 * 1024 * 1024  # largest output `[stub:size=BYTES]` may ask for, bytes
 
 
 @dataclass(frozen=True)
@@ -35,6 +36,7 @@ class Directives:
     rate_limit_times: int = 0  # first N calls per body digest answer 429
     refuse: bool = False  # content-policy refusal, provider style
     reject: bool = False  # 4xx input error, provider style
+    size: int | None = None  # bytes of the generated file (Vertex's image decoded, OpenAI's audio)
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,8 @@ def parse(text: Any) -> Directives:
             found["refuse"] = True
         elif name == "reject" and value is None:
             found["reject"] = True
+        elif name == "size" and (count := _count(value)) is not None and count <= MAX_SIZE_BYTES:
+            found["size"] = count
     if rate_limit_seen:
         found.setdefault("retry_after", DEFAULT_RETRY_AFTER_S)
         found.setdefault("rate_limit_times", 1)

@@ -74,5 +74,6 @@ def speech() -> Response:
     if wanted.latency:
         st.sleep(wanted.latency)
 
-    audio = mp3_bytes(body_digest, text) if fmt == "mp3" else wav_bytes(body_digest, text)
+    size = wanted.size
+    audio = mp3_bytes(body_digest, text, size) if fmt == "mp3" else wav_bytes(body_digest, text, size)
     return Response(audio, mimetype=_MIMETYPES[fmt])

@@ -152,6 +152,23 @@ def jpeg_bytes(hex_digest: str, side: int = IMAGE_SIDE_PX) -> bytes:
     )
 
 
+#: A private ancillary PNG chunk ("stUb": decoders skip it) that pads an image
+#: to the size `[stub:size=BYTES]` asks for.
+PAD_CHUNK = b"stUb"
+PNG_CHUNK_OVERHEAD = 12  # length, type and CRC around a chunk's data, bytes
+
+
+def sized_png(hex_digest: str, size: int | None) -> bytes:
+    """The digest's PNG, padded with a :data:`PAD_CHUNK` of pseudo-random bytes to
+    exactly ``size`` bytes; the plain PNG when ``size`` is None or too small to pad."""
+    png = png_bytes(hex_digest)
+    room = (size or 0) - len(png) - PNG_CHUNK_OVERHEAD
+    if room < 0:
+        return png
+    end = png.rindex(b"IEND") - 4  # IEND's length field
+    return png[:end] + _png_chunk(PAD_CHUNK, byte_stream(hex_digest, room)) + png[end:]
+
+
 def image_bytes(hex_digest: str, ext: str) -> bytes:
     """The file served at /files/<digest>.<ext>."""
     return png_bytes(hex_digest) if ext == "png" else jpeg_bytes(hex_digest)
@@ -165,24 +182,29 @@ def audio_length(text: str) -> int:
     return min(AUDIO_BASE_BYTES + AUDIO_BYTES_PER_CHAR * len(text), AUDIO_MAX_BYTES)
 
 
-def mp3_bytes(hex_digest: str, text: str) -> bytes:
-    """An empty ID3v2.4 tag followed by deterministic filler (not decodable audio)."""
+def mp3_bytes(hex_digest: str, text: str, size: int | None = None) -> bytes:
+    """An empty ID3v2.4 tag followed by deterministic filler (not decodable
+    audio): ``size`` bytes when given, else as long as the text asks."""
     tag = b"ID3\x04\x00\x00\x00\x00\x00\x00"  # version 2.4, no flags, size 0
-    total = max(audio_length(text), len(tag))
+    total = max(audio_length(text) if size is None else size, len(tag))
     return tag + byte_stream(hex_digest, total - len(tag))
 
 
-def wav_bytes(hex_digest: str, text: str) -> bytes:
-    """A valid 16-bit mono PCM WAV holding a triangle tone picked by the digest."""
+def wav_bytes(hex_digest: str, text: str, size: int | None = None) -> bytes:
+    """A valid 16-bit mono PCM WAV holding a triangle tone picked by the digest:
+    ``size`` bytes when given (an odd one less one: whole samples), else as
+    long as the text asks."""
     header_len = 44
-    data_len = max(audio_length(text) - header_len, 0) & ~1  # whole 16-bit samples
+    total = audio_length(text) if size is None else size
+    data_len = max(total - header_len, 0) & ~1  # whole 16-bit samples
     period = 40 + int(hex_digest[:2], 16) % 80  # samples per cycle: 200-600 Hz
     amplitude = 8000  # of 32767
-    samples = []
-    for i in range(data_len // 2):
-        phase = (4 * amplitude * (i % period)) // period  # 0 .. 4*amplitude
-        samples.append(phase - amplitude if phase < 2 * amplitude else 3 * amplitude - phase)
-    data = struct.pack(f"<{len(samples)}h", *samples)
+    cycle = []
+    for i in range(period):
+        phase = (4 * amplitude * i) // period  # 0 .. 4*amplitude
+        cycle.append(phase - amplitude if phase < 2 * amplitude else 3 * amplitude - phase)
+    one_cycle = struct.pack(f"<{period}h", *cycle)
+    data = (one_cycle * (data_len // len(one_cycle) + 1))[:data_len]  # the tone repeats every cycle
     fmt = struct.pack("<HHIIHH", 1, 1, WAV_RATE_HZ, WAV_RATE_HZ * 2, 2, 16)
     return (
         b"RIFF"

@@ -1,7 +1,8 @@
 """Vertex AI Gemini wire format: one synchronous generateContent call.
 
 The answer carries one candidate with an inline base64 PNG, the way the
-Gemini image models return images; `refuse` answers 200 with only
+Gemini image models return images (`[stub:size=BYTES]` pads it to BYTES, so
+the answer is about 4/3 of that, as a real 1K image's is); `refuse` answers 200 with only
 promptFeedback (no candidates), which is how Gemini blocks a prompt.
 """
 
@@ -12,7 +13,7 @@ import base64
 from flask import Blueprint, Response
 
 from . import directives
-from .outputs import VERTEX_IMAGE_TOKENS, png_bytes, prompt_tokens, response_id
+from .outputs import VERTEX_IMAGE_TOKENS, prompt_tokens, response_id, sized_png
 from .wire import bearer_token, json_response, read_body, retry_after_headers, state
 
 bp = Blueprint("vertex", __name__)
@@ -94,7 +95,7 @@ def generate(project: str, location: str, model_action: str) -> Response:
                 "responseId": response_id(body_digest),
             }
         )
-    image = base64.b64encode(png_bytes(body_digest)).decode("ascii")
+    image = base64.b64encode(sized_png(body_digest, wanted.size)).decode("ascii")
     return json_response(
         {
             "candidates": [

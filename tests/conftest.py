@@ -9,6 +9,7 @@ import pytest
 
 from router_queue.dev.stack import redis_answers
 
+from .object_stores import S3Server, s3_server
 from .redis_servers import TEST_REDIS_URL, PrivateRedis
 
 
@@ -30,3 +31,10 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         yield server.url
     finally:
         server.stop()
+
+
+@pytest.fixture(scope="session")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """The session's S3-compatible server (moto's, in a subprocess: ``object_stores.py``)."""
+    with s3_server(tmp_path_factory.mktemp("s3-server")) as server:
+        yield server

@@ -22,7 +22,9 @@ from router_queue.store.outcomes import Claim, Complete
 from router_queue.store.requests import WEBHOOK_DUE, Lease, RequestRecord
 from router_queue.webhooks import delivery as webhook_delivery
 
+from .bodies import STORE_AWAY_RETRY_S, BodyLost, BodyUnavailable, native_body
 from .context import WorkerContext
+from .outputs import keep_output
 from .providers import ADAPTERS, HandBack, ProviderCall, ProviderFailure
 from .providers.hosts import ProviderHosts
 
@@ -109,6 +111,14 @@ def _deliver(context: WorkerContext, request_id: str, execution: Execution) -> s
     entry = services.catalog.by_id(record.model)
     if entry is None:
         store.complete(record, error_type=states.INTERNAL_ERROR, detail=f"model {record.model} left the catalog")
+        return "internal_error"
+    try:
+        body = native_body(services.blobs, services.metrics, request_id, body)
+    except BodyUnavailable as away:  # nothing claimed: this delivery comes back
+        raise Later(STORE_AWAY_RETRY_S, f"the object store did not give the body: {away}") from None
+    except BodyLost as lost:
+        log.error("request %s: %s; ended unbilled", request_id, lost)
+        store.complete(record, error_type=states.INTERNAL_ERROR, detail=f"its body could not be read: {lost}")
         return "internal_error"
     lease = Lease(token=execution.token, lease_s=services.settings.lease_s,
                   queue_timeout_s=entry.policy.queue_timeout_s, max_takeovers=services.settings.max_takeovers,
@@ -261,8 +271,9 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
                                              detail="the worker failed while running the request"),
                    states.INTERNAL_ERROR, call.started_at)
         return "internal_error"
-    _completed(context, metrics, record, complete(output=output.content, content_type=output.content_type),
-               "success", call.started_at)
+    written = keep_output(services, context.leases, record, execution.token, output.content, output.content_type,
+                          complete)
+    _completed(context, metrics, record, written, "success", call.started_at)
     log.info("request %s completed in %.2f s", request_id, time.monotonic() - started,
              extra={"outcome": "success", "status": "COMPLETED"})
     return "completed"

@@ -5,9 +5,10 @@ out are published again; requests past their queue timeout or the caller's
 start deadline end ``queue_timeout``, those past ``X-Comfy-Deadline`` are
 cancelled (``cancel.lua``); free slots are granted; on a split store, owed
 workspace effects are given and abandoned admissions undone; webhook events
-due are published to ``router.webhooks``. Every action is safe to repeat: the
-claim lets one delivery run a request. Each in full: ``docs/ARCHITECTURE.md``,
-"The broker and the workers".
+due are published to ``router.webhooks``; results in the object store whose
+records expired are deleted (``object_expiry.py``), those kept in Redis while it
+was away moved to it (``result_moves.py``). Every action is safe to repeat: the
+claim lets one delivery run a request. Each in full: ``docs/ARCHITECTURE.md``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from router_queue import states
 from router_queue.store.outcomes import Cancel
 
 from .context import WorkerContext
+from .object_expiry import expire_objects
+from .result_moves import move_fallback_results
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +44,11 @@ class SweepReport:
     effects_reconciled: int = 0
     #: Admissions given up between their steps, their workspace's part undone.
     admissions_abandoned: int = 0
+    #: Object-store results deleted: their records expired; orphans (the hourly pass).
+    objects_deleted: int = 0
+    orphans_deleted: int = 0
+    #: Results kept in Redis while the object store was away, moved to it.
+    results_moved: int = 0
 
 
 def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
@@ -73,12 +81,15 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
     webhooks = services.webhooks.due(now=now, again_at=now + services.settings.webhook_lease_s)
     for request_id in webhooks:
         context.dispatcher.publish_webhook(request_id)
+    objects_deleted, orphans_deleted = expire_objects(context, now)
+    results_moved = move_fallback_results(context, now)  # last: a stalled store delays nothing else
     services.metrics.swept(republished=republished, reaped=reaped, timed_out=timed_out,
                            deadline_cancels=deadline_cancels)
     if republished or reaped or timed_out or deadline_cancels:
         log.warning("sweeper: %d re-published, %d taken from dead workers, %d queue timeouts, "
                     "%d cancels at the caller's deadline", republished, reaped, timed_out, deadline_cancels)
-    return SweepReport(republished, reaped, timed_out, len(webhooks), deadline_cancels, reconciled, abandoned)
+    return SweepReport(republished, reaped, timed_out, len(webhooks), deadline_cancels, reconciled, abandoned,
+                       objects_deleted, orphans_deleted, results_moved)
 
 
 def _enforce_deadlines(context: WorkerContext, provider: str, now: float) -> tuple[int, int]:

@@ -13,8 +13,8 @@ from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from ..store.migrate import legacy_keys_present, migrate, seal_webhook_secrets
 from ..store.outcomes import Cancel
 from ..store.webhooks import FailingEndpoint
+from ..urls import origin
 from ..web.operations import summary
-from ..webhooks.endpoints import origin
 from .context import services as _services
 
 

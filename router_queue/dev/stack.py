@@ -236,10 +236,11 @@ router-queue is up.
   front door   {base}
   stub         {stub}   (stands in for bfl, vertexai, openai)
   redis        {redis}
+  objects      {objects}   (results over RESULT_INLINE_MAX_BYTES)
   workspace    {workspace}   (the demo workspace, for the workspace and key commands)
   logs         {logs}
 
-The operator listener (not the front door's port; see the README's "Operating it"):
+The operator listener (not the front door's port; see docs/OPERATIONS.md, "Operating it"):
   ops page     {ops}/ops
   metrics      {ops}/metrics
 
@@ -331,6 +332,8 @@ def dev(port: int, stub_port: int, ops_port: int) -> None:
         redis_port = free_port()
         start_embedded_redis(redis_port)
         env["REDIS_URL"] = f"redis://127.0.0.1:{redis_port}/0"
+    if "OBJECT_STORE_URL" not in env:  # big results in a directory of this run (set it empty: all in Redis)
+        env["OBJECT_STORE_URL"] = f"file://{tempfile.mkdtemp(prefix='router-queue-objects-')}"
     env.setdefault("PROVIDER_ORIGIN_OVERRIDE", f"http://127.0.0.1:{stub_port}")
     env.setdefault("WEBHOOK_ALLOW_LOOPBACK_HTTP", "1")  # a receiver of your own on this machine
     if not env.get("WEBHOOK_SECRETS_KEY"):
@@ -362,6 +365,7 @@ def dev(port: int, stub_port: int, ops_port: int) -> None:
                                       ops=f"http://127.0.0.1:{ops_port}", workspace=workspace_id,
                                       redis=env["REDIS_URL"], logs=stack.log_dir, key=api_key,
                                       secrets_key=env["WEBHOOK_SECRETS_KEY"],
+                                      objects=env["OBJECT_STORE_URL"] or "none: every result stays in Redis",
                                       steps=CURL_STEPS))
         _supervise(stack)
     except KeyboardInterrupt:

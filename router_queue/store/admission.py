@@ -20,8 +20,10 @@ from typing import Any, Callable
 
 import redis
 
+from ..blobs.pointers import BodyPointer, body_size
 from . import keys
 from .connect import UNREACHABLE, Unsent, bounded, never_sent
+from .objects import POINTER_MAX_BYTES
 from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
@@ -198,13 +200,17 @@ class TwoStepAdmission:
         so the quotas' answers tell nothing of it (the provider's step then
         refuses it as unknown)."""
         if not values["retry_of"]:
-            return len(values["body"].encode())
+            return body_size(values["body"])
         original = keys.request(values["retry_of"])
         workspace, model, owner = self.client.hmget(original, ("workspace", "model", "body_of"))
         if workspace != values["workspace"].encode() or model != values["model"].encode():
             return 0
+        kept_key = keys.body(owner.decode() if owner else values["retry_of"])
         pipe = self.client.pipeline(transaction=False)
-        pipe.strlen(keys.body(owner.decode() if owner else values["retry_of"]))
+        pipe.strlen(kept_key)
+        pipe.getrange(kept_key, 0, POINTER_MAX_BYTES)  # a pointer's text names the object's size
         pipe.hstrlen(original, "body")
-        kept, in_record = pipe.execute()
+        kept, head, in_record = pipe.execute()
+        if BodyPointer.parse(head) is not None:
+            return body_size(head)
         return int(kept or in_record or 0)

@@ -87,7 +87,7 @@ class Fleet:
 
 class FleetCollector(Collector):
     """``router_queue_workers_alive{queue}``, read from the heartbeats on each
-    scrape: the alert for a queue nothing consumes (README, "Alerts")."""
+    scrape: the alert for a queue nothing consumes (docs/OPERATIONS.md, "Which workers are alive")."""
 
     def __init__(self, fleet: Fleet, queues: list[str]):
         self.fleet = fleet

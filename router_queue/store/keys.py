@@ -127,6 +127,32 @@ def deadlines(provider: str) -> str:
     return f"{provider_prefix(provider)}:deadlines:{provider}"
 
 
+def result_objects(provider: str, request_id: str | None = None) -> str:
+    """The objects holding its requests' results and bodies (``"{id} {object
+    key}"``), by when their record (a result's) or pointer (a body's,
+    ``P:body:{id}``) expires: the sweeper deletes them from here. With
+    ``request_id``: the one its scripts name (its provider's: only requests
+    minted with codes keep objects)."""
+    prefix = provider_prefix(provider) if request_id is None else request_prefix(request_id)
+    return f"{prefix}:objects:{provider}"
+
+
+def fallback_results(provider: str) -> str:
+    """Its requests' big results kept in Redis while the object store was away
+    (id scored by its bytes): the sweeper moves them to the store."""
+    return f"{provider_prefix(provider)}:fallback:{provider}"
+
+
+def fallback_bytes(provider: str) -> str:
+    """The bytes :func:`fallback_results` holds: its share of the fallback budget."""
+    return f"{provider_prefix(provider)}:fallback-bytes:{provider}"
+
+
+def fallback_pause(provider: str) -> str:
+    """Set for a while after the store failed a move: sweeps skip the move pass meanwhile."""
+    return f"{provider_prefix(provider)}:fallback-pause:{provider}"
+
+
 def stats(provider: str) -> str:
     return f"{provider_prefix(provider)}:stats:{provider}"
 
@@ -291,6 +317,12 @@ def legacy_draining() -> str:
     return f"{PREFIX}:draining"
 
 
+def orphan_pass() -> str:
+    """Held while one sweeper lists the object store for orphaned results
+    (an hour's lock: one pass an hour, fleet-wide)."""
+    return f"{PREFIX}:objects:orphan-pass"
+
+
 def fleet() -> str:
     """The workers heard from, by their last heartbeat."""
     return f"{PREFIX}:fleet:workers"
@@ -349,6 +381,9 @@ local function key_body(id)
 end
 local function key_body_refs(id)
   return key_body(id) .. ":refs"
+end
+local function key_objects(id, provider)
+  return request_prefix(id) .. ":objects:" .. provider
 end
 local function key_workspace(ws)
   return "{{ws:" .. ws .. "}}:ws"

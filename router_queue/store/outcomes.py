@@ -78,6 +78,9 @@ class Complete(StrEnum):
     COMPLETED = "COMPLETED"  #: this call wrote the outcome and settled it
     ALREADY_COMPLETED = "ALREADY_COMPLETED"  #: the first outcome written stands
     MISSING = "MISSING"
+    #: An output for the Redis fallback did not fit its budget: nothing written,
+    #: the request is still IN_PROGRESS (``workers/outputs.py`` tries again).
+    FALLBACK_FULL = "FALLBACK_FULL"
 
 
 class Status(StrEnum):

@@ -16,7 +16,7 @@ from typing import Any, Callable
 import redis
 
 from .. import states
-from ..webhooks.event import PROGRESS_EVENT_EVERY_S
+from ..blobs.pointers import ResultPointer
 from . import keys
 from .accounts import DEFAULT_LEDGER_RETENTION_S
 from .admission import ADMIT_ARGS, LostReplies, TwoStepAdmission
@@ -41,6 +41,8 @@ _FIELDS = (
 )
 
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
+#: A result's pointer into the object store, on its record (complete.lua).
+_POINTER_FIELDS = ("blob_key", "blob_size", "blob_sha256", "content_type")
 #: complete.lua also counts, in rq:stats:{provider}, completions in windows
 #: of this many seconds, in a ring of this many fields ("done|<window mod
 #: ring>" = "<window>:<count>"): "per minute" is what ended in the last
@@ -77,7 +79,7 @@ HISTORY_EXAMINED_PER_ENTRY = 5
 CLAIM_ARGS = ("id", "now", "lease_s", "cap", "queue_timeout_s", "retention", "token", "max_takeovers", "resume_key",
               "grant_until", "template", "split")
 COMPLETE_ARGS = ("id", "now", "retention", "error_type", "detail", "content_type", "output", "billable", "cap",
-                 "grant_until", "template", "split")
+                 "grant_until", "template", "split", "blob_key", "blob_size", "blob_sha256", "fallback_max")
 EXPIRE_QUEUED_ARGS = ("id", "now", "queue_timeout_s", "retention", "workspace", "cap", "grant_until", "template",
                       "split")
 CANCEL_ARGS = ("id", "workspace", "model", "now", "retention", "cap", "grant_until", "template", "write_deadline",
@@ -382,8 +384,10 @@ class RequestStore:
                  max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS, grants: GrantPublishing | None = None,
                  reads: redis.Redis | None = None, split: bool = False,
                  max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES, retry_max: int = 10,
-                 ledger_retention_s: int = DEFAULT_LEDGER_RETENTION_S):
+                 ledger_retention_s: int = DEFAULT_LEDGER_RETENTION_S, progress_event_every_s: float):
         self.client = client
+        #: Seconds between a request's progress events at least (WEBHOOK_PROGRESS_EVERY_SECONDS).
+        self.progress_event_every_s = progress_event_every_s
         #: What starts and ends owe workspaces, applied in the step (one
         #: Redis) or by a step of their own (split: a cluster; ``owed.py``).
         self.effects = OwedEffects(client, split=split)
@@ -809,8 +813,18 @@ class RequestStore:
         ran_n = _int(ran)
         return DeliveryTotals(_int(completed), last_minute, (_seconds(waited_s) or 0.0) / ran_n if ran_n else 0.0)
 
-    def result(self, request_id: str) -> bytes | None:
-        return self.client.get(keys.result(request_id))
+    def result(self, request_id: str) -> bytes | ResultPointer | None:
+        """A succeeded request's output: its bytes when Redis holds them, the
+        pointer to its object when the object store does, None once expired."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.get(keys.result(request_id))
+        pipe.hmget(keys.request(request_id), _POINTER_FIELDS)
+        output, (key, size, sha256, content_type) = pipe.execute()
+        if output is not None:
+            return output
+        if key is None:
+            return None
+        return ResultPointer(_text(key), int(size or 0), _text(sha256 or b""), _text(content_type or b""))
 
     def cancel(self, *, request_id: str, workspace: str, model: str, provider: str,
                by_deadline: bool = False) -> Cancel:
@@ -910,7 +924,7 @@ class RequestStore:
         a webhook event of the request is due now (publish it)."""
         return int(self._progress(keys=[keys.request(request_id)],
                                   args=[request_id, token, repr(progress), repr(now or time.time()),
-                                        PROGRESS_EVENT_EVERY_S]))
+                                        self.progress_event_every_s]))
 
     def cancel_requested(self, request_id: str) -> bool:
         return bool(self.client.hexists(keys.request(request_id), "cancel_requested"))
@@ -924,9 +938,14 @@ class RequestStore:
         error_type: str = "",
         detail: str = "",
         billable: bool | None = None,
+        pointer: ResultPointer | None = None,
+        fallback_max: int | None = None,
     ) -> Complete:
         """Finish the request and settle its credits, once; a request already
-        COMPLETED keeps its first outcome. ``billable`` defaults to "a success"."""
+        COMPLETED keeps its first outcome. ``billable`` defaults to "a success".
+        ``pointer``: the output is that object (already written), not ``output``.
+        ``fallback_max``: ``output`` is kept for an unanswering object store,
+        within that many bytes of the provider's fallback (else FALLBACK_FULL)."""
         request_id, provider = record.id, record.provider
         billable = (not error_type) if billable is None else billable
         now = time.time()
@@ -937,11 +956,15 @@ class RequestStore:
                 keys.request(request_id), keys.result(request_id), keys.queue(provider),
                 keys.stats(provider), keys.schedule(provider), running,
                 *self.effects.workspace_keys(provider, record.workspace), list_key,
-                keys.deadlines(provider), keys.body(request_id),
+                keys.deadlines(provider), keys.body(request_id), keys.result_objects(provider),
+                keys.fallback_results(provider), keys.fallback_bytes(provider),
             ],
             args=argv(COMPLETE_ARGS, id=request_id, now=repr(now), retention=self.retention_s, error_type=error_type,
-                      detail=detail, content_type=content_type, output=output, billable="1" if billable else "0",
-                      cap=cap, grant_until=grant_until, template=template, split=self.effects.flag),
+                      detail=detail, content_type=pointer.content_type if pointer else content_type, output=output,
+                      billable="1" if billable else "0", cap=cap, grant_until=grant_until, template=template,
+                      split=self.effects.flag, blob_key=pointer.key if pointer else "",
+                      blob_size=pointer.size if pointer else 0, blob_sha256=pointer.sha256 if pointer else "",
+                      fallback_max="" if fallback_max is None else fallback_max),
         )
         reply = self.effects.settle(provider, reply)
         self._publish_granted(provider, reply[1:])

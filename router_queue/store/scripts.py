@@ -1,6 +1,6 @@
 """The Lua scripts, assembled for Redis: each script's text after its
-arguments' names and the part of the key layout (``keys.lua_layout``) and of
-``lua/lib.lua`` it uses."""
+arguments' names and the part of the key layout (``keys.lua_layout``), of
+the webhook id (``webhook_ids.lua_webhook_id``) and of ``lua/lib.lua`` it uses."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import redis
 
 from . import keys
 from .cluster import register_script
+from .webhook_ids import lua_webhook_id
 
 
 def load_script(client: redis.Redis, name: str, args: tuple[str, ...] = ()):
@@ -59,7 +60,7 @@ def lib_for(body: str) -> str:
     pays for what it uses. A definition is a top-level ``local`` and the
     lines down to the next one; names are matched as whole words outside
     comments (lib.lua has no "--" inside a string)."""
-    chunks = _definitions(keys.lua_layout()) + _lib_definitions()
+    chunks = _definitions(keys.lua_layout()) + _definitions(lua_webhook_id()) + _lib_definitions()
     wanted: set[str] = set()
     pending = [body]
     while pending:

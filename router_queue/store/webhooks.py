@@ -21,10 +21,11 @@ from typing import Any, Callable
 
 import redis
 
-from ..webhooks.endpoints import origin
+from ..urls import origin
 from . import keys
 from .owed import OwedEffects
 from .scripts import argv, load_script
+from .webhook_ids import webhook_id
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +101,7 @@ class WebhookEvent:
             created_at=float(fields["created_at"]), started_at=_float(fields.get("started_at")),
             completed_at=_float(fields.get("completed_at")), attempt=int(fields.get("attempts") or 1),
             first_attempt_at=float(fields.get("first_attempt_at") or owed_at), owed_at=owed_at,
-            event=fields.get("type") or "completed", msg_id=fields.get("msg_id") or f"msg_{fields['request_id']}",
+            event=fields.get("type") or "completed", msg_id=fields.get("msg_id") or webhook_id(fields["request_id"]),
             progress=_float(fields.get("progress")),
             cost=({"credits": int(float(fields.get("cost_credits") or 0)), "state": fields["cost_state"]}
                   if fields.get("cost_state") else None),

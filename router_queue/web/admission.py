@@ -30,17 +30,19 @@ from ..errors import (
     QueuedBytesFull,
     RequestNotFound,
     RetryLimitReached,
+    RouterError,
     ServiceUnavailable,
     StoredBytesFull,
     ValidationFailed,
 )
 from ..services import Services
 from ..store.apikeys import is_legacy_namespace
+from ..store.connect import Unsent
 from ..store.outcomes import Admit
 from ..store.requests import PRIORITIES
 from ..validation import too_many_items, validate
 from ..webhooks import event as webhook_event, safety
-from . import pacing
+from . import pacing, stashed
 from .bodies import request_urls, response_url
 from .refusals import NOT_FOUND
 
@@ -258,27 +260,40 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         validate_body(entry, body)
         bound_to = fingerprint(entry.id, body) if key else ""
     request_id = services.ids.mint(workspace, entry.id)
-    admission = services.store.admit(
-        request_id=request_id,
-        workspace=workspace,
-        model=entry.id,
-        provider=entry.provider,
-        body="" if retry_of else raw_body.decode(),
-        fingerprint=bound_to,
-        idempotency_key_hash=hashlib.sha256(key.encode()).hexdigest() if key else "",
-        price=entry.price_credits,
-        require_enabled=queued,
-        rate=rate(),
-        priority=rank,
-        webhook_url=hook,
-        response_url=response_url(base_url, entry.id, request_id) if base_url else "",
-        retry_of=retry_of,
-        start_deadline_at=due.start_at,
-        deadline_at=due.run_at,
-        now=now,
-        traceparent=traceparent,
-        webhook_events=events,
-    )
+    pointer = None if retry_of else stashed.stash(services, request_id, raw_body)
+    try:
+        admission = services.store.admit(
+            request_id=request_id,
+            workspace=workspace,
+            model=entry.id,
+            provider=entry.provider,
+            body=pointer.text() if pointer else "" if retry_of else raw_body.decode(),
+            fingerprint=bound_to,
+            idempotency_key_hash=hashlib.sha256(key.encode()).hexdigest() if key else "",
+            price=entry.price_credits,
+            require_enabled=queued,
+            rate=rate(),
+            priority=rank,
+            webhook_url=hook,
+            response_url=response_url(base_url, entry.id, request_id) if base_url else "",
+            retry_of=retry_of,
+            start_deadline_at=due.start_at,
+            deadline_at=due.run_at,
+            now=time.time() if pointer else now,  # a put may have taken a while: the write deadline runs from here
+            traceparent=traceparent,
+            webhook_events=events,
+        )
+    except (RouterError, Unsent):  # refused (a rate window), or never sent: not admitted
+        stashed.unstash(services, pointer, request_id)
+        raise
+    if admission.outcome not in (Admit.ADMITTED, Admit.IN_DOUBT):  # refused: its body's object goes at once
+        stashed.unstash(services, pointer, request_id)
+    return _answer(services, admission, request_id, workspace, entry, raw_body, key, base_url, retry_of)
+
+
+def _answer(services: Services, admission: Any, request_id: str, workspace: str, entry: ModelEntry,
+            raw_body: bytes, key: str | None, base_url: str, retry_of: str) -> Admitted:
+    """What the admission's outcome answers: the admitted request, or its refusal raised."""
     _count(services, entry, admission.outcome)
     if admission.outcome is Admit.EXPIRED:
         raise ServiceUnavailable("the request store answered too late; nothing was admitted or charged; "
@@ -314,8 +329,8 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
                               "for requests not yet completed over its byte quota; retry when some have "
                               "completed", retry_after=hint)
     if admission.outcome is Admit.STORED_BYTES_FULL:
-        raise StoredBytesFull("this workspace keeps as many bytes past its requests' ends (bodies kept for a retry) "
-                              "as it may; nothing was queued or charged; retry when enough have expired",
+        raise StoredBytesFull("this workspace keeps as many bytes as it may (bodies kept for a retry and results "
+                              "not yet expired); nothing was queued or charged; retry when enough have expired",
                               retry_after=admission.retry_after)
     if admission.outcome is Admit.PENDING_WEBHOOKS_FULL:
         raise PendingWebhooksFull("this workspace has as many webhook events pending (owed and not yet delivered, "

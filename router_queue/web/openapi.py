@@ -177,6 +177,34 @@ def _errors(*codes: int) -> dict[str, Any]:
     return {str(code): known[code] for code in codes}
 
 
+#: A collect's conditional and partial requests (web/collect.py).
+_RANGE_PARAMETERS = [
+    {"name": "Range", "in": "header", "required": False, "schema": {"type": "string", "pattern": r"^bytes=.*$"},
+     "description": "One range of bytes (bytes=START-END, START-, -SUFFIX): 206 with that part"},
+    {"name": "If-Range", "in": "header", "required": False, "schema": {"type": "string"},
+     "description": "An ETag: the Range holds only while the output still has it"},
+    {"name": "If-None-Match", "in": "header", "required": False, "schema": {"type": "string"},
+     "description": "ETags already held: 304 when the output's is among them"},
+]
+#: The headers every collected output carries.
+_COLLECT_HEADERS = {
+    "ETag": {"schema": {"type": "string", "pattern": '^"sha256:[0-9a-f]{64}"$'},
+             "description": "the output's sha256"},
+    "Content-Length": {"schema": {"type": "integer", "minimum": 0}},
+    "Accept-Ranges": {"schema": {"type": "string", "enum": ["bytes"]}},
+}
+#: The /link route's answer (web/collect.py, link).
+_LINK_SCHEMA = {"type": "object", "additionalProperties": False,
+                "required": ["url", "expires_at", "size", "content_type", "sha256"],
+                "properties": {
+                    "url": {"type": "string", "format": "uri",
+                            "description": "a signed object-store URL, or the response_url (needs the key)"},
+                    "expires_at": {"type": "string", "format": "date-time",
+                                   "description": "when the URL stops answering"},
+                    "size": {"type": "integer", "minimum": 0, "description": "bytes"},
+                    "content_type": {"type": "string"},
+                    "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}}
+
 #: The result's headers naming its cost (bodies.cost_headers).
 COST_HEADERS = {"X-Comfy-Cost-Credits": "X-Comfy-Cost-Credits", "X-Comfy-Cost-State": "X-Comfy-Cost-State"}
 
@@ -330,11 +358,43 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                                        "description": "the status body, as JSON (see the status route)"}}}}}},
                       "410": gone, **_errors(401, 403, 404, 429, 503)},
     }})
+    running = {"description": "not finished yet", "content": status["content"],
+               "headers": {**status["headers"], **COST_HEADERS}}
+    output = _output(entry, spec, output_name)
     spec.path(path=paths.RESULT.openapi(entry.id), operations={"get": {
-        "summary": "Collect a request's result", "tags": [entry.id], "parameters": [rid],
-        "responses": {"200": _output(entry, spec, output_name),
-                      "202": {"description": "not finished yet", "content": status["content"],
-                              "headers": {**status["headers"], **COST_HEADERS}}, "410": gone,
+        "summary": "Collect a request's result", "tags": [entry.id], "parameters": [rid, *_RANGE_PARAMETERS],
+        "description": "The provider's output byte for byte under its Content-Type, with Content-Length and "
+                       "`ETag: \"sha256:<hex>\"` (the output's sha256). If-None-Match answers 304; Range (one "
+                       "range of bytes, on every result) answers 206, or 416 invalid_input when it selects "
+                       "nothing; If-Range with another ETag gets the whole output. A large output is streamed "
+                       "from the object store and checked against its sha256 as it goes: on a mismatch the "
+                       "connection is cut before the last bytes, so a wrong body never arrives whole.",
+        "responses": {"200": {**output, "headers": {**output["headers"], **_COLLECT_HEADERS}},
+                      "202": running,
+                      "206": {"description": "the part of the output Range asked for",
+                              "headers": {**output["headers"], **_COLLECT_HEADERS,
+                                          "Content-Range": {"schema": {"type": "string"}}},
+                              "content": {media: {"schema": {"type": "string", "format": "binary"}}
+                                          for media in entry.output_media_types}},
+                      "304": {"description": "not modified: If-None-Match named its ETag",
+                              "headers": {"ETag": _COLLECT_HEADERS["ETag"], **COST_HEADERS}},
+                      "410": gone,
+                      "416": {**_error("invalid_input: the Range selects nothing of the output; Content-Range "
+                                       "names its size")},
+                      **_errors(400, 401, 403, 404, 409, 422, 429, 500, 502, 503, 504)},
+    }})
+    spec.path(path=paths.LINK.openapi(entry.id), operations={"get": {
+        "summary": "A URL to download a request's result from, without the API key", "tags": [entry.id],
+        "parameters": [rid],
+        "description": "Answered like a collect: 202 with the status body while the request runs, the error of "
+                       "its bucket once it failed, 410 past retention. Once it succeeded: a signed URL of the "
+                       "object store, valid for RESULT_LINK_SECONDS (300 s by default), where the output is in "
+                       "a store that signs (S3, GCS); else the response_url itself, which needs the key. Not a "
+                       "redirect: clients keep X-API-Key across a redirect and would hand it to another host.",
+        "responses": {"200": {"description": "where to download it, and what it is",
+                              "headers": COST_HEADERS,
+                              "content": {"application/json": {"schema": _LINK_SCHEMA}}},
+                      "202": running, "410": gone,
                       **_errors(400, 401, 403, 404, 409, 422, 429, 500, 502, 503, 504)},
     }})
     spec.path(path=paths.RETRY.openapi(entry.id), operations={"post": {

@@ -65,6 +65,7 @@ SUBMIT = Route("queue.submit", "POST", REQUESTS, Rate.CARRIED, lane=True)
 STATUS = Route("queue.status", "GET", f"{REQUEST}/status", Rate.CARRIED, lane=True)
 EVENTS = Route("queue.events", "GET", f"{REQUEST}/events")
 RESULT = Route("queue.result", "GET", REQUEST, Rate.CARRIED)
+LINK = Route("queue.link", "GET", f"{REQUEST}/link", Rate.CARRIED)
 COST = Route("queue.cost", "GET", f"{MODEL}/cost")
 RUN = Route("queue.run", "POST", MODEL, Rate.CARRIED)
 RETRY = Route("queue.retry", "POST", f"{REQUEST}/retry")
@@ -82,7 +83,7 @@ OPS_SUMMARY = Route("operations.ops_summary", "GET", "/ops/summary.json")
 OPS_PAGE = Route("operations.ops_page", "GET", "/ops")
 
 ROUTES: tuple[Route, ...] = (
-    SUBMIT, STATUS, EVENTS, RESULT, COST, RUN, RETRY, CANCEL, HISTORY, MODEL_HISTORY, CATALOG, MODEL_OPENAPI,
+    SUBMIT, STATUS, EVENTS, RESULT, LINK, COST, RUN, RETRY, CANCEL, HISTORY, MODEL_HISTORY, CATALOG, MODEL_OPENAPI,
     API_OPENAPI, DOCS, HEALTHZ, READYZ, METRICS, OPS_SUMMARY, OPS_PAGE,
 )
 

@@ -4,6 +4,7 @@ result, cancel) and the synchronous run that shares their admission."""
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 from flask import Blueprint, Request, Response, request
@@ -28,7 +29,8 @@ from ..states import COMPLETED, RESULT_STATUS
 from ..store.outcomes import Cancel
 from ..store.requests import RequestRecord, StatusView
 from . import admission, pacing, paths
-from .bodies import Answer, cost_headers, json_response, request_urls, status_body
+from .bodies import Answer, cost_headers, json_response, request_urls, response_url, status_body
+from .collect import collect, link as collect_link
 from .envelope import carried_allowance, current_call
 from .front import FrontDoor, front_door
 from .ratelimit import Allowance
@@ -231,18 +233,44 @@ def result(provider: str, model: str, request_id: str) -> Response:
     return _finished(front, view.record)
 
 
-def _finished(front: FrontDoor, record: RequestRecord) -> Response:
-    """A completed request as the caller collects it: the native bytes under the
-    provider's Content-Type, or the error response of its bucket; either way
-    with its cost on ``X-Comfy-Cost-Credits`` and ``X-Comfy-Cost-State``."""
+@paths.LINK.view(queue)
+def link(provider: str, model: str, request_id: str) -> Response:
+    """Where to download the output without our key (``collect.link``): read
+    like a collect, 202 while it runs and its error once it failed. A route of
+    its own, never a redirect: clients keep X-API-Key across a redirect."""
+    front = front_door()
+    view = _caller_request(front, provider, model, request_id)
+    record = view.record
+    assert record is not None  # visible_view raised on a missing one
+    if record.status != COMPLETED:
+        response = _status_response(front, view, 202)
+        response.headers.update(cost_headers(record))
+        return response
+    _raise_error_of(record)
+    services = front.services
+    settings = services.settings
+    body = collect_link(record, services.store.result(record.id), services.blobs,
+                        response_url(_base_url(front), record.model, record.id), settings.result_link_s,
+                        settings.result_retention_s, time.time())
+    return json_response(body, 200, {**cost_headers(record), "Cache-Control": "no-store"})
+
+
+def _raise_error_of(record: RequestRecord) -> None:
+    """A failed request's collect: the error response of its bucket, with its cost."""
     if record.error_type:
         raise CompletedWithError(RESULT_STATUS.get(record.error_type, 502), record.error_type,
                                  record.detail or record.error_type, cost_headers(record))
-    output = front.services.store.result(record.id)
-    if output is None:
-        raise Gone(f"the result of request {record.id} is past its retention window")
-    return Response(output, 200, content_type=record.content_type or "application/octet-stream",
-                    headers=cost_headers(record))
+
+
+def _finished(front: FrontDoor, record: RequestRecord) -> Response:
+    """A completed request as the caller collects it: the native bytes under the
+    provider's Content-Type (``collect.py``: ranges, ETag, from either store),
+    or the error response of its bucket; either way with its cost on
+    ``X-Comfy-Cost-Credits`` and ``X-Comfy-Cost-State``."""
+    _raise_error_of(record)
+    services = front.services
+    return collect(request, record, services.store.result(record.id), services.blobs, services.metrics,
+                   cost_headers(record))
 
 
 @paths.COST.view(queue)

@@ -25,8 +25,8 @@ from router_queue import logs, tracing
 from router_queue.store.secret_box import SecretsKeyError
 from router_queue.store.webhooks import WebhookEvent
 
+from ..urls import origin
 from . import event as webhook_event, retry_policy, safety
-from .endpoints import origin
 
 if TYPE_CHECKING:
     from router_queue.services import Services

@@ -4,7 +4,7 @@ that specification's libraries and a secret.
 
 The events a caller chose (:func:`parse_events`), each body built from the
 snapshot taken in the step that owed it (the same bytes on every attempt);
-``webhook-id`` stable across an event's attempts (:func:`webhook_id`);
+``webhook-id`` stable across an event's attempts (``store/webhook_ids.py``);
 ``webhook-timestamp`` the attempt's; ``webhook-signature`` one ``v1,`` HMAC
 per secret that signs. A secret is ``whsec_`` + base64 of 32 random bytes.
 Neither a secret nor a signature is ever logged. In full:
@@ -30,9 +30,6 @@ DEFAULT_EVENTS = "completed"
 EVENTS_HEADER = "X-Comfy-Webhook-Events"
 #: The header that names where they go, on either submit route.
 URL_HEADER = "X-Comfy-Webhook-Url"
-#: Seconds between a request's progress events at least (a newer value
-#: replaces one not yet sent instead).
-PROGRESS_EVENT_EVERY_S = 2.0
 #: The completed event's type, in the body's ``type`` (the others': ``request.{event}``).
 EVENT_TYPE = "request.completed"
 USER_AGENT = "router-queue-webhooks/1"
@@ -61,17 +58,6 @@ def new_secret() -> str:
 
 def _key(secret: str) -> bytes:
     return base64.b64decode(secret.removeprefix(SECRET_PREFIX))
-
-
-def webhook_id(request_id: str, event: str = "completed", n: int = 0) -> str:
-    """``msg_{id}`` for the completed event (as before there were others),
-    ``msg_{id}_started``, ``msg_{id}_progress_{n}`` for the n-th progress
-    event. ``lib.lua`` spells them too."""
-    if event == "completed":
-        return f"msg_{request_id}"
-    if event == "progress":
-        return f"msg_{request_id}_progress_{n}"
-    return f"msg_{request_id}_{event}"
 
 
 def _iso(ts: float | None) -> str | None:

@@ -19,6 +19,7 @@ import redis
 
 from router_queue.dev.stack import free_port
 from router_queue.services import Services
+from tests.object_stores import BUCKET, S3Server
 from tests.redis_servers import STACK_DB, ClusterGroup, PrivateRedis, with_db
 
 from . import harness
@@ -81,8 +82,11 @@ def redis_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
 
 
 @pytest.fixture(scope="session")
-def stack(redis_url: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    env = stack_env(redis_url, stub_port=free_port())
+def stack(redis_url: str, s3: S3Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
+    """The session's stack, its big results in a bucket of the session's S3 server
+    (the AWS variables set in this process too, for its own Services)."""
+    os.environ.update(s3.env())
+    env = stack_env(redis_url, stub_port=free_port(), OBJECT_STORE_URL=f"s3://{BUCKET}/session-stack", **s3.env())
     with RunningStack.start(env, tmp_path_factory.mktemp("stack-logs"), label="session stack") as running:
         yield running
 

@@ -12,7 +12,7 @@ from typing import Iterator
 import pytest
 
 from router_queue.store import keys
-from tests.integration.harness import FLUX, RunningStack, unique_prompt
+from tests.integration.harness import FLUX, RunningStack, unique_prompt, wait_for
 from tests.integration.test_operations import STALL_EACH_S, Fault, _outage_under_load, _private_env, _stalls_under_load
 from tests.redis_servers import ClusterGroup, PrivateRedis
 
@@ -27,7 +27,9 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterG
     try:
         group.start()
         broker.start()
-        with RunningStack.start(_private_env(group.url, CELERY_BROKER_URL=broker.url, REDIS_READ_URL=group.url),
+        objects = tmp_path_factory.mktemp("cluster-objects")  # big bodies and results: a directory store
+        with RunningStack.start(_private_env(group.url, CELERY_BROKER_URL=broker.url, REDIS_READ_URL=group.url,
+                                             OBJECT_STORE_URL=f"file://{objects}"),
                                 tmp_path_factory.mktemp("cluster-logs"), label="cluster stack") as running:
             yield group, running
     finally:
@@ -64,6 +66,27 @@ def test_a_request_runs_on_a_cluster_store_from_submit_to_result(cluster: tuple[
     with group._client(group.owner(keys.workspace_prefix(caller.workspace)).port) as client:
         assert client.exists(keys.workspace(caller.workspace), keys.ledger(caller.workspace)) == 2
     assert len({group.owner(keys.provider_prefix(p)).port for p in ("bfl", "vertexai", "openai")}) == 3
+
+
+def test_a_large_body_and_its_result_on_a_cluster_store(cluster: tuple[ClusterGroup, RunningStack]) -> None:
+    """A body over BODY_INLINE_MAX_BYTES goes to the object store and is
+    deleted once its request ends; the result counts in the workspace's
+    stored bytes, given in the workspace's own step (store/owed.py)."""
+    group, running = cluster
+    with running.caller("cluster-big-body") as caller:
+        body = {"prompt": unique_prompt("a big body on a cluster"), "input_image": "A" * 200_000}
+        request_id = caller.submit_ok(FLUX, body)
+        assert caller.wait_status(FLUX, request_id)["status"] == "COMPLETED"
+        result = caller.result(FLUX, request_id)
+        assert result.status_code == 200
+        assert running.services.redis.exists(keys.body(request_id)) == 0
+        workspace = running.services.accounts.get(caller.workspace)
+        assert (workspace.queued_bytes, workspace.stored_bytes) == (0, len(result.content))
+        assert running.services.redis.zcard(keys.owed("bfl")) == 0
+        blobs = running.services.blobs
+        assert blobs is not None
+        # its object, due once its pointer is gone, is deleted by beat's sweeper (each second here)
+        wait_for(lambda: not [k for k in blobs.keys_under("bodies") if f"/{request_id}-" in k])
 
 
 def test_a_node_without_the_scripts_is_given_them_at_the_first_call(cluster: tuple[ClusterGroup, RunningStack]) -> None:

@@ -19,6 +19,7 @@ import pytest
 import requests
 
 from router_queue.store import keys
+from tests.object_stores import BUCKET
 
 from .harness import (
     FLUX,
@@ -466,3 +467,46 @@ def test_past_retention_is_410_for_the_owner_and_404_for_others(caller: ApiClien
     for route in (other_caller.status, other_caller.result, other_caller.cancel):
         _assert_error(route(FLUX, request_id), 404, "request_not_found")
     _assert_error(caller.status(GEMINI, request_id), 404, "request_not_found")
+
+
+# -- outputs of a real size, from the object store ------------------------------------
+
+
+def test_a_2_mb_output_is_collected_from_the_object_store_byte_for_byte(caller: ApiClient, stack, s3) -> None:
+    """Through gunicorn's gevent workers and a real S3 server: the output is
+    streamed back whole, under its ETag; ranges resume it; the link downloads
+    it without the key; and Redis holds a pointer, not the bytes."""
+    import hashlib
+
+    body = {"contents": [{"parts": [{"text": f"a real size {unique_prompt('big')} [stub:size=2000000]"}]}]}
+    request_id = caller.submit_ok(GEMINI, body)
+    caller.wait_status(GEMINI, request_id)
+    whole = caller.result(GEMINI, request_id)
+    assert whole.status_code == 200 and whole.headers["Content-Type"].startswith(JSON)
+    digest = hashlib.sha256(whole.content).hexdigest()
+    assert whole.headers["ETag"] == f'"sha256:{digest}"' and int(whole.headers["Content-Length"]) == len(whole.content)
+    image = whole.json()["candidates"][0]["content"]["parts"][0]["inlineData"]["data"]
+    assert len(image) > 2_600_000  # 2 MB decoded, base64
+    assert stack.services.redis.get(keys.result(request_id)) is None  # Redis keeps only the pointer
+    assert any(key.endswith(request_id) or request_id in key for key in s3.keys("session-stack/results/"))
+    part = caller.session.get(caller.url(GEMINI, request_id), timeout=10,
+                              headers=caller.headers({"Range": "bytes=1000000-"}))
+    assert part.status_code == 206 and part.content == whole.content[1_000_000:]
+    same = caller.session.get(caller.url(GEMINI, request_id), timeout=10,
+                              headers=caller.headers({"If-None-Match": whole.headers["ETag"]}))
+    assert same.status_code == 304
+    link = caller.session.get(caller.url(GEMINI, request_id, "/link"), headers=caller.headers(), timeout=10).json()
+    assert (link["size"], link["sha256"]) == (len(whole.content), digest)
+    assert requests.get(link["url"], timeout=10).content == whole.content  # signed: no key sent
+
+
+def test_a_corrupted_object_cuts_the_connection_short(caller: ApiClient, stack, s3) -> None:
+    body = {"contents": [{"parts": [{"text": f"corrupt {unique_prompt('big')} [stub:size=2000000]"}]}]}
+    request_id = caller.submit_ok(GEMINI, body)
+    caller.wait_status(GEMINI, request_id)
+    (key,) = [k for k in s3.keys("session-stack/results/") if request_id in k]
+    damaged = bytearray(s3.client().get_object(Bucket=BUCKET, Key=key)["Body"].read())
+    damaged[-100] ^= 0xFF
+    s3.client().put_object(Bucket=BUCKET, Key=key, Body=bytes(damaged))
+    with pytest.raises(requests.exceptions.ChunkedEncodingError):  # fewer bytes than Content-Length, then closed
+        assert not caller.result(GEMINI, request_id).content  # never reached: the body is cut short

@@ -91,3 +91,25 @@ def test_a_deadline_cancels_a_slow_run_as_the_cancel_route_would(caller: ApiClie
     assert "deadline_at" in ended
     assert caller.result(FLUX, request_id).status_code == 409
     assert ledger_by_request(stack.services, caller.workspace)[request_id] == ["hold", "release"]
+
+
+def test_a_2mb_body_is_kept_in_the_object_store_and_retried_byte_for_byte(
+        caller: ApiClient, stack: RunningStack, stub: Stub) -> None:
+    """Over the old 1 MiB limit: written to the object store by the gevent
+    front door before its 201, sent to the provider as submitted, by the
+    request and by its retry, which shares it."""
+    from router_queue.blobs.pointers import BodyPointer
+    from router_queue.store import keys
+
+    body = {"prompt": unique_prompt("a big retry", "[stub:fail_times=4]"), "input_image": "B" * 2_000_000}
+    original = caller.submit_ok(FLUX, body)
+    pointer = BodyPointer.parse(stack.services.redis.get(keys.body(original)))
+    assert pointer is not None and pointer.size > 2_000_000  # Redis holds the pointer alone
+    assert caller.wait_status(FLUX, original, timeout_s=30)["error_type"] == "provider_error"
+    retried = _retry(caller, original)
+    assert retried.status_code == 201, retried.text
+    assert "error_type" not in caller.wait_status(FLUX, retried.json()["request_id"])
+    assert stub.submits("bfl_submit", body) == 5  # the same bytes each time
+    workspace = stack.services.accounts.get(caller.workspace)
+    assert workspace.queued_bytes == 0
+    assert workspace.stored_bytes >= pointer.size  # the kept body once (and the retry's result)

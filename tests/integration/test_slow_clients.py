@@ -490,9 +490,9 @@ def _post(path: str, body: bytes, headers: dict[str, str]) -> bytes:
 
 def test_nginx_answers_its_own_refusals_in_the_contracts_shape(nginx: Nginx, door: RunningStack, caller: ApiClient,
                                                                 tmp_path: Path) -> None:
-    limit = 1_048_576  # MAX_BODY_BYTES, the app's default
+    limit = 20_000_000  # MAX_BODY_BYTES, the app's default
     path = f"/v2/models/{FLUX}/requests"
-    assert re.search(r"^\s*client_max_body_size 1m;", NGINX_CONF.read_text(), flags=re.M)
+    assert re.search(r"^\s*client_max_body_size 20000000;", NGINX_CONF.read_text(), flags=re.M)
 
     status, headers, body = _raw(nginx.port, _post(path, b"x" * (limit + 1), caller.headers()))
     assert status == 413 and headers["x-comfy-error-type"] == "invalid_input", (status, headers, body)

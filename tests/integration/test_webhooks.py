@@ -524,7 +524,7 @@ def test_an_unsafe_url_is_refused_at_submit_naming_the_header(
 # -- webhooks for each step (issue 21, item 5) --------------------------------------------------
 
 #: The events the step tests choose, and the least seconds between two progress
-#: events' arrivals we accept: 2 s (PROGRESS_EVENT_EVERY_S, between the times
+#: events' arrivals we accept: 2 s (WEBHOOK_PROGRESS_EVERY_SECONDS, between the times
 #: they are owed) less 0.5 s of delivery jitter (a publish, a worker's take, a POST).
 ALL_EVENTS = "started, progress,completed"
 PROGRESS_GAP_S = 2.0 - 0.5

@@ -79,6 +79,7 @@ def test_dev_prints_the_readmes_walkthrough_and_the_demo_workspace():
     block = readme.split("\n## Walkthrough (cURL)\n", 1)[1].split("```sh\n", 1)[1].split("```", 1)[0]
     assert block.endswith(CURL_STEPS), "README's walkthrough and router-queue dev's printed one differ"
     printed = WALKTHROUGH.format(base="B", stub="S", ops="O", workspace="ws_demo", redis="R", logs="L", key="K",
-                                 steps=CURL_STEPS, secrets_key="SK")
+                                 steps=CURL_STEPS, secrets_key="SK", objects="file:///tmp/objects")
     assert "export WEBHOOK_SECRETS_KEY=SK" in printed  # the operator's webhook-secret needs it
+    assert "objects      file:///tmp/objects" in printed  # where its big results go
     assert "export WORKSPACE_ID=ws_demo" in printed and "REQUEST_ID=$(" in printed and "-X PUT" in printed

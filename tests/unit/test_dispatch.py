@@ -77,7 +77,7 @@ def test_kombu_reads_the_pushed_message_as_the_one_celery_publishes_itself(setti
     to the same task, arguments and headers as Celery's own for that task id."""
     settings = dataclasses.replace(settings, redis_url=real_redis_url)
     celery = make_celery(settings)
-    store = RequestStore(real_redis, retention_s=60, idempotency_ttl_s=60,
+    store = RequestStore(real_redis, retention_s=60, idempotency_ttl_s=60, progress_event_every_s=2.0,
                          grants=Dispatcher(celery, providers=("bfl",), broker_is_store=True).grants)
     workspace = Accounts(real_redis).create_workspace("w", queue_enabled=True)
     request_id = "0193aaaa-bbbb-8ccc-9ddd-eeeeffff0000"

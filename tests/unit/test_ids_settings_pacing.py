@@ -47,7 +47,7 @@ def test_settings_come_from_the_environment_with_typed_defaults():
     assert settings.redis_url == "redis://r:6379/2"
     assert settings.effective_broker_url == "redis://r:6379/2"
     assert settings.result_retention_s == 60
-    assert settings.max_body_bytes == 1_048_576
+    assert settings.max_body_bytes == 20_000_000
     assert "secret-value" not in repr(settings)
     assert settings.provider_credentials == {"BFL_API_KEY": "secret-value"}
 

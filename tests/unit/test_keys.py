@@ -17,7 +17,7 @@ from tests.unit.conftest import RecordingDispatcher
 BUILD = """
 return {key_request(ARGV[1]), key_webhook(ARGV[1]), key_webhook(ARGV[1]) .. KEY_WEBHOOK_NEXT,
         key_webhooks_due(ARGV[1], ARGV[2]), key_workspace(ARGV[3]), key_body(ARGV[1]), key_body_refs(ARGV[1]),
-        key_stored(ARGV[3])}
+        key_stored(ARGV[3]), key_objects(ARGV[1], ARGV[2])}
 """
 #: An id minted before ids carried their provider's code (version 8).
 ONE_TAG_ID = "0f1e2d3c-4b5a-8987-a6b5-c4d3e2f1a0b9"
@@ -66,7 +66,7 @@ def test_the_lua_builds_the_keys_the_python_does(client, request_id):
     built = [v.decode() for v in script(args=[request_id, "bfl", "ws_9"])]
     assert built == [keys.request(request_id), keys.webhook_event(request_id), keys.webhook_next(request_id),
                      keys.webhooks_due("bfl", request_id), keys.workspace("ws_9"), keys.body(request_id),
-                     keys.body_refs(request_id), keys.stored("ws_9")]
+                     keys.body_refs(request_id), keys.stored("ws_9"), keys.result_objects("bfl", request_id)]
 
 
 def test_each_catalog_provider_has_a_code_of_its_own_and_a_third_of_an_even_cluster(settings):

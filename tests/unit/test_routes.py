@@ -91,7 +91,7 @@ def test_nested_schema_errors_carry_their_path(http, auth):
 
 
 def test_an_oversized_body_is_413(http, auth):
-    response = submit(http, auth, {"prompt": "x" * 2_000_000})
+    response = submit(http, auth, {"prompt": "x" * 20_000_000})  # MAX_BODY_BYTES: 20,000,000
     assert_error(response, 413, "invalid_input")
 
 

@@ -8,7 +8,7 @@ from importlib import resources
 
 import pytest
 
-from router_queue.store import admission, apikeys, requests, webhooks
+from router_queue.store import admission, apikeys, fallback, requests, webhooks
 from router_queue.store.scripts import argv, lib_for, lua_arg_names
 
 #: Every script that takes its ARGV by name, with the names it declares.
@@ -18,6 +18,7 @@ NAMED = {
     "cancel": requests.CANCEL_ARGS, "expire_queued": requests.EXPIRE_QUEUED_ARGS, "webhook_take": webhooks.TAKE_ARGS,
     "webhook_record": webhooks.RECORD_ARGS, "webhook_turn": webhooks.TURN_ARGS,
     "webhook_turn_end": webhooks.TURN_END_ARGS, "key_mint": apikeys.MINT_ARGS, "key_rotate": apikeys.ROTATE_ARGS,
+    "move_result": fallback.MOVE_ARGS,
 }
 
 

@@ -286,6 +286,28 @@ def test_vertex_success_png_and_determinism(client, fake_time):
     assert fake_time.sleeps == []
 
 
+def test_vertex_size_directive_pads_the_image_to_that_many_bytes(client):
+    body = vertex_body("a 2 MB answer [stub:size=2000000]")
+    answer = client.post(VERTEX_URL, json=body, headers=BEARER)
+    image = base64.b64decode(answer.get_json()["candidates"][0]["content"]["parts"][0]["inlineData"]["data"])
+    assert len(image) == 2_000_000 and len(answer.data) > 2_600_000
+    assert decode_png(image)[:2] == (8, 8)  # still a valid PNG: the padding is a chunk decoders skip
+    assert create_app().test_client().post(VERTEX_URL, json=body, headers=BEARER).data == answer.data
+    tiny = client.post(VERTEX_URL, json=vertex_body("[stub:size=10]"), headers=BEARER).get_json()
+    assert decode_png(base64.b64decode(tiny["candidates"][0]["content"]["parts"][0]["inlineData"]["data"]))
+    assert d.parse("[stub:size=99999999999]").size is None  # past MAX_SIZE_BYTES: ignored
+
+
+def test_openai_size_directive_makes_audio_that_many_bytes(client):
+    mp3 = speech(client, "long [stub:size=2000000]")
+    assert len(mp3.data) == 2_000_000 and mp3.data.startswith(b"ID3")
+    assert speech(client, "long [stub:size=2000000]").data == mp3.data
+    wav = speech(client, "long [stub:size=2000000]", response_format="wav")
+    assert len(wav.data) == 2_000_000
+    with wave.open(io.BytesIO(wav.data)) as audio:
+        assert audio.getnframes() == (2_000_000 - 44) // 2
+
+
 def test_vertex_bad_requests(client):
     resp = client.post(VERTEX_URL, json={"generationConfig": {}}, headers=BEARER)
     assert resp.status_code == 400 and resp.get_json()["error"]["status"] == "INVALID_ARGUMENT"

@@ -16,9 +16,9 @@ import pytest
 
 from router_queue.store import keys
 from router_queue.store.webhooks import FAILING_KEPT, DeliveryLimits, WebhookStore
+from router_queue.urls import origin
 from router_queue.webhooks import event as webhook_event
 from router_queue.webhooks.delivery import post
-from router_queue.webhooks.endpoints import origin
 from tests.unit.support import cli_runner, deliver_webhook, record_of
 from tests.unit.test_webhooks import context_of
 

@@ -14,10 +14,13 @@ import pytest
 from standardwebhooks import Webhook
 from werkzeug.test import Client
 
+from router_queue.services import Services
 from router_queue.store import keys
 from router_queue.store.requests import WEBHOOK_DUE, Lease
 from router_queue.store.webhooks import DeliveryLimits, WebhookStore
+from router_queue.web.app import create_app
 from router_queue.webhooks import event as webhook_event
+from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import cli_runner, deliver_webhook, record_of
 from tests.unit.test_webhooks import Receiver, context_of
 
@@ -255,6 +258,24 @@ def test_progress_events_are_throttled_and_the_latest_value_wins(hooked, http, a
         (f"msg_{request_id}_progress_2", "0.6")]
     event = hooked.webhooks.event(request_id)
     assert (event["msg_id"], event["progress"]) == (f"msg_{request_id}_progress_1", "0.2")  # its bytes unchanged
+
+
+def test_the_progress_interval_is_the_setting(client, settings):
+    """WEBHOOK_PROGRESS_EVERY_SECONDS reaches progress.lua through ``Services.build``."""
+    settings = dataclasses.replace(settings, webhook_allow_loopback_http=True, webhook_progress_every_s=10.0)
+    services = Services.build(settings, client, dispatcher=RecordingDispatcher())
+    workspace = services.accounts.create_workspace("acme", queue_enabled=True, credits=1000)
+    services.accounts.webhook_secret(workspace, webhook_event.new_secret())
+    auth = {"X-API-Key": services.accounts.mint_key(workspace)}
+    request_id = admitted(create_app(settings, services=services).test_client(), auth, events="progress")
+    t0 = time.time()
+    claim(services, request_id, now=t0)
+    assert services.store.record_progress(request_id, LEASE.token, 0.1, now=t0) == WEBHOOK_DUE
+    services.webhooks.take(request_id, now=t0 + 0.1, lease_s=30, token="a")  # on its way
+    assert services.store.record_progress(request_id, LEASE.token, 0.2, now=t0 + 5.0) == 1
+    assert services.webhooks.queued(request_id) == []  # past the default 2 s, within the setting's 10
+    services.store.record_progress(request_id, LEASE.token, 0.3, now=t0 + 10.5)
+    assert [e["msg_id"] for e in services.webhooks.queued(request_id)] == [f"msg_{request_id}_progress_2"]
 
 
 def test_requests_without_the_progress_event_owe_none(hooked, http, auth):

@@ -56,8 +56,8 @@
 --                        for the workspace's default, else "completed"
 --   retention            seconds the history lists a request after its
 --                        admission: older entries are trimmed here
---   max_stored_bytes     most bytes of kept bodies the workspace may store,
---                        unless it sets its own
+--   max_stored_bytes     most bytes of kept bodies and unexpired results the
+--                        workspace may have, unless it sets its own
 --   retry_max            most retries a request's chain may have all told
 --   ledger_keep          seconds the ledger keeps an entry
 --                        (LEDGER_RETENTION_SECONDS): older ones are trimmed

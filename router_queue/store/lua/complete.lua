@@ -12,7 +12,8 @@
 -- KEYS[7] W:ws     KEYS[8] W:ledger (split "1": P:owed:{provider}
 --         in both places, lib.lua's ws_target)
 -- KEYS[9] the broker's list for the provider  KEYS[10] P:deadlines:{provider}
--- KEYS[11] P:body:{id}
+-- KEYS[11] P:body:{id}  KEYS[12] P:objects:{provider}
+-- KEYS[13] P:fallback:{provider}  KEYS[14] P:fallback-bytes:{provider}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, COMPLETE_ARGS):
 --   id  now (unix seconds)  retention (s)
 --   error_type ("" on success)  detail (a cancel's own reason, cancel.lua's
@@ -20,7 +21,17 @@
 --   content_type  output (bytes)  billable ("1" when the provider bills this outcome)
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
 --   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
+--   blob_key blob_size blob_sha256: the output is that object-store object, already
+--     written (blob_key "" : the output is ARGV output, kept in KEYS[2]); its record
+--     points at it, and KEYS[12] names it for deletion when the record expires
+--   fallback_max: "" , or the bytes the provider's share of the Redis fallback
+--     may hold: the output belongs in the object store, which did not take it.
+--     It is kept in KEYS[2] if KEYS[14] + its size fits, and KEYS[13] names it
+--     for the sweeper to move; else nothing is written (FALLBACK_FULL).
+-- A success's result counts in its workspace's stored bytes (W:stored, by
+-- way of its effects: lib.lua, keep_result) until its record expires.
 -- returns {"COMPLETED", granted ids to publish..., effects owed...} | {"ALREADY_COMPLETED"} | {"MISSING"}
+--   | {"FALLBACK_FULL"}
 
 -- The record once: what this step reads of it, and what its ending reads (lib.lua).
 local rec = read_fields(KEYS[1], ENDING_FIELDS, {"status", "workspace", "started_at", "created_at", "cancel_detail"})
@@ -30,6 +41,15 @@ if not status then
 end
 if status == "COMPLETED" then
   return {"ALREADY_COMPLETED"}
+end
+local fallback = ARGV[ARG_FALLBACK_MAX] ~= "" and ARGV[ARG_ERROR_TYPE] == ""
+if fallback then
+  local size = string.len(ARGV[ARG_OUTPUT])
+  if (tonumber(redis.call("GET", KEYS[14])) or 0) + size > tonumber(ARGV[ARG_FALLBACK_MAX]) then
+    return {"FALLBACK_FULL"}
+  end
+  redis.call("INCRBY", KEYS[14], size)
+  redis.call("ZADD", KEYS[13], size, ARGV[ARG_ID])
 end
 
 local now = tonumber(ARGV[ARG_NOW])
@@ -48,7 +68,16 @@ local fields = {"status", "COMPLETED", "completed_at", ARGV[ARG_NOW]}
 settle(e, ARGV[ARG_BILLABLE] == "1" and "charge" or "release", rec, fields)
 if ARGV[ARG_ERROR_TYPE] == "" then
   append(fields, "content_type", ARGV[ARG_CONTENT_TYPE])
-  redis.call("SET", KEYS[2], ARGV[ARG_OUTPUT], "EX", ARGV[ARG_RETENTION])
+  -- its bytes, wherever kept, in its workspace's stored bytes until it expires
+  e.result = {ws = rec.workspace, untl = now + tonumber(ARGV[ARG_RETENTION]),
+    bytes = ARGV[ARG_BLOB_KEY] == "" and #ARGV[ARG_OUTPUT] or tonumber(ARGV[ARG_BLOB_SIZE])}
+  if ARGV[ARG_BLOB_KEY] == "" then
+    redis.call("SET", KEYS[2], ARGV[ARG_OUTPUT], "EX", ARGV[ARG_RETENTION])
+  else
+    append(fields, "blob_key", ARGV[ARG_BLOB_KEY], "blob_size", ARGV[ARG_BLOB_SIZE],
+      "blob_sha256", ARGV[ARG_BLOB_SHA256])
+    redis.call("ZADD", KEYS[12], now + tonumber(ARGV[ARG_RETENTION]), ARGV[ARG_ID] .. " " .. ARGV[ARG_BLOB_KEY])
+  end
 else
   local detail = ARGV[ARG_DETAIL]
   if ARGV[ARG_ERROR_TYPE] == "cancelled" then

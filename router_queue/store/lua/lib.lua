@@ -49,7 +49,7 @@ end
 --: The record's fields a request's ending reads (settle, give_back_body,
 --: forget_deadlines, owe_webhook), read once by whatever ends it.
 local ENDING_FIELDS = {"hold", "cost_state", "price", "body_bytes", "start_deadline_at", "deadline_at",
-  "webhook_url", "webhook_events", "webhook_counted", "webhook_final", "open", "body_of"}
+  "webhook_url", "webhook_events", "webhook_counted", "webhook_final", "open", "body_of", "provider"}
 
 -- ---------------------------------------------------------------------------
 -- What a request gives back to its workspace when it starts (it no longer
@@ -67,6 +67,9 @@ local ENDING_FIELDS = {"hold", "cost_state", "price", "body_bytes", "start_deadl
 --   webhooks   its requests whose last webhook event ended (1)
 --   kept       a body kept past its request's end, counted in its stored
 --              bytes until it expires (drop_body, keep_stored)
+--   result     a success's result (its bytes, Redis's or the object
+--              store's), counted in its stored bytes until its record
+--              expires (complete.lua, keep_result)
 --   request_id, at   the ledger entry's request and time
 -- ---------------------------------------------------------------------------
 
@@ -87,15 +90,40 @@ local function keep_stored(ws_key, kept)
   end
 end
 
+--: Seconds of expiry one W:stored member of results spans: a workspace's
+--: results counted per minute ("r:{minute's end}|{bytes}"), not one member
+--: each, so W:stored holds at most a day's minutes of them. A result's bytes
+--: are released at the end of the minute its record expires in (late, never early).
+local RESULT_BUCKET_S = 60
+
+-- A result (result: {ws, bytes, untl: when its record expires}) in its
+-- workspace's stored bytes, in its minute's member, whose bytes grow by it
+-- (the member replaced: its name holds its bytes). Never refused: a result
+-- may carry its workspace over its quota; the next admission then waits.
+local function keep_result(ws_key, result)
+  local stored = key_stored(result.ws)
+  local untl = math.ceil(tonumber(result.untl) / RESULT_BUCKET_S) * RESULT_BUCKET_S
+  local bytes = tonumber(result.bytes)
+  local prefix = "r:" .. untl .. "|"
+  for _, member in ipairs(redis.call("ZRANGEBYSCORE", stored, untl, untl)) do
+    if string.sub(member, 1, #prefix) == prefix then
+      bytes = bytes + tonumber(string.sub(member, #prefix + 1))
+      redis.call("ZREM", stored, member)
+    end
+  end
+  redis.call("ZADD", stored, untl, prefix .. bytes)
+  redis.call("HINCRBY", ws_key, "stored_bytes", result.bytes)
+end
+
 -- The bytes of a W:stored member ("{id}|{bytes}").
 local function stored_bytes_of(member)
   return tonumber(string.match(member, "|(%d+)$")) or 0
 end
 
---: Most expired kept bodies released from the count per admission.
+--: Most expired kept bodies and result minutes released from the count per admission.
 local RELEASE_BATCH = 500
 
--- Release the kept bodies that have expired by `now` from the workspace's
+-- Release the kept bodies and results that have expired by `now` from the workspace's
 -- stored bytes (W:stored, the hash's stored_bytes): admission's workspace
 -- step does it before it reads the count, so the count it checks is exact.
 local function release_stored(stored_key, ws_key, now)
@@ -116,7 +144,7 @@ end
 --: The longest Retry-After a full stored-bytes quota names (s).
 local STORED_WAIT_MAX_S = 3600
 
--- Seconds until enough of the workspace's kept bodies expire to free `over`
+-- Seconds until enough of the workspace's kept bodies and results expire to free `over`
 -- bytes (the earliest first), at least 1, at most STORED_WAIT_MAX_S.
 local function stored_wait(stored_key, over, now)
   local entries = redis.call("ZRANGE", stored_key, 0, RELEASE_BATCH - 1, "WITHSCORES")
@@ -158,6 +186,9 @@ end
 local function ws_apply(ws_key, ledger_key, e)
   if e.kept then
     keep_stored(ws_key, e.kept)
+  end
+  if e.result then
+    keep_result(ws_key, e.result)
   end
   local names, deltas = {}, {}
   for _, pair in ipairs(WS_COUNTS) do
@@ -249,6 +280,37 @@ local function give_back_body(rec, fields, e)
   end
 end
 
+--: What P:body:{id} begins with when the body is in the object store
+--: (blobs/pointers.py, BodyPointer): "\0obj {size} {sha256} {object key}".
+--: A JSON body never begins with a NUL.
+local BODY_POINTER = "\0obj "
+
+-- The bytes a body's text stands for: a pointer's size, else its length.
+local function body_size(text)
+  if string.sub(text, 1, #BODY_POINTER) == BODY_POINTER then
+    return tonumber(string.match(text, "^(%d+) ", #BODY_POINTER + 1))
+  end
+  return #text
+end
+
+-- The bytes the body under `key` stands for (0: none), and its pointer
+-- text when it is in the object store (else nil).
+local function stored_body(key)
+  if redis.call("GETRANGE", key, 0, #BODY_POINTER - 1) == BODY_POINTER then
+    local pointer = redis.call("GET", key)
+    return body_size(pointer), pointer
+  end
+  return redis.call("STRLEN", key), nil
+end
+
+-- A body's object (pointer: its P:body text) handed to the sweeper, to be
+-- deleted once the pointer is gone (store/objects.py): at `at`, when the
+-- pointer expires or (now) was deleted. `id`: the body's request.
+local function forget_body_object(pointer, id, provider, at)
+  local object = string.match(pointer, "^%d+ %x+ (.+)$", #BODY_POINTER + 1)
+  redis.call("ZADD", key_objects(id, provider), at, id .. " " .. object)
+end
+
 -- The body of a request that ended (rec: its ENDING_FIELDS): deleted when it
 -- succeeded (keep false) and shares no one's, else kept `retention` seconds,
 -- no longer counted as queued but in its workspace's stored bytes (e.kept:
@@ -256,7 +318,9 @@ end
 -- of its chain (its record's body_of; P:body:{that id}), which lives on
 -- while any retry sharing it waits or runs (its refs' "live", PERSISTed by
 -- place_admission), then the retention after the last of them ends, so it
--- outlives every record naming it.
+-- outlives every record naming it. A body in the object store (a pointer)
+-- counts its object's bytes, and its object goes to the sweeper, due when
+-- the pointer goes (forget_body_object).
 local function drop_body(body_key, retention, keep, rec, e, ws_id, now)
   local owner = rec.body_of
   if owner then
@@ -266,14 +330,18 @@ local function drop_body(body_key, retention, keep, rec, e, ws_id, now)
       return  -- another retry sharing it still waits or runs
     end
     redis.call("EXPIRE", refs, retention)
-  elseif not keep then
-    redis.call("DEL", body_key)
-    return
   end
-  local bytes = redis.call("STRLEN", body_key)
-  if bytes > 0 then
+  local bytes, pointer = stored_body(body_key)
+  local id, untl = owner or e.request_id, tonumber(now) + tonumber(retention)
+  if not owner and not keep then
+    redis.call("DEL", body_key)
+    untl = tonumber(now)
+  elseif bytes > 0 then
     redis.call("EXPIRE", body_key, retention)
-    e.kept = {ws = ws_id, id = owner or e.request_id, bytes = bytes, untl = tonumber(now) + tonumber(retention)}
+    e.kept = {ws = ws_id, id = id, bytes = bytes, untl = untl}
+  end
+  if pointer and rec.provider then
+    forget_body_object(pointer, id, rec.provider, untl)
   end
 end
 
@@ -893,7 +961,7 @@ local function owe_webhook(req_key, e, request_id, now, rec)
   redis.call("HSET", req_key, "webhook_final", 1)
   local event_key = key_webhook(request_id)
   if wants_event(rec.webhook_events, "completed") then
-    owe_event(webhook_snapshot(req_key, request_id, "completed", "msg_" .. request_id, now), now)
+    owe_event(webhook_snapshot(req_key, request_id, "completed", webhook_id(request_id), now), now)
   end
   if rec.webhook_counted == "1" then
     -- "open": its count goes back through its open entry's "w" (a split store's)
@@ -911,7 +979,7 @@ local function owe_started(req_key, request_id, now, url, events)
   if not url or url == "" or not wants_event(events, "started") then
     return false
   end
-  local event = webhook_snapshot(req_key, request_id, "started", "msg_" .. request_id .. "_started", now)
+  local event = webhook_snapshot(req_key, request_id, "started", webhook_id(request_id, "started"), now)
   return owe_event(event, now) == "DUE"
 end
 
@@ -926,7 +994,7 @@ local function owe_progress(req_key, request_id, now, every)
     return false
   end
   local n = tonumber(r[4] or "0") + 1
-  local event = webhook_snapshot(req_key, request_id, "progress", "msg_" .. request_id .. "_progress_" .. n, now)
+  local event = webhook_snapshot(req_key, request_id, "progress", webhook_id(request_id, "progress", n), now)
   local recent = r[3] and tonumber(now) - tonumber(r[3]) < tonumber(every)
   if recent then
     -- only a coalesce: never a new event within the interval
@@ -1145,7 +1213,7 @@ end
 -- capped at ARG_RETRY_MAX all told. A body an earlier version kept in its
 -- record is copied, as it was.
 local function admission_source(K)
-  local src = {body = ARGV[ARG_BODY], bytes = #ARGV[ARG_BODY]}
+  local src = {body = ARGV[ARG_BODY], bytes = body_size(ARGV[ARG_BODY])}
   if ARGV[ARG_RETRY_OF] ~= "" then
     local original = redis.call("HMGET", K.original, "status", "workspace", "model", "error_type", "body_of")
     if not original[1] or original[2] ~= ARGV[ARG_WORKSPACE] or original[3] ~= ARGV[ARG_MODEL] then
@@ -1158,7 +1226,7 @@ local function admission_source(K)
     if tonumber(redis.call("HGET", key_body_refs(owner), "retries") or "0") >= tonumber(ARGV[ARG_RETRY_MAX]) then
       return nil, {"RETRY_LIMIT"}
     end
-    local bytes = redis.call("STRLEN", original[5] and key_body(owner) or K.original_body)
+    local bytes = stored_body(original[5] and key_body(owner) or K.original_body)
     if bytes > 0 then
       src = {owner = owner, bytes = bytes}
     else
@@ -1209,7 +1277,7 @@ local function admission_checks(K, bytes)
   if tonumber(ws[8] or "0") + bytes > tonumber(ws[9] or ARGV[ARG_MAX_QUEUED_BYTES]) then
     return nil, {"QUEUED_BYTES_FULL"}
   end
-  -- Its kept bodies (drop_body) under its stored bytes: room for this body
+  -- Its kept bodies (drop_body) and results (keep_result) under its stored bytes: room for this body
   -- too, which is kept if the request ends unbilled; else how long until
   -- enough of them expire.
   local over = tonumber(ws[17] or "0") + bytes - tonumber(ws[18] or ARGV[ARG_MAX_STORED_BYTES])

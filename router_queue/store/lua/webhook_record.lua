@@ -41,7 +41,7 @@ local e = redis.call("HMGET", KEYS[1], "state", "token", "msg_id", "workspace")
 if not e[1] then
   return {"MISSING"}
 end
-if e[1] ~= "pending" or (e[3] or ("msg_" .. ARGV[ARG_REQUEST_ID])) ~= ARGV[ARG_MSG_ID] then
+if e[1] ~= "pending" or (e[3] or webhook_id(ARGV[ARG_REQUEST_ID])) ~= ARGV[ARG_MSG_ID] then
   return {"DONE"}
 end
 if e[2] ~= ARGV[ARG_TOKEN] and outcome ~= "delivered" then

@@ -3,7 +3,8 @@
 A receiver's path and query are often its credential (a chat incoming-webhook
 URL, a signed query string), so logs, the ops page and its JSON, the CLI and
 the metrics name an endpoint by ``scheme://host[:port]`` only; the circuit
-and the failing endpoints are keyed by it too.
+and the failing endpoints are keyed by it too. It sits beneath the store and
+the webhooks feature both, which key and show endpoints by it.
 """
 
 from __future__ import annotations
