@@ -19,41 +19,19 @@ from typing import Any
 import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
 DEPLOY = ROOT / "deploy"
-
-
 K8S = DEPLOY / "k8s"
-
-
 COMPOSE_FILE = DEPLOY / "docker-compose.yml"
-
-
 DOCKERFILE = DEPLOY / "Dockerfile"
-
-
 NGINX_CONF = DEPLOY / "nginx" / "nginx.conf"
-
-
 #: Whose X-Forwarded-For nginx believes: each deployment's own file, which NGINX_CONF includes.
 TRUSTED_PROXIES = {"compose": DEPLOY / "nginx" / "trusted-proxies.conf",
                    "kubernetes": K8S / "base" / "trusted-proxies.conf"}
-
-
 PROCFILE = ROOT / "Procfile"
-
-
 CATALOG = json.loads((ROOT / "router_queue" / "catalog.json").read_text())
-
-
 PROVIDERS = sorted(CATALOG["providers"])
-
-
 #: The pods' image user (deploy/Dockerfile's USER).
 IMAGE_UID = 10001
-
-
 #: Containers beside our image's in a Deployment's pods.
 SIDECARS = {"web": {"proxy"}}
 

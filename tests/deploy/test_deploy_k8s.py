@@ -44,17 +44,11 @@ from tests.deploy.deploy_support import (
 )
 
 KEDA_SCHEMA = DEPLOY / "schemas" / "keda-scaledobject.schema.json"
-
-
 #: provider -> the variable holding its key or token, as the catalog names it.
 PROVIDER_KEYS = {name: spec["credentials"]["env"] for name, spec in CATALOG["providers"].items()}
-
-
 #: Kubernetes version the manifests are validated against (kubernetes-validate
 #: ships schemas for 1.25 to 1.37).
 K8S_VERSION = "1.30"
-
-
 #: Files under deploy/k8s that no kustomization lists, on purpose.
 NOT_IN_A_KUSTOMIZATION = {"secret.template.yaml"}
 

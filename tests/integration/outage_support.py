@@ -30,8 +30,6 @@ def assert_503(response: requests.Response) -> None:
 
 #: How long Redis stays killed (a fault's default length).
 OUTAGE_S = 4.0
-
-
 #: Leases outlast the stall, as production's 30 s do: a worker holding an answer
 #: retries its completion for as long as its lease lasts.
 OUTAGE_LEASE_S = "15"
@@ -47,8 +45,6 @@ def private_env(redis_url: str, **settings: str) -> dict[str, str]:
 #: (FRONT_DOOR_REDIS_WAIT_SECONDS) plus the HTTP round trip, with slack for a
 #: loaded machine.
 STALLED_ANSWER_S = 1.5
-
-
 #: A submit whose admission's reply is lost reads the outcome back for one
 #: more wait (store/admission.py, LostReplies) before it answers.
 STALLED_SUBMIT_S = STALLED_ANSWER_S + 0.9
@@ -225,8 +221,6 @@ def outage_under_load(running: RunningStack, fault: Fault) -> None:
 
 #: Item 12 of issue 32: Redis SIGSTOPped for 8 s under four submitting threads, ten times.
 STALLS = 10
-
-
 STALL_EACH_S = 8.0
 
 
