@@ -294,3 +294,27 @@ def test_the_bench_has_one_core_and_no_import_circle():
               for node in ast.walk(ast.parse(path.read_text()))
               if isinstance(node, ast.ClassDef) and node.name.endswith("Error")]
     assert errors == ["core.py"], errors
+
+
+def _test_modules_imported_by(path: Path) -> set[str]:
+    """The test modules (``test_*``) that ``path`` imports, however it names them."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            modules = [base] + [f"{base}.{alias.name}" if base else alias.name for alias in node.names]
+        else:
+            continue
+        found |= {module for module in modules if module.rsplit(".", 1)[-1].startswith("test_")}
+    return found
+
+
+def test_no_test_module_imports_another():
+    """A helper two test modules share lives in a support module (``*_support.py``,
+    ``support.py``, ``harness.py``), never in one of the test modules."""
+    reaching = {str(path.relative_to(ROOT)): sorted(imported)
+                for path in sorted((ROOT / "tests").rglob("*.py"))
+                if (imported := _test_modules_imported_by(path))}
+    assert not reaching, f"test modules imported by other modules: {reaching}"

@@ -13,7 +13,7 @@ import pytest
 
 from router_queue.store import keys
 from tests.integration.harness import FLUX, RunningStack, unique_prompt, wait_for
-from tests.integration.test_operations import STALL_EACH_S, Fault, _outage_under_load, _private_env, _stalls_under_load
+from tests.integration.outage_support import STALL_EACH_S, Fault, outage_under_load, private_env, stalls_under_load
 from tests.redis_servers import ClusterGroup, PrivateRedis
 
 #: The hash tag of Flux's provider: its schedule and its requests' keys.
@@ -28,7 +28,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[ClusterG
         group.start()
         broker.start()
         objects = tmp_path_factory.mktemp("cluster-objects")  # big bodies and results: a directory store
-        with RunningStack.start(_private_env(group.url, CELERY_BROKER_URL=broker.url, REDIS_READ_URL=group.url,
+        with RunningStack.start(private_env(group.url, CELERY_BROKER_URL=broker.url, REDIS_READ_URL=group.url,
                                              OBJECT_STORE_URL=f"file://{objects}"),
                                 tmp_path_factory.mktemp("cluster-logs"), label="cluster stack") as running:
             yield group, running
@@ -148,7 +148,7 @@ def test_cluster_failover_under_load(cluster: tuple[ClusterGroup, RunningStack])
     """The primary serving Flux's provider's slot SIGKILLed; the cluster promotes its
     replica; the front door and workers follow the slot with no restart."""
     group, running = cluster
-    _outage_under_load(running, _slot_fault(group, "cluster failover", "kill", "start"))
+    outage_under_load(running, _slot_fault(group, "cluster failover", "kill", "start"))
 
 
 @pytest.mark.slow
@@ -157,7 +157,7 @@ def test_cluster_stall_under_load(cluster: tuple[ClusterGroup, RunningStack]) ->
     its node timeout and promotes the replica; once resumed, the old primary
     follows the new one and writes nothing of its own."""
     group, running = cluster
-    _outage_under_load(running, _slot_fault(group, "cluster stall", "pause", "resume"))
+    outage_under_load(running, _slot_fault(group, "cluster stall", "pause", "resume"))
 
 
 @pytest.mark.slow
@@ -170,7 +170,7 @@ def test_no_503_during_stalls_of_the_slots_primary_was_admitted(cluster: tuple[C
         stalled[:] = [group.owner(BFL)]
         stalled[0].pause()
 
-    _stalls_under_load(running, Fault("cluster stalls", begin, heal=lambda: stalled[0].resume(),
+    stalls_under_load(running, Fault("cluster stalls", begin, heal=lambda: stalled[0].resume(),
                                       lasts_s=STALL_EACH_S))
 
 
@@ -190,4 +190,4 @@ def test_the_whole_slot_killed_under_load(cluster: tuple[ClusterGroup, RunningSt
         for node in nodes:
             node.start()
 
-    _outage_under_load(running, Fault("cluster slot killed", begin, heal=heal))
+    outage_under_load(running, Fault("cluster slot killed", begin, heal=heal))

@@ -38,7 +38,7 @@ from .harness import (
     unique_prompt,
     wait_for,
 )
-from .test_webhooks import Receiver, workspace_with_secret
+from .webhook_support import Receiver, workspace_with_secret
 
 #: Front-door processes of the module's stack (gunicorn workers).
 WEB_PROCESSES = 2

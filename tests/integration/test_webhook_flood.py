@@ -43,7 +43,7 @@ from router_queue.webhooks.event import new_secret
 
 from .chaos_support import assert_settled_once
 from .harness import GEMINI, START_CREDITS, ApiClient, RunningStack, make_caller, private_stack, unique_prompt, wait_for
-from .test_webhooks import Receiver, cli_ok
+from .webhook_support import Receiver, cli_ok
 
 pytestmark = pytest.mark.slow
 

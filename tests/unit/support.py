@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
+import requests
 from click.testing import CliRunner
 
 from router_queue.web.front import EXTENSION
+from workers.context import WorkerContext
+from workers.leases import LeaseKeeper
 
 
 def record_of(services, request_id: str, provider: str):
@@ -36,3 +41,38 @@ class ServicesCliRunner(CliRunner):
 def cli_runner(app) -> ServicesCliRunner:
     """The ``router-queue`` command's runner on the app's own services."""
     return ServicesCliRunner(app.extensions[EXTENSION].services)
+
+
+def context_of(services, session=None) -> WorkerContext:
+    return WorkerContext(services, session or requests.Session(), services.dispatcher,
+                         LeaseKeeper(services.store, services.settings.lease_s))
+
+
+class Clock:
+    """The resolver's clock, moved by hand."""
+
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def frames(response, limit: int = 20, out: list | None = None) -> list[dict]:
+    """The stream's events as {id, event, data}, appended to ``out`` as they
+    arrive, until it ends (or ``limit``)."""
+    out = [] if out is None else out
+    current: dict = {}
+    for chunk in response.response:
+        for line in (chunk.decode() if isinstance(chunk, bytes) else chunk).split("\n"):
+            if not line:
+                if "event" in current:
+                    out.append(current)
+                current = {}
+            elif line.startswith(("id: ", "event: ", "data: ")):
+                field, value = line.split(": ", 1)
+                current[field] = json.loads(value) if field == "data" else value
+        if len(out) >= limit:
+            break
+    response.close()
+    return out

@@ -12,6 +12,7 @@ from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG
 from router_queue.web.app import create_app
 from tests.unit.conftest import RecordingDispatcher
+from tests.unit.route_support import assert_refusal
 
 FLUX = "/v2/models/bfl/flux-2-pro"
 PRICE = 60
@@ -20,15 +21,6 @@ PRICE = 60
 def submit(http, key, body=None, *, path=FLUX, headers=None):
     return http.post(f"{path}/requests", data=json.dumps(body or {"prompt": "teapot"}),
                      headers={"X-API-Key": key, "Content-Type": "application/json", **(headers or {})})
-
-
-def assert_error(response, status, bucket, retry_after=False):
-    assert response.status_code == status, response.get_data(as_text=True)
-    assert response.headers["X-Comfy-Error-Type"] == bucket == response.json["error_type"]
-    assert response.json["detail"]
-    assert ("Retry-After" in response.headers) == retry_after
-    if retry_after:
-        assert int(response.headers["Retry-After"]) >= 1
 
 
 def key_for(services, *, credits=10_000, queue_enabled=True, **limits):
@@ -41,7 +33,7 @@ def key_for(services, *, credits=10_000, queue_enabled=True, **limits):
 def test_402_when_the_workspace_cannot_fund_the_run_and_the_key_can_be_resent(http, services, dispatcher):
     workspace, key = key_for(services, credits=PRICE - 1)
     refused = submit(http, key, headers={"Idempotency-Key": "k1"})
-    assert_error(refused, 402, "insufficient_credits")
+    assert_refusal(refused, 402, "insufficient_credits")
     assert dispatcher.published == []
     services.accounts.set_credits(workspace, PRICE)
     admitted = submit(http, key, headers={"Idempotency-Key": "k1"})
@@ -62,15 +54,15 @@ def test_refusals_before_queueing_release_the_idempotency_key(http, services, st
 
 def test_a_legacy_key_is_not_enabled_for_queued_delivery(http, services):
     key = services.accounts.mint_legacy_key()
-    assert_error(submit(http, key), 403, "not_enabled")
-    assert_error(http.get(f"{FLUX}/requests/{services.ids.mint('-', 'bfl/flux-2-pro')}/status",
+    assert_refusal(submit(http, key), 403, "not_enabled")
+    assert_refusal(http.get(f"{FLUX}/requests/{services.ids.mint('-', 'bfl/flux-2-pro')}/status",
                           headers={"X-API-Key": key}), 403, "not_enabled")
 
 
 def test_a_bring_your_own_key_request_is_not_enabled(http, services, dispatcher):
     _, key = key_for(services)
     response = submit(http, key, headers={"X-Provider-Api-Key": "sk-mine"})
-    assert_error(response, 403, "not_enabled")
+    assert_refusal(response, 403, "not_enabled")
     assert "synchronous" in response.json["detail"]
     assert dispatcher.published == []
 
@@ -84,14 +76,14 @@ def test_a_model_the_queue_cannot_run_is_not_enabled(settings, client, tmp_path)
     services = Services.build(settings, client, dispatcher=RecordingDispatcher())
     http = create_app(settings, services=services).test_client()
     _, key = key_for(services)
-    assert_error(submit(http, key), 403, "not_enabled")
+    assert_refusal(submit(http, key), 403, "not_enabled")
 
 
 def test_429_queue_backlog_full_past_the_workspace_cap(http, services, dispatcher):
     _, key = key_for(services, max_queued=2)
     assert [submit(http, key, {"prompt": f"p{i}"}).status_code for i in range(2)] == [201, 201]
     full = submit(http, key, {"prompt": "p3"}, headers={"Idempotency-Key": "k"})
-    assert_error(full, 429, "queue_backlog_full", retry_after=True)
+    assert_refusal(full, 429, "queue_backlog_full", retry_after=True)
     assert len(dispatcher.published) == 2
     first = dispatcher.published[0][0]
     http.put(f"{FLUX}/requests/{first}/cancel", headers={"X-API-Key": key})
@@ -105,7 +97,7 @@ def test_429_rate_limited_counts_every_route_per_workspace(http, services):
                for _ in range(5)]
     assert answers == [200, 200, 200, 200, 429]
     limited = http.get(f"{FLUX}/requests/{request_id}", headers={"X-API-Key": key})
-    assert_error(limited, 429, "rate_limited", retry_after=True)
+    assert_refusal(limited, 429, "rate_limited", retry_after=True)
     assert 1 <= int(limited.headers["Retry-After"]) <= 60
     assert limited.headers["X-Comfy-Request-Id"]
     _, other = key_for(services)
@@ -123,10 +115,10 @@ def test_calls_refused_before_their_route_reaches_redis_still_count(http, servic
     assert submit(http, key, path="/v2/models/bfl/flux-9").status_code == 404
     request_id = submit(http, key).json["request_id"]  # the fourth call
 
-    assert_error(http.get(f"{FLUX}/requests/not-an-id/status", headers=auth), 429, "rate_limited", retry_after=True)
-    assert_error(submit(http, key, {"prompt": 5}), 429, "rate_limited", retry_after=True)
-    assert_error(submit(http, key), 429, "rate_limited", retry_after=True)
-    assert_error(http.get(f"{FLUX}/requests/{request_id}", headers=auth), 429, "rate_limited", retry_after=True)
+    assert_refusal(http.get(f"{FLUX}/requests/not-an-id/status", headers=auth), 429, "rate_limited", retry_after=True)
+    assert_refusal(submit(http, key, {"prompt": 5}), 429, "rate_limited", retry_after=True)
+    assert_refusal(submit(http, key), 429, "rate_limited", retry_after=True)
+    assert_refusal(http.get(f"{FLUX}/requests/{request_id}", headers=auth), 429, "rate_limited", retry_after=True)
     assert [p[0] for p in dispatcher.published] == [request_id]  # a refused submit queued nothing
     assert services.accounts.get(workspace).queued == 1
 

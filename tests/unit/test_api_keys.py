@@ -18,8 +18,8 @@ from router_queue.store import keys
 from router_queue.store.apikeys import LAST_USED_EVERY_S, hash_key, key_id
 from router_queue.web import auth as auth_module
 from router_queue.web.app import create_app
-from tests.unit.support import cli_runner
-from tests.unit.test_sync_and_discovery import NATIVE, FinishingDispatcher, run
+from tests.unit.support import Clock, cli_runner
+from tests.unit.sync_support import NATIVE, FinishingDispatcher, run
 
 FLUX = "/v2/models/bfl/flux-2-pro"
 #: A well-formed request id nobody minted: a valid key reads 404 for it, a refused one 401.
@@ -28,16 +28,6 @@ NOBODYS = "00000000-0000-8000-8000-000000000000"
 
 def status_of(http, api_key: str) -> int:
     return http.get(f"{FLUX}/requests/{NOBODYS}/status", headers={"X-API-Key": api_key}).status_code
-
-
-class Clock:
-    """The resolver's clock, moved by hand."""
-
-    def __init__(self):
-        self.now = 1000.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 @pytest.fixture

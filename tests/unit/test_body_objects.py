@@ -17,17 +17,16 @@ from router_queue.blobs.store import BlobUnavailable, open_blob_store
 from router_queue.services import Services
 from router_queue.store import keys
 from router_queue.web.app import create_app
-from tests.unit import test_delivery as delivery_tests
+from tests.unit import delivery_support
 from tests.unit.conftest import RecordingDispatcher
-from tests.unit.support import record_of
-from tests.unit.test_delivery import admitted, context_of, deliver_until_done
-from tests.unit.test_retry_and_deadlines import LEASE, retry
-from tests.unit.test_routes import assert_error, submit
+from tests.unit.delivery_support import admitted, deliver_until_done
+from tests.unit.route_support import LEASE, assert_error, retry, submit
+from tests.unit.support import context_of, record_of
 from workers.bodies import native_body
 from workers.sweeper import sweep
 
-stub_origin, fresh_stub, worker_services = (delivery_tests.stub_origin, delivery_tests.fresh_stub,
-                                            delivery_tests.worker_services)
+stub_origin, fresh_stub, worker_services = (delivery_support.stub_origin, delivery_support.fresh_stub,
+                                            delivery_support.worker_services)
 
 #: A BFL edit with a 2 MB input_image: over the old 1 MiB MAX_BODY_BYTES.
 BIG = {"prompt": "a teapot, as in the picture", "input_image": "A" * 2_000_000}

@@ -13,8 +13,8 @@ import pytest
 from router_queue.store import keys
 from router_queue.store.requests import Cost, Lease
 from router_queue.webhooks import event as webhook_event
+from tests.unit.route_support import FLUX, assert_error, submit
 from tests.unit.support import record_of
-from tests.unit.test_routes import FLUX, assert_error, submit
 
 MODEL = "bfl/flux-2-pro"
 

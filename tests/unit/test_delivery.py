@@ -9,68 +9,31 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import threading
 import time
 
 import pytest
 import redis
 import requests
-from werkzeug.serving import make_server
 
 from router_queue import metrics
 from router_queue.catalog import Catalog
 from router_queue.services import Services
-from router_queue.settings import DEFAULT_CATALOG, Secret, Settings
+from router_queue.settings import DEFAULT_CATALOG, Settings
 from router_queue.states import COMPLETED
 from router_queue.store import keys
 from router_queue.store.requests import Lease
-from router_queue.web.admission import fingerprint
 from router_queue.web.app import create_app
-from stub_provider import create_app as create_stub
+from tests.unit import delivery_support
 from tests.unit.conftest import RecordingDispatcher
-from tests.unit.support import record_of
-from workers.context import WorkerContext
-from workers.delivery import Execution, Later, deliver
+from tests.unit.delivery_support import admitted, deliver_until_done, execution
+from tests.unit.support import context_of, record_of
+from workers.delivery import deliver
 from workers.leases import LeaseKeeper
 from workers.sweeper import sweep
 
-
-@pytest.fixture(scope="module")
-def stub_origin():
-    server = make_server("127.0.0.1", 0, create_stub(), threaded=True)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{server.server_port}"
-    server.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def fresh_stub(stub_origin):
-    """The stub keys its fault counters by body; each test starts them afresh."""
-    requests.post(f"{stub_origin}/stub/reset")
-
-
-@pytest.fixture
-def worker_services(services, stub_origin):
-    services.settings = dataclasses.replace(
-        services.settings, provider_origin_override=stub_origin,
-        provider_credentials={name: Secret("k") for name in ("BFL_API_KEY", "VERTEXAI_ACCESS_TOKEN", "OPENAI_API_KEY")},
-    )
-    return services
-
-
-def admitted(services, workspace, model, body):
-    provider = model.split("/")[0]
-    request_id = services.ids.mint(workspace, model)
-    outcome = services.store.admit(request_id=request_id, workspace=workspace, model=model, provider=provider,
-                                   body=json.dumps(body), fingerprint=fingerprint(model, body))
-    assert outcome.outcome == "ADMITTED"
-    return request_id, provider
-
-
-def context_of(services, session=None) -> WorkerContext:
-    return WorkerContext(services, session or requests.Session(), services.dispatcher,
-                         LeaseKeeper(services.store, services.settings.lease_s))
+#: The stub provider and the services pointed at it (delivery_support), fixtures here.
+stub_origin, fresh_stub, worker_services = (delivery_support.stub_origin, delivery_support.fresh_stub,
+                                            delivery_support.worker_services)
 
 
 class KeyRecordingSession(requests.Session):
@@ -83,24 +46,6 @@ class KeyRecordingSession(requests.Session):
     def request(self, method, url, *args, headers=None, **kwargs):
         self.keys.append((url.split("?")[0].rsplit("/", 1)[-1], (headers or {}).get("x-key", "")))
         return super().request(method, url, *args, headers=headers, **kwargs)
-
-
-def execution(task_id="task-1", retries=0) -> Execution:
-    """What tasks.deliver builds for retry ``retries`` of task ``task_id``."""
-    return Execution(token=f"{task_id}-run-{retries}", resume_key=f"{task_id}:{retries}",
-                     next_resume_key=f"{task_id}:{retries + 1}")
-
-
-def deliver_until_done(context, request_id, task_id="task-1", waits=None):
-    """Deliver as Celery would: a ``Later`` is a retry of the same task."""
-    retries = 0
-    while True:
-        try:
-            return deliver(context, request_id, execution(task_id, retries))
-        except Later as later:
-            retries += 1
-            if waits is not None:
-                waits.append(later.countdown)
 
 
 def run(services, workspace, model, body, waits=None):

@@ -10,7 +10,7 @@ import pytest
 
 from router_queue.web import paths
 from router_queue.web.envelope import ENVELOPE, STEPS, Envelope, fresh_call_id
-from tests.unit.test_routes import FLUX, submit
+from tests.unit.route_support import FLUX, submit
 
 
 def test_every_flask_route_is_a_declared_one(app):

@@ -16,9 +16,7 @@ from router_queue.store.requests import Lease
 from router_queue.web.app import create_app
 from router_queue.web.auth import CACHE_TTL_S, HeldKey, KeyResolver
 from router_queue.web.front import EXTENSION
-from tests.unit.support import record_of
-from tests.unit.test_api_keys import Clock
-from tests.unit.test_stream import frames
+from tests.unit.support import Clock, frames, record_of
 
 FLUX = "/v2/models/bfl/flux-2-pro"
 LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)

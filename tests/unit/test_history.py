@@ -13,8 +13,8 @@ import pytest
 from router_queue.store import keys
 from router_queue.store.requests import HISTORY_EXAMINED_PER_ENTRY, Lease
 from router_queue.web.history import decode_cursor, encode_cursor
+from tests.unit.route_support import FLUX, assert_error, submit
 from tests.unit.support import record_of
-from tests.unit.test_routes import FLUX, assert_error, submit
 
 MODEL = "bfl/flux-2-pro"
 SPEECH = "openai/gpt-4o-mini-tts"

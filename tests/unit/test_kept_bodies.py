@@ -15,9 +15,8 @@ from router_queue.services import Services
 from router_queue.store import keys
 from router_queue.store.outcomes import Claim
 from tests.unit.conftest import RecordingDispatcher
+from tests.unit.route_support import LEASE, assert_error, failed, retry, status_of, submit
 from tests.unit.support import record_of
-from tests.unit.test_retry_and_deadlines import LEASE, failed, retry, status_of
-from tests.unit.test_routes import assert_error, submit
 
 #: The issue's body: a BFL prompt with a ~900 KB input_image.
 BIG = {"prompt": "a teapot, as in the picture", "input_image": "A" * 900_000}

@@ -10,13 +10,15 @@ import time
 
 import pytest
 import redis
-from flask import request
 from werkzeug.test import Client
 
 from router_queue.store import keys
 from router_queue.store.requests import Lease
+from tests.unit import route_support
+from tests.unit.route_support import FLUX, assert_error, submit
 from tests.unit.support import record_of
-from tests.unit.test_routes import FLUX, assert_error, submit
+
+served_by_flask = route_support.served_by_flask  # a fixture (route_support)
 
 LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)
 #: Headers that differ between any two answers: a fresh call id each, the date.
@@ -27,18 +29,6 @@ VOLATILE = {"X-Comfy-Request-Id", "Date"}
 def flask_only(app) -> Client:
     """The same app with the lane bypassed: Flask's own WSGI callable."""
     return Client(app.wsgi_app.flask)
-
-
-@pytest.fixture
-def served_by_flask(app) -> list[str]:
-    """Paths of the calls that reached Flask's request handling."""
-    reached: list[str] = []
-
-    @app.before_request
-    def _note() -> None:
-        reached.append(request.path)
-
-    return reached
 
 
 def _answer(response) -> tuple:

@@ -25,7 +25,7 @@ from router_queue.settings import Settings, SettingsError
 from router_queue.web.app import create_app
 from router_queue.web.readiness import READINESS, Readiness
 from tests.unit.conftest import OperatorClient, RecordingDispatcher
-from tests.unit.test_routes import FLUX, assert_error
+from tests.unit.route_support import FLUX, assert_error
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "an operator's long random token"

@@ -18,12 +18,13 @@ from router_queue.store import keys
 from router_queue.web.app import create_app
 from router_queue.web.collect import CorruptResult
 from tests.object_stores import BUCKET, env_set
-from tests.unit import test_delivery as delivery_tests
-from tests.unit.test_delivery import admitted, context_of, deliver_until_done
+from tests.unit import delivery_support
+from tests.unit.delivery_support import admitted, deliver_until_done
+from tests.unit.support import context_of
 
 # The delivery tests' stub provider and worker services, as fixtures of this module too.
-stub_origin, fresh_stub, worker_services = (delivery_tests.stub_origin, delivery_tests.fresh_stub,
-                                            delivery_tests.worker_services)
+stub_origin, fresh_stub, worker_services = (delivery_support.stub_origin, delivery_support.fresh_stub,
+                                            delivery_support.worker_services)
 
 GEMINI = "vertexai/gemini-3.1-flash-image"
 TWO_MB = 2_000_000

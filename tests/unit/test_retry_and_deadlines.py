@@ -16,34 +16,15 @@ from router_queue import metrics
 from router_queue.store import keys
 from router_queue.store.outcomes import Claim
 from router_queue.store.requests import Lease
+from tests.unit.route_support import FAILED_BODY, FLUX, assert_error, failed, retry, status_of, submit
 from tests.unit.support import record_of
-from tests.unit.test_routes import FLUX, assert_error, submit
 from workers.context import WorkerContext
 from workers.leases import LeaseKeeper
 from workers.sweeper import sweep
 
 LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)
-BODY = {"prompt": "a teapot that failed once", "seed": 7}
 #: flux-2-pro's queue timeout and longest run (catalog.json), the deadlines' bounds.
 QUEUE_TIMEOUT_S, MAX_RUN_S = 86_400, 1_800
-
-
-def retry(http, auth, request_id, *, headers=None, path=FLUX):
-    return http.post(f"{path}/requests/{request_id}/retry", headers={**auth, **(headers or {})})
-
-
-def status_of(http, auth, request_id, path=FLUX):
-    response = http.get(f"{path}/requests/{request_id}/status", headers=auth)
-    assert response.status_code == 200, response.get_data(as_text=True)
-    return response.json
-
-
-def failed(http, auth, services, body=BODY, error_type="provider_error", **headers):
-    """A request that ran and failed with ``error_type``."""
-    request_id = submit(http, auth, body, headers=headers).json["request_id"]
-    services.store.claim(record_of(services, request_id, "bfl"), LEASE)
-    services.store.complete(record_of(services, request_id, "bfl"), error_type=error_type, detail="it broke")
-    return request_id
 
 
 def ledger_types(services, workspace, request_id):
@@ -81,11 +62,11 @@ def test_a_retry_submits_the_failed_body_again_as_a_new_request(http, auth, serv
     assert (body["status"], body["retry_of"]) == ("IN_QUEUE", original)
     assert "retry_of" not in status_of(http, auth, original)
     _, stored = services.store.load(new)
-    assert json.loads(stored) == BODY
+    assert json.loads(stored) == FAILED_BODY
     # admitted like any submit: its price held, its body counted until it completes
     assert ledger_types(services, workspace, new) == ["hold"]
     assert int(services.redis.hget(keys.workspace(workspace), "queued_bytes")) == (
-        len(json.dumps(BODY)) + len(json.dumps({"prompt": "any"})))
+        len(json.dumps(FAILED_BODY)) + len(json.dumps({"prompt": "any"})))
 
 
 def test_a_retry_of_a_retry_names_its_own_original(http, auth, services):
@@ -95,7 +76,7 @@ def test_a_retry_of_a_retry_names_its_own_original(http, auth, services):
     services.store.complete(record_of(services, second, "bfl"), error_type="provider_timeout", detail="slow")
     third = retry(http, auth, second).json["request_id"]
     assert status_of(http, auth, third)["retry_of"] == second
-    assert json.loads(services.store.load(third)[1]) == BODY
+    assert json.loads(services.store.load(third)[1]) == FAILED_BODY
 
 
 @pytest.mark.parametrize("error_type", ["provider_error", "provider_timeout", "cancelled", "queue_timeout"])
@@ -163,7 +144,7 @@ def test_a_retry_already_made_under_its_idempotency_key_is_409_naming_it(http, a
     assert services.accounts.get(workspace).queued == queued  # nothing new admitted
     # the key is bound to this retry: another request's retry, or a submit, under it is refused
     assert_error(retry(http, auth, other, headers={"Idempotency-Key": "again-1"}), 409, "invalid_input")
-    assert_error(submit(http, auth, BODY, headers={"Idempotency-Key": "again-1"}), 409, "invalid_input")
+    assert_error(submit(http, auth, FAILED_BODY, headers={"Idempotency-Key": "again-1"}), 409, "invalid_input")
     # without a key each retry is a new request
     assert retry(http, auth, original).json["request_id"] != first.json["request_id"]
 

@@ -9,27 +9,11 @@ import pytest
 
 from router_queue.store import keys
 from router_queue.store.outcomes import Admit
-from router_queue.store.requests import Admission, Lease
+from router_queue.store.requests import Admission
+from tests.unit.route_support import FLUX, LEASE, assert_error, submit
 from tests.unit.support import record_of
 
-LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)
-
-FLUX = "/v2/models/bfl/flux-2-pro"
 ISO = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z$")
-
-
-def submit(http, auth, body=None, *, path=FLUX, headers=None, raw=None):
-    data = raw if raw is not None else json.dumps(body if body is not None else {"prompt": "a red teapot"})
-    return http.post(f"{path}/requests", data=data, headers={**auth, "Content-Type": "application/json",
-                                                              **(headers or {})})
-
-
-def assert_error(response, status, bucket):
-    assert response.status_code == status, response.get_data(as_text=True)
-    assert response.headers["X-Comfy-Error-Type"] == bucket
-    assert response.json["error_type"] == bucket
-    assert response.json["detail"]
-    assert response.headers["X-Comfy-Request-Id"]
 
 
 def test_submit_answers_the_handle_with_absolute_urls(http, auth, dispatcher):

@@ -11,7 +11,7 @@ from importlib import resources
 import pytest
 
 from router_queue.store import keys
-from tests.unit.test_schedule import PROVIDER, Fleet
+from tests.unit.schedule_support import PROVIDER, Fleet
 
 SCHED = keys.schedule(PROVIDER)
 #: A stand-in broker list and message template (the real one: broker/dispatch.py).

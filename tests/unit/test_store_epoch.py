@@ -13,9 +13,8 @@ from router_queue.services import Services
 from router_queue.store import keys, migrate
 from router_queue.web.app import create_app
 from tests.unit.conftest import RecordingDispatcher
-from tests.unit.support import cli_runner
-from tests.unit.test_delivery import context_of
-from tests.unit.test_routes import FLUX, assert_error, submit
+from tests.unit.route_support import FLUX, assert_error, submit
+from tests.unit.support import cli_runner, context_of
 from workers.sweeper import sweep
 
 

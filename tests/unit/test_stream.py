@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 
@@ -10,7 +9,7 @@ import pytest
 
 from router_queue.store.requests import Lease
 from router_queue.web import stream
-from tests.unit.support import record_of
+from tests.unit.support import frames, record_of
 
 FLUX = "/v2/models/bfl/flux-2-pro"
 LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)
@@ -20,26 +19,6 @@ def submit(http, auth) -> str:
     response = http.post(f"{FLUX}/requests", json={"prompt": "stream me"}, headers=auth)
     assert response.status_code == 201, response.json
     return response.json["request_id"]
-
-
-def frames(response, limit: int = 20, out: list | None = None) -> list[dict]:
-    """The stream's events as {id, event, data}, appended to ``out`` as they
-    arrive, until it ends (or ``limit``)."""
-    out = [] if out is None else out
-    current: dict = {}
-    for chunk in response.response:
-        for line in (chunk.decode() if isinstance(chunk, bytes) else chunk).split("\n"):
-            if not line:
-                if "event" in current:
-                    out.append(current)
-                current = {}
-            elif line.startswith(("id: ", "event: ", "data: ")):
-                field, value = line.split(": ", 1)
-                current[field] = json.loads(value) if field == "data" else value
-        if len(out) >= limit:
-            break
-    response.close()
-    return out
 
 
 def test_a_finished_request_streams_one_completed_event_and_ends(http, auth, services):

@@ -11,14 +11,16 @@ import pytest
 
 from router_queue.settings import Settings, SettingsError
 from router_queue.web.app import create_app
-from tests.unit.test_lane import served_by_flask  # noqa: F401 - a fixture
-from tests.unit.test_routes import FLUX, submit
+from tests.unit import route_support
+from tests.unit.route_support import FLUX, submit
+
+served_by_flask = route_support.served_by_flask  # a fixture (route_support)
 
 OPERATOR_PATHS = ("/metrics", "/ops", "/ops/summary.json")
 
 
 @pytest.mark.parametrize("path", OPERATOR_PATHS)
-def test_operator_surfaces_are_not_found_on_the_public_port(http, ops_http, auth, settings, served_by_flask, path):  # noqa: F811
+def test_operator_surfaces_are_not_found_on_the_public_port(http, ops_http, auth, settings, served_by_flask, path):
     ops_port = settings.ops_port
     for headers in ({}, auth, {"Host": f"localhost:{ops_port}"}, {"X-Forwarded-Port": str(ops_port)}):
         refused = http.get(path, headers=headers)

@@ -32,7 +32,7 @@ from router_queue.web.lane import Lane
 from router_queue.webhooks import event as webhook_event
 from stub_provider import create_app as create_stub
 from tests.unit.support import deliver_webhook
-from tests.unit.test_webhooks import Receiver
+from tests.unit.webhook_support import Receiver
 from workers.context import WorkerContext
 from workers.delivery import Execution, deliver
 from workers.leases import LeaseKeeper

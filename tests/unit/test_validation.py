@@ -12,7 +12,7 @@ from werkzeug.test import Client
 
 from router_queue.schemas import MAX_CONTENTS, MAX_IMAGES, MAX_PARTS, MAX_PARTS_IN_ALL, MAX_SAFETY_SETTINGS
 from router_queue.validation import MAX_ERRORS, MAX_JSON_ITEMS, too_many_items
-from tests.unit.test_routes import assert_error, submit
+from tests.unit.route_support import assert_error, submit
 
 GEMINI = "/v2/models/vertexai/gemini-3.1-flash-image"
 #: The error body's ceiling, whatever the input.

@@ -13,7 +13,7 @@ from werkzeug.test import Client
 
 from router_queue.store import keys
 from router_queue.webhooks import event as webhook_event
-from tests.unit.test_routes import FLUX, assert_error
+from tests.unit.route_support import FLUX, assert_error
 
 HOOK = "http://127.0.0.1:9/hook"
 BODY = {"prompt": "a red teapot"}

@@ -19,8 +19,7 @@ from router_queue.store.webhooks import FAILING_KEPT, DeliveryLimits, WebhookSto
 from router_queue.urls import origin
 from router_queue.webhooks import event as webhook_event
 from router_queue.webhooks.delivery import post
-from tests.unit.support import cli_runner, deliver_webhook, record_of
-from tests.unit.test_webhooks import context_of
+from tests.unit.support import cli_runner, context_of, deliver_webhook, record_of
 
 FLUX = "bfl/flux-2-pro"
 LIMITS = DeliveryLimits(max_in_flight_per_workspace=2, wait_s=1.0, circuit_failures=3, circuit_cooling_s=10.0,

@@ -21,8 +21,8 @@ from router_queue.store.webhooks import DeliveryLimits, WebhookStore
 from router_queue.web.app import create_app
 from router_queue.webhooks import event as webhook_event
 from tests.unit.conftest import RecordingDispatcher
-from tests.unit.support import cli_runner, deliver_webhook, record_of
-from tests.unit.test_webhooks import Receiver, context_of
+from tests.unit.support import cli_runner, context_of, deliver_webhook, record_of
+from tests.unit.webhook_support import Receiver
 
 FLUX = "bfl/flux-2-pro"
 LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)

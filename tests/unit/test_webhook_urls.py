@@ -17,9 +17,8 @@ from urllib.parse import urlsplit
 import pytest
 
 from router_queue.webhooks import event as webhook_event, lookup, safety
-from tests.unit.support import deliver_webhook, record_of
-from tests.unit.test_admission_policy import assert_error
-from tests.unit.test_webhooks import context_of
+from tests.unit.route_support import assert_refusal
+from tests.unit.support import context_of, deliver_webhook, record_of
 
 FLUX = "/v2/models/bfl/flux-2-pro"
 PUBLIC = "93.184.216.34"
@@ -174,7 +173,7 @@ def _accepted(url: str) -> bool:
 ])
 def test_submit_refuses_them_400_naming_the_header_and_why(hooked, http, auth, dispatcher, resolver, url, reason):
     refused = submit(http, auth, url)
-    assert_error(refused, 400, "invalid_input")
+    assert_refusal(refused, 400, "invalid_input")
     assert refused.json["detail"].startswith("X-Comfy-Webhook-Url ") and reason in refused.json["detail"]
     assert dispatcher.published == []
 
@@ -193,7 +192,7 @@ def test_set_webhook_refuses_them_too(app, hooked, workspace, resolver):
 def test_a_lookup_that_hangs_answers_the_submit_within_its_budget(hooked, http, auth, dispatcher, resolver):
     resolver.hang = True
     refused = submit(http, auth, "https://slow.example.com/hook")
-    assert_error(refused, 400, "invalid_input")
+    assert_refusal(refused, 400, "invalid_input")
     assert refused.json["detail"] == ("X-Comfy-Webhook-Url names a host that did not resolve within 0.3 s: "
                                       "slow.example.com")
     # answered while the lookup still hangs: abandoned, not waited for
@@ -219,7 +218,7 @@ def test_lookups_at_once_are_capped_and_past_the_cap_a_submit_is_503(hooked, htt
     resolver.hang = True
     assert submit(http, auth, "https://slow.example.com/hook").status_code == 400  # abandoned, still running
     busy = submit(http, auth, "https://other.example.com/hook")
-    assert_error(busy, 503, "service_unavailable", retry_after=True)
+    assert_refusal(busy, 503, "service_unavailable", retry_after=True)
     assert "lookups" in busy.json["detail"] and resolver.calls == ["slow.example.com"]
     resolver.release.set()  # the hung lookup ends: its place is free again
     resolver.hang = False
@@ -235,12 +234,12 @@ def test_a_webhook_submit_over_its_rate_is_refused_before_any_lookup(hooked, htt
     assert submit(http, auth).status_code == 201  # the window's one call, without a webhook
     for path in (f"{FLUX}/requests", FLUX):  # the lane's submit, and the synchronous route through Flask
         limited = submit(http, auth, "https://hooks.example.com/hook", path=path)
-        assert_error(limited, 429, "rate_limited", retry_after=True)
+        assert_refusal(limited, 429, "rate_limited", retry_after=True)
     assert resolver.calls == []
 
 
 def test_a_webhook_submit_is_counted_once(hooked, http, auth, workspace, resolver):
     hooked.accounts.set_limits(workspace, rate_limit="2/minute")
     assert [submit(http, auth, "https://hooks.example.com/hook").status_code for _ in range(2)] == [201, 201]
-    assert_error(submit(http, auth), 429, "rate_limited", retry_after=True)
+    assert_refusal(submit(http, auth), 429, "rate_limited", retry_after=True)
     assert resolver.calls == ["hooks.example.com"] * 2

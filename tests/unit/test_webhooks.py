@@ -9,20 +9,16 @@ import dataclasses
 import random
 import re
 import socket
-import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-import requests
 from standardwebhooks import Webhook
 from standardwebhooks.webhooks import WebhookVerificationError
 
 from router_queue.store import keys
 from router_queue.webhooks import event as webhook_event, retry_policy, safety
-from tests.unit.support import cli_runner, deliver_webhook, record_of
-from workers.context import WorkerContext
-from workers.leases import LeaseKeeper
+from tests.unit.support import cli_runner, context_of, deliver_webhook, record_of
+from tests.unit.webhook_support import Receiver
 from workers.sweeper import sweep
 
 FLUX = "bfl/flux-2-pro"
@@ -284,38 +280,6 @@ def test_secrets_are_created_once_and_rotated(services, workspace):
 # -- one worker attempt, against a receiver of our own ----------------------------------------
 
 
-class Receiver:
-    """An http.server on 127.0.0.1 answering ``statuses`` in turn (then 204),
-    recording each request's headers and body."""
-
-    def __init__(self, statuses=()):
-        self.statuses = list(statuses)
-        self.got: list[tuple[dict, bytes]] = []
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self):
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                receiver.got.append((dict(self.headers), body))
-                status = receiver.statuses.pop(0) if receiver.statuses else 204
-                self.send_response(status)
-                if status in (301, 302):
-                    self.send_header("Location", "http://127.0.0.1:9/elsewhere")
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args):
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_port}/hook"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
 @pytest.fixture
 def receiver():
     made = []
@@ -326,11 +290,6 @@ def receiver():
     yield make
     for r in made:
         r.close()
-
-
-def context_of(services) -> WorkerContext:
-    return WorkerContext(services, requests.Session(), services.dispatcher,
-                         LeaseKeeper(services.store, services.settings.lease_s))
 
 
 def test_a_worker_attempt_signs_retries_and_delivers(hooked, http, auth, workspace, receiver):
