@@ -22,8 +22,11 @@ from . import offhub
 
 log = logging.getLogger(__name__)
 
-#: Bytes a read hands on at a time: what a collect holds in memory per caller.
-CHUNK_BYTES = 256 * 1024
+#: Bytes a read hands on at a time, and the least obstore gathers before handing a piece over: what a
+#: collect holds per caller. At 256 KiB, 64 collects of 10 MB raised the web workers' RSS 1.65-1.74x,
+#: at 64 KiB 1.35x, for collect throughput 0.48x the store's instead of 0.55-0.72x (a threadpool
+#: hand-off per piece; bench/README.md, front_door_rss_collect_10mb and collect_throughput_2mb).
+CHUNK_BYTES = 64 * 1024
 #: Keys one delete call names (S3's DeleteObjects takes 1,000).
 DELETE_BATCH = 1000
 #: The client's patience: connect, a stalled read, a whole transfer (one to a
