@@ -7,6 +7,7 @@ import http.client
 import json
 import os
 import re
+import resource
 import statistics
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from router_queue.blobs.store import open_blob_store
@@ -30,9 +32,10 @@ BUCKET, PREFIX = "bench-results", "bench"
 SMALL, BIG, HUGE = 1000, 2_000_000, 10_000_000
 #: redis_bytes: finished requests per side and round, interleaved rounds, threads submitting.
 MEMORY_REQUESTS, MEMORY_ROUNDS, SUBMITTERS = 100, 3, 8
-#: collect_throughput: distinct objects read in turn; wrk's threads and connections, seconds per run and of
-#: each side's warm-up, interleaved rounds.
-COLLECT_OBJECTS, COLLECT_LOAD, COLLECT_S, COLLECT_WARMUP_S, COLLECT_ROUNDS = 16, ("-t2", "-c8"), 5, 2, 3
+#: collect_throughput: distinct objects read in turn; wrk's threads and connections (the same for both sides: the
+#: front door holds as many GETs open on the store as wrk holds on it), seconds per run and of each side's
+#: warm-up, interleaved rounds (many short ones: the neighbours' load on a shared machine changes by the second).
+COLLECT_OBJECTS, COLLECT_LOAD, COLLECT_S, COLLECT_WARMUP_S, COLLECT_ROUNDS = 16, ("-t2", "-c8"), 3, 2, 7
 #: front_door_rss: clients collecting at once, distinct objects they share, collects per client, RSS samples/s.
 RSS_CLIENTS, RSS_OBJECTS, RSS_COLLECTS, RSS_SAMPLE_S = 64, 16, 2, 0.02
 #: Bytes a collecting client reads per recv (a client on a fast link).
@@ -48,6 +51,7 @@ class ObjectStore:
         proc = children.spawn("moto", [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
                               {**os.environ, "MOTO_CALL_RESET_API": "false"})
         wait_for_port(port, timeout_s=30, proc=proc)
+        self.pid = proc.pid
         self.endpoint = f"http://127.0.0.1:{port}"
         os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_REGION="us-east-1",
                           AWS_ENDPOINT_URL=self.endpoint, AWS_ALLOW_HTTP="true")
@@ -148,6 +152,23 @@ def redis_bytes(ctx: Context) -> None:
     emit("redis_bytes_per_finished_request_2mb", big, "bytes", small)
 
 
+def _children_cpu_seconds() -> float:
+    """CPU s of this process's children that ended and were waited for (each wrk run)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _cpu_seconds(pids: list[int]) -> float:
+    """CPU s of ``pids`` and their direct children, ended threads too (``stat``'s ticks: moto's server runs a
+    thread per connection, which ``core.cpu_seconds`` would miss once it ends)."""
+    total = 0
+    for pid in pids:
+        for p in [pid, *map(int, Path(f"/proc/{pid}/task/{pid}/children").read_text().split())]:
+            fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+            total += int(fields[11]) + int(fields[12])  # utime, stime
+    return total / os.sysconf("SC_CLK_TCK")
+
+
 _PATHS_LUA = """local paths = {{{paths}}}
 local n = 0
 {headers}
@@ -169,22 +190,36 @@ end
 """
 
 
+class Run(NamedTuple):
+    """One wrk run: MB/s, and CPU ms per GET of each process that served or made it."""
+
+    rate: float
+    cpu_ms: dict[str, float]
+
+
 def _wrk_paths(ctx: Context, label: str, base: str, paths: list[str], headers: dict[str, str], seconds: int,
-               size: int) -> float:
-    """MB/s of GETting ``paths`` (each ``size`` bytes) in turn from ``base`` with wrk; every answer must be 200."""
+               size: int) -> Run:
+    """GETting ``paths`` (each ``size`` bytes) in turn from ``base`` with wrk; every answer must be 200."""
     script = ctx.tmp / f"collect-{label.replace(' ', '-')}.lua"
     script.write_text(_PATHS_LUA.format(paths=", ".join(json.dumps(p) for p in paths), headers="\n".join(
         f"wrk.headers[{json.dumps(k)}] = {json.dumps(v)}" for k, v in headers.items())))
     argv = [core.tool("wrk"), *COLLECT_LOAD, f"-d{seconds}s", "--timeout", "30s", "-s", str(script), base]
+    servers = {"moto": [ctx.objects.pid], "front door": ctx.fleet.pids("web")}
+    cpu_before = {name: _cpu_seconds(pids) for name, pids in servers.items()}
+    wrk_before = _children_cpu_seconds()
     done = subprocess.run(argv, capture_output=True, text=True, timeout=seconds + 90, check=False)
+    cpu = {name: _cpu_seconds(pids) - cpu_before[name] for name, pids in servers.items()}
+    cpu["wrk"] = _children_cpu_seconds() - wrk_before
     if done.returncode != 0 or not (found := re.search(r"BENCHLUA (\d+) (\d+) (\d+) (\d+)", done.stdout)):
         raise MeasurementError(f"wrk failed ({done.returncode}): {done.stderr.strip() or done.stdout.strip()}")
     expected, unexpected, requests, duration_us = map(int, found.groups())
     if unexpected or expected == 0:
         raise MeasurementError(f"collect_throughput {label}: {unexpected} of {expected + unexpected} answers not 200")
     rate = expected * size / 1e6 / (duration_us / 1e6)
-    log(f"collect_throughput {label}: {rate:.1f} MB/s ({expected} GETs)")
-    return rate
+    cpu_ms = {name: seconds * 1e3 / requests for name, seconds in cpu.items()}
+    log(f"collect_throughput {label}: {rate:.1f} MB/s ({expected} GETs; CPU ms per GET: "
+        + ", ".join(f"{name} {ms:.2f}" for name, ms in cpu_ms.items()) + ")")
+    return Run(rate, cpu_ms)
 
 
 @phase("collect_throughput", "objects", 20)
@@ -206,10 +241,19 @@ def collect_throughput(ctx: Context) -> None:
     sides = {"store GET": (ctx.objects.endpoint, store_paths, {}), "front door": (fleet.base, front_paths, fleet.auth)}
     for label, (base, paths, headers) in sides.items():
         _wrk_paths(ctx, label, base, paths, headers, COLLECT_WARMUP_S, size)
-    pairs = [(_wrk_paths(ctx, "store GET", *sides["store GET"], COLLECT_S, size),
-              _wrk_paths(ctx, "front door", *sides["front door"], COLLECT_S, size)) for _ in range(COLLECT_ROUNDS)]
-    store, front = core.median_round("collect_throughput", pairs)
-    emit("collect_throughput_2mb", front, "MB/s", store)
+    pairs = []
+    for round_ in range(COLLECT_ROUNDS):  # the side that goes first alternates: a drift in load favours neither
+        order = list(sides) if round_ % 2 == 0 else list(reversed(sides))
+        runs = {label: _wrk_paths(ctx, label, *sides[label], COLLECT_S, size) for label in order}
+        pairs.append((runs["store GET"], runs["front door"]))
+    store, front = core.median_round("collect_throughput", pairs, key=lambda store, front: front.rate / store.rate)
+    bound = sorted(sum(s.cpu_ms.values()) / sum(f.cpu_ms.values()) for s, f in pairs)[(len(pairs) - 1) // 2]
+    log(f"collect_throughput: CPU ms per GET, median of the rounds: store GET side "
+        f"{statistics.median(sum(s.cpu_ms.values()) for s, _ in pairs):.2f}, front door side "
+        f"{statistics.median(sum(f.cpu_ms.values()) for _, f in pairs):.2f} (of it the front door's "
+        f"{statistics.median(f.cpu_ms['front door'] for _, f in pairs):.2f}): the ratio where the cores are the "
+        f"limit (a shared machine's are) is at most {bound:.3f}")
+    emit("collect_throughput_2mb", front.rate, "MB/s", store.rate)
     ctx.objects.clear()
 
 

@@ -5,7 +5,7 @@ obstore's reader hands a collect its bytes in pieces of 400-500 KiB whatever
 side buffers ahead of the caller; with 64 collects at once that was the front
 door's memory. A signed URL is a credential-free GET, so urllib3 (pure Python:
 its sockets are gevent's in a patched worker, nothing blocks the hub) reads it
-a chunk at a time, and a stream holds a chunk and its socket's buffer.
+at most a chunk at a time, and a stream holds a chunk and its socket's buffer.
 """
 
 from __future__ import annotations
@@ -69,7 +69,8 @@ def _body(answer: urllib3.BaseHTTPResponse, want: int, chunk_bytes: int) -> Iter
     try:
         while got < want:
             try:
-                chunk = answer.read(min(chunk_bytes, want - got), decode_content=False)
+                # read1: what one recv brings, up to the chunk (read() would loop and copy to fill it)
+                chunk = answer.read1(min(chunk_bytes, want - got), decode_content=False)
             except (urllib3.exceptions.HTTPError, OSError) as exc:
                 raise ReadFailed(f"read after {got} of {want} bytes: {exc.__class__.__name__}: {exc}") from exc
             if not chunk:
