@@ -32,7 +32,7 @@ MODEL_ID = "bfl/flux-2-pro"
 CAPPED_PROVIDER, CAPPED_MODEL_ID, CAP = "vertexai", "vertexai/gemini-3.1-flash-image", 1
 IN_PROGRESS, COMPLETED = "IN_PROGRESS", "COMPLETED"
 #: The stages, in the order they run (bench/README.md).
-STAGES = ("front", "store", "own_fleet", "fleet")
+STAGES = ("front", "store", "own_fleet", "objects", "fleet")
 #: The bench Redis's databases holding the two sides of the depth and dispatch_cost figures.
 SIDE_DBS = (12, 13)
 #: gunicorn workers of every app served: the Procfile's default WEB_CONCURRENCY.
@@ -81,6 +81,7 @@ class Context:
     redis_url: str  # database 0 of the bench's private redis-server
     front: Any = None  # a front.FrontDoor
     fleet: Any = None  # a Fleet
+    objects: Any = None  # an objects.ObjectStore, while the objects stage runs
 
     def db_url(self, db: int) -> str:
         return f"{self.redis_url.rsplit('/', 1)[0]}/{db}"
@@ -330,6 +331,7 @@ class Fleet:
     caps: dict[str, int] = field(default_factory=lambda: {CAPPED_PROVIDER: CAP})
     log_prefix: str = ""  # of the children's names (their logs), for a phase's fleet of its own
     broker_url: str = ""  # Celery's broker when it is not the store (a store on a cluster needs one)
+    extra_env: dict[str, str] = field(default_factory=dict)  # of every child (e.g. OBJECT_STORE_URL)
 
     def __post_init__(self) -> None:
         self.stub_port, self.web_port = free_port(), free_port()
@@ -340,6 +342,7 @@ class Fleet:
             self.env["CATALOG_PATH"] = str(capped_catalog(self.children.log_dir, self.caps))
         if self.broker_url:
             self.env["CELERY_BROKER_URL"] = self.broker_url
+        self.env.update(self.extra_env)
         self.services = services_for(self.redis_url, env=self.env)
         self.client = self.services.redis
         self.workspace = new_workspace(self.services, "bench-fleet", max_queued=10**7, rate_limit="100000/second",

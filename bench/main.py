@@ -9,11 +9,11 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from . import delivery, front, own_fleet, schedule
+from . import delivery, front, objects, own_fleet, schedule
 from .core import Children, Context, Fleet, MeasurementError, log, ordered, start_redis
 
 #: Every module that adds phases; importing one registers its phases.
-PHASE_MODULES = (front, schedule, own_fleet, delivery)
+PHASE_MODULES = (front, schedule, own_fleet, objects, delivery)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -37,11 +37,13 @@ def run(args: argparse.Namespace, children: Children, tmp: Path) -> int:
     chosen = [p for p in ordered() if p.name in args.only]
     failures = []
     for stage in dict.fromkeys(p.stage for p in chosen):
-        if stage in ("own_fleet", "fleet"):  # what earlier stages published must not reach this stage's workers
+        if stage != "front" and stage != "store":  # what earlier stages published must reach no worker
             redis.Redis.from_url(ctx.redis_url).flushdb()
         with children.scope():  # what a stage started stops with it: the next must not share the machine
             if stage == "front":
                 ctx.front = front.FrontDoor(ctx)
+            if stage == "objects":  # its own object store and a fleet whose big results go there
+                ctx.fleet = objects.start(ctx)
             if stage == "fleet":
                 ctx.fleet = Fleet(children, ctx.redis_url).start()
             for p in (p for p in chosen if p.stage == stage):

@@ -5,7 +5,8 @@ cloud's standard configuration itself: for ``s3://`` the ``AWS_*`` variables
 (credentials, ``AWS_REGION``, ``AWS_ENDPOINT_URL`` for R2/MinIO/Ceph,
 ``AWS_ALLOW_HTTP=true`` for a plain-http endpoint), instance and container
 roles, web identity; for ``gs://`` ``GOOGLE_APPLICATION_CREDENTIALS`` or the
-metadata server. Every call goes through :mod:`offhub`.
+metadata server. Every call goes through :mod:`offhub`, but for a read from a
+store that signs: that GETs a signed URL in Python (:mod:`signed_get`).
 """
 
 from __future__ import annotations
@@ -18,12 +19,16 @@ import obstore
 from obstore.exceptions import BaseError, NotFoundError
 from obstore.store import from_url
 
-from . import offhub
+from . import offhub, signed_get
 
 log = logging.getLogger(__name__)
 
-#: Bytes a read hands on at a time: what a collect holds in memory per caller.
-CHUNK_BYTES = 256 * 1024
+#: Bytes a read hands on at most at a time: what a collect holds per caller. 64 collects of 10 MB
+#: raise the web workers' RSS 1.04x at 64 KiB, 1.07x at 256 KiB, for no CPU measurably saved
+#: (bench/README.md, front_door_rss_collect_10mb and collect_throughput_2mb).
+CHUNK_BYTES = 64 * 1024
+#: Seconds the URL a read GETs is signed for: it need only be valid when the GET is sent.
+READ_URL_SECONDS = 60
 #: Keys one delete call names (S3's DeleteObjects takes 1,000).
 DELETE_BATCH = 1000
 #: The client's patience: connect, a stalled read, a whole transfer (one to a
@@ -66,6 +71,8 @@ class BlobStore:
         self._store = store
         #: Whether :meth:`sign` can make a URL (S3, GCS); a directory cannot.
         self.signs = url.split("://", 1)[0] in ("s3", "gs")
+        #: Connections for :meth:`read` (made once a read needs them: a worker process's own).
+        self._http: Any = None
 
     def __repr__(self) -> str:
         return f"BlobStore({self.url!r})"
@@ -80,11 +87,30 @@ class BlobStore:
     def read(self, key: str, start: int, end: int) -> Iterator[bytes]:
         """Bytes ``start`` to ``end`` (exclusive) of ``key``, a chunk at a time.
         Opening raises :class:`BlobMissing` or :class:`BlobUnavailable` at once;
-        a later chunk's failure raises the same from the iteration."""
+        a later chunk's failure raises :class:`BlobUnavailable` from the iteration.
+        A store that signs is read by GETting a signed URL (:mod:`signed_get`),
+        a directory through obstore."""
         if end <= start:
             return iter(())
-        result = _call(f"get {key}", obstore.get, self._store, key, options={"range": (start, end)})
-        return self._chunks(key, result.stream(min_chunk_size=CHUNK_BYTES))
+        if not self.signs:
+            result = _call(f"get {key}", obstore.get, self._store, key, options={"range": (start, end)})
+            return self._chunks(key, result.stream(min_chunk_size=CHUNK_BYTES))
+        url = self.sign(key, READ_URL_SECONDS)
+        if self._http is None:
+            self._http = signed_get.pool()
+        try:
+            return self._signed_chunks(key, signed_get.chunks(self._http, str(url), start, end, CHUNK_BYTES))
+        except signed_get.ObjectGone:
+            raise BlobMissing(f"get {key}") from None
+        except signed_get.ReadFailed as exc:
+            raise BlobUnavailable(f"get {key}: {exc}") from exc
+
+    @staticmethod
+    def _signed_chunks(key: str, chunks: Iterator[bytes]) -> Iterator[bytes]:
+        try:
+            yield from chunks
+        except signed_get.ReadFailed as exc:
+            raise BlobUnavailable(f"read {key}: {exc}") from exc
 
     def _chunks(self, key: str, stream: Any) -> Iterator[bytes]:
         while True:

@@ -5,7 +5,7 @@ idempotent resend: the provider's bytes under its Content-Type, with
 ``Content-Length``, ``ETag: "sha256:<hex>"`` (``If-None-Match`` answers 304)
 and ``Range`` (206, or 416 invalid_input). An output in the object store is
 streamed a chunk at a time, its sha256 checked as it goes: the last chunk is
-held back until the digest matches, and a mismatch aborts the connection, so
+held back until the digest of the whole matches, and a mismatch aborts the connection, so
 a wrong body never arrives whole (logged and counted).
 """
 
@@ -123,22 +123,28 @@ def _open(blobs: BlobStore | None, request_id: str, pointer: ResultPointer, star
 
 
 def _verified(chunks: Iterator[bytes], pointer: ResultPointer, request_id: str, metrics: Recorder) -> Iterator[bytes]:
-    """``chunks``, each passed on once the next has arrived; the last only once
-    the whole hashes to the pointer's sha256 and has its size."""
+    """``chunks`` passed on as they come, but the one that reaches the pointer's
+    size: that one only once the whole hashes to the pointer's sha256. A short
+    object never reaches it, so whatever happens the caller misses bytes."""
     digest = hashlib.sha256()
     seen = 0
-    held: bytes | None = None
     for chunk in chunks:
         digest.update(chunk)
         seen += len(chunk)
-        if held is not None:
-            yield held
-        held = chunk
+        if seen < pointer.size:
+            yield chunk
+            continue
+        _check(digest, seen, pointer, request_id, metrics)
+        yield chunk
+        return
+    _check(digest, seen, pointer, request_id, metrics)
+
+
+def _check(digest: Any, seen: int, pointer: ResultPointer, request_id: str, metrics: Recorder) -> None:
+    """Raise :class:`CorruptResult` unless ``seen`` bytes of ``digest`` are the pointer's."""
     if seen != pointer.size or digest.hexdigest() != pointer.sha256:
         metrics.objects("sha256_mismatch")
         log.error("request %s: object %s has %d bytes of sha256 %s, its record says %d bytes of %s; "
                   "collect aborted", request_id, pointer.key, seen, digest.hexdigest(), pointer.size,
                   pointer.sha256)
         raise CorruptResult(f"object {pointer.key} does not match its sha256")
-    if held is not None:
-        yield held

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import threading
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -94,3 +96,40 @@ def test_calls_run_on_the_threadpool_only_on_a_patched_hub(monkeypatch):
 
     caller = threading.get_ident()
     assert offhub.call(threading.get_ident) != caller  # ran on gevent's pool thread
+
+
+class _FaultyStore(BaseHTTPRequestHandler):
+    """An S3 endpoint whose GET answers ``status``, or 206 with half the body it announces, then hangs up."""
+
+    status = 500
+
+    def do_GET(self):
+        if self.status != 206:
+            self.send_response(self.status)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        want = int(self.headers["Range"].split("=")[1].split("-")[1]) + 1
+        self.send_response(206)
+        self.send_header("Content-Length", str(want))
+        self.end_headers()
+        self.wfile.write(b"x" * (want // 2))
+        self.close_connection = True
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.mark.parametrize("status", [500, 403, 206])
+def test_a_store_that_fails_a_read_or_cuts_it_short_is_unavailable(status):
+    server = ThreadingHTTPServer(("127.0.0.1", 0), type("Store", (_FaultyStore,), {"status": status}))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with env_set({"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x", "AWS_REGION": "us-east-1",
+                      "AWS_ENDPOINT_URL": f"http://127.0.0.1:{server.server_address[1]}", "AWS_ALLOW_HTTP": "true"}):
+            store = open_blob_store("s3://bucket/p", allow_http=True)
+        with pytest.raises(BlobUnavailable):  # opening fails, or a later chunk: never a short body taken as whole
+            b"".join(store.read("results/2026010100/r-0", 0, 200_000))
+    finally:
+        server.shutdown()
+        server.server_close()
