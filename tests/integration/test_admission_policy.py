@@ -22,6 +22,7 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 
+from router_queue.settings import Settings
 from router_queue.store import keys
 from router_queue.store.ids import ID_PATTERN
 
@@ -53,6 +54,9 @@ from .harness import (
     unique_prompt,
     wait_for,
 )
+
+#: MAX_BODY_BYTES as the stack runs it (the default: the harness does not set it).
+MAX_BODY_BYTES = Settings.max_body_bytes
 
 IDEMPOTENCY_TTL_S = 86_400  # IDEMPOTENCY_TTL_SECONDS default: the stack does not set it
 
@@ -318,7 +322,7 @@ def _past_retention(rig: Rig) -> requests.Response:
 
 def _too_large(rig: Rig) -> requests.Response:
     c = rig.caller()
-    big = json.dumps({"prompt": "x" * (1024 * 1024)}).encode()
+    big = json.dumps({"prompt": "x" * MAX_BODY_BYTES}).encode()
     return c.session.post(c.url(FLUX), data=big, headers=c.headers({"Content-Type": JSON}), timeout=10)
 
 
@@ -575,12 +579,12 @@ def _raw(data: bytes | Any, headers: dict[str, str] | None = None):
 
 def _chunked_over_limit() -> Any:
     yield json.dumps({"prompt": "padded"}).encode()
-    for _ in range(20):  # 1.25 MiB of insignificant whitespace
+    for _ in range(MAX_BODY_BYTES // 65536 + 1):  # past the limit in insignificant whitespace
         yield b" " * 65536
 
 
 BAD_INPUT = {
-    "413-content-length": (413, _raw(json.dumps({"prompt": "x" * (1024 * 1024)}).encode())),
+    "413-content-length": (413, _raw(json.dumps({"prompt": "x" * MAX_BODY_BYTES}).encode())),
     "413-chunked": (413, lambda c: _raw(_chunked_over_limit())(c)),
     "400-broken-json": (400, _raw(b"{not json")),
     "400-empty": (400, _raw(b"")),
