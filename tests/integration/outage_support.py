@@ -15,7 +15,7 @@ import requests
 from router_queue.dev.stack import free_port
 from router_queue.settings import DEFAULT_CATALOG
 
-from .harness import FLUX, RunningStack, children, stack_env, wait_for
+from .harness import FLUX, ApiClient, RunningStack, children, stack_env, wait_for
 from .ops_support import CLIENT_TIMEOUT_S, Load
 
 
@@ -191,16 +191,8 @@ def outage_under_load(running: RunningStack, fault: Fault) -> None:
     # A submit whose reply was lost (a stall, a connection reset under it) is read back:
     # admitted answers 201, unknown 504 naming the id. No 503 names a request that holds credits.
     cut_short = [a for a in answers if a.kind == "submit" and a.status == 503 and a.at <= down_at <= a.at + a.elapsed_s]
-    executed_unanswered: set[str] = set()
-    for caller in callers:
-        entries = running.services.accounts.ledger(caller.workspace, count=100_000)
-        held = {e.request_id for e in entries if e.type == "hold"}
-        charged = [e.request_id for e in entries if e.type == "charge"]
-        # On a cluster a submit answered 503 between admission's steps holds and then
-        # releases (store/admission.py): never placed, never run, nothing kept.
-        given_back = {e.request_id for e in entries if e.type == "release"} - set(charged)
-        executed_unanswered |= held - given_back - answered
-        assert len(charged) == len(set(charged)), "a request charged twice"
+    executed_unanswered, charged_twice = held_unnamed(running, callers, answered)
+    assert charged_twice == 0, "a request charged twice"
     assert not executed_unanswered, (
         f"admitted after a 503: {executed_unanswered} ({len(cut_short)} 503s in flight at the fault)")
     # Every ending's workspace side given (on a cluster a step of its own that a fault may leave
@@ -217,6 +209,23 @@ def outage_under_load(running: RunningStack, fault: Fault) -> None:
           f"unreplicated writes (test process) {running.services.store.unreplicated}")
     for caller in callers:
         caller.session.close()
+
+
+def held_unnamed(running: RunningStack, callers: list[ApiClient], named: set[str]) -> tuple[set[str], int]:
+    """From the callers' ledgers: the requests still holding credits whose id no
+    answer named (a 503 that took effect), and how many charges were repeated.
+    On a cluster a submit answered 503 between admission's steps holds and then
+    releases (store/admission.py): never placed, never run, nothing kept."""
+    unnamed: set[str] = set()
+    repeated = 0
+    for caller in callers:
+        entries = running.services.accounts.ledger(caller.workspace, count=100_000)
+        held = {e.request_id for e in entries if e.type == "hold"}
+        charged = [e.request_id for e in entries if e.type == "charge"]
+        given_back = {e.request_id for e in entries if e.type == "release"} - set(charged)
+        unnamed |= held - given_back - named
+        repeated += len(charged) - len(set(charged))
+    return unnamed, repeated
 
 
 #: Item 12 of issue 32: Redis SIGSTOPped for 8 s under four submitting threads, ten times.
@@ -263,15 +272,7 @@ def stalls_under_load(running: RunningStack, fault: Fault, stalls: int = STALLS)
         wait_for(all_completed, timeout_s=90, interval_s=0.5, what=f"{len(admitted)} admitted requests COMPLETED")
     except AssertionError:
         lost_ids = {i for _, i in admitted} - set(finals)
-    admitted_503: set[str] = set()
-    charged_twice = 0
-    for caller in callers:
-        entries = running.services.accounts.ledger(caller.workspace, count=100_000)
-        held = {e.request_id for e in entries if e.type == "hold"}
-        charged = [e.request_id for e in entries if e.type == "charge"]
-        given_back = {e.request_id for e in entries if e.type == "release"} - set(charged)
-        admitted_503 |= held - given_back - named
-        charged_twice += len(charged) - len(set(charged))
+    admitted_503, charged_twice = held_unnamed(running, callers, named)
     statuses: dict[str, int] = {}
     for a in submits:
         label = f"{a.status} {a.error_type}" if a.error_type else str(a.status)
