@@ -39,6 +39,7 @@ from ..services import Services
 from ..store.apikeys import is_legacy_namespace
 from ..store.connect import Unsent
 from ..store.outcomes import Admit
+from ..store.record import Submission
 from ..store.requests import PRIORITIES
 from ..validation import too_many_items, validate
 from ..webhooks import event as webhook_event, safety
@@ -262,7 +263,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     request_id = services.ids.mint(workspace, entry.id)
     pointer = None if retry_of else stashed.stash(services, request_id, raw_body)
     try:
-        admission = services.store.admit(
+        admission = services.store.admit(Submission(
             request_id=request_id,
             workspace=workspace,
             model=entry.id,
@@ -272,7 +273,6 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
             idempotency_key_hash=hashlib.sha256(key.encode()).hexdigest() if key else "",
             price=entry.price_credits,
             require_enabled=queued,
-            rate=rate(),
             priority=rank,
             webhook_url=hook,
             response_url=response_url(base_url, entry.id, request_id) if base_url else "",
@@ -282,7 +282,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
             now=time.time() if pointer else now,  # a put may have taken a while: the write deadline runs from here
             traceparent=traceparent,
             webhook_events=events,
-        )
+        ), rate=rate())
     except (RouterError, Unsent):  # refused (a rate window), or never sent: not admitted
         stashed.unstash(services, pointer, request_id)
         raise

@@ -1181,7 +1181,7 @@ end
 -- comes before any write, so a refusal writes nothing but the rate count,
 -- and the Idempotency-Key stays free. Each part takes its keys in a table
 -- (K), so that it can run with its own slot's keys alone; ARGV is the
--- script's (requests.py, ADMIT_ARGS).
+-- script's (admission.py, ADMIT_ARGS).
 -- ---------------------------------------------------------------------------
 
 -- The caller's rate windows (counted first: K.rate is the first of its keys)
@@ -1347,7 +1347,8 @@ local function reserve_admission(K, ws, bytes)
 end
 
 -- Write the provider's part (K.req, K.body, K.seq, K.queue, K.deadlines and
--- the schedule's K.sched, K.running, K.list): the record, collected and
+-- the schedule's K.sched, K.running, K.list): the record (what this step
+-- computes, then the submission's ADMITTED_FIELDS, generated), collected and
 -- written in one HSET once the schedule has decided whether it is granted at
 -- once (with its granted_at), its body apart (every other field is short, so
 -- the record stays a compact listpack while it waits: keys.py, body()), its
@@ -1356,12 +1357,13 @@ end
 -- Returns {"ADMITTED", id, position, granted ids to publish...}.
 local function place_admission(K, src, R)
   local seq = redis.call("INCR", K.seq)
-  local record = {
-    "id", ARGV[ARG_ID], "workspace", ARGV[ARG_WORKSPACE], "model", ARGV[ARG_MODEL], "provider", ARGV[ARG_PROVIDER],
-    "status", "IN_QUEUE", "seq", seq, "created_at", ARGV[ARG_NOW], "hold", tonumber(ARGV[ARG_PRICE]),
-    "priority", ARGV[ARG_PRIORITY], "body_bytes", src.bytes}
-  if ARGV[ARG_TRACEPARENT] ~= "" then
-    append(record, "traceparent", ARGV[ARG_TRACEPARENT])
+  local record = {"status", "IN_QUEUE", "seq", seq, "created_at", ARGV[ARG_NOW], "hold", tonumber(ARGV[ARG_PRICE]),
+    "body_bytes", src.bytes}
+  -- the fields carried from the submission (record.py declares them): ARGV[1..]
+  for i, name in ipairs(ADMITTED_FIELDS) do
+    if ARGV[i] ~= "" then
+      append(record, name, ARGV[i])
+    end
   end
   if src.owner then
     -- a retry shares its chain's kept body, which lives while it waits or runs
@@ -1374,15 +1376,10 @@ local function place_admission(K, src, R)
   else
     redis.call("SET", K.body, src.body)
   end
-  if ARGV[ARG_RETRY_OF] ~= "" then
-    append(record, "retry_of", ARGV[ARG_RETRY_OF])
-  end
   if ARGV[ARG_START_DEADLINE_AT] ~= "" then
-    append(record, "start_deadline_at", ARGV[ARG_START_DEADLINE_AT])
     redis.call("ZADD", K.deadlines, ARGV[ARG_START_DEADLINE_AT], "start|" .. ARGV[ARG_ID])
   end
   if ARGV[ARG_DEADLINE_AT] ~= "" then
-    append(record, "deadline_at", ARGV[ARG_DEADLINE_AT])
     redis.call("ZADD", K.deadlines, ARGV[ARG_DEADLINE_AT], "run|" .. ARGV[ARG_ID])
   end
   redis.call("ZADD", K.queue, seq, ARGV[ARG_ID])
