@@ -1,7 +1,7 @@
 """The Lua scripts, assembled for Redis: each script's text after its
 arguments' names and the part of the key layout (``keys.lua_layout``), of
 the webhook id (``webhook_ids.lua_webhook_id``), of the record's fields
-(``record.lua_admitted_fields``) and of ``lua/lib.lua`` it uses."""
+(``record.py``) and of ``lua/lib.lua`` it uses."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import redis
 
 from . import keys
 from .cluster import register_script
-from .record import lua_admitted_fields
+from .record import lua_admitted_fields, lua_webhook_listed
 from .webhook_ids import lua_webhook_id
 
 
@@ -56,9 +56,10 @@ def _lib_definitions() -> tuple[tuple[str, str], ...]:
 
 def _generated_definitions() -> tuple[tuple[str, str], ...]:
     """What Python declares and the scripts use, as Lua (name, text) per
-    definition: the key layout, the webhook id, the record's admitted fields."""
+    definition: the key layout, the webhook id, the record's fields that
+    admission writes and that webhook events list (``record.py``)."""
     return (_definitions(keys.lua_layout()) + _definitions(lua_webhook_id())
-            + _definitions(lua_admitted_fields()))
+            + _definitions(lua_admitted_fields()) + _definitions(lua_webhook_listed()))
 
 
 def lib_for(body: str) -> str:

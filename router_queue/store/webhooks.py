@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import redis
@@ -24,6 +24,7 @@ import redis
 from ..urls import origin
 from . import keys
 from .owed import OwedEffects
+from .record import snapshot_listed
 from .scripts import argv, load_script
 from .webhook_ids import webhook_id
 
@@ -90,6 +91,8 @@ class WebhookEvent:
     #: The request's provider, whose due set holds the event; "" for an event
     #: owed before events named it (an earlier version's shared due set).
     provider: str = ""
+    #: The fields ``record.py`` lists on webhook events, as the event shows them.
+    listed: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> "WebhookEvent":
@@ -105,7 +108,7 @@ class WebhookEvent:
             progress=_float(fields.get("progress")),
             cost=({"credits": int(float(fields.get("cost_credits") or 0)), "state": fields["cost_state"]}
                   if fields.get("cost_state") else None),
-            provider=fields.get("provider", ""),
+            provider=fields.get("provider", ""), listed=snapshot_listed(fields),
         )
 
 

@@ -846,11 +846,11 @@ end
 local function webhook_snapshot(req_key, request_id, kind, msg_id, now)
   local r = redis.call("HMGET", req_key, "webhook_url", "webhook_response_url", "workspace", "model",
     "status", "error_type", "created_at", "started_at", "completed_at", "progress", "price", "cost_state", "hold",
-    "provider")
+    "provider", unpack(WEBHOOK_LISTED))
   if not r[1] or r[1] == "" then
     return nil
   end
-  return {request_id = request_id, url = r[1], response_url = r[2] or "", workspace = r[3] or "",
+  local event = {request_id = request_id, url = r[1], response_url = r[2] or "", workspace = r[3] or "",
     model = r[4] or "", type = kind, msg_id = msg_id, status = r[5] or "", error_type = r[6] or "",
     created_at = r[7] or now, started_at = r[8] or "", completed_at = r[9] or "",
     progress = kind == "progress" and (r[10] or "") or "", owed_at = now,
@@ -858,6 +858,13 @@ local function webhook_snapshot(req_key, request_id, kind, msg_id, now)
     -- as settle() left it (it runs before the completion's event)
     cost_credits = r[12] and (r[11] or "0") or (r[13] or "0"), cost_state = r[12] or "held",
     provider = r[14] or ""}
+  -- the fields record.py lists on webhook events (generated), those the record has
+  for i, name in ipairs(WEBHOOK_LISTED) do
+    if r[14 + i] then
+      event[SNAPSHOT_PREFIX .. name] = r[14 + i]
+    end
+  end
+  return event
 end
 
 -- The due set of the request's provider (keys.py, webhooks_due) that
@@ -874,6 +881,9 @@ end
 -- ("counted") stays where it is. otherwise: as webhook_due_key's.
 local function webhook_start(event_key, event, now, otherwise)
   redis.call("HDEL", event_key, unpack(WEBHOOK_ATTEMPT_FIELDS))
+  for _, name in ipairs(WEBHOOK_LISTED) do
+    redis.call("HDEL", event_key, SNAPSHOT_PREFIX .. name)  -- the event before's, which this one may lack
+  end
   redis.call("PERSIST", event_key)
   local fields = {"state", "pending", "attempts", 0, "next_at", now}
   for name, value in pairs(event) do
