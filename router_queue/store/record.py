@@ -17,6 +17,7 @@ then where the front door parses it (``web/admission.py``).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -150,7 +151,9 @@ STATUS_LISTED = tuple(f for f in FIELDS if f.status == LISTED)
 WEBHOOK_LISTED = tuple(f for f in FIELDS if f.webhook == LISTED)
 SNAPSHOT_PREFIX = "field:"
 _STATUS_AT = READ_NAMES.index("status")
-_ATTRIBUTES = tuple((i, f.name, f.codec.decode) for i, f in enumerate(FIELDS) if not f.into)
+#: Each attribute read from its field, with the field's place in the ``HMGET`` and its decoder.
+_ATTRIBUTES = tuple((f.name, (i, f.codec.decode)) for i, f in enumerate(FIELDS) if not f.into)
+_DECODERS = tuple(decoder for _, decoder in _ATTRIBUTES)
 _COST_AT = tuple(READ_NAMES.index(name) for name in ("price", "cost_state", "hold", "charged"))
 
 
@@ -227,8 +230,8 @@ def _cost(status: str, price: Any, state: Any, hold: Any, charged: Any) -> Cost:
 @dataclass(frozen=True)
 class RequestRecord:
     """What the front door and workers read about one request: an attribute
-    per field of :data:`FIELDS` (but those read ``into`` another), with their
-    codecs' types."""
+    per field of :data:`FIELDS` (but those read ``into`` another), in their
+    order and with their codecs' types, then ``ttl_s`` and ``cost``."""
 
     id: str
     workspace: str
@@ -246,8 +249,6 @@ class RequestRecord:
     attempts: int = 0
     #: The provider's handle on a submitted generation (JSON), for resuming.
     upstream_ref: str | None = None
-    #: Seconds until Redis drops the record (set once COMPLETED), else None.
-    ttl_s: int | None = None
     #: How far the provider said the generation was, 0..1, when it says so.
     progress: float | None = None
     #: Where its completion's event goes (its own or its workspace's default), if anywhere.
@@ -258,6 +259,8 @@ class RequestRecord:
     deadline_at: float | None = None
     #: The failed request this one submits again (the retry route).
     retry_of: str | None = None
+    #: Seconds until Redis drops the record (set once COMPLETED), else None.
+    ttl_s: int | None = None
     #: Its credits, held, charged or released (agrees with the ledger).
     cost: Cost = Cost(0, HELD)
 
@@ -269,9 +272,15 @@ class RequestRecord:
         if status is None:
             return None
         price, state, hold, charged = (values[i] for i in _COST_AT)
-        return cls(**{name: decode(values[i]) for i, name, decode in _ATTRIBUTES},
-                   ttl_s=ttl if ttl is not None and ttl >= 0 else None,
-                   cost=_cost(status.decode(), price, state, hold, charged))
+        args = [decode(values[i]) for i, decode in _DECODERS]
+        args.append(ttl if ttl is not None and ttl >= 0 else None)
+        args.append(_cost(status.decode(), price, state, hold, charged))
+        return cls(*args)
+
+
+if [a.name for a in dataclasses.fields(RequestRecord)] != [*(name for name, _ in _ATTRIBUTES), "ttl_s", "cost"]:
+    raise TypeError("RequestRecord's attributes must be FIELDS' (but those read into another), in their order, "
+                    "then ttl_s and cost: from_values builds it by position")
 
 
 @dataclass(frozen=True)
