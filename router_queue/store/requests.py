@@ -522,7 +522,7 @@ class RequestStore:
                     args=[*argv(ADMIT_ARGS, **values), *rate_args],
                 )
             except UNREACHABLE as exc:  # sent, and no reply: Redis may have run it
-                reply = self.lost_replies.reply(exc, values)
+                reply = self.lost_replies.reply(exc, values, idem_key if idempotency_key_hash else None)
         code = Admit(_text(reply[0]))
         if code is Admit.RATE_LIMITED:
             raise rate.refusal(reply[1:])

@@ -44,7 +44,7 @@ from ..validation import too_many_items, validate
 from ..webhooks import event as webhook_event, safety
 from . import pacing, stashed
 from .bodies import request_urls, response_url
-from .refusals import NOT_FOUND
+from .refusals import NOT_FOUND, key_in_doubt
 
 #: Longest Idempotency-Key accepted, in characters.
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
@@ -359,7 +359,6 @@ def _answer(services: Services, admission: Any, request_id: str, workspace: str,
 
 #: Seconds a caller whose admission is in doubt is told to wait before asking
 #: again: by then Redis has answered, or the next ask is in doubt too.
-IN_DOUBT_RETRY_AFTER_S = 1
 
 
 def _in_doubt(request_id: str, entry: ModelEntry, key: str | None, base_url: str) -> Exception:
@@ -368,10 +367,7 @@ def _in_doubt(request_id: str, entry: ModelEntry, key: str | None, base_url: str
     Idempotency-Key, the contract's own answer for a key in doubt, which a
     resend settles; without one, the id it has if admitted, and where to look."""
     if key:
-        return ConcurrencyLimitExceeded(
-            "the request store did not answer in time, so whether this request was admitted is not known yet; "
-            "send it again with the same Idempotency-Key: that returns its handle if it was admitted, and "
-            "admits it if it was not", retry_after=IN_DOUBT_RETRY_AFTER_S)
+        return key_in_doubt()
     status_url = request_urls(base_url, entry.id, request_id)["status_url"]
     return OutcomeUnknown(
         f"the request store did not answer in time, so whether this request was admitted is not known; if it was, "

@@ -83,6 +83,6 @@ def _register_error_handlers(app: Flask, envelope: Envelope) -> None:
     """Every exception a route lets out, werkzeug's HTTP refusals included
     (Flask finds a handler along the exception's MRO), answered by the envelope's mapping."""
     def _answer(exc: Exception) -> Response:
-        return _render(envelope.refusal(exc, request.path))
+        return _render(envelope.refusal(exc, request.path, request.endpoint, request.headers))
 
     app.register_error_handler(Exception, _answer)

@@ -13,17 +13,21 @@ else of their own, so a step added here holds on both paths. In full:
 
 from __future__ import annotations
 
+import logging
 import os
 
 from flask import g
 
 from ..errors import RateLimited, RouterError
+from ..store.connect import UNREACHABLE, NotAdmitted
 from ..store.ids import uuid_text
 from ..webhooks.event import URL_HEADER
 from . import paths
 from .headers import EVERY_ANSWER
 from .ratelimit import Allowance, RateLimits
-from .refusals import as_router_error
+from .refusals import IDEMPOTENCY_HEADER, as_router_error, key_in_doubt
+
+log = logging.getLogger(__name__)
 
 #: The app's ``extensions`` entry that holds the :class:`Envelope`.
 ENVELOPE = "router_queue.envelope"
@@ -76,7 +80,15 @@ class Envelope:
             self.rate_limits.spend(allowance)
         return Call(None)
 
-    def refusal(self, exc: BaseException, path: str) -> RouterError:
+    def refusal(self, exc: BaseException, path: str, endpoint: str | None = None, headers=None) -> RouterError:
+        """``exc`` as its member of the error tree; for a submit with an
+        Idempotency-Key (``endpoint``, ``headers``: the call's) that the store
+        did not answer, the key's in-doubt 409 in place of a 503: an earlier
+        send of the key may have been admitted, and the resend settles it."""
+        if (isinstance(exc, UNREACHABLE) and not isinstance(exc, NotAdmitted) and endpoint in LOOKUP_ENDPOINTS
+                and headers is not None and IDEMPOTENCY_HEADER in headers):
+            log.warning("a keyed submit met a store fault (%s): answered in doubt", exc)
+            return key_in_doubt()
         return as_router_error(exc, path=path, max_body=self.max_body)
 
     def settle(self, call: Call | None) -> RateLimited | None:
