@@ -118,22 +118,25 @@ def priority(raw: str | None) -> str:
 WEBHOOK_HEADER = webhook_event.URL_HEADER
 
 
-def webhook_url(raw: str | None, *, allow_loopback_http: bool, resolve_timeout_s: float) -> str:
+def webhook_url(raw: str | None, *, allow_loopback_http: bool, resolve_timeout_s: float, workspace: str = "") -> str:
     """``X-Comfy-Webhook-Url``: where the completion's event goes; "" when
     absent (the workspace's default applies, if it has one). ``400
     invalid_input`` unless it is https and resolves, within
     ``resolve_timeout_s``, to public addresses only (``webhooks/safety.py``;
     checked again before every delivery); ``503`` when this process has no
-    room for another lookup (``webhooks/lookup.py``)."""
+    room for another lookup, or none for another of ``workspace``'s
+    (``webhooks/lookup.py``)."""
     if raw is None:
         return ""
     try:
-        safety.check(raw, allow_loopback_http=allow_loopback_http, resolve_timeout_s=resolve_timeout_s)
+        safety.check(raw, allow_loopback_http=allow_loopback_http, resolve_timeout_s=resolve_timeout_s,
+                     holder=workspace)
     except safety.UnsafeWebhookUrl as exc:
         raise InvalidInput(f"{WEBHOOK_HEADER} {exc}") from None
     except safety.LookupsBusy:
-        raise ServiceUnavailable(f"too many {WEBHOOK_HEADER} host lookups are under way here; nothing was queued "
-                                 "or charged; retry shortly", retry_after=1) from None
+        raise ServiceUnavailable(f"too many {WEBHOOK_HEADER} host lookups (or too many of this workspace's) are "
+                                 "under way here; nothing was queued or charged; retry shortly",
+                                 retry_after=1) from None
     return raw
 
 
@@ -249,7 +252,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     key = idempotency_key(raw_idempotency_key)
     rank = priority(raw_priority)
     hook = webhook_url(raw_webhook_url, allow_loopback_http=services.settings.webhook_allow_loopback_http,
-                       resolve_timeout_s=services.settings.webhook_resolve_timeout_s)
+                       resolve_timeout_s=services.settings.webhook_resolve_timeout_s, workspace=workspace)
     events = webhook_events(headers.get(WEBHOOK_EVENTS_HEADER) if headers is not None else None)
     now = time.time()
     due = deadlines(headers, entry, now) if headers is not None else Deadlines()
