@@ -36,9 +36,9 @@ STEPS = ("open", "refusal", "settle", "headers")
 #: Endpoints whose routes hand the allowance to their own script.
 CARRIED_ENDPOINTS = paths.endpoints(paths.Rate.CARRIED)
 #: Of those, the routes that look up the host of an ``X-Comfy-Webhook-Url``
-#: before their script runs (up to ``WEBHOOK_RESOLVE_TIMEOUT_SECONDS``): a
-#: call naming one spends its allowance as it opens, so a caller past its
-#: rate is refused before any lookup is made for it.
+#: (up to ``WEBHOOK_RESOLVE_TIMEOUT_SECONDS``), or put a large body to the
+#: object store, before their script runs: such a call spends its allowance
+#: as it opens, so a caller past its rate is refused before either.
 LOOKUP_ENDPOINTS = frozenset({paths.SUBMIT.endpoint, paths.RUN.endpoint})
 
 Header = tuple[str, str]
@@ -65,20 +65,31 @@ class Call:
 
 
 class Envelope:
-    def __init__(self, rate_limits: RateLimits, max_body: int | None):
+    def __init__(self, rate_limits: RateLimits, max_body: int | None, stashed_over: int | None = None):
         self.rate_limits = rate_limits
         self.max_body = max_body
+        #: Bodies over this many bytes go to the object store before the
+        #: script runs (``web/stashed.py``); None: every body stays in Redis.
+        self.stashed_over = stashed_over
 
     def open(self, endpoint: str | None, allowance: Allowance | None, headers=None) -> Call:
         """The call, its allowance carried for ``endpoint``'s script, else
         spent now (``429 rate_limited`` once a window is spent). ``headers``:
-        the call's, which say whether it names a webhook (:data:`LOOKUP_ENDPOINTS`)."""
+        the call's, which say whether it costs something before its script
+        runs (:data:`LOOKUP_ENDPOINTS`): a webhook's name lookup, or a body
+        the object store is sent. Past its rate such a call costs nothing."""
         if endpoint in CARRIED_ENDPOINTS and not (
-                endpoint in LOOKUP_ENDPOINTS and headers is not None and URL_HEADER in headers):
+                endpoint in LOOKUP_ENDPOINTS and headers is not None and self._costs_before_script(headers)):
             return Call(allowance)
         if allowance is not None:
             self.rate_limits.spend(allowance)
         return Call(None)
+
+    def _costs_before_script(self, headers) -> bool:
+        if URL_HEADER in headers:
+            return True
+        length = headers.get("Content-Length", "")
+        return self.stashed_over is not None and length.isdigit() and int(length) > self.stashed_over
 
     def refusal(self, exc: BaseException, path: str, endpoint: str | None = None, headers=None) -> RouterError:
         """``exc`` as its member of the error tree; for a submit with an
