@@ -6,7 +6,9 @@ fault cost. Plain code, no fixtures; it builds on ``harness.py`` and ``ops_suppo
 
 from __future__ import annotations
 
+import re
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -229,6 +231,15 @@ def held_unnamed(running: RunningStack, callers: list[ApiClient], named: set[str
     return unnamed, repeated
 
 
+def warn_failed_inside_workers(running: RunningStack) -> None:
+    """A request a stall failed (seen once in three cluster runs, as internal_error; cause not yet
+    found): the worker's traceback, as a warning the run's summary shows, not a failure."""
+    for path in sorted(running.stack.log_dir.glob("*.log")):
+        text = path.read_text(errors="replace")
+        for found in list(re.finditer("failed inside the worker", text))[:2]:
+            warnings.warn(f"{path.name}: {text[found.start():found.start() + 4000]}", stacklevel=1)
+
+
 def unnamed_records(running: RunningStack, request_ids: set[str]) -> dict[str, dict[str, str]]:
     """What the store holds of each request no answer named: enough to tell
     when it was admitted, with a key or without, and how it ended."""
@@ -296,6 +307,8 @@ def stalls_under_load(running: RunningStack, fault: Fault, stalls: int = STALLS)
     assert not admitted_503, f"admitted or charged after a 503: {unnamed_records(running, admitted_503)}"
     assert not lost_ids, f"admitted and never completed: {lost_ids}"
     assert charged_twice == 0
+    if sorted(set(finals.values())) != ["success"]:
+        warn_failed_inside_workers(running)
     assert all(a.status is not None for a in answers), [a for a in answers if a.status is None][:5]
     for caller in callers:
         caller.session.close()
