@@ -172,13 +172,19 @@ def purge_expired() -> None:
 @ops.command("migrate-keys")
 def migrate_keys() -> None:
     """Move a store's keys from an earlier layout (before the hash tags, or
-    one tag for everything) to today's, a hash tag per family, with every
-    process of the service stopped; then seal the webhook secrets with the
-    newest WEBHOOK_SECRETS_KEY (plaintext ones, and those of an older key:
-    safe while the service runs, and rerun after each key rotation)."""
+    one tag for everything) to today's, a hash tag per family, and rewrite
+    what an earlier version wrote in a shape only it read (its shared
+    draining and webhook due sets, costs not yet kept), with every process of
+    the service stopped; then seal the webhook secrets with the newest
+    WEBHOOK_SECRETS_KEY (plaintext ones, and those of an older key: safe
+    while the service runs, and rerun after each key rotation)."""
     services = _services()
     done = migrate(services.redis)
     click.echo(f"moved {done.renamed} keys to today's layout")
+    rewritten = done.rewritten
+    click.echo(f"rewrote {rewritten.draining} draining marks, {rewritten.due} due webhook events, "
+               f"{rewritten.records} completed records' costs and {rewritten.events} webhook events "
+               "an earlier version wrote")
     box = services.accounts.box
     if box is None:
         click.echo("WEBHOOK_SECRETS_KEY is not set: webhook secrets left as they are (plaintext)", err=True)

@@ -860,19 +860,9 @@ local function webhook_snapshot(req_key, request_id, kind, msg_id, now)
     provider = r[14] or ""}
 end
 
--- The due set of the request's provider (keys.py, webhooks_due) that
--- `event` (a snapshot) is published from: its own provider's; an event owed
--- before snapshots named it, `otherwise` (the caller's, which holds it).
-local function webhook_due_key(event, otherwise)
-  if event.provider and event.provider ~= "" then
-    return key_webhooks_due(event.request_id, event.provider)
-  end
-  return otherwise
-end
-
--- The head becomes `event` (a snapshot), due now; its workspace's count
--- ("counted") stays where it is. otherwise: as webhook_due_key's.
-local function webhook_start(event_key, event, now, otherwise)
+-- The head becomes `event` (a snapshot), due now, in its provider's due set
+-- (keys.py, webhooks_due); its workspace's count ("counted") stays where it is.
+local function webhook_start(event_key, event, now)
   redis.call("HDEL", event_key, unpack(WEBHOOK_ATTEMPT_FIELDS))
   redis.call("PERSIST", event_key)
   local fields = {"state", "pending", "attempts", 0, "next_at", now}
@@ -881,7 +871,7 @@ local function webhook_start(event_key, event, now, otherwise)
     fields[#fields + 1] = value
   end
   redis.call("HSET", event_key, unpack(fields))
-  redis.call("ZADD", webhook_due_key(event, otherwise), now, event.request_id)
+  redis.call("ZADD", key_webhooks_due(event.request_id, event.provider), now, event.request_id)
 end
 
 -- Owe `event`: it becomes the head when none is pending ("DUE": publish it),
@@ -936,7 +926,7 @@ local function webhook_ended(event_key, k, due_key, request_id, state, now, keep
   redis.call("ZREM", due_key, request_id)
   local raw = redis.call("LPOP", event_key .. KEY_WEBHOOK_NEXT)
   if raw then
-    webhook_start(event_key, cjson.decode(raw), now, due_key)
+    webhook_start(event_key, cjson.decode(raw), now)
     return true
   end
   redis.call("EXPIRE", event_key, keep)
