@@ -23,7 +23,7 @@ def require_router_queue_data() -> None:
     "no request" from the wrong server read like a healthy empty queue."""
     services = _services()
     where = without_password(services.settings.redis_url)
-    if legacy_keys_present(services.redis):
+    if legacy_keys_present(services.redis, split=services.store.effects.split):
         raise click.ClickException(
             f"the Redis at {where} holds router-queue data in an earlier key layout: "
             "stop the service and run `router-queue ops migrate-keys`")
@@ -179,12 +179,14 @@ def migrate_keys() -> None:
     WEBHOOK_SECRETS_KEY (plaintext ones, and those of an older key: safe
     while the service runs, and rerun after each key rotation)."""
     services = _services()
-    done = migrate(services.redis)
+    done = migrate(services.redis, split=services.store.effects.split)
     click.echo(f"moved {done.renamed} keys to today's layout")
     rewritten = done.rewritten
     click.echo(f"rewrote {rewritten.draining} draining marks, {rewritten.due} due webhook events, "
                f"{rewritten.records} completed records' costs and {rewritten.events} webhook events "
                "an earlier version wrote")
+    if services.store.effects.split:
+        click.echo(f"opened {rewritten.opened} requests admitted before the store was split")
     box = services.accounts.box
     if box is None:
         click.echo("WEBHOOK_SECRETS_KEY is not set: webhook secrets left as they are (plaintext)", err=True)

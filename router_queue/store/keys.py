@@ -202,8 +202,7 @@ def ledger(workspace_id: str) -> str:
 def open_requests(workspace_id: str) -> str:
     """The workspace's requests whose start, end or pending webhook it has not
     yet been given (a split store's, ``ws_settle.lua``): id -> what is still
-    owed, "q", "e" and "w" ("W": a webhook given to a request admitted before
-    the store was split)."""
+    owed, "q", "e" and "w"."""
     return f"{workspace_prefix(workspace_id)}:open"
 
 
@@ -289,6 +288,13 @@ def secrets_sealed() -> str:
 def layout() -> str:
     """The store's key layout (:data:`LAYOUT`), written with its first workspace."""
     return f"{PREFIX}:config:layout"
+
+
+def split_steps() -> str:
+    """Set once every request of a store split into per-slot steps has its
+    open entry (:func:`open_requests`): with the first workspace of a store
+    served split, or by ``ops migrate-keys`` on one served by one Redis until then."""
+    return f"{PREFIX}:config:split-steps"
 
 
 #: Every request's and provider's event channel: one subscription per process.

@@ -73,14 +73,17 @@ def current_name(legacy_key: str) -> str | None:
     return f"{keys.PREFIX}:{path}"
 
 
-def legacy_keys_present(client: redis.Redis) -> bool:
+def legacy_keys_present(client: redis.Redis, *, split: bool = False) -> bool:
     """Whether the store may still hold an earlier version's data: the
     workspace index from before the tag, or an index without today's layout
-    marker (a few commands, never a scan)."""
+    marker; served ``split``, without the mark that each request has its open
+    entry (a store served by one Redis until now). A few commands, never a scan."""
     old = keys.UNTAGGED_PREFIX
     if client.exists(f"{old}:workspaces", f"{old}:config:epoch"):
         return True
-    return bool(client.exists(keys.workspaces())) and client.get(keys.layout()) != keys.LAYOUT.encode()
+    if not client.exists(keys.workspaces()):
+        return False
+    return client.get(keys.layout()) != keys.LAYOUT.encode() or (split and not client.exists(keys.split_steps()))
 
 
 @dataclass
@@ -92,17 +95,20 @@ class Migration:
     rewritten: Rewritten = field(default_factory=Rewritten)
 
 
-def migrate(client: redis.Redis, batch: int = 1000) -> Migration:
+def migrate(client: redis.Redis, batch: int = 1000, *, split: bool = False) -> Migration:
     """Move every key of an earlier layout to its name in today's, a SCAN
     page's worth per round trip, rewrite what only an earlier version read,
-    then mark the store's layout."""
+    then mark the store's layout (and, to be served ``split``, that each
+    request has its open entry)."""
     done = Migration()
     for match in LEGACY_MATCHES:
         for node_client in _primaries(client):
             _migrate_matching(client, node_client, match, batch, done)
-    done.rewritten = rewrite(client, batch)
+    done.rewritten = rewrite(client, batch, split=split)
     if client.exists(keys.workspaces()):
         client.set(keys.layout(), keys.LAYOUT)
+        if split:
+            client.set(keys.split_steps(), 1)
     return done
 
 

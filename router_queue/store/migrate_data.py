@@ -4,7 +4,9 @@ renamed the keys; the service stopped): the shared draining set becomes the
 schedules' marks; the shared webhook due set's events move to their
 providers' own, each event (and each queued behind it) naming its provider;
 a record completed before costs were kept is given its cost, an event owed
-before then its request's. Each step finds nothing left on a second run; the
+before then its request's; on a store to be served split, each request
+admitted before it was split is given the open entry admission would have
+written. Each step finds nothing left on a second run; the
 layout marker is written after them (``migrate.py``), and a process refuses
 a store without it (``epoch.py``). In full: ``docs/ARCHITECTURE.md``.
 """
@@ -18,7 +20,7 @@ from typing import Any, Callable
 import redis
 from redis.cluster import RedisCluster
 
-from ..states import COMPLETED
+from ..states import COMPLETED, IN_QUEUE
 from . import keys
 
 #: Where an earlier version marked the draining providers (a set).
@@ -30,6 +32,10 @@ OLD_WEBHOOKS_DUE = f"{keys.PREFIX}:webhooks:due"
 #: hash; those queued behind it, a list ending ``:next``), under any tag.
 RECORDS = "*}:req:*"
 WEBHOOK_EVENTS = "*}:webhook:*"
+#: A provider's workspace effects owed by a split store's steps (``keys.owed``).
+OWED = "*}:owed:*"
+#: An owed effect's kind, by what of the open entry it gives.
+_OWES = {"start": "q", "end": "e", "webhook": "w"}
 
 
 @dataclass
@@ -42,15 +48,22 @@ class Rewritten:
     records: int = 0
     #: Webhook events (being delivered or queued) given a provider or a cost.
     events: int = 0
+    #: Requests admitted before the store was split, given their open entry.
+    opened: int = 0
 
 
-def rewrite(client: redis.Redis, batch: int = 1000) -> Rewritten:
+def rewrite(client: redis.Redis, batch: int = 1000, *, split: bool = False) -> Rewritten:
     """Every step above, in order: records before the events that take
-    their cost, events named before they move."""
+    their cost, events named before they move; open entries last, from the
+    records and the effects still owed."""
     done = Rewritten(draining=_adopt_draining(client))
     done.records = _scan(client, RECORDS, batch, lambda key: _give_cost(client, key))
     done.events = _scan(client, WEBHOOK_EVENTS, batch, lambda key: _complete_event(client, key))
     done.due = _move_shared_due_set(client)
+    if split:
+        owing: dict[str, str] = {}
+        _scan(client, OWED, batch, lambda key: _mark_owed(client, key, owing))
+        done.opened = _scan(client, RECORDS, batch, lambda key: _open(client, key, owing))
     return done
 
 
@@ -143,3 +156,42 @@ def _move_shared_due_set(client: redis.Redis) -> int:
             moved += 1
         client.zrem(OLD_WEBHOOKS_DUE, member)
     return moved
+
+
+def _mark_owed(client: redis.Redis, key: str, owing: dict[str, str]) -> bool:
+    """Note what each effect a provider still owes gives (``owing``: request
+    id -> "q", "e", "w"), and drop its earlier version's "unopened" mark (the
+    request is given its entry before the effect is applied)."""
+    for member, at in client.zrange(key, 0, -1, withscores=True):
+        effect = json.loads(member)
+        owing[effect["request_id"]] = owing.get(effect["request_id"], "") + _OWES[effect["kind"]] + (
+            "q" if effect["kind"] == "end" and effect.get("queued") else "")
+        if effect.pop("unopened", None) is not None:
+            client.zrem(key, member)
+            client.zadd(key, {json.dumps(effect): at})
+    return False
+
+
+def _open(client: redis.Redis, key: str, owing: dict[str, str]) -> bool:
+    """A request admitted before its store was split: the open entry its
+    admission would have written, less what its workspace was given since
+    (the record's state says what; an effect still owed is still owed), and
+    its record's mark. An entry an earlier version opened at its first
+    effect is replaced; its "W" said its webhook was given."""
+    status, workspace, opened, webhook = client.hmget(key, "status", "workspace", "open", "webhook_counted")
+    if status is None or opened or not workspace:
+        return False
+    request_id, entries = key.rpartition(":")[2], keys.open_requests(workspace.decode())
+    earlier = (client.hget(entries, request_id) or b"").decode()
+    completed = status == COMPLETED.encode()
+    counted = webhook == b"1" and (not completed or client.hexists(keys.webhook_event(request_id), "counted"))
+    owed = ("q" if status == IN_QUEUE.encode() else "") + ("" if completed else "e") + ("w" if counted else "")
+    owed = "".join(kind for kind in "qew" if kind in owed + owing.get(request_id, ""))
+    if "W" in earlier:
+        owed = owed.replace("w", "")
+    if owed:
+        client.hset(entries, request_id, owed)
+    else:
+        client.hdel(entries, request_id)
+    client.hset(key, "open", 1)
+    return True
