@@ -49,8 +49,8 @@ class StoreEpoch:
         """Adopt the marker, or raise ``StoreLost`` if the adopted one is gone or replaced."""
         current = self.client.get(keys.epoch())
         if self.known is None and legacy_keys_present(self.client, split=self.split):
-            log.critical("the store holds keys of an earlier layout; stop the service and run "
-                         "`router-queue ops migrate-keys`")
+            log.critical("the store holds keys of an earlier layout (or of one Redis, now served split); stop "
+                         "the service and run `router-queue ops migrate-keys`")
             raise StoreLost("the request store holds data in an earlier key layout; nothing is served until an "
                             "operator migrates it (router-queue ops migrate-keys)", retry_after=30)
         if current is None and self.known is None:
