@@ -141,17 +141,12 @@ def _int(value: Any) -> int:
     return int(float(value)) if value else 0
 
 
-def _cost(status: str, price: Any, state: Any, hold: Any, charged: Any) -> Cost:
+def _cost(price: Any, state: Any, hold: Any) -> Cost:
     """From the record's fields: settled, its ``cost_state`` and ``price``
-    (lib.lua, settle); else held, its hold. One completed before costs were
-    kept reads its charge, or released (the amount a release gave back was not kept)."""
+    (lib.lua, settle); else held, its hold."""
     if state:
         return Cost(_int(price), state.decode())
-    if status != "COMPLETED":
-        return Cost(_int(hold), HELD)
-    if _int(charged):
-        return Cost(_int(charged), CHARGED)
-    return Cost(0, RELEASED)
+    return Cost(_int(hold), HELD)
 
 
 @dataclass(frozen=True)
@@ -220,7 +215,7 @@ class RequestRecord:
             start_deadline_at=float(start_deadline_at) if start_deadline_at else None,
             deadline_at=float(deadline_at) if deadline_at else None,
             retry_of=retry_of.decode() if retry_of else None,
-            cost=_cost(status, price, cost_state, hold, charged),
+            cost=_cost(price, cost_state, hold),
         )
 
 
@@ -1045,16 +1040,6 @@ class RequestStore:
         for provider in providers:
             pipe.hexists(keys.schedule(provider), "draining")
         return {provider for provider, marked in zip(providers, pipe.execute()) if marked}
-
-    def adopt_legacy_draining(self) -> int:
-        """Move the providers an earlier version marked draining in one shared
-        set (``keys.legacy_draining``) to their schedules; returns how many.
-        The sweeper runs it: a provider drained across an upgrade stays drained."""
-        drained = [_text(p) for p in self.client.smembers(keys.legacy_draining())]
-        for provider in drained:
-            self.set_draining(provider, True)
-            self.client.srem(keys.legacy_draining(), provider)
-        return len(drained)
 
     def queue_depth(self, provider: str) -> int:
         return int(self.client.zcard(keys.queue(provider)))
