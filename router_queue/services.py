@@ -79,6 +79,7 @@ class Services:
         if dispatcher is None and celery is not None:
             dispatcher = Dispatcher(celery, providers=tuple(catalog.providers()),
                                     broker_is_store=settings.effective_broker_url == settings.redis_url)
+        split = settings.store_is_cluster if split is None else split
         store = RequestStore(
             client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
             republish_after_s=settings.republish_after_s, max_queued=settings.max_queued,
@@ -86,12 +87,12 @@ class Services:
             max_in_flight=catalog.max_in_flight, write_deadline_s=write_deadline_s,
             replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
             grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
-            split=settings.store_is_cluster if split is None else split,
+            split=split,
             ledger_retention_s=settings.ledger_retention_s,
             progress_event_every_s=settings.webhook_progress_every_s,
         )
         box = secret_box(settings)
-        accounts = Accounts(client, providers=tuple(catalog.providers()), box=box)
+        accounts = Accounts(client, providers=tuple(catalog.providers()), box=box, split=split)
         require_secrets_key(client, box)
         return cls(
             settings=settings,

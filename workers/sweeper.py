@@ -55,7 +55,6 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
     now = time.time() if now is None else now
     services, store = context.services, context.services.store
     services.accounts.epoch.check()  # an emptied store: the sweep fails loudly, every interval
-    store.adopt_legacy_draining()
     republished = reaped = 0
     for provider in services.catalog.providers():
         for request_id, started in store.reap(provider, now, again_at=now + services.settings.lease_s):

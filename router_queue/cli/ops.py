@@ -23,7 +23,7 @@ def require_router_queue_data() -> None:
     "no request" from the wrong server read like a healthy empty queue."""
     services = _services()
     where = without_password(services.settings.redis_url)
-    if legacy_keys_present(services.redis):
+    if legacy_keys_present(services.redis, split=services.store.effects.split):
         raise click.ClickException(
             f"the Redis at {where} holds router-queue data in an earlier key layout: "
             "stop the service and run `router-queue ops migrate-keys`")
@@ -172,13 +172,21 @@ def purge_expired() -> None:
 @ops.command("migrate-keys")
 def migrate_keys() -> None:
     """Move a store's keys from an earlier layout (before the hash tags, or
-    one tag for everything) to today's, a hash tag per family, with every
-    process of the service stopped; then seal the webhook secrets with the
-    newest WEBHOOK_SECRETS_KEY (plaintext ones, and those of an older key:
-    safe while the service runs, and rerun after each key rotation)."""
+    one tag for everything) to today's, a hash tag per family, and rewrite
+    what an earlier version wrote in a shape only it read (its shared
+    draining and webhook due sets, costs not yet kept), with every process of
+    the service stopped; then seal the webhook secrets with the newest
+    WEBHOOK_SECRETS_KEY (plaintext ones, and those of an older key: safe
+    while the service runs, and rerun after each key rotation)."""
     services = _services()
-    done = migrate(services.redis)
+    done = migrate(services.redis, split=services.store.effects.split)
     click.echo(f"moved {done.renamed} keys to today's layout")
+    rewritten = done.rewritten
+    click.echo(f"rewrote {rewritten.draining} draining marks, {rewritten.due} due webhook events, "
+               f"{rewritten.records} completed records' costs and {rewritten.events} webhook events "
+               "an earlier version wrote")
+    if services.store.effects.split:
+        click.echo(f"opened {rewritten.opened} requests admitted before the store was split")
     box = services.accounts.box
     if box is None:
         click.echo("WEBHOOK_SECRETS_KEY is not set: webhook secrets left as they are (plaintext)", err=True)

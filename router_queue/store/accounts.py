@@ -81,8 +81,11 @@ class LedgerEntry:
 
 
 class Accounts:
-    def __init__(self, client: redis.Redis, providers: tuple[str, ...] = (), box: SecretBox | None = None):
+    def __init__(self, client: redis.Redis, providers: tuple[str, ...] = (), box: SecretBox | None = None,
+                 *, split: bool = False):
         self.client = client
+        #: Whether the store is served split into per-slot steps (``owed.py``).
+        self.split = split
         #: Seals the webhook signing secrets (``WEBHOOK_SECRETS_KEY``); None:
         #: none set, and plaintext ones are stored until a sealed one exists.
         self.box = box
@@ -91,7 +94,7 @@ class Accounts:
         self.providers = providers
         self._schedule_limits = load_script(client, "schedule_limits")
         self.keys = ApiKeys(client)
-        self.epoch = StoreEpoch(client)
+        self.epoch = StoreEpoch(client, split=split)
         self._webhook_secret = load_script(client, "webhook_secret")
 
     def create_workspace(self, name: str, *, queue_enabled: bool = False, credits: int = 0) -> str:
@@ -100,6 +103,8 @@ class Accounts:
             # A new store is written in today's layout; one that holds workspaces and no
             # marker is an earlier layout's, refused until migrated (store/migrate.py).
             self.client.set(keys.layout(), keys.LAYOUT, nx=True)
+            if self.split:
+                self.client.set(keys.split_steps(), 1, nx=True)
         self.client.hset(
             keys.workspace(workspace_id),
             mapping={

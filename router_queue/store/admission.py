@@ -22,7 +22,7 @@ import redis
 
 from ..blobs.pointers import BodyPointer, body_size
 from . import keys
-from .connect import UNREACHABLE, Unsent, bounded, never_sent
+from .connect import UNREACHABLE, NotAdmitted, Unsent, bounded, never_sent
 from .objects import POINTER_MAX_BYTES
 from .record import ADMITTED
 from .scripts import argv, load_script
@@ -60,25 +60,56 @@ class LostReplies:
     """What an admission whose reply never came did: ``admitted.lua`` reads
     whether its record exists, and, if not, whether Redis's clock is past
     the write deadline (then no script still in flight can admit it). A
-    stalled Redis answers neither: the outcome is then in doubt."""
+    stalled Redis answers neither: the outcome is then in doubt.
+
+    An attempt with an Idempotency-Key that did not itself admit is "not
+    carried out" only if its key is free: an earlier attempt with the key
+    (one answered in doubt) may have admitted, and this attempt's script
+    may have answered its replay. So such an attempt is in doubt unless
+    Redis says the key is free (:meth:`key_free`); the resend settles it."""
 
     def __init__(self, client: redis.Redis, budget_s: float):
         self.budget_s = budget_s
-        self._admitted = load_script(bounded(client, budget_s / LOST_REPLY_READS), "admitted", ADMITTED_ARGS)
+        self._bounded = bounded(client, budget_s / LOST_REPLY_READS)
+        self._admitted = load_script(self._bounded, "admitted", ADMITTED_ARGS)
 
-    def reply(self, lost: Exception, values: dict[str, Any]) -> list[Any]:
+    def reply(self, lost: Exception, values: dict[str, Any], idem_key: str | None = None) -> list[Any]:
         """In place of the reply ``lost`` (raised by the step that writes the
         record, run with ``values``): admit.lua's ``ADMITTED`` (its granted
-        ids unknown: the reaper publishes them), ``EXPIRED`` (never admitted),
-        or ``IN_DOUBT`` when Redis did not tell within the budget. ``lost``
-        itself again when the step never left this process."""
+        ids unknown: the reaper publishes them), ``EXPIRED`` (never admitted,
+        and ``idem_key``, the attempt's key if it has one, free), or
+        ``IN_DOUBT`` when Redis did not tell within the budget. ``lost``
+        itself again when the step never left this process (and the key is free)."""
         if never_sent(lost):
-            raise lost
+            return self.unsent(lost, values, idem_key)
         request_id = values["id"]
         reply = self._read_back(request_id, values["provider"], str(values["write_deadline"]))
+        if reply[0] == b"EXPIRED" and idem_key is not None and not self.key_free(idem_key, request_id):
+            reply = [b"IN_DOUBT"]
         log.warning("an admission's reply was lost (%s); read back: %s", lost, reply[0].decode(),
                     extra={"request_id": request_id})
         return reply
+
+    def unsent(self, lost: Exception, values: dict[str, Any], idem_key: str | None) -> list[Any]:
+        """For an attempt (``values``) that never reached Redis (``lost``):
+        :class:`NotAdmitted` (answered 503: nothing was carried out, and its
+        key, if any, is free), but ``IN_DOUBT`` for one whose key an earlier
+        attempt may hold."""
+        if idem_key is None or self.key_free(idem_key, values["id"]):
+            raise NotAdmitted(str(lost)) from lost
+        log.warning("an admission was not sent (%s) and its Idempotency-Key is held or unreadable: in doubt", lost)
+        return [b"IN_DOUBT"]
+
+    def key_free(self, idem_key: str, request_id: str) -> bool:
+        """Whether Redis says no attempt but this one (``request_id``: split,
+        its workspace's step reserved the key, and is undone) holds
+        ``idem_key``; False when it does not answer within half the budget."""
+        try:
+            held = self._bounded.get(idem_key)
+            return held is None or held.decode().endswith(f"|{request_id}")
+        except UNREACHABLE as exc:
+            log.warning("an Idempotency-Key could not be read (%s)", exc)
+            return False
 
     def _read_back(self, request_id: str, provider: str, write_deadline: str) -> list[Any]:
         give_up_at = time.monotonic() + self.budget_s
@@ -142,7 +173,9 @@ class TwoStepAdmission:
         except UNREACHABLE as exc:
             # The provider's step, the only one that writes the record, was not
             # sent: not admitted (a workspace part left pending, the sweeper undoes).
-            raise Unsent(f"admission stopped before its provider's step: {exc}") from exc
+            unsent = Unsent(f"admission stopped before its provider's step: {exc}")
+            unsent.__cause__ = exc
+            return self.lost_replies.unsent(unsent, values, idem_key if values["fingerprint"] else None)
         if self.between_steps is not None:
             self.between_steps()
         try:
@@ -152,7 +185,7 @@ class TwoStepAdmission:
         except UNREACHABLE as exc:
             if never_sent(exc):
                 self._give_back(admitting, pending)
-            placed = self.lost_replies.reply(exc, values)
+            placed = self.lost_replies.reply(exc, values, idem_key if values["fingerprint"] else None)
         if placed[0] not in (b"ADMITTED", b"IN_DOUBT"):  # in doubt: the sweeper undoes it if it was not placed
             self._give_back(admitting, pending)
         return placed

@@ -36,6 +36,12 @@ class Unsent(redis.ConnectionError):
     write changed nothing. Answered 503 like any outage."""
 
 
+class NotAdmitted(Unsent):
+    """An admission known to have changed nothing, its Idempotency-Key (if
+    it has one) read free: no earlier send of the key holds it. The one
+    store fault a submit with a key answers 503 (``web/envelope.py``)."""
+
+
 def never_sent(exc: BaseException) -> bool:
     """Whether ``exc`` (one of :data:`UNREACHABLE`) came before its command
     left this process: connecting failed (redis-py says "connecting" then,

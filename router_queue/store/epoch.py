@@ -26,8 +26,10 @@ log = logging.getLogger(__name__)
 
 
 class StoreEpoch:
-    def __init__(self, client: redis.Redis):
+    def __init__(self, client: redis.Redis, *, split: bool = False):
         self.client = client
+        #: Whether this process serves the store split into per-slot steps.
+        self.split = split
         #: The marker this process adopted; None until it first read one.
         self.known: bytes | None = None
 
@@ -46,9 +48,9 @@ class StoreEpoch:
     def check(self) -> None:
         """Adopt the marker, or raise ``StoreLost`` if the adopted one is gone or replaced."""
         current = self.client.get(keys.epoch())
-        if self.known is None and legacy_keys_present(self.client):
-            log.critical("the store holds keys of an earlier layout; stop the service and run "
-                         "`router-queue ops migrate-keys`")
+        if self.known is None and legacy_keys_present(self.client, split=self.split):
+            log.critical("the store holds keys of an earlier layout (or of one Redis, now served split); stop "
+                         "the service and run `router-queue ops migrate-keys`")
             raise StoreLost("the request store holds data in an earlier key layout; nothing is served until an "
                             "operator migrates it (router-queue ops migrate-keys)", retry_after=30)
         if current is None and self.known is None:

@@ -23,10 +23,12 @@ import zlib
 PREFIX = "{rq}"
 #: The prefix of the keys written before the hash tag.
 UNTAGGED_PREFIX = "rq"
-#: The store's key layout: 2, a hash tag per family (the provider's, the
-#: workspace's, the global one); stores written with one tag for everything
-#: have none (``migrate.py`` moves them).
-LAYOUT = "2"
+#: The store's key layout: 3, a hash tag per family (the provider's, the
+#: workspace's, the global one) and nothing only an earlier version read (its
+#: shared webhook due set and draining set, records and events from before
+#: costs were kept). Stores written with one tag for everything have no
+#: marker, stores of layout 2 may hold those: ``migrate.py`` moves both.
+LAYOUT = "3"
 
 #: The catalog's providers' codes, chosen so that a cluster of three
 #: primaries with the slots split evenly (as ``redis-cli --cluster create``
@@ -200,8 +202,7 @@ def ledger(workspace_id: str) -> str:
 def open_requests(workspace_id: str) -> str:
     """The workspace's requests whose start, end or pending webhook it has not
     yet been given (a split store's, ``ws_settle.lua``): id -> what is still
-    owed, "q", "e" and "w" ("W": a webhook given to a request admitted before
-    the store was split)."""
+    owed, "q", "e" and "w"."""
     return f"{workspace_prefix(workspace_id)}:open"
 
 
@@ -289,6 +290,13 @@ def layout() -> str:
     return f"{PREFIX}:config:layout"
 
 
+def split_steps() -> str:
+    """Set once every request of a store split into per-slot steps has its
+    open entry (:func:`open_requests`): with the first workspace of a store
+    served split, or by ``ops migrate-keys`` on one served by one Redis until then."""
+    return f"{PREFIX}:config:split-steps"
+
+
 #: Every request's and provider's event channel: one subscription per process.
 EVENTS_PATTERN = f"{PREFIX}:events:*"
 #: What follows the prefix on a provider's channel (request ids are UUIDs).
@@ -311,12 +319,6 @@ def events_channel(request_id: str) -> str:
     return f"{PREFIX}:events:{request_id}"
 
 
-def legacy_draining() -> str:
-    """The set of draining providers earlier versions kept; a provider's mark is
-    its schedule's "draining" now (the sweeper moves these there)."""
-    return f"{PREFIX}:draining"
-
-
 def orphan_pass() -> str:
     """Held while one sweeper lists the object store for orphaned results
     (an hour's lock: one pass an hour, fleet-wide)."""
@@ -337,12 +339,6 @@ def one_tag_webhooks_due(provider: str) -> str:
     """Where the events of a provider's requests minted before codes wait
     (their ids keep the global tag): read beside the provider's own until empty."""
     return f"{PREFIX}:webhook:due:{provider}"
-
-
-def legacy_webhooks_due() -> str:
-    """Every provider's pending webhook events, as earlier versions kept them:
-    read (and emptied) beside the providers' own until none is left."""
-    return f"{PREFIX}:webhooks:due"
 
 
 def webhooks_failing() -> str:

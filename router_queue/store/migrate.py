@@ -1,9 +1,10 @@
 """Moving a store's keys from an earlier layout to today's (``keys.py``): from
 before the hash tag (``rq:…``), and from one tag for everything (``{rq}:…``)
-to a tag per family.
+to a tag per family; then rewriting what an earlier version wrote in a shape
+only it read (``migrate_data.py``).
 
 Run it with the service stopped (``router-queue ops migrate-keys``); this
-version refuses a store that holds such keys (``legacy_keys_present``).
+version refuses a store without today's layout marker (``legacy_keys_present``).
 ``RENAMENX`` keeps a key's value, TTL and type; a name already taken is left
 and reported. The global keys, version-8 requests' keys and their due sets
 stay; rate windows are dropped; the layout marker (``keys.layout``) is written
@@ -18,6 +19,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from . import keys
+from .migrate_data import Rewritten, rewrite
 from .scripts import load_script
 from .secret_box import SecretBox
 
@@ -71,14 +73,17 @@ def current_name(legacy_key: str) -> str | None:
     return f"{keys.PREFIX}:{path}"
 
 
-def legacy_keys_present(client: redis.Redis) -> bool:
-    """Whether the store still holds an earlier layout's data: the workspace
-    index from before the tag, or an index with no layout marker (a few
-    commands, never a scan)."""
+def legacy_keys_present(client: redis.Redis, *, split: bool = False) -> bool:
+    """Whether the store may still hold an earlier version's data: the
+    workspace index from before the tag, or an index without today's layout
+    marker; served ``split``, without the mark that each request has its open
+    entry (a store served by one Redis until now). A few commands, never a scan."""
     old = keys.UNTAGGED_PREFIX
     if client.exists(f"{old}:workspaces", f"{old}:config:epoch"):
         return True
-    return bool(client.exists(keys.workspaces())) and not client.exists(keys.layout())
+    if not client.exists(keys.workspaces()):
+        return False
+    return client.get(keys.layout()) != keys.LAYOUT.encode() or (split and not client.exists(keys.split_steps()))
 
 
 @dataclass
@@ -86,17 +91,24 @@ class Migration:
     renamed: int = 0
     #: Legacy keys whose new name was already taken (left as they are).
     clashes: list[str] = field(default_factory=list)
+    #: What was rewritten in today's shape (``migrate_data.py``).
+    rewritten: Rewritten = field(default_factory=Rewritten)
 
 
-def migrate(client: redis.Redis, batch: int = 1000) -> Migration:
+def migrate(client: redis.Redis, batch: int = 1000, *, split: bool = False) -> Migration:
     """Move every key of an earlier layout to its name in today's, a SCAN
-    page's worth per round trip, then mark the store's layout."""
+    page's worth per round trip, rewrite what only an earlier version read,
+    then mark the store's layout (and, to be served ``split``, that each
+    request has its open entry)."""
     done = Migration()
     for match in LEGACY_MATCHES:
         for node_client in _primaries(client):
             _migrate_matching(client, node_client, match, batch, done)
+    done.rewritten = rewrite(client, batch, split=split)
     if client.exists(keys.workspaces()):
         client.set(keys.layout(), keys.LAYOUT)
+        if split:
+            client.set(keys.split_steps(), 1)
     return done
 
 

@@ -132,7 +132,6 @@ FIELDS: tuple[Field, ...] = (
     Field("price", RAW, status=OWN_PLACE, webhook=OWN_PLACE, into="cost"),
     Field("cost_state", RAW, status=OWN_PLACE, webhook=OWN_PLACE, into="cost"),
     Field("hold", RAW, status=OWN_PLACE, webhook=OWN_PLACE, into="cost"),
-    Field("charged", RAW, status=OWN_PLACE, into="cost"),
 )
 #: Fields written at admission from the submission that no read takes.
 WRITTEN_ONLY: tuple[Field, ...] = (
@@ -154,7 +153,7 @@ _STATUS_AT = READ_NAMES.index("status")
 #: Each attribute read from its field, with the field's place in the ``HMGET`` and its decoder.
 _ATTRIBUTES = tuple((f.name, (i, f.codec.decode)) for i, f in enumerate(FIELDS) if not f.into)
 _DECODERS = tuple(decoder for _, decoder in _ATTRIBUTES)
-_COST_AT = tuple(READ_NAMES.index(name) for name in ("price", "cost_state", "hold", "charged"))
+_COST_AT = tuple(READ_NAMES.index(name) for name in ("price", "cost_state", "hold"))
 
 
 def admitted_values(submission: "Submission") -> dict[str, str]:
@@ -214,17 +213,12 @@ def _int(value: Any) -> int:
     return int(float(value)) if value else 0
 
 
-def _cost(status: str, price: Any, state: Any, hold: Any, charged: Any) -> Cost:
+def _cost(price: Any, state: Any, hold: Any) -> Cost:
     """From the record's fields: settled, its ``cost_state`` and ``price``
-    (lib.lua, settle); else held, its hold. One completed before costs were
-    kept reads its charge, or released (the amount a release gave back was not kept)."""
+    (lib.lua, settle); else held, its hold."""
     if state:
         return Cost(_int(price), state.decode())
-    if status != "COMPLETED":
-        return Cost(_int(hold), HELD)
-    if _int(charged):
-        return Cost(_int(charged), CHARGED)
-    return Cost(0, RELEASED)
+    return Cost(_int(hold), HELD)
 
 
 @dataclass(frozen=True)
@@ -271,10 +265,10 @@ class RequestRecord:
         status = values[_STATUS_AT]
         if status is None:
             return None
-        price, state, hold, charged = (values[i] for i in _COST_AT)
+        price, state, hold = (values[i] for i in _COST_AT)
         args = [decode(values[i]) for i, decode in _DECODERS]
         args.append(ttl if ttl is not None and ttl >= 0 else None)
-        args.append(_cost(status.decode(), price, state, hold, charged))
+        args.append(_cost(price, state, hold))
         return cls(*args)
 
 

@@ -389,7 +389,7 @@ class RequestStore:
                     args=[*argv(ADMIT_ARGS, **values), *rate_args],
                 )
             except UNREACHABLE as exc:  # sent, and no reply: Redis may have run it
-                reply = self.lost_replies.reply(exc, values)
+                reply = self.lost_replies.reply(exc, values, idem_key if submission.idempotency_key_hash else None)
         code = Admit(_text(reply[0]))
         if code is Admit.RATE_LIMITED:
             raise rate.refusal(reply[1:])
@@ -912,16 +912,6 @@ class RequestStore:
         for provider in providers:
             pipe.hexists(keys.schedule(provider), "draining")
         return {provider for provider, marked in zip(providers, pipe.execute()) if marked}
-
-    def adopt_legacy_draining(self) -> int:
-        """Move the providers an earlier version marked draining in one shared
-        set (``keys.legacy_draining``) to their schedules; returns how many.
-        The sweeper runs it: a provider drained across an upgrade stays drained."""
-        drained = [_text(p) for p in self.client.smembers(keys.legacy_draining())]
-        for provider in drained:
-            self.set_draining(provider, True)
-            self.client.srem(keys.legacy_draining(), provider)
-        return len(drained)
 
     def queue_depth(self, provider: str) -> int:
         return int(self.client.zcard(keys.queue(provider)))

@@ -52,12 +52,6 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _due_key(request_id: str, provider: str | None) -> str:
-    """The due set that holds an event of ``provider``'s request (None or "":
-    one owed before events named their provider)."""
-    return keys.webhooks_due(provider, request_id) if provider else keys.legacy_webhooks_due()
-
-
 def _float(value: str | None) -> float | None:
     return float(value) if value else None
 
@@ -79,18 +73,17 @@ class WebhookEvent:
     attempt: int
     first_attempt_at: float
     owed_at: float
+    #: The request's cost at this step: {"credits", "state"} (held, or as its
+    #: completion settled it).
+    cost: dict[str, Any]
+    #: The request's provider, whose due set holds the event.
+    provider: str
     #: "started", "progress" or "completed" (an event owed before there were others).
     event: str = "completed"
     #: Its ``webhook-id``: stable across its attempts, its own among the request's events.
     msg_id: str = ""
     #: How far the generation was, on a progress event.
     progress: float | None = None
-    #: The request's cost at this step: {"credits", "state"} (held, or as its
-    #: completion settled it); None for an event owed before costs were kept.
-    cost: dict[str, Any] | None = None
-    #: The request's provider, whose due set holds the event; "" for an event
-    #: owed before events named it (an earlier version's shared due set).
-    provider: str = ""
     #: The fields ``record.py`` lists on webhook events, as the event shows them.
     listed: dict[str, Any] = field(default_factory=dict)
 
@@ -106,9 +99,8 @@ class WebhookEvent:
             first_attempt_at=float(fields.get("first_attempt_at") or owed_at), owed_at=owed_at,
             event=fields.get("type") or "completed", msg_id=fields.get("msg_id") or webhook_id(fields["request_id"]),
             progress=_float(fields.get("progress")),
-            cost=({"credits": int(float(fields.get("cost_credits") or 0)), "state": fields["cost_state"]}
-                  if fields.get("cost_state") else None),
-            provider=fields.get("provider", ""), listed=snapshot_listed(fields),
+            cost={"credits": int(float(fields.get("cost_credits") or 0)), "state": fields["cost_state"]},
+            provider=fields["provider"], listed=snapshot_listed(fields),
         )
 
 
@@ -204,7 +196,7 @@ class WebhookStore:
         workspace, url, provider, state, next_at, lease_until = (
             _text(v) if v is not None else None for v in self.client.hmget(
                 keys.webhook_event(request_id), "workspace", "url", "provider", "state", "next_at", "lease_until"))
-        workspace = workspace or ""
+        workspace, provider = workspace or "", provider or ""  # None: no event (the take says GONE)
         endpoint = origin(url or "")
         limits = self.limits
         turn, open_until = "", ""
@@ -216,7 +208,7 @@ class WebhookStore:
             turn, open_until = answer[0], answer[1] if len(answer) > 1 else ""
         ws_keys, split = self._workspace_target(provider, workspace)
         reply = self._take(
-            keys=[keys.webhook_event(request_id), _due_key(request_id, provider), *ws_keys],
+            keys=[keys.webhook_event(request_id), keys.webhooks_due(provider, request_id), *ws_keys],
             args=argv(TAKE_ARGS, request_id=request_id, now=repr(now), lease_s=lease_s, token=token, turn=turn,
                       open_until=open_until, wait_s=repr(limits.wait_s), window_s=repr(limits.window_s),
                       keep_s=self.keep_s, circuit_cooling_s=repr(limits.circuit_cooling_s),
@@ -226,7 +218,7 @@ class WebhookStore:
             self._after_event("a turn given back", lambda: self._end_turn(workspace, endpoint, token=token,
                                                                           now=now, probe=turn == "PROBE"))
         if outcome == "GAVE_UP":
-            self.effects.settle(provider or "", reply)
+            self.effects.settle(provider, reply)
         if outcome in ("WAIT", "OPEN"):
             return Taken(outcome, due_at=float(_text(reply[1])))
         if outcome != "TAKEN":
@@ -254,7 +246,7 @@ class WebhookStore:
         endpoint = origin(event.url)
         ws_keys, split = self._workspace_target(event.provider, event.workspace)
         reply = self._record(
-            keys=[keys.webhook_event(event.request_id), _due_key(event.request_id, event.provider), *ws_keys],
+            keys=[keys.webhook_event(event.request_id), keys.webhooks_due(event.provider, event.request_id), *ws_keys],
             args=argv(RECORD_ARGS, request_id=event.request_id, token=token, now=repr(now), outcome=outcome,
                       status="" if status is None else status, error=error[:300],
                       next_at="" if next_at is None else repr(next_at), keep_s=self.keep_s, msg_id=event.msg_id,
@@ -304,20 +296,19 @@ class WebhookStore:
                       circuit_cooling_s=repr(limits.circuit_cooling_s), failing_window_s=int(limits.window_s),
                       entry=entry, log_length=LOG_LENGTH, probe="1" if probe else ""))
 
-    def _workspace_target(self, provider: str | None, workspace: str) -> tuple[list[str], str]:
+    def _workspace_target(self, provider: str, workspace: str) -> tuple[list[str], str]:
         """The KEYS and ``split`` argument of where an ended event's step
         gives back its workspace's pending count (``lua/lib.lua``,
         ``ws_target``): owed to the provider's owed set on a split store;
-        else, and for an event owed before events named their provider (it
-        has no provider's set), the workspace's hash in the step."""
+        else, and for an event gone (no provider read), the workspace's hash
+        in the step."""
         if provider and self.effects.split:
             return self.effects.workspace_keys(provider, workspace), self.effects.flag
         return [keys.workspace(workspace), keys.ledger(workspace)], ""
 
     def due(self, *, now: float, again_at: float, limit: int = 500) -> list[str]:
         """The events to publish now, each pushed back to ``again_at``
-        (``webhook_due.lua``), at most ``limit`` a provider; an earlier
-        version's shared due set too, until it is empty."""
+        (``webhook_due.lua``), at most ``limit`` a provider."""
         due = []
         for key in self._due_keys():
             due += [_text(i) for i in self._due(keys=[key], args=[repr(now), repr(again_at), limit])]
@@ -344,8 +335,7 @@ class WebhookStore:
         return sum(pipe.execute())
 
     def _due_keys(self) -> list[str]:
-        return [*map(keys.webhooks_due, self.providers), *map(keys.one_tag_webhooks_due, self.providers),
-                keys.legacy_webhooks_due()]
+        return [*map(keys.webhooks_due, self.providers), *map(keys.one_tag_webhooks_due, self.providers)]
 
     def in_flight(self, now: float) -> int:
         """Attempts running now, every workspace's (leases not yet run out)."""

@@ -45,7 +45,7 @@ from ..validation import too_many_items, validate
 from ..webhooks import event as webhook_event, safety
 from . import pacing, stashed
 from .bodies import request_urls, response_url
-from .refusals import NOT_FOUND
+from .refusals import NOT_FOUND, key_in_doubt
 
 #: Longest Idempotency-Key accepted, in characters.
 MAX_IDEMPOTENCY_KEY_LENGTH = 255
@@ -119,22 +119,25 @@ def priority(raw: str | None) -> str:
 WEBHOOK_HEADER = webhook_event.URL_HEADER
 
 
-def webhook_url(raw: str | None, *, allow_loopback_http: bool, resolve_timeout_s: float) -> str:
+def webhook_url(raw: str | None, *, allow_loopback_http: bool, resolve_timeout_s: float, workspace: str = "") -> str:
     """``X-Comfy-Webhook-Url``: where the completion's event goes; "" when
     absent (the workspace's default applies, if it has one). ``400
     invalid_input`` unless it is https and resolves, within
     ``resolve_timeout_s``, to public addresses only (``webhooks/safety.py``;
     checked again before every delivery); ``503`` when this process has no
-    room for another lookup (``webhooks/lookup.py``)."""
+    room for another lookup, or none for another of ``workspace``'s
+    (``webhooks/lookup.py``)."""
     if raw is None:
         return ""
     try:
-        safety.check(raw, allow_loopback_http=allow_loopback_http, resolve_timeout_s=resolve_timeout_s)
+        safety.check(raw, allow_loopback_http=allow_loopback_http, resolve_timeout_s=resolve_timeout_s,
+                     holder=workspace)
     except safety.UnsafeWebhookUrl as exc:
         raise InvalidInput(f"{WEBHOOK_HEADER} {exc}") from None
     except safety.LookupsBusy:
-        raise ServiceUnavailable(f"too many {WEBHOOK_HEADER} host lookups are under way here; nothing was queued "
-                                 "or charged; retry shortly", retry_after=1) from None
+        raise ServiceUnavailable(f"too many {WEBHOOK_HEADER} host lookups (or too many of this workspace's) are "
+                                 "under way here; nothing was queued or charged; retry shortly",
+                                 retry_after=1) from None
     return raw
 
 
@@ -250,7 +253,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     key = idempotency_key(raw_idempotency_key)
     rank = priority(raw_priority)
     hook = webhook_url(raw_webhook_url, allow_loopback_http=services.settings.webhook_allow_loopback_http,
-                       resolve_timeout_s=services.settings.webhook_resolve_timeout_s)
+                       resolve_timeout_s=services.settings.webhook_resolve_timeout_s, workspace=workspace)
     events = webhook_events(headers.get(WEBHOOK_EVENTS_HEADER) if headers is not None else None)
     now = time.time()
     due = deadlines(headers, entry, now) if headers is not None else Deadlines()
@@ -378,7 +381,6 @@ def _answer(services: Services, admission: Admission, request_id: str, workspace
 
 #: Seconds a caller whose admission is in doubt is told to wait before asking
 #: again: by then Redis has answered, or the next ask is in doubt too.
-IN_DOUBT_RETRY_AFTER_S = 1
 
 
 def _in_doubt(request_id: str, entry: ModelEntry, key: str | None, base_url: str) -> Exception:
@@ -387,10 +389,7 @@ def _in_doubt(request_id: str, entry: ModelEntry, key: str | None, base_url: str
     Idempotency-Key, the contract's own answer for a key in doubt, which a
     resend settles; without one, the id it has if admitted, and where to look."""
     if key:
-        return ConcurrencyLimitExceeded(
-            "the request store did not answer in time, so whether this request was admitted is not known yet; "
-            "send it again with the same Idempotency-Key: that returns its handle if it was admitted, and "
-            "admits it if it was not", retry_after=IN_DOUBT_RETRY_AFTER_S)
+        return key_in_doubt()
     status_url = request_urls(base_url, entry.id, request_id)["status_url"]
     return OutcomeUnknown(
         f"the request store did not answer in time, so whether this request was admitted is not known; if it was, "

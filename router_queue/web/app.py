@@ -50,7 +50,8 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     rate_limits = RateLimits(services.store, settings.default_rate_limit, keys,
                              TrustedProxies(settings.forwarded_allow_ips))
     app.extensions[READINESS] = Readiness(settings.readyz_cache_s)
-    envelope = app.extensions[ENVELOPE] = Envelope(rate_limits, settings.max_body_bytes)
+    envelope = app.extensions[ENVELOPE] = Envelope(
+        rate_limits, settings.max_body_bytes, settings.body_inline_max_bytes if services.blobs is not None else None)
     _register_error_handlers(app, envelope)
     app.register_blueprint(operations)
     if tracing.active():
@@ -83,6 +84,6 @@ def _register_error_handlers(app: Flask, envelope: Envelope) -> None:
     """Every exception a route lets out, werkzeug's HTTP refusals included
     (Flask finds a handler along the exception's MRO), answered by the envelope's mapping."""
     def _answer(exc: Exception) -> Response:
-        return _render(envelope.refusal(exc, request.path))
+        return _render(envelope.refusal(exc, request.path, request.endpoint, request.headers))
 
     app.register_error_handler(Exception, _answer)

@@ -13,17 +13,21 @@ else of their own, so a step added here holds on both paths. In full:
 
 from __future__ import annotations
 
+import logging
 import os
 
 from flask import g
 
 from ..errors import RateLimited, RouterError
+from ..store.connect import UNREACHABLE, NotAdmitted
 from ..store.ids import uuid_text
 from ..webhooks.event import URL_HEADER
 from . import paths
 from .headers import EVERY_ANSWER
 from .ratelimit import Allowance, RateLimits
-from .refusals import as_router_error
+from .refusals import IDEMPOTENCY_HEADER, as_router_error, key_in_doubt
+
+log = logging.getLogger(__name__)
 
 #: The app's ``extensions`` entry that holds the :class:`Envelope`.
 ENVELOPE = "router_queue.envelope"
@@ -32,9 +36,9 @@ STEPS = ("open", "refusal", "settle", "headers")
 #: Endpoints whose routes hand the allowance to their own script.
 CARRIED_ENDPOINTS = paths.endpoints(paths.Rate.CARRIED)
 #: Of those, the routes that look up the host of an ``X-Comfy-Webhook-Url``
-#: before their script runs (up to ``WEBHOOK_RESOLVE_TIMEOUT_SECONDS``): a
-#: call naming one spends its allowance as it opens, so a caller past its
-#: rate is refused before any lookup is made for it.
+#: (up to ``WEBHOOK_RESOLVE_TIMEOUT_SECONDS``), or put a large body to the
+#: object store, before their script runs: such a call spends its allowance
+#: as it opens, so a caller past its rate is refused before either.
 LOOKUP_ENDPOINTS = frozenset({paths.SUBMIT.endpoint, paths.RUN.endpoint})
 
 Header = tuple[str, str]
@@ -61,22 +65,41 @@ class Call:
 
 
 class Envelope:
-    def __init__(self, rate_limits: RateLimits, max_body: int | None):
+    def __init__(self, rate_limits: RateLimits, max_body: int | None, stashed_over: int | None = None):
         self.rate_limits = rate_limits
         self.max_body = max_body
+        #: Bodies over this many bytes go to the object store before the
+        #: script runs (``web/stashed.py``); None: every body stays in Redis.
+        self.stashed_over = stashed_over
 
     def open(self, endpoint: str | None, allowance: Allowance | None, headers=None) -> Call:
         """The call, its allowance carried for ``endpoint``'s script, else
         spent now (``429 rate_limited`` once a window is spent). ``headers``:
-        the call's, which say whether it names a webhook (:data:`LOOKUP_ENDPOINTS`)."""
+        the call's, which say whether it costs something before its script
+        runs (:data:`LOOKUP_ENDPOINTS`): a webhook's name lookup, or a body
+        the object store is sent. Past its rate such a call costs nothing."""
         if endpoint in CARRIED_ENDPOINTS and not (
-                endpoint in LOOKUP_ENDPOINTS and headers is not None and URL_HEADER in headers):
+                endpoint in LOOKUP_ENDPOINTS and headers is not None and self._costs_before_script(headers)):
             return Call(allowance)
         if allowance is not None:
             self.rate_limits.spend(allowance)
         return Call(None)
 
-    def refusal(self, exc: BaseException, path: str) -> RouterError:
+    def _costs_before_script(self, headers) -> bool:
+        if URL_HEADER in headers:
+            return True
+        length = headers.get("Content-Length", "")
+        return self.stashed_over is not None and length.isdigit() and int(length) > self.stashed_over
+
+    def refusal(self, exc: BaseException, path: str, endpoint: str | None = None, headers=None) -> RouterError:
+        """``exc`` as its member of the error tree; for a submit with an
+        Idempotency-Key (``endpoint``, ``headers``: the call's) that the store
+        did not answer, the key's in-doubt 409 in place of a 503: an earlier
+        send of the key may have been admitted, and the resend settles it."""
+        if (isinstance(exc, UNREACHABLE) and not isinstance(exc, NotAdmitted) and endpoint in LOOKUP_ENDPOINTS
+                and headers is not None and IDEMPOTENCY_HEADER in headers):
+            log.warning("a keyed submit met a store fault (%s): answered in doubt", exc)
+            return key_in_doubt()
         return as_router_error(exc, path=path, max_body=self.max_body)
 
     def settle(self, call: Call | None) -> RateLimited | None:

@@ -74,7 +74,7 @@ class Lane:
         except Unauthorized:
             return self.flask(environ, start_response)
         except Exception as exc:  # noqa: BLE001 - e.g. Redis down: answered as the app's hook would be
-            return self._send(self._refusal(exc, request), None, start_response)
+            return self._send(self._refusal(exc, request, route.endpoint), None, start_response)
         if caller.legacy:
             return self.flask(environ, start_response)
         envelope = self.envelope
@@ -83,7 +83,7 @@ class Lane:
             call = envelope.open(route.endpoint, envelope.rate_limits.for_workspace(caller), request.headers)
             answer = serve(request, caller, entry, values, call)
         except Exception as exc:  # noqa: BLE001 - every fault has its answer
-            answer = self._refusal(exc, request)
+            answer = self._refusal(exc, request, route.endpoint)
         refused = envelope.settle(call)
         if refused is not None:
             answer = self._refusal(refused, request)
@@ -110,8 +110,8 @@ class Lane:
         call.id = answer.call_id
         return answer
 
-    def _refusal(self, exc: BaseException, request: Request) -> Answer:
-        error = self.envelope.refusal(exc, request.path)
+    def _refusal(self, exc: BaseException, request: Request, endpoint: str | None = None) -> Answer:
+        error = self.envelope.refusal(exc, request.path, endpoint, request.headers)
         return Answer(error.status, error.body(), error.headers())
 
     def _send(self, answer: Answer, call: Call | None, start_response: StartResponse) -> Iterable[bytes]:

@@ -10,6 +10,7 @@ import re
 from werkzeug.exceptions import HTTPException
 
 from ..errors import (
+    ConcurrencyLimitExceeded,
     InternalError,
     InvalidInput,
     MethodNotAllowed,
@@ -32,6 +33,21 @@ STORE_FULL_RETRY_S = 5
 #: Answered for every id we cannot show this caller, whatever the reason, so
 #: another workspace's ids are indistinguishable from ids that never existed.
 NOT_FOUND = "no such request for this caller and model"
+
+
+#: The header that makes submits idempotent.
+IDEMPOTENCY_HEADER = "Idempotency-Key"
+#: Seconds a caller whose Idempotency-Key is in doubt waits before sending it again.
+IN_DOUBT_RETRY_AFTER_S = 1
+
+
+def key_in_doubt() -> ConcurrencyLimitExceeded:
+    """A submit with an Idempotency-Key whose admission is in doubt: the
+    contract's own answer for a key in doubt, which a resend settles."""
+    return ConcurrencyLimitExceeded(
+        "the request store did not answer in time, so whether this Idempotency-Key's request was admitted is "
+        "not known yet; send it again with the same Idempotency-Key: that returns its handle if it was "
+        "admitted, and admits it if it was not", retry_after=IN_DOUBT_RETRY_AFTER_S)
 
 
 def as_router_error(exc: BaseException, *, path: str, max_body: int | None) -> RouterError:

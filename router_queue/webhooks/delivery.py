@@ -110,7 +110,8 @@ def attempt(services: Services, event: WebhookEvent) -> tuple[str, int | None, s
     started = time.monotonic()  # the lookup is inside the attempt's whole time
     try:
         addresses = safety.check(event.url, allow_loopback_http=settings.webhook_allow_loopback_http,
-                                 resolve_timeout_s=min(settings.webhook_resolve_timeout_s, timeout))
+                                 resolve_timeout_s=min(settings.webhook_resolve_timeout_s, timeout),
+                                 holder=event.workspace)
     except safety.UnresolvedInTime as exc:
         return "failed", None, f"the URL {exc}", True
     except safety.LookupsBusy:

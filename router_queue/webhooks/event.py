@@ -68,14 +68,13 @@ def _iso(ts: float | None) -> str | None:
 
 def event_body(*, request_id: str, model: str, status: str, error_type: str | None, response_url: str,
                created_at: float, started_at: float | None, completed_at: float | None,
-               event: str = "completed", progress: float | None = None,
-               cost: dict[str, Any] | None = None, listed: dict[str, Any] | None = None) -> bytes:
+               cost: dict[str, Any], event: str = "completed", progress: float | None = None,
+               listed: dict[str, Any] | None = None) -> bytes:
     """The event, as the bytes every attempt sends (keys sorted, compact): the
     request as it was when the event was owed; ``progress`` on a progress
     event only; ``cost`` its ``{"credits", "state"}`` at that step (held, or as
-    its completion settled it; left out only for an event owed before costs
-    were kept); ``listed``: the request's fields listed on events
-    (``store/record.py``), as shown."""
+    its completion settled it); ``listed``: the request's fields listed on
+    events (``store/record.py``), as shown."""
     body: dict[str, Any] = {
         "type": f"request.{event}",
         "request_id": request_id,
@@ -86,11 +85,10 @@ def event_body(*, request_id: str, model: str, status: str, error_type: str | No
         "created_at": _iso(created_at),
         "started_at": _iso(started_at),
         "completed_at": _iso(completed_at),
+        "cost": cost,
     }
     if event == "progress":
         body["progress"] = progress
-    if cost is not None:
-        body["cost"] = cost
     if listed:
         body.update(listed)
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()

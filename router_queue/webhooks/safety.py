@@ -146,13 +146,13 @@ def _literal(host: str) -> Address | None:
         return None
 
 
-def _addresses(host: str, port: int, resolve: Resolver, timeout_s: float) -> list[Address]:
+def _addresses(host: str, port: int, resolve: Resolver, timeout_s: float, holder: str) -> list[Address]:
     """Every address ``host`` names (an IP literal is its own: no lookup)."""
     literal = _literal(host)
     if literal is not None:
         return [_unmapped(literal)]
     try:
-        found = lookup.resolve_within(resolve, host, port, timeout_s)
+        found = lookup.resolve_within(resolve, host, port, timeout_s, holder)
     except lookup.LookupTimedOut:
         raise UnresolvedInTime(f"names a host that did not resolve within {timeout_s:g} s: {host[:100]}") from None
     except (socket.gaierror, UnicodeError, OSError):
@@ -165,16 +165,17 @@ def _addresses(host: str, port: int, resolve: Resolver, timeout_s: float) -> lis
 
 
 def check(url: str, *, allow_loopback_http: bool, resolve: Resolver | None = None,
-          resolve_timeout_s: float = RESOLVE_TIMEOUT_S) -> list[Address]:
+          resolve_timeout_s: float = RESOLVE_TIMEOUT_S, holder: str = "") -> list[Address]:
     """The addresses ``url``'s host resolves to, once every one is allowed;
     else :class:`UnsafeWebhookUrl` (:class:`UnresolvedInTime` past
     ``resolve_timeout_s``), or :class:`LookupsBusy`. ``resolve`` is
-    ``socket.getaddrinfo``'s shape (the system's, by default)."""
+    ``socket.getaddrinfo``'s shape (the system's, by default); ``holder``
+    the workspace whose lookup it is (``webhooks/lookup.py``'s share)."""
     parts, port = _parsed(url)
     scheme, host = parts.scheme.lower(), parts.hostname or ""
     if scheme == "http" and not allow_loopback_http and _literal(host) is None:
         raise UnsafeWebhookUrl("must use https")  # refused anyway: no lookup for it
-    addresses = _addresses(host, port, resolve or socket.getaddrinfo, resolve_timeout_s)
+    addresses = _addresses(host, port, resolve or socket.getaddrinfo, resolve_timeout_s, holder)
     for ip in addresses:
         why = refusal(ip, allow_loopback=allow_loopback_http)
         if why is not None:

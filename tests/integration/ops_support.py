@@ -77,6 +77,10 @@ class Answer:
     failure: str | None = None
 
 
+#: Sends at most of one key answered 409 (in doubt, or still being admitted), as comfy-sdk resends.
+KEYED_RESENDS = 30
+
+
 class Load:
     """Threads that submit FLUX requests and poll the ones admitted, until stopped."""
 
@@ -138,8 +142,10 @@ class Load:
             body = {"prompt": unique_prompt("under load", "[stub:latency=0.5]")}
             headers = {"Idempotency-Key": f"load-{uuid.uuid4()}"} if caller in self.keyed else {}
             response = self._exchange("submit", lambda: caller.submit(FLUX, body, headers=headers))
-            while (headers and response is not None and response.status_code == 409
-                   and not self.stop_event.wait(int(response.headers.get("Retry-After", "1")))):
+            for _ in range(KEYED_RESENDS):  # a key in doubt is settled, even once the load is stopping
+                if not (headers and response is not None and response.status_code == 409):
+                    break
+                time.sleep(int(response.headers.get("Retry-After", "1")))
                 response = self._exchange("submit", lambda: caller.submit(FLUX, body, headers=headers))
             if response is not None and response.status_code == 504 and "request_id" in response.json():
                 with self.lock:

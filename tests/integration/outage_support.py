@@ -6,7 +6,9 @@ fault cost. Plain code, no fixtures; it builds on ``harness.py`` and ``ops_suppo
 
 from __future__ import annotations
 
+import re
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -14,6 +16,7 @@ import requests
 
 from router_queue.dev.stack import free_port
 from router_queue.settings import DEFAULT_CATALOG
+from router_queue.store import keys
 
 from .harness import FLUX, ApiClient, RunningStack, children, stack_env, wait_for
 from .ops_support import CLIENT_TIMEOUT_S, Load
@@ -228,6 +231,26 @@ def held_unnamed(running: RunningStack, callers: list[ApiClient], named: set[str
     return unnamed, repeated
 
 
+def warn_failed_inside_workers(running: RunningStack) -> None:
+    """A request a stall failed (seen once in three cluster runs, as internal_error; cause not yet
+    found): the worker's traceback, as a warning the run's summary shows, not a failure."""
+    for path in sorted(running.stack.log_dir.glob("*.log")):
+        text = path.read_text(errors="replace")
+        for found in list(re.finditer("failed inside the worker", text))[:2]:
+            warnings.warn(f"{path.name}: {text[found.start():found.start() + 4000]}", stacklevel=1)
+
+
+def unnamed_records(running: RunningStack, request_ids: set[str]) -> dict[str, dict[str, str]]:
+    """What the store holds of each request no answer named: enough to tell
+    when it was admitted, with a key or without, and how it ended."""
+    fields = ("status", "created_at", "idem", "error_type", "workspace")
+    found = {}
+    for request_id in request_ids:
+        values = running.services.redis.hmget(keys.request(request_id), fields)
+        found[request_id] = {f: v.decode() for f, v in zip(fields, values) if v is not None}
+    return found
+
+
 #: Item 12 of issue 32: Redis SIGSTOPped for 8 s under four submitting threads, ten times.
 STALLS = 10
 STALL_EACH_S = 8.0
@@ -281,9 +304,11 @@ def stalls_under_load(running: RunningStack, fault: Fault, stalls: int = STALLS)
           f"slowest submit {max(a.elapsed_s for a in submits):.2f} s; in doubt (504) {len(load.in_doubt)}, "
           f"of which admitted {len(confirmed)}; 503s admitted or charged {len(admitted_503)}; "
           f"lost {len(lost_ids)}; charged twice {charged_twice}; outcomes {sorted(set(finals.values()))}")
-    assert not admitted_503, f"admitted or charged after a 503: {admitted_503}"
+    assert not admitted_503, f"admitted or charged after a 503: {unnamed_records(running, admitted_503)}"
     assert not lost_ids, f"admitted and never completed: {lost_ids}"
     assert charged_twice == 0
+    if sorted(set(finals.values())) != ["success"]:
+        warn_failed_inside_workers(running)
     assert all(a.status is not None for a in answers), [a for a in answers if a.status is None][:5]
     for caller in callers:
         caller.session.close()

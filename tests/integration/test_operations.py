@@ -406,9 +406,6 @@ def test_writes_answered_503_during_a_stall_never_take_effect_later(private: tup
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "issue 32 item 12 is not closed: one CI run in three found 1 of 128 submits answered 503 with a "
-    "hold in the ledger (its cause not yet found); runs that find none pass"))
 def test_no_503_during_stalls_was_admitted(private: tuple[PrivateRedis, RunningStack]) -> None:
     server, running = private
     stalls_under_load(running, Fault("stalls", server.pause, heal=server.resume, lasts_s=STALL_EACH_S))

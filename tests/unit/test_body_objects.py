@@ -116,6 +116,22 @@ def test_an_admission_refused_after_the_put_deletes_the_object_at_once(stored, h
     assert objects(stored) == []
 
 
+def test_a_large_body_past_its_callers_rate_is_refused_before_the_store_is_sent_it(stored, http, auth, workspace,
+                                                                                     monkeypatch):
+    """Its allowance is spent as the call opens: past the rate, 429 and no put,
+    whichever path serves it; a small body's allowance stays carried into the script."""
+    puts: list[str] = []
+    put = stored.blobs.put
+    monkeypatch.setattr(stored.blobs, "put", lambda key, *args, **kwargs: (puts.append(key), put(key, *args, **kwargs)))
+    stored.accounts.set_limits(workspace, rate_limit="1/minute")
+    assert submit(http, auth, BIG).status_code == 201  # the window's one call
+    assert len(puts) == 1
+    for path in ("/v2/models/bfl/flux-2-pro/requests", "/v2/models/bfl/flux-2-pro"):  # queued; synchronous
+        refused = http.post(path, data=BIG_RAW, headers={**auth, "Content-Type": "application/json"})
+        assert_error(refused, 429, "rate_limited")
+    assert len(puts) == 1 and len(objects(stored)) == 1  # no put for the refused ones
+
+
 def test_an_unpointed_body_object_is_found_by_the_hourly_pass(stored):
     from workers.object_expiry import ORPHAN_GRACE_S, expire_objects
 

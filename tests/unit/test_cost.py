@@ -137,22 +137,6 @@ def test_a_free_request_is_charged_nothing_with_no_ledger_entry(services, worksp
     assert services.accounts.ledger(workspace) == []
 
 
-def test_a_record_from_before_costs_were_kept_reads_them_from_its_hold(services, workspace):
-    charged, released, pending = (services.ids.mint(workspace, MODEL) for _ in range(3))
-    for request_id in (charged, released, pending):
-        services.store.admit(Submission(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl", body="{}",
-                             price=60))
-        services.redis.hdel(keys.request(request_id), "price", "cost_state")
-    assert cost_of(services, pending) == Cost(60, "held")
-    succeed(services, charged)
-    assert cost_of(services, charged) == Cost(60, "charged") == ledger_cost(services, workspace, charged)
-    cancel(services, released, workspace)
-    assert cost_of(services, released) == Cost(60, "released") == ledger_cost(services, workspace, released)
-    # completed before the upgrade: no state kept, its charge read back
-    services.redis.hdel(keys.request(charged), "price", "cost_state")
-    assert cost_of(services, charged) == Cost(60, "charged")
-
-
 def test_the_quote_is_what_admission_holds(http, auth, services, workspace):
     quote = http.get(f"{FLUX}/cost", headers=auth)
     assert quote.status_code == 200

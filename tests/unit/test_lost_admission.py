@@ -146,3 +146,71 @@ def test_a_connection_that_could_not_be_made_is_503_without_reading_back(front):
     lose(runs=False, read_back=False,
          error=redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."))
     assert submit(http, auth, {"Idempotency-Key": "k3"}).status_code == 503
+
+
+def lose_the_keys_step(services, *, runs: bool, error: Exception | None = None) -> None:
+    """Lose the reply of the step that answers a key's replay: the one step on
+    one Redis, the workspace's step split (the provider's step is then not sent)."""
+    store = services.store
+    if store.two_step is not None:
+        store.two_step._reserve = LostReply(store.two_step._reserve, runs=runs, error=error)
+    else:
+        store._admit = LostReply(store._admit, runs=runs, error=error)
+
+
+def found_again(services) -> None:
+    """The step :func:`lose_the_keys_step` made lose its reply answers again."""
+    holder = services.store.two_step or services.store
+    name = "_reserve" if services.store.two_step is not None else "_admit"
+    script = getattr(holder, name)
+    if isinstance(script, LostReply):
+        setattr(holder, name, script.script)
+
+
+def test_a_keyed_resend_whose_reply_was_lost_is_in_doubt_while_an_earlier_attempt_holds_the_key(front):
+    """The first attempt was admitted and answered in doubt; the resend's script
+    answered the replay, and that reply was lost too. The resend did not admit
+    anything itself, but its key's request was admitted: 409, never a 503."""
+    http, auth, services, workspace, lose, restore = front
+    lose(runs=True, read_back=False)
+    assert submit(http, auth, {"Idempotency-Key": "k4"}).status_code == 409
+    restore()
+    services.store.lost_replies._admitted = services.store.lost_replies.__class__(
+        services.redis, WAIT_S)._admitted  # the store answers reads again
+    lose_the_keys_step(services, runs=True)
+    resend = submit(http, auth, {"Idempotency-Key": "k4"})
+    assert resend.status_code == 409, resend.get_data(as_text=True)
+    assert resend.json["error_type"] == "concurrency_limit_exceeded" and int(resend.headers["Retry-After"]) >= 1
+    restore()
+    found_again(services)
+    settled = submit(http, auth, {"Idempotency-Key": "k4"})
+    assert settled.status_code == 201 and settled.headers["Idempotent-Replayed"] == "true"
+    assert services.accounts.get(workspace).held == price(services)  # the one admitted, held once
+
+
+def test_a_keyed_resend_that_could_not_connect_is_in_doubt_while_an_earlier_attempt_holds_the_key(front):
+    http, auth, services, workspace, lose, restore = front
+    lose(runs=True, read_back=False)
+    assert submit(http, auth, {"Idempotency-Key": "k5"}).status_code == 409
+    restore()
+    lose_the_keys_step(services, runs=False,
+                       error=redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."))
+    resend = submit(http, auth, {"Idempotency-Key": "k5"})
+    assert resend.status_code == 409, resend.get_data(as_text=True)
+    restore()
+    found_again(services)
+    settled = submit(http, auth, {"Idempotency-Key": "k5"})
+    assert settled.status_code == 201 and settled.headers["Idempotent-Replayed"] == "true"
+    assert services.accounts.get(workspace).held == price(services)
+
+
+def test_a_keyed_attempt_that_could_not_connect_is_in_doubt_when_the_key_cannot_be_read(front):
+    """Redis refuses the admission and the read of its key alike: an earlier
+    attempt may hold the key, so the answer is the key's in-doubt 409."""
+    http, auth, services, workspace, lose, restore = front
+    lose(runs=False, read_back=False,
+         error=redis.ConnectionError("Error 111 connecting to 127.0.0.1:6379. Connection refused."))
+    services.store.lost_replies._bounded = type("Refusing", (), {"get": unanswered})()
+    assert submit(http, auth, {"Idempotency-Key": "k6"}).status_code == 409
+    assert submit(http, auth).status_code == 503  # without a key: nothing was carried out
+    assert services.accounts.get(workspace).held == 0

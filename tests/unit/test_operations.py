@@ -81,15 +81,6 @@ def test_metrics_match_known_traffic(http, ops_http, auth, services, workspace):
     assert not [key for key in services.redis.scan_iter(keys.PREFIX + ":completions*")]
 
 
-def test_a_provider_drained_by_an_earlier_version_stays_drained_after_a_sweep(http, auth, services):
-    services.redis.sadd(keys.legacy_draining(), "bfl")  # as an earlier version marked it
-    assert services.store.adopt_legacy_draining() == 1
-    assert submit(http, auth, "p").status_code == 503
-    assert services.store.draining(["bfl", "vertexai"]) == {"bfl"}
-    assert services.redis.exists(keys.legacy_draining()) == 0
-    assert services.store.adopt_legacy_draining() == 0
-
-
 def test_a_draining_provider_admits_nothing_and_says_so(http, auth, services):
     services.store.set_draining("bfl", True)
     refused = submit(http, auth, "during a deploy")

@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+from werkzeug.test import Client
 
 from router_queue.store import keys
 from router_queue.store.outcomes import Admit
@@ -284,6 +285,23 @@ def test_redis_down_is_503_service_unavailable(http, auth, services, request):
     response = submit(http, {"X-API-Key": "rq_uncached"})
     assert_error(response, 503, "service_unavailable")
     assert int(response.headers["Retry-After"]) >= 1
+
+
+def test_a_keyed_submit_the_store_does_not_answer_is_in_doubt_not_503(http, app, services, request):
+    """With an Idempotency-Key a submit is about the key: an earlier send of it
+    may have been admitted while its answer was lost, and a store that does
+    not answer cannot say it was not. The key's in-doubt 409, which a resend
+    settles, on the lane and on Flask's path alike; without a key, 503."""
+    if request.node.callspec.params["client"] != "fakeredis":
+        pytest.skip("simulated with fakeredis")
+    services.redis.connection_pool.connection_kwargs["server"].connected = False
+    for client in (http, Client(app.wsgi_app.flask)):  # the lane, then Flask alone
+        keyed = submit(client, {"X-API-Key": "rq_uncached"}, headers={"Idempotency-Key": "k-down"})
+        assert_error(keyed, 409, "concurrency_limit_exceeded")
+        assert int(keyed.headers["Retry-After"]) >= 1
+        assert_error(submit(client, {"X-API-Key": "rq_uncached"}), 503, "service_unavailable")
+    status = http.get(f"{FLUX}/requests/x/status", headers={"X-API-Key": "rq_uncached", "Idempotency-Key": "k"})
+    assert_error(status, 503, "service_unavailable")  # only a submit is about a key
 
 
 def test_a_full_redis_is_503_with_retry_after_and_readiness_says_why(http, auth, services, request):

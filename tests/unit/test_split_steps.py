@@ -14,13 +14,13 @@ import time
 import pytest
 import requests
 
-from router_queue.errors import RateLimited
+from router_queue.errors import RateLimited, StoreLost
 from router_queue.services import Services
 from router_queue.states import COMPLETED
-from router_queue.store import keys
+from router_queue.store import keys, migrate
 from router_queue.store.admission import ABANDON_AFTER_S, SPLIT_ADMIT_ARGS
 from router_queue.store.gauges import QueueGauges
-from router_queue.store.owed import RECONCILE_AFTER_S, OwedEffects
+from router_queue.store.owed import RECONCILE_AFTER_S
 from router_queue.store.record import Submission
 from router_queue.store.requests import Lease
 from router_queue.store.scripts import argv
@@ -198,24 +198,61 @@ def test_a_process_killed_between_the_steps_loses_nothing_and_charges_once(real_
     assert _ledger(services, ws) == [("hold", PRICE), ("charge", PRICE)]
 
 
-def test_a_request_admitted_before_the_store_was_split_is_given_its_effects_once(services):
+def _split_after(services, client, settings) -> Services:
+    """The store served split from now on, as ``ops migrate-keys`` leaves it:
+    refused until then (its requests have no open entries)."""
+    split = Services.build(settings, client, dispatcher=RecordingDispatcher(), split=True)
+    with pytest.raises(StoreLost, match="router-queue ops migrate-keys"):
+        split.accounts.epoch.check()
+    migrate.migrate(client, split=True)
+    split.accounts.epoch.check()
+    return split
+
+
+def test_a_store_split_from_its_first_workspace_is_served_without_a_migration(split):
+    _admit(split, _workspace(split))
+    split.accounts.epoch.check()  # not refused
+    assert split.redis.get(keys.split_steps()) == b"1"
+
+
+def test_a_request_admitted_before_the_store_was_split_is_given_its_effects_once(services, client, settings):
     ws = _workspace(services)
     started, waiting = _admit(services, ws), _admit(services, ws)
     _claim(services, started)  # its start given by the one-step store
-    services.store.effects = OwedEffects(services.redis, split=True)
+    split = _split_after(services, client, settings)
+    assert split.redis.hgetall(keys.open_requests(ws)) == {started.encode(): b"e", waiting.encode(): b"qe"}
     given = []
-    apply = services.store.effects._apply
-    services.store.effects._apply = lambda provider, owed: given.extend(owed) or apply(provider, owed)
-    _claim(services, waiting)
+    apply = split.store.effects._apply
+    split.store.effects._apply = lambda provider, owed: given.extend(owed) or apply(provider, owed)
+    _claim(split, waiting)
     for request_id in (started, waiting):
-        _complete(services, request_id, output=b"{}", content_type="application/json")
+        _complete(split, request_id, output=b"{}", content_type="application/json")
     assert len(given) == 3
     assert apply(PROVIDER, given) == 0  # every one again, as a sweeper after a lost acknowledgement
-    workspace = services.accounts.get(ws)
+    workspace = split.accounts.get(ws)
     assert (workspace.credits, workspace.held, workspace.queued, workspace.queued_bytes) \
         == (1000 - 2 * PRICE, 0, 0, 0)
-    assert sorted(_ledger(services, ws)) == sorted([("hold", PRICE), ("hold", PRICE), ("charge", PRICE),
-                                                    ("charge", PRICE)])
+    assert sorted(_ledger(split, ws)) == sorted([("hold", PRICE), ("hold", PRICE), ("charge", PRICE),
+                                                 ("charge", PRICE)])
+    assert split.redis.hlen(keys.open_requests(ws)) == 0
+
+
+def test_an_effect_an_earlier_version_owed_for_a_request_admitted_before_the_split_is_given_once(
+        services, client, settings):
+    ws = _workspace(services)
+    waiting = _admit(services, ws)
+    earlier = Services.build(settings, client, dispatcher=RecordingDispatcher(), split=True)
+    earlier.store.effects._apply = lambda provider, owed: 0  # its caller died: the start stays owed
+    _claim(earlier, waiting)
+    [start] = _owed(earlier)
+    client.delete(keys.owed(PROVIDER))
+    client.zadd(keys.owed(PROVIDER), {json.dumps({**start, "unopened": 1}): start["at"]})  # as it was written
+    split = _split_after(services, client, settings)
+    assert _owed(split) == [start] and split.redis.hget(keys.open_requests(ws), waiting) == b"qe"
+    assert split.store.effects.reconcile(PROVIDER, time.time() + RECONCILE_AFTER_S + 1) == 1
+    assert split.accounts.get(ws).queued == 0
+    _complete(split, waiting, output=b"{}", content_type="application/json")
+    assert split.accounts.get(ws).held == 0 and split.redis.hlen(keys.open_requests(ws)) == 0
 
 
 # -- admission in two steps (store/admission.py) --------------------------------------------------
@@ -466,7 +503,8 @@ def test_an_event_of_a_request_admitted_before_the_store_was_split_gives_its_pen
     after = services.ids.mint(ws, MODEL)  # admitted on one Redis, completed split
     assert services.store.admit(Submission(request_id=after, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
                                 price=PRICE, webhook_url=HOOK)).outcome.value == "ADMITTED"
-    split = Services.build(settings, client, dispatcher=RecordingDispatcher(), split=True)
+    split = _split_after(services, client, settings)
+    assert split.redis.hgetall(keys.open_requests(ws)) == {before.encode(): b"w", after.encode(): b"qew"}
     given = []
     apply = split.store.effects._apply
     split.store.effects._apply = lambda provider, owed: given.extend(owed) or apply(provider, owed)

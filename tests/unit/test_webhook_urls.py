@@ -226,6 +226,26 @@ def test_lookups_at_once_are_capped_and_past_the_cap_a_submit_is_503(hooked, htt
     assert submit(http, auth, "https://other.example.com/hook").status_code == 201
 
 
+def test_one_workspaces_lookups_take_at_most_its_share_of_the_places(hooked, http, auth, resolver, monkeypatch):
+    """A tenant whose webhook host's nameserver is a tar pit holds at most
+    MAX_LOOKUPS_PER_HOLDER places: its next lookup is refused (503), and
+    another workspace's submit still gets its lookup and its 201."""
+    monkeypatch.setattr(lookup, "MAX_LOOKUPS", 4)
+    monkeypatch.setattr(lookup, "MAX_LOOKUPS_PER_HOLDER", 2)
+    other = hooked.accounts.create_workspace("other", queue_enabled=True, credits=1000)
+    hooked.accounts.webhook_secret(other, webhook_event.new_secret())
+    other_auth = {"X-API-Key": hooked.accounts.mint_key(other)}
+    resolver.hang = True
+    for n in range(2):  # each abandoned at the budget, its lookup still running
+        assert submit(http, auth, f"https://tarpit-{n}.example.com/hook").status_code == 400
+    busy = submit(http, auth, "https://tarpit-2.example.com/hook")
+    assert_refusal(busy, 503, "service_unavailable", retry_after=True)
+    assert "tarpit-2.example.com" not in resolver.calls  # refused before any lookup
+    resolver.hang = False
+    assert submit(http, other_auth, "https://hooks.example.com/hook").status_code == 201
+    assert lookup.running() == 2  # the tar pit's two, still held; the other's came and went
+
+
 # -- the rate allowance, spent before any lookup ---------------------------------------
 
 

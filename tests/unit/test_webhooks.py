@@ -89,7 +89,8 @@ def test_credentials_in_the_url_and_unresolvable_hosts_are_refused():
 def test_the_signature_verifies_with_standardwebhooks():
     secret = webhook_event.new_secret()
     body = webhook_event.event_body(request_id="r1", model=FLUX, status="COMPLETED", error_type=None,
-                           response_url="https://x/r1", created_at=1.0, started_at=None, completed_at=2.5)
+                           response_url="https://x/r1", created_at=1.0, started_at=None, completed_at=2.5,
+                                    cost={"credits": 60, "state": "charged"})
     headers = webhook_event.signed_headers("msg_r1", body, [secret], int(time.time()))
     event = Webhook(secret).verify(body, headers)
     assert event["request_id"] == "r1" and event["error_type"] is None and event["started_at"] is None
@@ -169,27 +170,6 @@ def test_completion_and_the_owed_event_are_one_step(hooked, http, auth, workspac
     now = time.time()
     assert hooked.webhooks.due(now=now + 1, again_at=now + 31) == [request_id]
     assert hooked.webhooks.due(now=now + 2, again_at=now + 32) == []
-
-
-def test_an_event_is_due_beside_its_requests_provider_and_one_owed_by_an_earlier_version_still_goes(
-        hooked, http, auth):
-    fresh, older = (submit(http, auth, "http://127.0.0.1:9/hook").json["request_id"] for _ in range(2))
-    for request_id in (fresh, older):
-        hooked.store.complete(record_of(hooked, request_id, "bfl"), output=b"{}", content_type="application/json")
-    assert set(hooked.redis.zrange(keys.webhooks_due("bfl"), 0, -1)) == {fresh.encode(), older.encode()}
-    # as an earlier version left it: in the shared due set, its event naming no provider
-    hooked.redis.zrem(keys.webhooks_due("bfl"), older)
-    hooked.redis.zadd(keys.legacy_webhooks_due(), {older: time.time()})
-    hooked.redis.hdel(keys.webhook_event(older), "provider")
-    assert hooked.webhooks.pending() == 2
-    now = time.time()
-    assert sorted(hooked.webhooks.due(now=now + 1, again_at=now + 31)) == sorted([fresh, older])
-    for request_id in (fresh, older):
-        taken = hooked.webhooks.take(request_id, now=now + 40, lease_s=30, token=f"t-{request_id}")
-        assert taken.outcome == "TAKEN", request_id
-        assert hooked.webhooks.record(taken.event, token=f"t-{request_id}", now=now + 41, outcome="delivered",
-                                      status=200, error="", seconds=0.1, next_at=None) == "DELIVERED"
-    assert hooked.webhooks.pending() == 0 and not hooked.webhooks.owed(older)
 
 
 def test_no_url_no_event(hooked, http, auth):

@@ -38,8 +38,7 @@
 
 local now = tonumber(ARGV[ARG_NOW])
 local rec = redis.call("HMGET", KEYS[1], "status", "created_at", "successor", "lease_until", "takeovers",
-  "handed_back", "workspace", "seq", "priority", "start_deadline_at", "deadline_at", "webhook_url", "webhook_events",
-  "open")
+  "handed_back", "workspace", "seq", "priority", "start_deadline_at", "deadline_at", "webhook_url", "webhook_events")
 local status = rec[1]
 if not status then
   return {"MISSING"}
@@ -96,7 +95,7 @@ if status == "IN_QUEUE" then
   end
   local e = ws_effects(ARGV[ARG_ID], ARGV[ARG_NOW])
   e.queued = 1  -- it no longer waits (lib.lua)
-  owe_ws(ws_target({ws_id = rec[7]}, KEYS[5], KEYS[6], ARGV[ARG_SPLIT]), e, "start", rec[14])
+  owe_ws(ws_target({ws_id = rec[7]}, KEYS[5], KEYS[6], ARGV[ARG_SPLIT]), e, "start")
   redis.call("ZREM", KEYS[2], ARGV[ARG_ID])
   redis.call("ZREM", S.base .. ":granted", ARGV[ARG_ID])
   lease({"status", "IN_PROGRESS", "started_at", ARGV[ARG_NOW]})

@@ -92,7 +92,7 @@ redis.call("EXPIRE", KEYS[1], ARGV[ARG_RETENTION])
 drop_body(KEYS[11], ARGV[ARG_RETENTION], ARGV[ARG_ERROR_TYPE] ~= "", rec, e, rec.workspace, ARGV[ARG_NOW])
 forget_deadlines(KEYS[10], ARGV[ARG_ID], rec)
 owe_webhook(KEYS[1], e, ARGV[ARG_ID], ARGV[ARG_NOW], rec)
-owe_ws(ws_target({ws_id = rec.workspace}, KEYS[7], KEYS[8], ARGV[ARG_SPLIT]), e, "end", rec.open)
+owe_ws(ws_target({ws_id = rec.workspace}, KEYS[7], KEYS[8], ARGV[ARG_SPLIT]), e, "end")
 announce_completed(ARGV[ARG_ID])
 
 -- Pace estimates for Retry-After: moving averages (weight 0.2) of run time

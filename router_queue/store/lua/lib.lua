@@ -49,7 +49,7 @@ end
 --: The record's fields a request's ending reads (settle, give_back_body,
 --: forget_deadlines, owe_webhook), read once by whatever ends it.
 local ENDING_FIELDS = {"hold", "cost_state", "price", "body_bytes", "start_deadline_at", "deadline_at",
-  "webhook_url", "webhook_events", "webhook_counted", "webhook_final", "open", "body_of", "provider"}
+  "webhook_url", "webhook_events", "webhook_counted", "webhook_final", "body_of", "provider"}
 
 -- ---------------------------------------------------------------------------
 -- What a request gives back to its workspace when it starts (it no longer
@@ -250,17 +250,12 @@ local OWED = {}
 -- "webhook": its last webhook event ended after it did) to its workspace
 -- (k.ws_id): at once, or owed (ws_target). An owed end is owed even when it
 -- gives nothing back: it closes the request's open entry.
--- `opened`: the record's "open" (admitted with an open entry; absent on a
--- request admitted before its store was split, ws_settle.lua's "unopened").
-local function owe_ws(k, e, kind, opened)
+local function owe_ws(k, e, kind)
   if not k.owed then
     ws_apply(k.ws, k.ledger, e)
     return
   end
   e.ws, e.kind = k.ws_id, kind
-  if not opened then
-    e.unopened = 1
-  end
   local owed = cjson.encode(e)
   redis.call("ZADD", k.owed, e.at, owed)
   OWED[#OWED + 1] = owed
@@ -867,19 +862,9 @@ local function webhook_snapshot(req_key, request_id, kind, msg_id, now)
   return event
 end
 
--- The due set of the request's provider (keys.py, webhooks_due) that
--- `event` (a snapshot) is published from: its own provider's; an event owed
--- before snapshots named it, `otherwise` (the caller's, which holds it).
-local function webhook_due_key(event, otherwise)
-  if event.provider and event.provider ~= "" then
-    return key_webhooks_due(event.request_id, event.provider)
-  end
-  return otherwise
-end
-
--- The head becomes `event` (a snapshot), due now; its workspace's count
--- ("counted") stays where it is. otherwise: as webhook_due_key's.
-local function webhook_start(event_key, event, now, otherwise)
+-- The head becomes `event` (a snapshot), due now, in its provider's due set
+-- (keys.py, webhooks_due); its workspace's count ("counted") stays where it is.
+local function webhook_start(event_key, event, now)
   redis.call("HDEL", event_key, unpack(WEBHOOK_ATTEMPT_FIELDS))
   for _, name in ipairs(WEBHOOK_LISTED) do
     redis.call("HDEL", event_key, SNAPSHOT_PREFIX .. name)  -- the event before's, which this one may lack
@@ -891,7 +876,7 @@ local function webhook_start(event_key, event, now, otherwise)
     fields[#fields + 1] = value
   end
   redis.call("HSET", event_key, unpack(fields))
-  redis.call("ZADD", webhook_due_key(event, otherwise), now, event.request_id)
+  redis.call("ZADD", key_webhooks_due(event.request_id, event.provider), now, event.request_id)
 end
 
 -- Owe `event`: it becomes the head when none is pending ("DUE": publish it),
@@ -924,8 +909,7 @@ local function owe_event(event, now)
 end
 
 -- Give back the workspace's pending-webhook count the request holds, once
--- (e.webhooks: ws_apply). Returns the event's "counted" as it was: "open"
--- when the request has an open entry (owe_webhook), false when it held none.
+-- (e.webhooks: ws_apply). Returns whether it held one (owe_webhook's "counted").
 local function webhook_uncount(event_key, e)
   local counted = redis.call("HGET", event_key, "counted")
   if counted then
@@ -946,14 +930,14 @@ local function webhook_ended(event_key, k, due_key, request_id, state, now, keep
   redis.call("ZREM", due_key, request_id)
   local raw = redis.call("LPOP", event_key .. KEY_WEBHOOK_NEXT)
   if raw then
-    webhook_start(event_key, cjson.decode(raw), now, due_key)
+    webhook_start(event_key, cjson.decode(raw), now)
     return true
   end
   redis.call("EXPIRE", event_key, keep)
   local e = ws_effects(request_id, now)
   local counted = webhook_uncount(event_key, e)
   if counted then
-    owe_ws(k, e, "webhook", counted == "open")
+    owe_ws(k, e, "webhook")
   end
   return false
 end
@@ -974,8 +958,8 @@ local function owe_webhook(req_key, e, request_id, now, rec)
     owe_event(webhook_snapshot(req_key, request_id, "completed", webhook_id(request_id), now), now)
   end
   if rec.webhook_counted == "1" then
-    -- "open": its count goes back through its open entry's "w" (a split store's)
-    redis.call("HSET", event_key, "counted", rec.open and "open" or 1)
+    -- on a split store its count goes back through its open entry's "w"
+    redis.call("HSET", event_key, "counted", 1)
     if redis.call("HGET", event_key, "state") ~= "pending" then
       webhook_uncount(event_key, e)
     end
@@ -1052,7 +1036,7 @@ local function finish_unbilled(k, S, request_id, now, retention, was_queued, err
   drop_body(k.body, retention, true, rec, e, k.ws_id, now)
   forget_deadlines(k.deadlines, request_id, rec)
   owe_webhook(k.req, e, request_id, now, rec)
-  owe_ws(k, e, "end", rec.open)
+  owe_ws(k, e, "end")
   announce_completed(request_id)
 end
 

@@ -6,13 +6,9 @@
 -- ("w": its last webhook event ended after the request did; lib.lua,
 -- webhook_ended). W:open says what the request still owes, so
 -- each is applied once whoever applies it (the caller of the step, or the
--- sweeper for a caller that died), and in whichever order they arrive. A
--- request admitted before its store was split has no entry ("unopened"): its
--- first effect opens one as admission would have, and its entry stays once
--- nothing is owed ("", or "q" for a start an earlier version gave), so a
--- second is still refused: one field per request in flight at the upgrade.
--- Such a request's pending webhook is given once by the "W" it leaves in
--- the entry (an entry an earlier version opened has no "w" to take).
+-- sweeper for a caller that died), and in whichever order they arrive. Every
+-- request has its entry (admission writes it; `ops migrate-keys` for one
+-- admitted before its store was split): an effect with no entry was applied.
 --
 -- KEYS[1] W:ws  KEYS[2] W:ledger  KEYS[3] W:open
 -- ARGV[1] the effect (JSON: lib.lua, ws_effects, with ws and kind)
@@ -21,25 +17,14 @@
 
 local e = cjson.decode(ARGV[1])
 local open = redis.call("HGET", KEYS[3], e.request_id)
-if not open and e.unopened then
-  open = "qew"
-end
 if not open then
   return 0
 end
-local left
-if e.kind == "webhook" and e.unopened then
-  if string.find(open, "W", 1, true) then
-    return 0
-  end
-  left = string.gsub(open, "w", "") .. "W"
-else
-  local owes = ({start = "q", ["end"] = "e", webhook = "w"})[e.kind]
-  if not string.find(open, owes, 1, true) then
-    return 0
-  end
-  left = string.gsub(open, owes, "")
+local owes = ({start = "q", ["end"] = "e", webhook = "w"})[e.kind]
+if not string.find(open, owes, 1, true) then
+  return 0
 end
+local left = string.gsub(open, owes, "")
 if e.kind == "end" then
   if e.queued then
     if string.find(left, "q", 1, true) then
@@ -53,7 +38,7 @@ if e.kind == "end" then
   end
 end
 ws_apply(KEYS[1], KEYS[2], e)
-if not string.find(left, "[qew]") and not e.unopened then
+if not string.find(left, "[qew]") then
   redis.call("HDEL", KEYS[3], e.request_id)
 else
   redis.call("HSET", KEYS[3], e.request_id, left)

@@ -1,0 +1,197 @@
+"""Rewriting what an earlier version wrote in a shape only it read, as today's
+version writes it (``router-queue ops migrate-keys``, after ``migrate.py``
+renamed the keys; the service stopped): the shared draining set becomes the
+schedules' marks; the shared webhook due set's events move to their
+providers' own, each event (and each queued behind it) naming its provider;
+a record completed before costs were kept is given its cost, an event owed
+before then its request's; on a store to be served split, each request
+admitted before it was split is given the open entry admission would have
+written. Each step finds nothing left on a second run; the
+layout marker is written after them (``migrate.py``), and a process refuses
+a store without it (``epoch.py``). In full: ``docs/ARCHITECTURE.md``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import redis
+from redis.cluster import RedisCluster
+
+from ..states import COMPLETED, IN_QUEUE
+from . import keys
+
+#: Where an earlier version marked the draining providers (a set).
+OLD_DRAINING = f"{keys.PREFIX}:draining"
+#: Where an earlier version kept every provider's pending webhook events
+#: (request id by when due; the events named no provider).
+OLD_WEBHOOKS_DUE = f"{keys.PREFIX}:webhooks:due"
+#: A request's record, and its webhook events (the one being delivered, a
+#: hash; those queued behind it, a list ending ``:next``), under any tag.
+RECORDS = "*}:req:*"
+WEBHOOK_EVENTS = "*}:webhook:*"
+#: A provider's workspace effects owed by a split store's steps (``keys.owed``).
+OWED = "*}:owed:*"
+#: An owed effect's kind, by what of the open entry it gives.
+_OWES = {"start": "q", "end": "e", "webhook": "w"}
+
+
+@dataclass
+class Rewritten:
+    #: Providers moved from the shared draining set to their schedules.
+    draining: int = 0
+    #: Events moved from the shared due set to their providers'.
+    due: int = 0
+    #: Completed records given their cost.
+    records: int = 0
+    #: Webhook events (being delivered or queued) given a provider or a cost.
+    events: int = 0
+    #: Requests admitted before the store was split, given their open entry.
+    opened: int = 0
+
+
+def rewrite(client: redis.Redis, batch: int = 1000, *, split: bool = False) -> Rewritten:
+    """Every step above, in order: records before the events that take
+    their cost, events named before they move; open entries last, from the
+    records and the effects still owed."""
+    done = Rewritten(draining=_adopt_draining(client))
+    done.records = _scan(client, RECORDS, batch, lambda key: _give_cost(client, key))
+    done.events = _scan(client, WEBHOOK_EVENTS, batch, lambda key: _complete_event(client, key))
+    done.due = _move_shared_due_set(client)
+    if split:
+        owing: dict[str, str] = {}
+        _scan(client, OWED, batch, lambda key: _mark_owed(client, key, owing))
+        done.opened = _scan(client, RECORDS, batch, lambda key: _open(client, key, owing))
+    return done
+
+
+def _adopt_draining(client: redis.Redis) -> int:
+    drained = [member.decode() for member in client.smembers(OLD_DRAINING)]
+    for provider in drained:
+        client.hset(keys.schedule(provider), "draining", "1")  # as RequestStore.set_draining marks it
+    client.delete(OLD_DRAINING)
+    return len(drained)
+
+
+def _scan(client: redis.Redis, match: str, batch: int, each: Callable[[str], bool]) -> int:
+    """``each`` of every key matching ``match``, on every primary; how many it rewrote."""
+    nodes = ([client.get_redis_connection(node) for node in client.get_primaries()]
+             if isinstance(client, RedisCluster) else [client])
+    return sum(each(key.decode()) for node in nodes for key in node.scan_iter(match=match, count=batch))
+
+
+def _int(value: Any) -> int:
+    return int(float(value)) if value else 0
+
+
+def _give_cost(client: redis.Redis, key: str) -> bool:
+    """A record completed before costs were kept: charged what it was
+    charged, else released (what a release gave back was not kept)."""
+    status, state, charged = client.hmget(key, "status", "cost_state", "charged")
+    if status != COMPLETED.encode() or state:
+        return False
+    credits = _int(charged)
+    client.hset(key, mapping={"cost_state": "charged" if credits else "released", "price": credits})
+    return True
+
+
+def _cost_of(client: redis.Redis, request_id: str, status: str) -> tuple[int, str]:
+    """A request's cost as its record reads now (``requests._cost``); for a
+    record gone, nothing: released once it completed, else held."""
+    price, state, hold = client.hmget(keys.request(request_id), "price", "cost_state", "hold")
+    if state:
+        return _int(price), state.decode()
+    if hold is not None:
+        return _int(hold), "held"
+    return 0, "released" if status == COMPLETED else "held"
+
+
+def _completed(client: redis.Redis, request_id: str, event: dict[str, str]) -> dict[str, str]:
+    """What ``event`` (a snapshot's fields) lacks of today's: its provider
+    (its record's, else its model's) and its cost."""
+    missing = {}
+    if not event.get("provider"):
+        provider = client.hget(keys.request(request_id), "provider")
+        missing["provider"] = provider.decode() if provider else event.get("model", "").partition("/")[0]
+    if not event.get("cost_state"):
+        credits, state = _cost_of(client, request_id, event.get("status", COMPLETED))
+        missing.update(cost_credits=str(credits), cost_state=state)
+    return missing
+
+
+def _complete_event(client: redis.Redis, key: str) -> bool:
+    """The event ``key`` holds (a hash), or those queued behind one (a list),
+    given what it lacks; the shared due set's own keys are left."""
+    path = key.partition("}:")[2]
+    request_id = path.removeprefix("webhook:").removesuffix(":next")
+    if path.startswith("webhook:due:") or ":" in request_id:
+        return False
+    if key.endswith(":next"):
+        rewritten = False
+        for index, raw in enumerate(client.lrange(key, 0, -1)):
+            queued = json.loads(raw)
+            missing = _completed(client, request_id, queued)
+            if missing:
+                client.lset(key, index, json.dumps({**queued, **missing}))
+                rewritten = True
+        return rewritten
+    event = {k.decode(): v.decode() for k, v in client.hgetall(key).items()}
+    missing = _completed(client, request_id, event) if event else {}
+    if missing:
+        client.hset(key, mapping=missing)
+    return bool(missing)
+
+
+def _move_shared_due_set(client: redis.Redis) -> int:
+    """Each event the shared due set holds, to its provider's (at the same
+    time); one whose event is gone is dropped."""
+    moved = 0
+    for member, due_at in client.zrange(OLD_WEBHOOKS_DUE, 0, -1, withscores=True):
+        request_id = member.decode()
+        provider = client.hget(keys.webhook_event(request_id), "provider")
+        if provider:
+            client.zadd(keys.webhooks_due(provider.decode(), request_id), {request_id: due_at})
+            moved += 1
+        client.zrem(OLD_WEBHOOKS_DUE, member)
+    return moved
+
+
+def _mark_owed(client: redis.Redis, key: str, owing: dict[str, str]) -> bool:
+    """Note what each effect a provider still owes gives (``owing``: request
+    id -> "q", "e", "w"), and drop its earlier version's "unopened" mark (the
+    request is given its entry before the effect is applied)."""
+    for member, at in client.zrange(key, 0, -1, withscores=True):
+        effect = json.loads(member)
+        owing[effect["request_id"]] = owing.get(effect["request_id"], "") + _OWES[effect["kind"]] + (
+            "q" if effect["kind"] == "end" and effect.get("queued") else "")
+        if effect.pop("unopened", None) is not None:
+            client.zrem(key, member)
+            client.zadd(key, {json.dumps(effect): at})
+    return False
+
+
+def _open(client: redis.Redis, key: str, owing: dict[str, str]) -> bool:
+    """A request admitted before its store was split: the open entry its
+    admission would have written, less what its workspace was given since
+    (the record's state says what; an effect still owed is still owed), and
+    its record's mark. An entry an earlier version opened at its first
+    effect is replaced; its "W" said its webhook was given."""
+    status, workspace, opened, webhook = client.hmget(key, "status", "workspace", "open", "webhook_counted")
+    if status is None or opened or not workspace:
+        return False
+    request_id, entries = key.rpartition(":")[2], keys.open_requests(workspace.decode())
+    earlier = (client.hget(entries, request_id) or b"").decode()
+    completed = status == COMPLETED.encode()
+    counted = webhook == b"1" and (not completed or client.hexists(keys.webhook_event(request_id), "counted"))
+    owed = ("q" if status == IN_QUEUE.encode() else "") + ("" if completed else "e") + ("w" if counted else "")
+    owed = "".join(kind for kind in "qew" if kind in owed + owing.get(request_id, ""))
+    if "W" in earlier:
+        owed = owed.replace("w", "")
+    if owed:
+        client.hset(entries, request_id, owed)
+    else:
+        client.hdel(entries, request_id)
+    client.hset(key, "open", 1)
+    return True
