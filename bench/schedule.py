@@ -6,6 +6,8 @@ import json
 import time
 import uuid
 
+from router_queue.store.record import Submission
+
 from . import core
 from .core import Context, MeasurementError, emit, log, phase
 
@@ -70,7 +72,8 @@ def seed_behind(services, entry, ahead: int, workspace_count: int, body: str) ->
     # the slot holder: admitted in a workspace of its own and claimed, so nothing else is granted
     holder_ws = core.new_workspace(services, "bench-holder-0")
     holder_id = services.ids.mint(holder_ws, entry.id)
-    holder = store.admit(request_id=holder_id, workspace=holder_ws, model=entry.id, provider=entry.provider, body=body)
+    holder = store.admit(Submission(request_id=holder_id, workspace=holder_ws, model=entry.id,
+                                    provider=entry.provider, body=body))
     if holder.outcome != "ADMITTED" or holder.position != 0:
         raise MeasurementError(f"the slot holder was not granted at once: {holder}")
     if (code := store.claim(store.load(holder_id)[0], bench_lease())) != "CLAIMED":
@@ -78,8 +81,8 @@ def seed_behind(services, entry, ahead: int, workspace_count: int, body: str) ->
     workspaces = [core.new_workspace(services, f"bench-depth-{n}") for n in range(max(1, min(workspace_count, ahead)))]
     seed_spread(services, workspaces, entry, ahead, body)
     request_id = services.ids.mint(workspaces[0], entry.id)
-    admission = store.admit(request_id=request_id, workspace=workspaces[0], model=entry.id,
-                            provider=entry.provider, body=body)
+    admission = store.admit(Submission(request_id=request_id, workspace=workspaces[0], model=entry.id,
+                                       provider=entry.provider, body=body))
     counts = core.schedule_counts(services.redis, entry.provider)
     if admission.position != ahead or counts["running"] != 1 or counts["granted"] != 0:
         raise MeasurementError(f"the target: {admission.outcome} at position {admission.position}, expected "
@@ -148,9 +151,9 @@ def measure_waiting_memory(ctx: Context) -> None:
     body = json.dumps({"prompt": "a red teapot on a windowsill, morning light, " + "x" * 60})
 
     def admit(n: int) -> None:
-        outcome = services.store.admit(request_id=services.ids.mint(workspace, core.MODEL_ID), workspace=workspace,
-                                       model=core.MODEL_ID, provider="bfl", body=body, price=60,
-                                       fingerprint=f"{n:064x}", idempotency_key_hash=f"{n:064x}")
+        outcome = services.store.admit(Submission(
+            request_id=services.ids.mint(workspace, core.MODEL_ID), workspace=workspace, model=core.MODEL_ID,
+            provider="bfl", body=body, price=60, fingerprint=f"{n:064x}", idempotency_key_hash=f"{n:064x}"))
         if outcome.outcome != "ADMITTED":
             raise MeasurementError(f"waiting_memory: admission answered {outcome.outcome}")
 

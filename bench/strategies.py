@@ -9,6 +9,7 @@ import time
 
 from router_queue.services import Services
 from router_queue.settings import Settings
+from router_queue.store.record import Submission
 
 from . import core
 from .core import Context, MeasurementError, emit, log, phase
@@ -45,8 +46,9 @@ class Path:
             self.turn += 1
             request_id = self.services.ids.mint(workspace, self.entry.id)
             began = time.perf_counter()
-            admission = store.admit(request_id=request_id, workspace=workspace, model=self.entry.id,
-                                    provider=self.entry.provider, body=BODY, price=self.entry.price_credits)
+            admission = store.admit(Submission(request_id=request_id, workspace=workspace, model=self.entry.id,
+                                               provider=self.entry.provider, body=BODY,
+                                               price=self.entry.price_credits))
             admit_s.append(time.perf_counter() - began)
             if admission.outcome != "ADMITTED" or admission.position != 0:
                 raise MeasurementError(f"{self.label}: admission answered {admission}")

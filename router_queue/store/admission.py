@@ -24,16 +24,18 @@ from ..blobs.pointers import BodyPointer, body_size
 from . import keys
 from .connect import UNREACHABLE, NotAdmitted, Unsent, bounded, never_sent
 from .objects import POINTER_MAX_BYTES
+from .record import ADMITTED
 from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
 
-#: admit.lua's ARGV by name, in order (its header says what each holds).
-ADMIT_ARGS = ("body", "id", "workspace", "model", "provider", "now", "fingerprint", "idem_ttl", "require_enabled",
-              "grant_until", "price", "max_queued", "template", "cap", "priority", "write_deadline", "webhook_url",
-              "response_url", "max_queued_bytes", "max_pending_webhooks", "retry_of", "start_deadline_at",
-              "deadline_at", "traceparent", "webhook_events", "retention", "max_stored_bytes", "retry_max",
-              "ledger_keep")
+#: admit.lua's ARGV by name, in order (its header says what each holds): the
+#: fields admission carries from the submission into the record, as
+#: ``record.py`` declares them, then what steers the admission.
+ADMIT_ARGS = (*(f.name for f in ADMITTED), "body", "now", "fingerprint", "idem_ttl", "require_enabled",
+              "grant_until", "price", "max_queued", "template", "cap", "write_deadline", "webhook_url",
+              "response_url", "max_queued_bytes", "max_pending_webhooks", "webhook_events", "retention",
+              "max_stored_bytes", "retry_max", "ledger_keep")
 #: The split steps' (admit_ws.lua, admit_place.lua): admit.lua's, and the
 #: body's bytes (the workspace's step is not sent the body), the workspace's
 #: step's answer and the pending member (the provider's step's).

@@ -26,19 +26,13 @@ from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
 from .owed import OwedEffects
 from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_STORED_BYTES
 from .rate_counts import SyncedRateCounts
+from .record import READ_NAMES, RequestRecord, Submission, admitted_values
 from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
 
-#: The record's fields every read takes, in this order. status.lua is told
-#: where the fields it reads are (_STATUS_FIELD_ARGS): add new fields at the
-#: end, and unpack them in ``RequestRecord.from_values``.
-_FIELDS = (
-    "id", "workspace", "model", "provider", "status", "created_at", "started_at",
-    "completed_at", "error_type", "detail", "content_type", "cancel_requested",
-    "attempts", "upstream_ref", "progress", "webhook_url", "start_deadline_at", "deadline_at", "retry_of",
-    "price", "cost_state", "hold", "charged",
-)
+#: The record's fields every read takes, in this order (declared in ``record.py``).
+_FIELDS = READ_NAMES
 
 _PACE_FIELDS = ("avg_run_s", "avg_gap_s")
 #: A result's pointer into the object store, on its record (complete.lua).
@@ -117,106 +111,12 @@ def _maybe_text(value: bytes | str | None) -> str | None:
     return None if value is None else _text(value)
 
 
-def _seconds(value: bytes | None) -> float | None:
-    return float(value) if value else None
-
-
-#: A request's cost as the caller sees it: its credits are held from its
-#: admission, then charged or released with the ledger's entry (lib.lua, settle).
-HELD, CHARGED, RELEASED = "held", "charged", "released"
-
-
-@dataclass(frozen=True)
-class Cost:
-    """What a request costs: ``credits`` and whether they are held, charged or released."""
-
-    credits: int
-    state: str
-
-    def as_json(self) -> dict[str, Any]:
-        return {"credits": self.credits, "state": self.state}
-
-
 def _int(value: Any) -> int:
     return int(float(value)) if value else 0
 
 
-def _cost(price: Any, state: Any, hold: Any) -> Cost:
-    """From the record's fields: settled, its ``cost_state`` and ``price``
-    (lib.lua, settle); else held, its hold."""
-    if state:
-        return Cost(_int(price), state.decode())
-    return Cost(_int(hold), HELD)
-
-
-@dataclass(frozen=True)
-class RequestRecord:
-    """What the front door and workers read about one request."""
-
-    id: str
-    workspace: str
-    model: str
-    provider: str
-    status: str
-    created_at: float
-    started_at: float | None = None
-    completed_at: float | None = None
-    error_type: str | None = None
-    detail: str | None = None
-    content_type: str | None = None
-    cancel_requested: bool = False
-    #: Provider calls made so far that failed in a way worth retrying.
-    attempts: int = 0
-    #: The provider's handle on a submitted generation (JSON), for resuming.
-    upstream_ref: str | None = None
-    #: Seconds until Redis drops the record (set once COMPLETED), else None.
-    ttl_s: int | None = None
-    #: How far the provider said the generation was, 0..1, when it says so.
-    progress: float | None = None
-    #: Where its completion's event goes (its own or its workspace's default), if anywhere.
-    webhook_url: str | None = None
-    #: The caller's deadlines (Unix s): not started by the first, it ends
-    #: queue_timeout; not completed by the second, it is cancelled.
-    start_deadline_at: float | None = None
-    deadline_at: float | None = None
-    #: The failed request this one submits again (the retry route).
-    retry_of: str | None = None
-    #: Its credits, held, charged or released (agrees with the ledger).
-    cost: Cost = Cost(0, HELD)
-
-    @classmethod
-    def from_values(cls, values: list[Any], ttl: int | None = None) -> "RequestRecord | None":
-        """From an ``HMGET`` of :data:`_FIELDS` (bytes or None each). Every
-        status poll makes one, so the fields are unpacked by position."""
-        (id_, workspace, model, provider, status, created_at, started_at, completed_at, error_type, detail,
-         content_type, cancel_requested, attempts, upstream_ref, progress, webhook_url, start_deadline_at,
-         deadline_at, retry_of, price, cost_state, hold, charged) = values
-        if status is None:
-            return None
-        status = status.decode()
-        return cls(
-            id=id_.decode() if id_ else "",
-            workspace=workspace.decode() if workspace else "",
-            model=model.decode() if model else "",
-            provider=provider.decode() if provider else "",
-            status=status,
-            created_at=float(created_at or 0),
-            started_at=float(started_at) if started_at else None,
-            completed_at=float(completed_at) if completed_at else None,
-            error_type=error_type.decode() if error_type else None,
-            detail=None if detail is None else detail.decode(),
-            content_type=None if content_type is None else content_type.decode(),
-            cancel_requested=bool(cancel_requested),
-            attempts=int(attempts or 0),
-            upstream_ref=None if upstream_ref is None else upstream_ref.decode(),
-            ttl_s=ttl if ttl is not None and ttl >= 0 else None,
-            progress=float(progress) if progress else None,
-            webhook_url=webhook_url.decode() if webhook_url else None,
-            start_deadline_at=float(start_deadline_at) if start_deadline_at else None,
-            deadline_at=float(deadline_at) if deadline_at else None,
-            retry_of=retry_of.decode() if retry_of else None,
-            cost=_cost(price, cost_state, hold),
-        )
+def _seconds(value: bytes | None) -> float | None:
+    return float(value) if value else None
 
 
 @dataclass(frozen=True)
@@ -444,57 +344,29 @@ class RequestStore:
         self._purge = load_script(client, "purge")
 
     # -- front door --------------------------------------------------------
-    def admit(
-        self,
-        *,
-        request_id: str,
-        workspace: str,
-        model: str,
-        provider: str,
-        body: str,
-        fingerprint: str = "",
-        idempotency_key_hash: str = "",
-        require_enabled: bool = True,
-        price: int = 0,
-        now: float | None = None,
-        rate=None,
-        priority: str = "normal",
-        webhook_url: str = "",
-        response_url: str = "",
-        retry_of: str = "",
-        start_deadline_at: float | None = None,
-        deadline_at: float | None = None,
-        traceparent: str = "",
-        webhook_events: str = "",
-    ) -> Admission:
-        """One atomic admission (``admit.lua``): the record, its place in the
-        provider's schedule, and a slot with its Celery message when one is
-        free. ``rate`` (a ``ratelimit.Allowance``) is counted first; a spent
-        window raises the refusal it makes. ``webhook_url`` (checked by the
-        caller; "" for the workspace's default, if any) gets the request's
-        events, which name ``response_url``: ``webhook_events`` (canonical,
-        ``webhooks.event.parse_events``; "" for the workspace's default, else
-        "completed"). ``retry_of``: this request submits
-        that failed request's kept body again (``body`` is ignored).
-        ``start_deadline_at`` and ``deadline_at`` (Unix s) are the caller's.
-        ``traceparent`` (tracing.py) is kept on the record for its deliveries
-        and webhook attempts. A lost reply is read back (``LostReplies``)."""
+    def admit(self, submission: Submission, rate=None) -> Admission:
+        """One atomic admission of ``submission`` (``admit.lua``): the record,
+        its place in the provider's schedule, and a slot with its Celery
+        message when one is free. ``rate`` (a ``ratelimit.Allowance``) is
+        counted first; a spent window raises the refusal it makes. A lost
+        reply is read back (``LostReplies``)."""
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
-        idem_key = keys.idempotency(workspace, idempotency_key_hash or "-")
-        now = now or time.time()
+        request_id, workspace, model, provider = (submission.request_id, submission.workspace, submission.model,
+                                                  submission.provider)
+        retry_of = submission.retry_of
+        idem_key = keys.idempotency(workspace, submission.idempotency_key_hash or "-")
+        now = submission.now or time.time()
         list_key, template, cap, grant_until = self._granting(provider, now)
         values = dict(
-            body=body, id=request_id, workspace=workspace, model=model, provider=provider,
-            now=repr(now), fingerprint=fingerprint if idempotency_key_hash else "",
-            idem_ttl=self.idempotency_ttl_s, require_enabled="1" if require_enabled else "0",
-            grant_until=grant_until, price=int(price), max_queued=self.max_queued, template=template,
-            cap=cap, priority=priority, write_deadline=self._deadline(now), webhook_url=webhook_url,
-            response_url=response_url, max_queued_bytes=self.max_queued_bytes,
-            max_pending_webhooks=self.max_pending_webhooks, retry_of=retry_of,
-            start_deadline_at="" if start_deadline_at is None else repr(start_deadline_at),
-            deadline_at="" if deadline_at is None else repr(deadline_at),
-            traceparent=traceparent, webhook_events=webhook_events, retention=self.retention_s,
-            max_stored_bytes=self.max_stored_bytes, retry_max=self.retry_max,
+            admitted_values(submission),
+            body=submission.body, now=repr(now),
+            fingerprint=submission.fingerprint if submission.idempotency_key_hash else "",
+            idem_ttl=self.idempotency_ttl_s, require_enabled="1" if submission.require_enabled else "0",
+            grant_until=grant_until, price=int(submission.price), max_queued=self.max_queued, template=template,
+            cap=cap, write_deadline=self._deadline(now), webhook_url=submission.webhook_url,
+            response_url=submission.response_url, max_queued_bytes=self.max_queued_bytes,
+            max_pending_webhooks=self.max_pending_webhooks, webhook_events=submission.webhook_events,
+            retention=self.retention_s, max_stored_bytes=self.max_stored_bytes, retry_max=self.retry_max,
             ledger_keep=self.ledger_retention_s,
         )
         original = retry_of or request_id
@@ -517,7 +389,7 @@ class RequestStore:
                     args=[*argv(ADMIT_ARGS, **values), *rate_args],
                 )
             except UNREACHABLE as exc:  # sent, and no reply: Redis may have run it
-                reply = self.lost_replies.reply(exc, values, idem_key if idempotency_key_hash else None)
+                reply = self.lost_replies.reply(exc, values, idem_key if submission.idempotency_key_hash else None)
         code = Admit(_text(reply[0]))
         if code is Admit.RATE_LIMITED:
             raise rate.refusal(reply[1:])

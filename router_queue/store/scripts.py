@@ -1,6 +1,7 @@
 """The Lua scripts, assembled for Redis: each script's text after its
 arguments' names and the part of the key layout (``keys.lua_layout``), of
-the webhook id (``webhook_ids.lua_webhook_id``) and of ``lua/lib.lua`` it uses."""
+the webhook id (``webhook_ids.lua_webhook_id``), of the record's fields
+(``record.py``) and of ``lua/lib.lua`` it uses."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import redis
 
 from . import keys
 from .cluster import register_script
+from .record import lua_admitted_fields, lua_webhook_listed
 from .webhook_ids import lua_webhook_id
 
 
@@ -52,6 +54,14 @@ def _lib_definitions() -> tuple[tuple[str, str], ...]:
     return _definitions(_lua("lib.lua"))
 
 
+def _generated_definitions() -> tuple[tuple[str, str], ...]:
+    """What Python declares and the scripts use, as Lua (name, text) per
+    definition: the key layout, the webhook id, the record's fields that
+    admission writes and that webhook events list (``record.py``)."""
+    return (_definitions(keys.lua_layout()) + _definitions(lua_webhook_id())
+            + _definitions(lua_admitted_fields()) + _definitions(lua_webhook_listed()))
+
+
 def lib_for(body: str) -> str:
     """The part of lib.lua that ``body`` uses: its definitions ``body`` names,
     and those they name, in lib.lua's order. Redis runs a script's whole text
@@ -60,7 +70,7 @@ def lib_for(body: str) -> str:
     pays for what it uses. A definition is a top-level ``local`` and the
     lines down to the next one; names are matched as whole words outside
     comments (lib.lua has no "--" inside a string)."""
-    chunks = _definitions(keys.lua_layout()) + _definitions(lua_webhook_id()) + _lib_definitions()
+    chunks = _generated_definitions() + _lib_definitions()
     wanted: set[str] = set()
     pending = [body]
     while pending:

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import redis
@@ -24,6 +24,7 @@ import redis
 from ..urls import origin
 from . import keys
 from .owed import OwedEffects
+from .record import snapshot_listed
 from .scripts import argv, load_script
 from .webhook_ids import webhook_id
 
@@ -83,6 +84,8 @@ class WebhookEvent:
     msg_id: str = ""
     #: How far the generation was, on a progress event.
     progress: float | None = None
+    #: The fields ``record.py`` lists on webhook events, as the event shows them.
+    listed: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_fields(cls, fields: dict[str, str]) -> "WebhookEvent":
@@ -97,7 +100,7 @@ class WebhookEvent:
             event=fields.get("type") or "completed", msg_id=fields.get("msg_id") or webhook_id(fields["request_id"]),
             progress=_float(fields.get("progress")),
             cost={"credits": int(float(fields.get("cost_credits") or 0)), "state": fields["cost_state"]},
-            provider=fields["provider"],
+            provider=fields["provider"], listed=snapshot_listed(fields),
         )
 
 

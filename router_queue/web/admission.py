@@ -39,7 +39,8 @@ from ..services import Services
 from ..store.apikeys import is_legacy_namespace
 from ..store.connect import Unsent
 from ..store.outcomes import Admit
-from ..store.requests import PRIORITIES
+from ..store.record import Submission
+from ..store.requests import PRIORITIES, Admission
 from ..validation import too_many_items, validate
 from ..webhooks import event as webhook_event, safety
 from . import pacing, stashed
@@ -265,7 +266,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     request_id = services.ids.mint(workspace, entry.id)
     pointer = None if retry_of else stashed.stash(services, request_id, raw_body)
     try:
-        admission = services.store.admit(
+        admission = services.store.admit(Submission(
             request_id=request_id,
             workspace=workspace,
             model=entry.id,
@@ -275,7 +276,6 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
             idempotency_key_hash=hashlib.sha256(key.encode()).hexdigest() if key else "",
             price=entry.price_credits,
             require_enabled=queued,
-            rate=rate(),
             priority=rank,
             webhook_url=hook,
             response_url=response_url(base_url, entry.id, request_id) if base_url else "",
@@ -285,7 +285,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
             now=time.time() if pointer else now,  # a put may have taken a while: the write deadline runs from here
             traceparent=traceparent,
             webhook_events=events,
-        )
+        ), rate=rate())
     except (RouterError, Unsent):  # refused (a rate window), or never sent: not admitted
         stashed.unstash(services, pointer, request_id)
         raise
@@ -294,66 +294,85 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     return _answer(services, admission, request_id, workspace, entry, raw_body, key, base_url, retry_of)
 
 
-def _answer(services: Services, admission: Any, request_id: str, workspace: str, entry: ModelEntry,
+@dataclass(frozen=True)
+class _Refused:
+    """What a refusal's answer draws on: the admission and the submit."""
+
+    services: Services
+    admission: Admission
+    request_id: str
+    workspace: str
+    entry: ModelEntry
+    raw_body: bytes
+    key: str | None
+    base_url: str
+    retry_of: str
+
+
+def _retry_missing(r: _Refused) -> RouterError:
+    if r.services.ids.is_ours(r.retry_of, r.workspace, r.entry.id):
+        return Gone(f"request {r.retry_of} finished more than its retention window ago")
+    return RequestNotFound(NOT_FOUND)
+
+
+def _backlog_hint(r: _Refused) -> int:
+    return pacing.backlog_retry_after(r.services.store.pace(r.entry.provider))
+
+
+#: The answer to each outcome of an admission that admitted nothing (raised).
+REFUSALS: dict[Admit, Callable[[_Refused], Exception]] = {
+    Admit.EXPIRED: lambda r: ServiceUnavailable(
+        "the request store answered too late; nothing was admitted or charged; retry shortly", retry_after=1),
+    Admit.IN_DOUBT: lambda r: _in_doubt(r.request_id, r.entry, r.key, r.base_url),
+    Admit.ADMITTING: lambda r: ConcurrencyLimitExceeded(
+        "a request with this Idempotency-Key is still being admitted; send it again shortly to get its handle",
+        retry_after=1),
+    Admit.RETRY_MISSING: _retry_missing,
+    Admit.NOT_RETRYABLE: lambda r: NotRetryable(_not_retryable(r.retry_of, r.admission.original_status)),
+    Admit.RETRY_BODY_GONE: lambda r: NotRetryable(
+        f"request {r.retry_of} failed before failed requests kept their body, so it cannot be submitted again; "
+        "submit its body anew"),
+    Admit.RETRY_LIMIT: lambda r: RetryLimitReached(
+        f"request {r.retry_of}'s chain (the request it first retried, its retries and theirs) has had "
+        f"{r.services.store.retry_max} retries, as many as it may; submit its body anew"),
+    Admit.INSUFFICIENT_CREDITS: lambda r: InsufficientCredits(
+        f"{r.entry.id} costs {r.entry.price_credits} credits and the workspace has {r.admission.available} "
+        "available; nothing was queued or charged"),
+    Admit.BACKLOG_FULL: lambda r: QueueBacklogFull(
+        "this workspace already has as many requests waiting as it may; retry when some have started",
+        retry_after=_backlog_hint(r)),
+    Admit.QUEUED_BYTES_FULL: lambda r: QueuedBytesFull(
+        f"this body ({len(r.raw_body)} bytes) would put the bodies this workspace has stored for requests not yet "
+        "completed over its byte quota; retry when some have completed", retry_after=_backlog_hint(r)),
+    Admit.STORED_BYTES_FULL: lambda r: StoredBytesFull(
+        "this workspace keeps as many bytes as it may (bodies kept for a retry and results not yet expired); "
+        "nothing was queued or charged; retry when enough have expired", retry_after=r.admission.retry_after),
+    Admit.PENDING_WEBHOOKS_FULL: lambda r: PendingWebhooksFull(
+        "this workspace has as many webhook events pending (owed and not yet delivered, or owed once its running "
+        "requests complete) as it may; retry once some are delivered, or submit without a webhook",
+        retry_after=PENDING_WEBHOOKS_RETRY_AFTER_S),
+    Admit.DRAINING: lambda r: ServiceUnavailable(
+        f"{r.entry.provider} is draining for maintenance and admits nothing new; retry shortly", retry_after=30),
+    Admit.NOT_ENABLED: lambda r: NotEnabled(
+        "queued delivery is not switched on for this workspace; "
+        f"POST /v2/models/{r.entry.id} serves the same body synchronously"),
+    Admit.NO_WEBHOOK: lambda r: InvalidInput(
+        f"{WEBHOOK_EVENTS_HEADER} chooses webhook events, but there is no webhook to send them to: name one with "
+        f"{WEBHOOK_HEADER} (or set the workspace's default); nothing was queued or charged"),
+    Admit.NO_WEBHOOK_SECRET: lambda r: InvalidInput(no_webhook_secret(r.workspace, r.admission.webhook_source)),
+    Admit.IDEM_CONFLICT: lambda r: IdempotencyKeyConflict(
+        "this Idempotency-Key is held by a different request; send this one under a new key"),
+}
+
+
+def _answer(services: Services, admission: Admission, request_id: str, workspace: str, entry: ModelEntry,
             raw_body: bytes, key: str | None, base_url: str, retry_of: str) -> Admitted:
-    """What the admission's outcome answers: the admitted request, or its refusal raised."""
+    """What the admission's outcome answers: the admitted request (or the one
+    an Idempotency-Key replays), or its refusal raised (:data:`REFUSALS`)."""
     _count(services, entry, admission.outcome)
-    if admission.outcome is Admit.EXPIRED:
-        raise ServiceUnavailable("the request store answered too late; nothing was admitted or charged; "
-                                 "retry shortly", retry_after=1)
-    if admission.outcome is Admit.IN_DOUBT:
-        raise _in_doubt(request_id, entry, key, base_url)
-    if admission.outcome is Admit.ADMITTING:
-        raise ConcurrencyLimitExceeded("a request with this Idempotency-Key is still being admitted; send it again "
-                                       "shortly to get its handle", retry_after=1)
-    if admission.outcome is Admit.RETRY_MISSING:
-        if services.ids.is_ours(retry_of, workspace, entry.id):
-            raise Gone(f"request {retry_of} finished more than its retention window ago")
-        raise RequestNotFound(NOT_FOUND)
-    if admission.outcome is Admit.NOT_RETRYABLE:
-        raise NotRetryable(_not_retryable(retry_of, admission.original_status))
-    if admission.outcome is Admit.RETRY_BODY_GONE:
-        raise NotRetryable(f"request {retry_of} failed before failed requests kept their body, so it cannot be "
-                           "submitted again; submit its body anew")
-    if admission.outcome is Admit.RETRY_LIMIT:
-        raise RetryLimitReached(f"request {retry_of}'s chain (the request it first retried, its retries and "
-                                f"theirs) has had {services.store.retry_max} retries, as many as it may; submit "
-                                "its body anew")
-    if admission.outcome is Admit.INSUFFICIENT_CREDITS:
-        raise InsufficientCredits(f"{entry.id} costs {entry.price_credits} credits and the workspace has "
-                                  f"{admission.available} available; nothing was queued or charged")
-    if admission.outcome is Admit.BACKLOG_FULL:
-        hint = pacing.backlog_retry_after(services.store.pace(entry.provider))
-        raise QueueBacklogFull("this workspace already has as many requests waiting as it may; "
-                               "retry when some have started", retry_after=hint)
-    if admission.outcome is Admit.QUEUED_BYTES_FULL:
-        hint = pacing.backlog_retry_after(services.store.pace(entry.provider))
-        raise QueuedBytesFull(f"this body ({len(raw_body)} bytes) would put the bodies this workspace has stored "
-                              "for requests not yet completed over its byte quota; retry when some have "
-                              "completed", retry_after=hint)
-    if admission.outcome is Admit.STORED_BYTES_FULL:
-        raise StoredBytesFull("this workspace keeps as many bytes as it may (bodies kept for a retry and results "
-                              "not yet expired); nothing was queued or charged; retry when enough have expired",
-                              retry_after=admission.retry_after)
-    if admission.outcome is Admit.PENDING_WEBHOOKS_FULL:
-        raise PendingWebhooksFull("this workspace has as many webhook events pending (owed and not yet delivered, "
-                                  "or owed once its running requests complete) as it may; retry once some are "
-                                  "delivered, or submit without a webhook", retry_after=PENDING_WEBHOOKS_RETRY_AFTER_S)
-    if admission.outcome is Admit.DRAINING:
-        raise ServiceUnavailable(f"{entry.provider} is draining for maintenance and admits nothing new; "
-                                 "retry shortly", retry_after=30)
-    if admission.outcome is Admit.NOT_ENABLED:
-        raise NotEnabled("queued delivery is not switched on for this workspace; "
-                         f"POST /v2/models/{entry.id} serves the same body synchronously")
-    if admission.outcome is Admit.NO_WEBHOOK:
-        raise InvalidInput(f"{WEBHOOK_EVENTS_HEADER} chooses webhook events, but there is no webhook to send them "
-                           f"to: name one with {WEBHOOK_HEADER} (or set the workspace's default); nothing was "
-                           "queued or charged")
-    if admission.outcome is Admit.NO_WEBHOOK_SECRET:
-        raise InvalidInput(no_webhook_secret(workspace, admission.webhook_source))
-    if admission.outcome is Admit.IDEM_CONFLICT:
-        raise IdempotencyKeyConflict("this Idempotency-Key is held by a different request; "
-                                     "send this one under a new key")
+    refusal = REFUSALS.get(admission.outcome)
+    if refusal is not None:
+        raise refusal(_Refused(services, admission, request_id, workspace, entry, raw_body, key, base_url, retry_of))
     if admission.outcome is Admit.REPLAY:
         assert admission.request_id is not None  # a replay names the request it replays
         return Admitted(admission.request_id, True, None)

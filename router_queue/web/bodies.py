@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any
 
 from flask import Response
 
 from ..states import COMPLETED, IN_QUEUE
-from ..store.requests import RequestRecord
+from ..store.record import STATUS_LISTED, RequestRecord, iso
 
 
 @dataclass(frozen=True)
@@ -25,12 +24,6 @@ class Answer:
     call_id: str | None = None
 
 
-def iso(ts: float | None) -> str | None:
-    if ts is None:
-        return None
-    return datetime.fromtimestamp(ts, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
 def response_url(base: str, model_id: str, request_id: str) -> str:
     """Where a request's result is collected; the other two URLs hang off it."""
     return f"{base}/v2/models/{model_id}/requests/{request_id}"
@@ -43,6 +36,9 @@ def request_urls(base: str, model_id: str, request_id: str) -> dict[str, str]:
 
 
 def status_body(record: RequestRecord, position: int | None, base: str, retention_s: int) -> dict[str, Any]:
+    """A request's status body (and a history entry's, an event stream's
+    update): the fields ``store/record.py`` declares on status, those in a
+    place of their own here, then those LISTED."""
     body: dict[str, Any] = {"request_id": record.id, "status": record.status}
     if record.status != COMPLETED:
         body["queue_position"] = (position or 0) if record.status == IN_QUEUE else 0
@@ -53,12 +49,10 @@ def status_body(record: RequestRecord, position: int | None, base: str, retentio
     if record.completed_at is not None:
         body["completed_at"] = iso(record.completed_at)
         body["expires_at"] = iso(record.completed_at + retention_s)
-    if record.start_deadline_at is not None:
-        body["start_deadline_at"] = iso(record.start_deadline_at)
-    if record.deadline_at is not None:
-        body["deadline_at"] = iso(record.deadline_at)
-    if record.retry_of is not None:
-        body["retry_of"] = record.retry_of
+    for listed in STATUS_LISTED:  # the fields record.py declares LISTED, each when set
+        value = getattr(record, listed.name)
+        if value is not None:
+            body[listed.name] = listed.codec.show(value)
     if record.status == COMPLETED and not record.error_type:
         body["progress"] = 1.0  # a success is whole, whatever (or whether) the provider reported
     elif record.progress is not None:

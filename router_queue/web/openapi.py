@@ -17,6 +17,7 @@ from marshmallow import Schema, fields
 
 from ..catalog import Catalog, ModelEntry
 from ..states import ORDER, RESULT_STATUS
+from ..store.record import STATUS_LISTED, Field
 from ..store.requests import PRIORITIES
 from . import paths
 
@@ -62,6 +63,17 @@ class CostSchema(Schema):
                        "when not billed; always as the workspace's ledger has it"})
 
 
+#: The marshmallow field of each JSON type a record field's codec shows.
+_JSON_FIELDS: dict[str, type[fields.Field]] = {"string": fields.String, "number": fields.Float,
+                                               "integer": fields.Integer, "boolean": fields.Boolean}
+
+
+def _listed(field: Field) -> fields.Field:
+    """A field the status body lists (``store/record.py``), as its codec shows it."""
+    metadata = {"format": field.codec.json_format} if field.codec.json_format else {}
+    return _JSON_FIELDS[field.codec.json_type](metadata={**metadata, "description": field.doc})
+
+
 class StatusSchema(HandleSchema):
     created_at = fields.String(required=True, metadata={"format": "date-time"})
     started_at = fields.String(metadata={"format": "date-time"})
@@ -73,15 +85,10 @@ class StatusSchema(HandleSchema):
                        "first report, never decreasing, 1 once the request succeeded."})
     error_type = fields.String(metadata={"description": "present only when the request did not succeed"})
     detail = fields.String()
-    start_deadline_at = fields.String(metadata={
-        "format": "date-time", "description": "the caller's X-Comfy-Start-Deadline, when it set one: not started "
-                                              "by then, it ends COMPLETED queue_timeout, never charged"})
-    deadline_at = fields.String(metadata={
-        "format": "date-time", "description": "the caller's X-Comfy-Deadline, when it set one: not completed by "
-                                              "then, it is cancelled as the cancel route would cancel it"})
-    retry_of = fields.String(metadata={"description": "the failed request this one submits again (the retry "
-                                                      "route); absent otherwise"})
-    cost = fields.Nested(CostSchema, required=True)
+
+    class Meta:
+        #: After those above, in this order: the fields record.py lists on status, then the cost.
+        include = {**{f.name: _listed(f) for f in STATUS_LISTED}, "cost": fields.Nested(CostSchema, required=True)}
 
 
 class HistoryEntrySchema(StatusSchema):

@@ -128,7 +128,7 @@ def attempt(services: Services, event: WebhookEvent) -> tuple[str, int | None, s
                                     error_type=event.error_type, response_url=event.response_url,
                                     created_at=event.created_at, started_at=event.started_at,
                                     completed_at=event.completed_at, event=event.event, progress=event.progress,
-                                    cost=event.cost)
+                                    cost=event.cost, listed=event.listed)
     headers = webhook_event.signed_headers(event.msg_id, body, signing, int(time.time()))
     left_s = max(0.001, timeout - (time.monotonic() - started))
     try:

@@ -68,11 +68,13 @@ def _iso(ts: float | None) -> str | None:
 
 def event_body(*, request_id: str, model: str, status: str, error_type: str | None, response_url: str,
                created_at: float, started_at: float | None, completed_at: float | None,
-               cost: dict[str, Any], event: str = "completed", progress: float | None = None) -> bytes:
+               cost: dict[str, Any], event: str = "completed", progress: float | None = None,
+               listed: dict[str, Any] | None = None) -> bytes:
     """The event, as the bytes every attempt sends (keys sorted, compact): the
     request as it was when the event was owed; ``progress`` on a progress
     event only; ``cost`` its ``{"credits", "state"}`` at that step (held, or as
-    its completion settled it)."""
+    its completion settled it); ``listed``: the request's fields listed on
+    events (``store/record.py``), as shown."""
     body: dict[str, Any] = {
         "type": f"request.{event}",
         "request_id": request_id,
@@ -87,6 +89,8 @@ def event_body(*, request_id: str, model: str, status: str, error_type: str | No
     }
     if event == "progress":
         body["progress"] = progress
+    if listed:
+        body.update(listed)
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 

@@ -21,6 +21,7 @@ import pytest
 import requests
 
 from router_queue.store import keys
+from router_queue.store.record import Submission
 from tests.redis_servers import PrivateRedis, SentinelGroup
 
 from .harness import (
@@ -570,9 +571,9 @@ def test_operator_cli_end_to_end(stack: RunningStack, caller: ApiClient) -> None
     assert services.store.grants.publish is None and not services.store.grants.templates
     request_id = services.ids.mint(caller.workspace, FLUX)
     admission = services.store.admit(
-        request_id=request_id, workspace=caller.workspace, model=FLUX, provider=BFL,
+        Submission(request_id=request_id, workspace=caller.workspace, model=FLUX, provider=BFL,
         body=json.dumps({"prompt": unique_prompt("cli requeue")}),
-        price=services.catalog.by_id(FLUX).price_credits,
+        price=services.catalog.by_id(FLUX).price_credits),
     )
     assert admission.outcome == "ADMITTED", admission
     # The reaper's look at its grant lease is far off: nothing would run it.

@@ -13,6 +13,7 @@ import time
 from router_queue.broker.celery_app import make_celery
 from router_queue.broker.dispatch import Dispatcher
 from router_queue.services import Services
+from router_queue.store.record import Submission
 
 from .harness import FLUX, ApiClient, Stub, broker_drained, unique_prompt, wait_for
 
@@ -23,8 +24,8 @@ RECOVERY_BOUND_S = 15.0
 def _admit_without_publishing(services: Services, caller: ApiClient, body: dict) -> str:
     """What the front door does before its publish, as if it crashed right after."""
     request_id = services.ids.mint(caller.workspace, FLUX)
-    admission = services.store.admit(request_id=request_id, workspace=caller.workspace, model=FLUX,
-                                     provider="bfl", body=json.dumps(body))
+    admission = services.store.admit(Submission(request_id=request_id, workspace=caller.workspace, model=FLUX,
+                                     provider="bfl", body=json.dumps(body)))
     assert admission.outcome == "ADMITTED", admission
     return request_id
 

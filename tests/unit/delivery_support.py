@@ -12,6 +12,7 @@ import requests
 from werkzeug.serving import make_server
 
 from router_queue.settings import Secret
+from router_queue.store.record import Submission
 from router_queue.web.admission import fingerprint
 from stub_provider import create_app as create_stub
 from workers.delivery import Execution, Later, deliver
@@ -44,8 +45,8 @@ def worker_services(services, stub_origin):
 def admitted(services, workspace, model, body):
     provider = model.split("/")[0]
     request_id = services.ids.mint(workspace, model)
-    outcome = services.store.admit(request_id=request_id, workspace=workspace, model=model, provider=provider,
-                                   body=json.dumps(body), fingerprint=fingerprint(model, body))
+    outcome = services.store.admit(Submission(request_id=request_id, workspace=workspace, model=model, provider=provider,
+                                   body=json.dumps(body), fingerprint=fingerprint(model, body)))
     assert outcome.outcome == "ADMITTED"
     return request_id, provider
 

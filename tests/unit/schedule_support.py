@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from router_queue.states import COMPLETED, IN_PROGRESS
 from router_queue.store import keys
+from router_queue.store.record import Submission
 from router_queue.store.requests import Lease
 from tests.unit.support import record_of
 
@@ -28,8 +29,8 @@ class Fleet:
 
     def submit(self, ws: str, name: str, priority: str = "normal") -> str:
         request_id = self.services.ids.mint(ws, MODEL)
-        admission = self.store.admit(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER,
-                                     body="{}", priority=priority)
+        admission = self.store.admit(Submission(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER,
+                                     body="{}", priority=priority))
         assert admission.outcome == "ADMITTED"
         self.names[request_id] = name
         return request_id

@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from concurrent.futures import ThreadPoolExecutor
 
+from router_queue.store.record import Submission
 from router_queue.store.requests import Lease
 from tests.unit.support import record_of
 
@@ -19,8 +20,8 @@ def lease(token="t"):
 
 def admit(services, workspace, price=PRICE):
     request_id = services.ids.mint(workspace, MODEL)
-    return request_id, services.store.admit(request_id=request_id, workspace=workspace, model=MODEL,
-                                            provider="bfl", body="{}", price=price)
+    return request_id, services.store.admit(Submission(request_id=request_id, workspace=workspace, model=MODEL,
+                                            provider="bfl", body="{}", price=price))
 
 
 def funded(services, credits):

@@ -16,6 +16,7 @@ from router_queue.blobs.pointers import BodyPointer
 from router_queue.blobs.store import BlobUnavailable, open_blob_store
 from router_queue.services import Services
 from router_queue.store import keys
+from router_queue.store.record import Submission
 from router_queue.web.app import create_app
 from tests.unit import delivery_support
 from tests.unit.conftest import RecordingDispatcher
@@ -149,8 +150,8 @@ def test_a_live_body_object_survives_the_hourly_pass(stored, workspace):
     request_id = stored.ids.mint(workspace, "bfl/flux-2-pro")
     old = BodyPointer.of(request_id, BIG_RAW, now=time.time() - ORPHAN_GRACE_S - 7200)
     stored.blobs.put(old.key, BIG_RAW, "application/json")
-    outcome = stored.store.admit(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro",
-                                 provider="bfl", body=old.text())
+    outcome = stored.store.admit(Submission(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro",
+                                 provider="bfl", body=old.text()))
     assert outcome.outcome == "ADMITTED"
     assert expire_objects(context_of(stored), time.time()) == (0, 0)
     assert objects(stored) == [old.key]
@@ -220,8 +221,8 @@ def test_a_2mb_result_counts_in_stored_bytes_until_it_expires(worker_services, w
     assert services.accounts.get(workspace).stored_bytes == size
     past = time.time() + services.settings.result_retention_s + 120  # past the record's expiry (and its minute)
     other = services.ids.mint(workspace, GEMINI)
-    assert services.store.admit(request_id=other, workspace=workspace, model=GEMINI, provider="vertexai",
-                                body=json.dumps(gemini("next")), now=past).outcome == "ADMITTED"
+    assert services.store.admit(Submission(request_id=other, workspace=workspace, model=GEMINI, provider="vertexai",
+                                body=json.dumps(gemini("next")), now=past)).outcome == "ADMITTED"
     assert services.accounts.get(workspace).stored_bytes == 0
 
 
@@ -240,5 +241,5 @@ def test_results_fill_the_quota_then_a_submit_waits_until_they_expire(stored, wo
     assert services.accounts.get(workspace).queued == 0  # nothing queued
     past = time.time() + services.settings.result_retention_s + 120
     later = services.ids.mint(workspace, GEMINI)
-    assert services.store.admit(request_id=later, workspace=workspace, model=GEMINI, provider="vertexai",
-                                body=json.dumps(gemini("more")), now=past).outcome == "ADMITTED"
+    assert services.store.admit(Submission(request_id=later, workspace=workspace, model=GEMINI, provider="vertexai",
+                                body=json.dumps(gemini("more")), now=past)).outcome == "ADMITTED"

@@ -11,7 +11,8 @@ import json
 import pytest
 
 from router_queue.store import keys
-from router_queue.store.requests import Cost, Lease
+from router_queue.store.record import Cost, Submission
+from router_queue.store.requests import Lease
 from router_queue.webhooks import event as webhook_event
 from tests.unit.route_support import FLUX, assert_error, submit
 from tests.unit.support import record_of
@@ -129,7 +130,7 @@ def test_a_pending_result_names_the_hold(http, auth, services):
 
 def test_a_free_request_is_charged_nothing_with_no_ledger_entry(services, workspace):
     request_id = services.ids.mint(workspace, MODEL)
-    services.store.admit(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl", body="{}", price=0)
+    services.store.admit(Submission(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl", body="{}", price=0))
     assert cost_of(services, request_id) == Cost(0, "held")
     succeed(services, request_id)
     assert cost_of(services, request_id) == Cost(0, "charged")

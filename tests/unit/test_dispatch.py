@@ -13,6 +13,7 @@ from router_queue.broker.celery_app import DELIVER_TASK, make_celery
 from router_queue.broker.dispatch import Dispatcher
 from router_queue.services import Services
 from router_queue.store.accounts import Accounts
+from router_queue.store.record import Submission
 from router_queue.store.requests import RequestStore
 from router_queue.web.app import create_app
 from tests.unit.support import record_of
@@ -54,8 +55,8 @@ def test_a_request_waiting_for_a_slot_has_no_message_until_one_frees(settings, s
     services.store.max_in_flight = lambda provider: 1
     first, second = (services.ids.mint(workspace, "bfl/flux-2-pro") for _ in range(2))
     for request_id in (first, second):
-        services.store.admit(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
-                             body="{}")
+        services.store.admit(Submission(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
+                             body="{}"))
     assert [task_args(m) for m in pushed(services)] == [[first]]
 
     services.store.complete(record_of(services, first, "bfl"), output=b"{}", content_type="application/json")
@@ -81,8 +82,8 @@ def test_kombu_reads_the_pushed_message_as_the_one_celery_publishes_itself(setti
                          grants=Dispatcher(celery, providers=("bfl",), broker_is_store=True).grants)
     workspace = Accounts(real_redis).create_workspace("w", queue_enabled=True)
     request_id = "0193aaaa-bbbb-8ccc-9ddd-eeeeffff0000"
-    assert store.admit(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
-                       body="{}").outcome == "ADMITTED"
+    assert store.admit(Submission(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
+                       body="{}")).outcome == "ADMITTED"
     with Connection(real_redis_url) as connection:
         queue = connection.SimpleQueue("provider.bfl")
         ours = queue.get(timeout=2)

@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from router_queue.store import keys
+from router_queue.store.record import Submission
 from router_queue.store.requests import HISTORY_EXAMINED_PER_ENTRY, Lease
 from router_queue.web.history import decode_cursor, encode_cursor
 from tests.unit.route_support import FLUX, assert_error, submit
@@ -23,8 +24,8 @@ LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)
 
 def admit(services, workspace, *, now, model=MODEL, provider="bfl", price=0):
     request_id = services.ids.mint(workspace, model)
-    outcome = services.store.admit(request_id=request_id, workspace=workspace, model=model, provider=provider,
-                                   body="{}", now=now, price=price)
+    outcome = services.store.admit(Submission(request_id=request_id, workspace=workspace, model=model, provider=provider,
+                                   body="{}", now=now, price=price))
     assert outcome.outcome == "ADMITTED"
     return request_id
 
@@ -118,8 +119,8 @@ def test_only_admissions_are_indexed_and_old_entries_are_trimmed(services):
     poor = services.accounts.create_workspace("poor", queue_enabled=True, credits=10)
     now = time.time()
     request_id = services.ids.mint(poor, MODEL)
-    refused = services.store.admit(request_id=request_id, workspace=poor, model=MODEL, provider="bfl", body="{}",
-                                   now=now, price=60)
+    refused = services.store.admit(Submission(request_id=request_id, workspace=poor, model=MODEL, provider="bfl", body="{}",
+                                   now=now, price=60))
     assert refused.outcome == "INSUFFICIENT_CREDITS"
     assert services.redis.xlen(keys.history(poor)) == 0
     retention = services.store.retention_s

@@ -9,6 +9,7 @@ import time
 
 from router_queue.cli import main
 from router_queue.store import keys
+from router_queue.store.record import Submission
 from tests.unit.support import ServicesCliRunner
 
 MODEL = "bfl/flux-2-pro"
@@ -26,8 +27,8 @@ NODE_SLACK = 100 + 2
 
 def submit_and_cancel(services, workspace: str, now: float) -> str:
     request_id = services.ids.mint(workspace, MODEL)
-    admitted = services.store.admit(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl",
-                                    body="{}", price=PRICE, now=now)
+    admitted = services.store.admit(Submission(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl",
+                                    body="{}", price=PRICE, now=now))
     assert admitted.outcome == "ADMITTED"
     services.store.cancel(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl")
     return request_id

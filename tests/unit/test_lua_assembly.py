@@ -9,13 +9,16 @@ from importlib import resources
 import pytest
 
 from router_queue.store import keys
+from router_queue.store.record import lua_admitted_fields, lua_webhook_listed
 from router_queue.store.scripts import lib_for
 from router_queue.store.webhook_ids import lua_webhook_id
 
 LUA = resources.files("router_queue.store").joinpath("lua")
 SCRIPTS = sorted(p.name for p in LUA.iterdir() if p.name.endswith(".lua") and p.name != "lib.lua")
-#: The key layout's definitions, the webhook id's, then lib.lua's: the order a script gets them in.
-LIB = keys.lua_layout() + lua_webhook_id() + LUA.joinpath("lib.lua").read_text()
+#: The key layout's definitions, the webhook id's, the record's fields', then lib.lua's: the order a
+#: script gets them in.
+LIB = (keys.lua_layout() + lua_webhook_id() + lua_admitted_fields() + lua_webhook_listed()
+       + LUA.joinpath("lib.lua").read_text())
 DEFINED = re.findall(r"^local (?:function )?(\w+)", LIB, re.M)
 
 

@@ -17,6 +17,7 @@ from router_queue.services import Services
 from router_queue.store import keys
 from router_queue.store.held import HeldSlots
 from router_queue.store.quotas import DEFAULT_MAX_HELD, DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES
+from router_queue.store.record import Submission
 from router_queue.store.requests import Lease
 from router_queue.web import routes
 from router_queue.web.app import create_app
@@ -44,8 +45,8 @@ def counters(services, workspace):
 
 def admit(services, workspace, body='{"prompt": "x"}', webhook_url=""):
     request_id = services.ids.mint(workspace, MODEL)
-    outcome = services.store.admit(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl",
-                                   body=body, webhook_url=webhook_url)
+    outcome = services.store.admit(Submission(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl",
+                                   body=body, webhook_url=webhook_url))
     return request_id, outcome.outcome
 
 

@@ -10,6 +10,7 @@ from redis.sentinel import SentinelConnectionPool
 from router_queue.broker.celery_app import make_celery
 from router_queue.settings import Settings, SettingsError
 from router_queue.store.connect import ClusterAddress, RedisUrlError, SentinelAddress, bounded, celery_broker, connect
+from router_queue.store.record import Submission
 from router_queue.store.requests import Replication
 
 SENTINELS = "sentinel://:s3cret@10.0.0.1:26379;sentinel://10.0.0.2:26380;sentinel://10.0.0.3/2?master_name=rq"
@@ -71,8 +72,8 @@ def test_a_write_answered_before_its_replicas_had_it_is_counted_and_still_made(s
     store = services.store
     store.replication = Replication(replicas=1, timeout_ms=50)  # this Redis has no replica
     request_id = services.ids.mint(workspace, "bfl/flux-2-pro")
-    outcome = store.admit(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
-                          body="{}")
+    outcome = store.admit(Submission(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
+                          body="{}"))
     assert outcome.outcome == "ADMITTED"
     assert store.status_view(request_id, "bfl").record is not None
     assert store.unreplicated == 1

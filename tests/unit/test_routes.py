@@ -334,7 +334,7 @@ def test_a_key_whose_first_request_is_still_being_admitted_is_409_with_retry_aft
                                                                                    monkeypatch):
     """A split store's admission is two steps (store/admission.py): a resend of its
     Idempotency-Key between them is the contract's 409, never an id that may not exist."""
-    monkeypatch.setattr(services.store, "admit", lambda **_: Admission(Admit.ADMITTING))
+    monkeypatch.setattr(services.store, "admit", lambda *_, **__: Admission(Admit.ADMITTING))
     response = submit(http, auth, headers={"Idempotency-Key": "k-1"})
     assert_error(response, 409, "concurrency_limit_exceeded")
     assert int(response.headers["Retry-After"]) >= 1

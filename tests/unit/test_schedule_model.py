@@ -25,6 +25,7 @@ from router_queue.services import Services
 from router_queue.settings import Settings
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from router_queue.store import keys
+from router_queue.store.record import Submission
 from router_queue.store.requests import Lease
 from tests.unit.support import record_of
 
@@ -180,8 +181,8 @@ def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps)
         if op == "admit":
             ws = workspaces[n % len(workspaces)]
             request_id = services.ids.mint(ws, MODEL)
-            assert store.admit(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
-                               price=7, priority=arg).outcome == "ADMITTED"
+            assert store.admit(Submission(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
+                               price=7, priority=arg)).outcome == "ADMITTED"
             seq += 1
             ids.append(request_id)
             model.admit(ws, request_id, BANDS[arg], seq)

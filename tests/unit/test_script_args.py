@@ -9,6 +9,7 @@ from importlib import resources
 import pytest
 
 from router_queue.store import admission, apikeys, fallback, requests, webhooks
+from router_queue.store.record import ADMITTED
 from router_queue.store.scripts import argv, lib_for, lua_arg_names
 
 #: Every script that takes its ARGV by name, with the names it declares.
@@ -63,4 +64,7 @@ def _read(script: str) -> tuple[set[str], str]:
     source = resources.files("router_queue.store").joinpath("lua", f"{script}.lua").read_text()
     source += lib_for(source)
     code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("--"))
-    return set(re.findall(r"\bARG_(\w+)", code)) - {"REST"}, code
+    read = set(re.findall(r"\bARG_(\w+)", code)) - {"REST"}
+    if re.search(r"ipairs\(ADMITTED_FIELDS\)", code):  # place_admission reads those by the generated list
+        read |= {f.name.upper() for f in ADMITTED}
+    return read, code

@@ -19,6 +19,7 @@ from redis.crc import key_slot
 
 from router_queue.services import Services
 from router_queue.store import keys, scripts
+from router_queue.store.record import Submission
 from router_queue.store.requests import Lease
 from router_queue.web import ratelimit
 from tests.unit.conftest import RecordingDispatcher
@@ -95,8 +96,8 @@ def test_on_a_split_store_every_script_call_keeps_to_one_family_and_one_slot(cal
 
     def admit(**more) -> str:
         request_id = services.ids.mint(ws, MODEL)
-        assert store.admit(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
-                           price=10, **more).outcome.value == "ADMITTED"
+        assert store.admit(Submission(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
+                           price=10, **more)).outcome.value == "ADMITTED"
         return request_id
 
     done = admit(fingerprint="f", idempotency_key_hash="k", webhook_url="https://hooks.example.com/h")

@@ -21,6 +21,7 @@ from router_queue.store import keys, migrate
 from router_queue.store.admission import ABANDON_AFTER_S, SPLIT_ADMIT_ARGS
 from router_queue.store.gauges import QueueGauges
 from router_queue.store.owed import RECONCILE_AFTER_S
+from router_queue.store.record import Submission
 from router_queue.store.requests import Lease
 from router_queue.store.scripts import argv
 from router_queue.store.webhooks import DeliveryLimits
@@ -50,8 +51,8 @@ def _workspace(services, credits: int = 1000) -> str:
 
 def _admit(services, ws: str, body: str = '{"prompt": "p"}') -> str:
     request_id = services.ids.mint(ws, MODEL)
-    admission = services.store.admit(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER,
-                                     body=body, price=PRICE)
+    admission = services.store.admit(Submission(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER,
+                                     body=body, price=PRICE))
     assert admission.outcome.value == "ADMITTED"
     return request_id
 
@@ -260,16 +261,16 @@ def test_a_refusal_at_the_providers_step_gives_the_workspaces_part_back(split):
     ws = _workspace(split)
     split.store.set_draining(PROVIDER, True)
     request_id = split.ids.mint(ws, MODEL)
-    refused = split.store.admit(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
-                                price=PRICE, fingerprint="f", idempotency_key_hash="k1")
+    refused = split.store.admit(Submission(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
+                                price=PRICE, fingerprint="f", idempotency_key_hash="k1"))
     assert refused.outcome.value == "DRAINING"
     workspace = split.accounts.get(ws)
     assert (workspace.credits, workspace.held, workspace.queued, workspace.queued_bytes) == (1000, 0, 0, 0)
     assert _ledger(split, ws) == [("hold", PRICE), ("release", PRICE)]
     assert split.redis.zcard(keys.admitting(PROVIDER)) == 0
     split.store.set_draining(PROVIDER, False)
-    again = split.store.admit(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL, provider=PROVIDER,
-                              body="{}", price=PRICE, fingerprint="f", idempotency_key_hash="k1")
+    again = split.store.admit(Submission(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL, provider=PROVIDER,
+                              body="{}", price=PRICE, fingerprint="f", idempotency_key_hash="k1"))
     assert again.outcome.value == "ADMITTED"  # the key was freed: not a replay of the refused one
 
 
@@ -279,18 +280,18 @@ def test_a_replay_of_an_admission_between_its_steps_is_told_to_wait_not_given_an
     replays = []
 
     def replay_now():
-        replays.append(split.store.admit(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL,
+        replays.append(split.store.admit(Submission(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL,
                                          provider=PROVIDER, body="{}", price=PRICE, fingerprint="f",
-                                         idempotency_key_hash="k1").outcome.value)
+                                         idempotency_key_hash="k1")).outcome.value)
 
     split.store.two_step.between_steps = replay_now
-    admitted = split.store.admit(request_id=first, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
-                                 price=PRICE, fingerprint="f", idempotency_key_hash="k1")
+    admitted = split.store.admit(Submission(request_id=first, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
+                                 price=PRICE, fingerprint="f", idempotency_key_hash="k1"))
     split.store.two_step.between_steps = None
     assert replays == ["ADMITTING"]  # the front door's 409 concurrency_limit_exceeded, with Retry-After
     assert admitted.outcome.value == "ADMITTED"
-    replay = split.store.admit(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL, provider=PROVIDER,
-                               body="{}", price=PRICE, fingerprint="f", idempotency_key_hash="k1")
+    replay = split.store.admit(Submission(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL, provider=PROVIDER,
+                               body="{}", price=PRICE, fingerprint="f", idempotency_key_hash="k1"))
     assert (replay.outcome.value, replay.request_id) == ("REPLAY", first)
 
 
@@ -299,6 +300,7 @@ KILLED_BETWEEN_ADMISSION_STEPS = textwrap.dedent("""
     import redis
     from router_queue.services import Services
     from router_queue.settings import Settings
+    from router_queue.store.record import Submission
     from tests.unit.conftest import RecordingDispatcher
 
     url, workspace, request_id = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -306,8 +308,9 @@ KILLED_BETWEEN_ADMISSION_STEPS = textwrap.dedent("""
     services = Services.build(Settings(redis_url="redis://unused", public_base_url="http://router.test"), client,
                               dispatcher=RecordingDispatcher(), split=True)
     services.store.two_step.between_steps = lambda: os.kill(os.getpid(), signal.SIGKILL)
-    services.store.admit(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
-                         body='{"prompt": "p"}', price=60, fingerprint="f", idempotency_key_hash="k1")
+    services.store.admit(Submission(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro",
+                                    provider="bfl", body='{"prompt": "p"}', price=60, fingerprint="f",
+                                    idempotency_key_hash="k1"))
     print("the provider's step ran")
 """)
 
@@ -341,9 +344,9 @@ def test_an_admission_killed_between_its_steps_is_undone_once_and_never_placed(r
                                            args=_place_args(request_id, ws, pending[0]))
     assert late == [b"EXPIRED"]
     assert services.store.status_view(request_id, PROVIDER).record is None
-    assert services.store.admit(request_id=services.ids.mint(ws, MODEL), workspace=ws, model=MODEL,
+    assert services.store.admit(Submission(request_id=services.ids.mint(ws, MODEL), workspace=ws, model=MODEL,
                                 provider=PROVIDER, body="{}", price=PRICE, fingerprint="f",
-                                idempotency_key_hash="k1").outcome.value == "ADMITTED"  # its key free again
+                                idempotency_key_hash="k1")).outcome.value == "ADMITTED"  # its key free again
 
 
 def _place_args(request_id: str, ws: str, pending: bytes) -> list:
@@ -357,13 +360,13 @@ def _place_args(request_id: str, ws: str, pending: bytes) -> list:
 def test_a_replay_after_the_original_record_expired_answers_its_id_as_one_redis_does(split):
     ws = _workspace(split)
     first = split.ids.mint(ws, MODEL)
-    split.store.admit(request_id=first, workspace=ws, model=MODEL, provider=PROVIDER, body="{}", price=PRICE,
-                      fingerprint="f", idempotency_key_hash="k1")
+    split.store.admit(Submission(request_id=first, workspace=ws, model=MODEL, provider=PROVIDER, body="{}", price=PRICE,
+                      fingerprint="f", idempotency_key_hash="k1"))
     _claim(split, first)
     _complete(split, first, output=b"{}", content_type="application/json")
     split.redis.delete(keys.request(first))  # its retention ended; the key's TTL had not
-    replay = split.store.admit(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL, provider=PROVIDER,
-                               body="{}", price=PRICE, fingerprint="f", idempotency_key_hash="k1")
+    replay = split.store.admit(Submission(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL, provider=PROVIDER,
+                               body="{}", price=PRICE, fingerprint="f", idempotency_key_hash="k1"))
     assert (replay.outcome.value, replay.request_id) == ("REPLAY", first)
 
 
@@ -396,8 +399,8 @@ def _hooked(services, credits: int = 1000) -> str:
 def _completed_with_event(services, ws: str) -> str:
     """A request with a webhook, completed: its "completed" event pending."""
     request_id = services.ids.mint(ws, MODEL)
-    assert services.store.admit(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
-                                price=PRICE, webhook_url=HOOK).outcome.value == "ADMITTED"
+    assert services.store.admit(Submission(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
+                                price=PRICE, webhook_url=HOOK)).outcome.value == "ADMITTED"
     _claim(services, request_id)
     _complete(services, request_id, output=b"{}", content_type="application/json")
     assert services.webhooks.event(request_id)["state"] == "pending"
@@ -483,8 +486,8 @@ def test_an_event_given_up_waiting_its_turn_gives_its_pending_webhook_back_throu
 def test_an_event_that_ends_with_its_request_gives_the_pending_webhook_back_with_the_end(split):
     ws = _hooked(split)
     request_id = split.ids.mint(ws, MODEL)
-    assert split.store.admit(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
-                             price=PRICE, webhook_url=HOOK, webhook_events="started").outcome.value == "ADMITTED"
+    assert split.store.admit(Submission(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
+                             price=PRICE, webhook_url=HOOK, webhook_events="started")).outcome.value == "ADMITTED"
     _claim(split, request_id)
     _delivered(split, request_id)  # its "started" event, before it completed: nothing to give back yet
     assert _pending_webhooks(split, ws) == 1 and _owed(split) == []
@@ -498,8 +501,8 @@ def test_an_event_of_a_request_admitted_before_the_store_was_split_gives_its_pen
     ws = _hooked(services)
     before = _completed_with_event(services, ws)  # all on one Redis: its event is left to deliver
     after = services.ids.mint(ws, MODEL)  # admitted on one Redis, completed split
-    assert services.store.admit(request_id=after, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
-                                price=PRICE, webhook_url=HOOK).outcome.value == "ADMITTED"
+    assert services.store.admit(Submission(request_id=after, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
+                                price=PRICE, webhook_url=HOOK)).outcome.value == "ADMITTED"
     split = _split_after(services, client, settings)
     assert split.redis.hgetall(keys.open_requests(ws)) == {before.encode(): b"w", after.encode(): b"qew"}
     given = []

@@ -9,6 +9,7 @@ import pytest
 
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from router_queue.store import keys
+from router_queue.store.record import Submission
 from router_queue.store.requests import Lease, Pace
 from tests.unit.support import record_of
 
@@ -23,8 +24,8 @@ def lease(token="t1", *, lease_s=30.0, queue_timeout_s=3600.0, max_takeovers=3, 
 def admit(services, workspace, *, key_hash="", fingerprint="", body='{"prompt": "x"}', now=None):
     request_id = services.ids.mint(workspace, MODEL)
     outcome = services.store.admit(
-        request_id=request_id, workspace=workspace, model=MODEL, provider="bfl", body=body,
-        fingerprint=fingerprint, idempotency_key_hash=key_hash, now=now,
+        Submission(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl", body=body,
+        fingerprint=fingerprint, idempotency_key_hash=key_hash, now=now),
     )
     return request_id, outcome
 
@@ -356,8 +357,8 @@ def test_an_admission_adds_to_the_workspaces_counts_exactly_from_what_they_were(
                                          "webhook_secret": "whsec_test", "credits": 1000})
     body = '{"prompt": "count me"}'
     request_id = services.ids.mint(workspace, MODEL)
-    outcome = services.store.admit(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl",
-                                   body=body, price=7, webhook_url="https://example.com/hook")
+    outcome = services.store.admit(Submission(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl",
+                                   body=body, price=7, webhook_url="https://example.com/hook"))
     assert outcome.outcome == "ADMITTED"
     counts = services.redis.hmget(ws_key, "queued", "queued_bytes", "held", "webhooks_pending")
     assert [int(v) for v in counts] == [3, 10 + len(body), 12, 2]
@@ -374,7 +375,7 @@ def test_an_ending_settles_the_workspaces_counts_exactly_from_what_they_were(ser
     ws_key = keys.workspace(workspace)
     body = '{"prompt": "settle me"}'
     request_id = services.ids.mint(workspace, MODEL)
-    services.store.admit(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl", body=body, price=9)
+    services.store.admit(Submission(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl", body=body, price=9))
     services.redis.hset(ws_key, mapping={"held": 20, "credits": 500, "queued_bytes": len(body) + 4})
     if ending == "cancel":
         services.store.cancel(request_id=request_id, workspace=workspace, model=MODEL, provider="bfl")
@@ -388,7 +389,7 @@ def test_an_ending_settles_the_workspaces_counts_exactly_from_what_they_were(ser
     assert (entry[b"held"], entry[b"balance"], entry[b"amount"]) == (b"11", str(credits).encode(), b"9")
     # bytes larger than the count left (a count set by hand): floored at 0, as before
     other = services.ids.mint(workspace, MODEL)
-    services.store.admit(request_id=other, workspace=workspace, model=MODEL, provider="bfl", body=body, price=1)
+    services.store.admit(Submission(request_id=other, workspace=workspace, model=MODEL, provider="bfl", body=body, price=1))
     services.redis.hset(ws_key, "queued_bytes", 3)
     services.store.cancel(request_id=other, workspace=workspace, model=MODEL, provider="bfl")
     assert int(services.redis.hget(ws_key, "queued_bytes")) == 0

@@ -20,10 +20,13 @@
 -- KEYS[17..] the caller's rate-window counters, with a (limit, window
 --          seconds) pair each in ARGV from ARG_REST, after the named ones
 --          (ratelimit.py): counted first
--- ARGV by name (ARGV[ARG_ID] and so on; requests.py, ADMIT_ARGS, whose order
+-- ARGV by name (ARGV[ARG_ID] and so on; admission.py, ADMIT_ARGS, whose order
 -- the generated ARG_* constants give):
+--   first, the fields admission carries from the submission into the record
+--   (record.py declares them: id, workspace, model, provider, the caller's
+--   deadlines, retry_of, ...), each written when not "" (lib.lua,
+--   place_admission, over the generated ADMITTED_FIELDS); then
 --   body                 JSON text; "" for a retry, whose body is the original's
---   id, workspace, model, provider
 --   now                  unix seconds
 --   fingerprint          of (model, canonical body); "" when no Idempotency-Key
 --   idem_ttl             the idempotency reservation's TTL (s)
@@ -36,7 +39,6 @@
 --   template             the provider's Celery message template (lib.lua,
 --                        grant), or "" when the front door publishes grants
 --   cap                  the provider's cap on requests in flight
---   priority             within the workspace: "high" | "normal" | "low"
 --   write_deadline       Unix seconds (Redis's clock) past which nothing is
 --                        written: the front door has answered 503; "" for none
 --   webhook_url          X-Comfy-Webhook-Url (checked by the front door), or ""
@@ -47,10 +49,6 @@
 --   max_pending_webhooks most webhook events the workspace may have pending
 --                        (owed, or to be owed by a request not yet completed),
 --                        unless it sets its own
---   retry_of             the id of the request this one retries, or ""
---   start_deadline_at    Unix seconds (X-Comfy-Start-Deadline), or ""
---   deadline_at          Unix seconds (X-Comfy-Deadline), or ""
---   traceparent          the submit's W3C traceparent (tracing.py), or ""
 --   webhook_events       X-Comfy-Webhook-Events, checked and canonical
 --                        ("started,progress,completed" or a subset), or ""
 --                        for the workspace's default, else "completed"

@@ -12,7 +12,7 @@
 -- KEYS[6] the broker's list for the provider  KEYS[7] P:req:{original}
 -- KEYS[8] P:body:{original} (as admit.lua's)  KEYS[9] P:deadlines:{provider}
 -- KEYS[10] P:body:{id}  KEYS[11] P:admitting:{provider}
--- ARGV: admit.lua's (requests.py, ADMIT_ARGS); reserved: admit_ws.lua's
+-- ARGV: admit.lua's (admission.py, ADMIT_ARGS); reserved: admit_ws.lua's
 -- answer; admitting: this admission's member of P:admitting:{provider}
 -- returns admit.lua's "ADMITTED" | its refusals of the provider's part | {"EXPIRED"}
 

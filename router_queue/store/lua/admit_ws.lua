@@ -9,7 +9,7 @@
 -- KEYS[1] W:ws  KEYS[2] W:idem:{keyhash}  KEYS[3] W:ledger
 -- KEYS[4] W:history  KEYS[5] W:history:{model}  KEYS[6] W:open
 -- KEYS[7] W:stored  KEYS[8..] the caller's rate-window counters (as admit.lua's)
--- ARGV: admit.lua's (requests.py, ADMIT_ARGS); body "", body_bytes its length
+-- ARGV: admit.lua's (admission.py, ADMIT_ARGS); body "", body_bytes its length
 -- returns {"RESERVED", what admit_place.lua records (JSON: reserve_admission)}
 --       | admit.lua's refusals of the workspace's part, and {"EXPIRED"}
 

@@ -841,11 +841,11 @@ end
 local function webhook_snapshot(req_key, request_id, kind, msg_id, now)
   local r = redis.call("HMGET", req_key, "webhook_url", "webhook_response_url", "workspace", "model",
     "status", "error_type", "created_at", "started_at", "completed_at", "progress", "price", "cost_state", "hold",
-    "provider")
+    "provider", unpack(WEBHOOK_LISTED))
   if not r[1] or r[1] == "" then
     return nil
   end
-  return {request_id = request_id, url = r[1], response_url = r[2] or "", workspace = r[3] or "",
+  local event = {request_id = request_id, url = r[1], response_url = r[2] or "", workspace = r[3] or "",
     model = r[4] or "", type = kind, msg_id = msg_id, status = r[5] or "", error_type = r[6] or "",
     created_at = r[7] or now, started_at = r[8] or "", completed_at = r[9] or "",
     progress = kind == "progress" and (r[10] or "") or "", owed_at = now,
@@ -853,12 +853,22 @@ local function webhook_snapshot(req_key, request_id, kind, msg_id, now)
     -- as settle() left it (it runs before the completion's event)
     cost_credits = r[12] and (r[11] or "0") or (r[13] or "0"), cost_state = r[12] or "held",
     provider = r[14] or ""}
+  -- the fields record.py lists on webhook events (generated), those the record has
+  for i, name in ipairs(WEBHOOK_LISTED) do
+    if r[14 + i] then
+      event[SNAPSHOT_PREFIX .. name] = r[14 + i]
+    end
+  end
+  return event
 end
 
 -- The head becomes `event` (a snapshot), due now, in its provider's due set
 -- (keys.py, webhooks_due); its workspace's count ("counted") stays where it is.
 local function webhook_start(event_key, event, now)
   redis.call("HDEL", event_key, unpack(WEBHOOK_ATTEMPT_FIELDS))
+  for _, name in ipairs(WEBHOOK_LISTED) do
+    redis.call("HDEL", event_key, SNAPSHOT_PREFIX .. name)  -- the event before's, which this one may lack
+  end
   redis.call("PERSIST", event_key)
   local fields = {"state", "pending", "attempts", 0, "next_at", now}
   for name, value in pairs(event) do
@@ -1165,7 +1175,7 @@ end
 -- comes before any write, so a refusal writes nothing but the rate count,
 -- and the Idempotency-Key stays free. Each part takes its keys in a table
 -- (K), so that it can run with its own slot's keys alone; ARGV is the
--- script's (requests.py, ADMIT_ARGS).
+-- script's (admission.py, ADMIT_ARGS).
 -- ---------------------------------------------------------------------------
 
 -- The caller's rate windows (counted first: K.rate is the first of its keys)
@@ -1331,7 +1341,8 @@ local function reserve_admission(K, ws, bytes)
 end
 
 -- Write the provider's part (K.req, K.body, K.seq, K.queue, K.deadlines and
--- the schedule's K.sched, K.running, K.list): the record, collected and
+-- the schedule's K.sched, K.running, K.list): the record (what this step
+-- computes, then the submission's ADMITTED_FIELDS, generated), collected and
 -- written in one HSET once the schedule has decided whether it is granted at
 -- once (with its granted_at), its body apart (every other field is short, so
 -- the record stays a compact listpack while it waits: keys.py, body()), its
@@ -1340,12 +1351,13 @@ end
 -- Returns {"ADMITTED", id, position, granted ids to publish...}.
 local function place_admission(K, src, R)
   local seq = redis.call("INCR", K.seq)
-  local record = {
-    "id", ARGV[ARG_ID], "workspace", ARGV[ARG_WORKSPACE], "model", ARGV[ARG_MODEL], "provider", ARGV[ARG_PROVIDER],
-    "status", "IN_QUEUE", "seq", seq, "created_at", ARGV[ARG_NOW], "hold", tonumber(ARGV[ARG_PRICE]),
-    "priority", ARGV[ARG_PRIORITY], "body_bytes", src.bytes}
-  if ARGV[ARG_TRACEPARENT] ~= "" then
-    append(record, "traceparent", ARGV[ARG_TRACEPARENT])
+  local record = {"status", "IN_QUEUE", "seq", seq, "created_at", ARGV[ARG_NOW], "hold", tonumber(ARGV[ARG_PRICE]),
+    "body_bytes", src.bytes}
+  -- the fields carried from the submission (record.py declares them): ARGV[1..]
+  for i, name in ipairs(ADMITTED_FIELDS) do
+    if ARGV[i] ~= "" then
+      append(record, name, ARGV[i])
+    end
   end
   if src.owner then
     -- a retry shares its chain's kept body, which lives while it waits or runs
@@ -1358,15 +1370,10 @@ local function place_admission(K, src, R)
   else
     redis.call("SET", K.body, src.body)
   end
-  if ARGV[ARG_RETRY_OF] ~= "" then
-    append(record, "retry_of", ARGV[ARG_RETRY_OF])
-  end
   if ARGV[ARG_START_DEADLINE_AT] ~= "" then
-    append(record, "start_deadline_at", ARGV[ARG_START_DEADLINE_AT])
     redis.call("ZADD", K.deadlines, ARGV[ARG_START_DEADLINE_AT], "start|" .. ARGV[ARG_ID])
   end
   if ARGV[ARG_DEADLINE_AT] ~= "" then
-    append(record, "deadline_at", ARGV[ARG_DEADLINE_AT])
     redis.call("ZADD", K.deadlines, ARGV[ARG_DEADLINE_AT], "run|" .. ARGV[ARG_ID])
   end
   redis.call("ZADD", K.queue, seq, ARGV[ARG_ID])
