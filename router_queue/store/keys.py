@@ -131,8 +131,7 @@ def result_objects(provider: str, request_id: str | None = None) -> str:
     """The objects holding its requests' results and bodies (``"{id} {object
     key}"``), by when their record (a result's) or pointer (a body's,
     ``P:body:{id}``) expires: the sweeper deletes them from here. With
-    ``request_id``: the one its scripts name (its provider's: only requests
-    minted with codes keep objects)."""
+    ``request_id``: the one its scripts name (its provider's)."""
     prefix = provider_prefix(provider) if request_id is None else request_prefix(request_id)
     return f"{prefix}:objects:{provider}"
 
@@ -346,7 +345,7 @@ def lua_layout() -> str:
     ``lua/lib.lua``'s (each script takes those it names): functions building
     the keys a script builds from an id it read (the request the schedule
     names next, an index's members) by the rules above (``docs/KEYS.md``).
-    ``tests/unit/test_keys.py`` holds the Lua to the Python for every kind of id."""
+    ``tests/unit/test_keys.py`` holds the Lua to the Python."""
     return f"""local function request_prefix(id)
   return "{{rq-" .. string.sub(id, -2) .. "}}"
 end
