@@ -1,16 +1,13 @@
 """Moving a store's keys from an earlier layout to today's (``keys.py``): from
 before the hash tag (``rq:…``), and from one tag for everything (``{rq}:…``)
-to a tag per family; then rewriting what an earlier version wrote in a shape
-only it read (``migrate_data.py``).
+to a tag per family; then ``migrate_data.py``.
 
 Run it with the service stopped (``router-queue ops migrate-keys``); this
 version refuses a store without today's layout marker (``legacy_keys_present``).
 ``RENAMENX`` keeps a key's value, TTL and type; a name already taken is left
-and reported. The global keys stay, and so do the keys of requests minted
-before ids carried their provider's code (version 8: counted, and deleted
-only when asked, ``migrate_data.version_8``); rate windows are dropped; the
-layout marker (``keys.layout``) is written last, once no version-8 key is
-left. In full: ``docs/ARCHITECTURE.md``, "The store's parts".
+and reported. The global keys and version-8 requests' keys stay; rate windows
+are dropped; the layout marker (``keys.layout``) is written last, once no
+version-8 key is left. In full: ``docs/ARCHITECTURE.md``, "The store's parts".
 """
 
 from __future__ import annotations

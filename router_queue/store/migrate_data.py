@@ -1,17 +1,13 @@
 """Rewriting what an earlier version wrote in a shape only it read, as today's
-version writes it (``router-queue ops migrate-keys``, after ``migrate.py``
-renamed the keys; the service stopped): the shared draining set becomes the
-schedules' marks; the shared webhook due set's events move to their
-providers' own, each event (and each queued behind it) naming its provider;
-a record completed before costs were kept is given its cost, an event owed
-before then its request's; on a store to be served split, each request
-admitted before it was split is given the open entry admission would have
-written. Each step finds nothing left on a second run. The keys of requests
-minted before ids carried their provider's code (version 8, under the global
-tag) are no longer read: they are counted, and deleted only when the
-operator says so (:func:`version_8`); while any is left the layout marker is
-not written (``migrate.py``), and a process refuses a store without it
-(``epoch.py``). In full: ``docs/ARCHITECTURE.md``.
+version writes it (``ops migrate-keys``, after ``migrate.py``; the service
+stopped): the shared draining set becomes the schedules' marks; the shared
+webhook due set's events move to their providers' own, naming it; records and
+events from before costs were kept are given their cost; on a store to be
+served split, each request admitted before gets its open entry. Each step
+finds nothing left on a second run. Requests minted before ids carried their
+provider's code (version 8) are no longer read: counted, and deleted only when
+asked (:func:`version_8`); while any is left the layout marker is not written
+and a process refuses the store (``epoch.py``). In full: ``docs/ARCHITECTURE.md``.
 """
 
 from __future__ import annotations
