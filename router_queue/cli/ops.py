@@ -169,18 +169,31 @@ def purge_expired() -> None:
     click.echo(f"purged {purged} index entries of expired requests")
 
 
+#: The flag that deletes the requests minted before ids carried their provider's code.
+DROP_VERSION_8 = "--drop-version-8"
+
+
 @ops.command("migrate-keys")
-def migrate_keys() -> None:
+@click.option(DROP_VERSION_8, "drop_version_8", is_flag=True,
+              help="Delete the requests minted before ids carried their provider's code (version-8 ids): "
+                   "this version no longer reads them, and the migration does not finish while any is left.")
+def migrate_keys(drop_version_8: bool) -> None:
     """Move a store's keys from an earlier layout (before the hash tags, or
     one tag for everything) to today's, a hash tag per family, and rewrite
     what an earlier version wrote in a shape only it read (its shared
     draining and webhook due sets, costs not yet kept), with every process of
-    the service stopped; then seal the webhook secrets with the newest
+    the service stopped; requests minted before ids carried their provider's
+    code (version 8) are no longer read: counted, and deleted with
+    --drop-version-8. Then seal the webhook secrets with the newest
     WEBHOOK_SECRETS_KEY (plaintext ones, and those of an older key: safe
     while the service runs, and rerun after each key rotation)."""
     services = _services()
-    done = migrate(services.redis, split=services.store.effects.split)
+    done = migrate(services.redis, split=services.store.effects.split, drop_version_8=drop_version_8)
     click.echo(f"moved {done.renamed} keys to today's layout")
+    old = done.version_8
+    if old.dropped:
+        click.echo(f"deleted {old.requests} requests minted before ids carried their provider's code "
+                   f"(version 8), {old.keys} keys")
     rewritten = done.rewritten
     click.echo(f"rewrote {rewritten.draining} draining marks, {rewritten.due} due webhook events, "
                f"{rewritten.records} completed records' costs and {rewritten.events} webhook events "
@@ -196,3 +209,15 @@ def migrate_keys() -> None:
     if done.clashes:
         raise click.ClickException(f"{len(done.clashes)} keys were left: their new name is taken "
                                    f"(first: {', '.join(done.clashes[:5])})")
+    if old.left:
+        raise click.ClickException(
+            f"{old.requests} requests minted before ids carried their provider's code (version 8) are still "
+            f"in the store ({old.keys} keys, {_last_expiry(old.last_expiry)}); this version no longer reads "
+            f"them, and the layout is not marked migrated while they are left: run `router-queue ops "
+            f"migrate-keys {DROP_VERSION_8}` to delete them")
+
+
+def _last_expiry(at: float | None) -> str:
+    if at is None:
+        return "none of them expires"
+    return "the last expiring at " + time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(at))

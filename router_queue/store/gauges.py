@@ -39,7 +39,7 @@ class QueueGauges(Collector):
             pipe.zcard(keys.admitting(provider))
             pipe.hexists(keys.schedule(provider), "draining")
         now = time.time()
-        due_sets = [*map(keys.webhooks_due, providers), *map(keys.one_tag_webhooks_due, providers)]
+        due_sets = [keys.webhooks_due(provider) for provider in providers]
         for due_set in due_sets:
             pipe.zcount(due_set, "-inf", repr(now))
         pipe.zcount(keys.webhooks_in_flight(), f"({now!r}", "+inf")

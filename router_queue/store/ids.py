@@ -2,8 +2,9 @@
 
 A version-9 id is 60 random bits, a 54-bit HMAC of those bits, the workspace,
 the model id and its provider's code, and that code in its last byte
-(``keys.provider_code``: the request's keys share its provider's slot);
-version-8 ids (a 62-bit HMAC, no code) still verify. So no live id can be
+(``keys.provider_code``: the request's keys share its provider's slot).
+Ids of an earlier layout (version 8, no code) are not ours any more:
+``ops migrate-keys`` drops what is left of them. So no live id can be
 guessed or forged for another workspace, and an expired request's id with a
 valid MAC answers ``410`` for good while every other id is ``404``,
 indistinguishably. The HMAC secret lives in Redis (``SET NX`` on first use).
@@ -25,7 +26,7 @@ from . import keys
 #: What an id we minted looks like; anything else is answered 404 unread.
 #: Always matched whole (``fullmatch``): ``$`` alone would let a trailing
 #: newline through, and ``uuid.UUID`` would then raise on it.
-ID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[89][0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+ID_PATTERN = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-9[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
 
 
 class RequestIds:
@@ -42,16 +43,14 @@ class RequestIds:
             self._secret = value if isinstance(value, bytes) else value.encode()
         return self._secret
 
-    def _compose(self, random_part: bytes, workspace: str, model: str, code: int | None) -> str:
-        """The id of ``random_part`` for a workspace and model: version 9 with
-        the provider's ``code``; version 8 (an id minted before codes) with None."""
+    def _compose(self, random_part: bytes, workspace: str, model: str, code: int) -> str:
+        """The id of ``random_part`` for a workspace and model, carrying the
+        provider's ``code``."""
         head = bytearray(random_part)
-        head[6] = (head[6] & 0x0F) | (0x80 if code is None else 0x90)  # a custom layout's version
-        message = bytes(head) + b"\0" + workspace.encode() + b"\0" + model.encode()
-        if code is not None:
-            message += b"\0" + bytes([code])
+        head[6] = (head[6] & 0x0F) | 0x90  # a custom layout's version
+        message = bytes(head) + b"\0" + workspace.encode() + b"\0" + model.encode() + b"\0" + bytes([code])
         digest = hmac.new(self._key(), message, hashlib.sha256).digest()
-        tail = bytearray(digest[:8] if code is None else digest[:7] + bytes([code]))
+        tail = bytearray(digest[:7] + bytes([code]))
         tail[0] = (tail[0] & 0x3F) | 0x80  # RFC 4122 variant
         return uuid_text(head + tail)
 
@@ -66,7 +65,7 @@ class RequestIds:
         if not well_formed(request_id):
             return False
         raw = uuid.UUID(request_id).bytes
-        expected = self._compose(raw[:8], workspace, model, raw[15] if raw[6] >> 4 == 9 else None)
+        expected = self._compose(raw[:8], workspace, model, raw[15])
         return hmac.compare_digest(expected, request_id)
 
 

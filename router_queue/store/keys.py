@@ -4,8 +4,7 @@ Every key starts with the hash tag of its family, so that each script's keys
 share one Redis Cluster slot: a provider's, ``{rq-<code>}``
 (:func:`provider_code`), which its requests' keys share (an id ends in its
 provider's code); a workspace's, ``{ws:<id>}``; the global one, ``{rq}``
-(:data:`PREFIX`). Ids minted before codes keep their keys under ``{rq}``
-(:func:`request_prefix`). Scripts build the keys they only learn by reading
+(:data:`PREFIX`). Scripts build the keys they only learn by reading
 with the Lua :func:`lua_layout` generates from the same rules. Every key, its
 type, what it holds, its TTL and who writes it, and every hash's fields:
 ``docs/KEYS.md``.
@@ -60,9 +59,8 @@ def provider_prefix(provider: str) -> str:
 
 def request_prefix(request_id: str) -> str:
     """The prefix of a request's keys: its provider's (the id's last byte is
-    the provider's code: a version-9 id, ``ids.py``); an id minted before
-    (version 8) keeps the global tag its keys were written under."""
-    return code_tag(request_id[-2:]) if request_id[14:15] == "9" else PREFIX
+    the provider's code, ``ids.py``)."""
+    return code_tag(request_id[-2:])
 
 
 def workspace_prefix(workspace_id: str) -> str:
@@ -133,8 +131,7 @@ def result_objects(provider: str, request_id: str | None = None) -> str:
     """The objects holding its requests' results and bodies (``"{id} {object
     key}"``), by when their record (a result's) or pointer (a body's,
     ``P:body:{id}``) expires: the sweeper deletes them from here. With
-    ``request_id``: the one its scripts name (its provider's: only requests
-    minted with codes keep objects)."""
+    ``request_id``: the one its scripts name (its provider's)."""
     prefix = provider_prefix(provider) if request_id is None else request_prefix(request_id)
     return f"{prefix}:objects:{provider}"
 
@@ -174,9 +171,7 @@ def admitting(provider: str) -> str:
 def webhooks_due(provider: str, request_id: str | None = None) -> str:
     """The pending webhook events of a provider's requests, by when to publish
     them (beside its requests: the steps that owe an event write it). With
-    ``request_id``: the one that holds the request's event, its provider's,
-    or for an id minted before codes the one of the global tag (read by the
-    sweeper beside the provider's own until it is empty)."""
+    ``request_id``: the one its scripts name (its provider's)."""
     prefix = provider_prefix(provider) if request_id is None else request_prefix(request_id)
     return f"{prefix}:webhook:due:{provider}"
 
@@ -335,12 +330,6 @@ def fleet_worker(name: str) -> str:
     return f"{PREFIX}:fleet:worker:{name}"
 
 
-def one_tag_webhooks_due(provider: str) -> str:
-    """Where the events of a provider's requests minted before codes wait
-    (their ids keep the global tag): read beside the provider's own until empty."""
-    return f"{PREFIX}:webhook:due:{provider}"
-
-
 def webhooks_failing() -> str:
     """Failing endpoints, "{ws}|{origin}" by their last failure (trimmed)."""
     return f"{PREFIX}:webhooks:failing-origins"
@@ -356,12 +345,9 @@ def lua_layout() -> str:
     ``lua/lib.lua``'s (each script takes those it names): functions building
     the keys a script builds from an id it read (the request the schedule
     names next, an index's members) by the rules above (``docs/KEYS.md``).
-    ``tests/unit/test_keys.py`` holds the Lua to the Python for every kind of id."""
+    ``tests/unit/test_keys.py`` holds the Lua to the Python."""
     return f"""local function request_prefix(id)
-  if string.sub(id, 15, 15) == "9" then
-    return "{{rq-" .. string.sub(id, -2) .. "}}"
-  end
-  return "{PREFIX}"
+  return "{{rq-" .. string.sub(id, -2) .. "}}"
 end
 local function key_request(id)
   return request_prefix(id) .. ":req:" .. id

@@ -1,14 +1,13 @@
 """Moving a store's keys from an earlier layout to today's (``keys.py``): from
 before the hash tag (``rq:…``), and from one tag for everything (``{rq}:…``)
-to a tag per family; then rewriting what an earlier version wrote in a shape
-only it read (``migrate_data.py``).
+to a tag per family; then ``migrate_data.py``.
 
 Run it with the service stopped (``router-queue ops migrate-keys``); this
 version refuses a store without today's layout marker (``legacy_keys_present``).
 ``RENAMENX`` keeps a key's value, TTL and type; a name already taken is left
-and reported. The global keys, version-8 requests' keys and their due sets
-stay; rate windows are dropped; the layout marker (``keys.layout``) is written
-last. In full: ``docs/ARCHITECTURE.md``, "The store's parts".
+and reported. The global keys and version-8 requests' keys stay; rate windows
+are dropped; the layout marker (``keys.layout``) is written last, once no
+version-8 key is left. In full: ``docs/ARCHITECTURE.md``, "The store's parts".
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from . import keys
-from .migrate_data import Rewritten, rewrite
+from .migrate_data import Rewritten, Version8, primaries, rewrite, version_8
 from .scripts import load_script
 from .secret_box import SecretBox
 
@@ -46,9 +45,9 @@ def current_name(legacy_key: str) -> str | None:
     if kind == "sched":
         provider, _, under = rest.partition(":")
         return keys.schedule(provider) + (f":{under}" if under else "")
-    if kind in _REQUEST_KINDS:
+    if kind in _REQUEST_KINDS and not _version_8(rest):
         return _REQUEST_KINDS[kind](rest)
-    if kind == "webhook" and not rest.startswith("due:"):
+    if kind == "webhook" and not rest.startswith("due:") and not _version_8(rest):
         request_id, _, under = rest.partition(":")
         return keys.webhook_event(request_id) + (f":{under}" if under else "")
     if kind in _WORKSPACE_KINDS:
@@ -73,6 +72,12 @@ def current_name(legacy_key: str) -> str | None:
     return f"{keys.PREFIX}:{path}"
 
 
+def _version_8(request_id: str) -> bool:
+    """Whether a request's id was minted before ids carried their provider's
+    code: its keys stay under the global tag (``migrate_data.version_8``)."""
+    return request_id[14:15] == "8"
+
+
 def legacy_keys_present(client: redis.Redis, *, split: bool = False) -> bool:
     """Whether the store may still hold an earlier version's data: the
     workspace index from before the tag, or an index without today's layout
@@ -93,30 +98,28 @@ class Migration:
     clashes: list[str] = field(default_factory=list)
     #: What was rewritten in today's shape (``migrate_data.py``).
     rewritten: Rewritten = field(default_factory=Rewritten)
+    #: What is left of the version-8 requests (or was, when dropped).
+    version_8: Version8 = field(default_factory=Version8)
 
 
-def migrate(client: redis.Redis, batch: int = 1000, *, split: bool = False) -> Migration:
+def migrate(client: redis.Redis, batch: int = 1000, *, split: bool = False,
+            drop_version_8: bool = False) -> Migration:
     """Move every key of an earlier layout to its name in today's, a SCAN
-    page's worth per round trip, rewrite what only an earlier version read,
-    then mark the store's layout (and, to be served ``split``, that each
-    request has its open entry)."""
+    page's worth per round trip, count (with ``drop_version_8``, delete) the
+    version-8 requests' keys, rewrite what only an earlier version read, then,
+    unless version-8 keys are left, mark the store's layout (and, to be served
+    ``split``, that each request has its open entry)."""
     done = Migration()
     for match in LEGACY_MATCHES:
-        for node_client in _primaries(client):
+        for node_client in primaries(client):
             _migrate_matching(client, node_client, match, batch, done)
+    done.version_8 = version_8(client, batch, drop=drop_version_8)
     done.rewritten = rewrite(client, batch, split=split)
-    if client.exists(keys.workspaces()):
+    if client.exists(keys.workspaces()) and not done.version_8.left:
         client.set(keys.layout(), keys.LAYOUT)
         if split:
             client.set(keys.split_steps(), 1)
     return done
-
-
-def _primaries(client: redis.Redis) -> list[redis.Redis]:
-    """Where to scan: each primary of a cluster, else the one Redis."""
-    if isinstance(client, RedisCluster):
-        return [client.get_redis_connection(node) for node in client.get_primaries()]
-    return [client]
 
 
 def _migrate_matching(client: redis.Redis, node: redis.Redis, match: str, batch: int, done: Migration) -> None:

@@ -1,19 +1,19 @@
 """Rewriting what an earlier version wrote in a shape only it read, as today's
-version writes it (``router-queue ops migrate-keys``, after ``migrate.py``
-renamed the keys; the service stopped): the shared draining set becomes the
-schedules' marks; the shared webhook due set's events move to their
-providers' own, each event (and each queued behind it) naming its provider;
-a record completed before costs were kept is given its cost, an event owed
-before then its request's; on a store to be served split, each request
-admitted before it was split is given the open entry admission would have
-written. Each step finds nothing left on a second run; the
-layout marker is written after them (``migrate.py``), and a process refuses
-a store without it (``epoch.py``). In full: ``docs/ARCHITECTURE.md``.
+version writes it (``ops migrate-keys``, after ``migrate.py``; the service
+stopped): the shared draining set becomes the schedules' marks; the shared
+webhook due set's events move to their providers' own, naming it; records and
+events from before costs were kept are given their cost; on a store to be
+served split, each request admitted before gets its open entry. Each step
+finds nothing left on a second run. Requests minted before ids carried their
+provider's code (version 8) are no longer read: counted, and deleted only when
+asked (:func:`version_8`); while any is left the layout marker is not written
+and a process refuses the store (``epoch.py``). In full: ``docs/ARCHITECTURE.md``.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -34,6 +34,12 @@ RECORDS = "*}:req:*"
 WEBHOOK_EVENTS = "*}:webhook:*"
 #: A provider's workspace effects owed by a split store's steps (``keys.owed``).
 OWED = "*}:owed:*"
+#: The keys a request minted before ids carried their provider's code
+#: (version 8) kept under the global tag: its record, result, body (and its
+#: refs), webhook events (and those queued behind), and the due sets of
+#: those events (``{rq}:webhook:due:{provider}``). The tag is one slot.
+VERSION_8_MATCHES = tuple(keys.PREFIX.replace("{", "[{]") + f":{kind}:*" for kind in ("req", "result", "body",
+                                                                                       "webhook"))
 #: An owed effect's kind, by what of the open entry it gives.
 _OWES = {"start": "q", "end": "e", "webhook": "w"}
 
@@ -50,6 +56,59 @@ class Rewritten:
     events: int = 0
     #: Requests admitted before the store was split, given their open entry.
     opened: int = 0
+
+
+@dataclass
+class Version8:
+    """What is left of the requests minted before ids carried their
+    provider's code (version 8)."""
+    #: Requests with a key left (record, result, body or webhook event).
+    requests: int = 0
+    #: Their keys, and their events' due sets.
+    keys: int = 0
+    #: When the last key with a TTL expires (a Unix time); None if none has one.
+    last_expiry: float | None = None
+    #: Whether they were deleted.
+    dropped: bool = False
+
+    @property
+    def left(self) -> bool:
+        return self.keys > 0 and not self.dropped
+
+
+def version_8(client: redis.Redis, batch: int = 1000, *, drop: bool = False) -> Version8:
+    """Count the version-8 requests' keys (and when the last expires), a SCAN
+    page at a time; with ``drop``, delete each page's keys as it is read (one
+    ``UNLINK`` of at most ``batch`` keys, all in the global tag's slot)."""
+    found = Version8(dropped=drop)
+    ids: set[str] = set()
+    for node in primaries(client):
+        for match in VERSION_8_MATCHES:
+            cursor = 0
+            while True:
+                cursor, page = node.scan(cursor, match=match, count=batch)
+                if page:
+                    _count_version_8(node, page, found, ids)
+                    if drop:
+                        node.unlink(*page)
+                if cursor == 0:
+                    break
+    found.requests = len(ids)
+    return found
+
+
+def _count_version_8(node: redis.Redis, page: list[bytes], found: Version8, ids: set[str]) -> None:
+    pipe = node.pipeline(transaction=False)
+    for key in page:
+        pipe.pttl(key)
+    for key, ttl_ms in zip(page, pipe.execute()):
+        found.keys += 1
+        kind, _, rest = key.decode().partition("}:")[2].partition(":")
+        if not (kind == "webhook" and rest.startswith("due:")):
+            ids.add(rest.split(":")[0])
+        if ttl_ms > 0:
+            expiry = time.time() + ttl_ms / 1000
+            found.last_expiry = max(found.last_expiry or expiry, expiry)
 
 
 def rewrite(client: redis.Redis, batch: int = 1000, *, split: bool = False) -> Rewritten:
@@ -75,11 +134,19 @@ def _adopt_draining(client: redis.Redis) -> int:
     return len(drained)
 
 
+def primaries(client: redis.Redis) -> list[redis.Redis]:
+    """Where to scan: each primary of a cluster, else the one Redis."""
+    if isinstance(client, RedisCluster):
+        return [client.get_redis_connection(node) for node in client.get_primaries()]
+    return [client]
+
+
 def _scan(client: redis.Redis, match: str, batch: int, each: Callable[[str], bool]) -> int:
-    """``each`` of every key matching ``match``, on every primary; how many it rewrote."""
-    nodes = ([client.get_redis_connection(node) for node in client.get_primaries()]
-             if isinstance(client, RedisCluster) else [client])
-    return sum(each(key.decode()) for node in nodes for key in node.scan_iter(match=match, count=batch))
+    """``each`` of every key matching ``match``, on every primary, but the
+    global tag's (a version-8 request's, :func:`version_8`); how many it rewrote."""
+    one_tag = keys.PREFIX.encode() + b":"
+    return sum(each(key.decode()) for node in primaries(client)
+               for key in node.scan_iter(match=match, count=batch) if not key.startswith(one_tag))
 
 
 def _int(value: Any) -> int:

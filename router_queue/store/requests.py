@@ -476,14 +476,9 @@ class RequestStore:
 
     def addressable(self, request_id: str, provider: str) -> bool:
         """Whether a request of ``provider`` may have this id: well formed and
-        minted for it (its last byte the provider's code), or minted before ids
-        carried codes on a store not split per slot (on a cluster none is
-        there: its keys would not share the provider's slot). Any other id is
+        minted for it (its last byte the provider's code). Any other id is
         answered 404 unread: reading it would span two slots of a cluster."""
-        if not well_formed(request_id):
-            return False
-        prefix = keys.request_prefix(request_id)
-        return prefix == keys.provider_prefix(provider) or (prefix == keys.PREFIX and not self.effects.split)
+        return well_formed(request_id) and keys.request_prefix(request_id) == keys.provider_prefix(provider)
 
     def status_view(self, request_id: str, provider: str, rate=None, *, replica: bool = False) -> StatusView:
         """Record, queue position and provider pace, in one round trip (``status.lua``).

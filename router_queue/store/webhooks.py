@@ -310,7 +310,7 @@ class WebhookStore:
         """The events to publish now, each pushed back to ``again_at``
         (``webhook_due.lua``), at most ``limit`` a provider."""
         due = []
-        for key in self._due_keys():
+        for key in map(keys.webhooks_due, self.providers):
             due += [_text(i) for i in self._due(keys=[key], args=[repr(now), repr(again_at), limit])]
         return due
 
@@ -330,12 +330,9 @@ class WebhookStore:
 
     def pending(self) -> int:
         pipe = self.client.pipeline(transaction=False)
-        for key in self._due_keys():
+        for key in map(keys.webhooks_due, self.providers):
             pipe.zcard(key)
         return sum(pipe.execute())
-
-    def _due_keys(self) -> list[str]:
-        return [*map(keys.webhooks_due, self.providers), *map(keys.one_tag_webhooks_due, self.providers)]
 
     def in_flight(self, now: float) -> int:
         """Attempts running now, every workspace's (leases not yet run out)."""

@@ -32,7 +32,7 @@ from router_queue.dev.stack import ROOT
 from .harness import FLUX, ApiClient, RunningStack, ledger_by_request, make_caller, unique_prompt, wait_for
 
 #: A well-formed request id nobody minted: a valid key reads 404 for it, a refused key 401.
-NOBODYS = "00000000-0000-8000-8000-000000000000"
+NOBODYS = "00000000-0000-9000-8000-000000000001"
 #: Reads in a row, on fresh connections, that must all agree.
 AGREEING = 40
 #: The contract's bound on a revoked key being refused everywhere, in seconds.

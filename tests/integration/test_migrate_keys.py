@@ -1,8 +1,10 @@
 """A store an earlier version left (its shared draining and webhook due sets, a
-request completed and its event owed before costs were kept) on a real Redis
-(a Redis Cluster with ``TEST_STORE=cluster``): refused until ``router-queue ops
-migrate-keys`` runs, then read through the normal paths, the status, the
-result and the webhook a receiver gets (``store/migrate_data.py``).
+request completed and its event owed before costs were kept, a request minted
+before ids carried their provider's code) on a real Redis (a Redis Cluster with
+``TEST_STORE=cluster``): refused until ``router-queue ops migrate-keys`` runs
+(with ``--drop-version-8`` while version-8 requests are left), then read
+through the normal paths, the status, the result and the webhook a receiver
+gets, and the version-8 id answered 404 (``store/migrate_data.py``).
 
 The stack starts without its webhooks worker, as if the service were
 stopped for the upgrade: the events owed meanwhile wait in the due sets."""
@@ -70,9 +72,12 @@ def test_a_store_an_earlier_version_left_is_refused_then_migrated_and_read_as_be
         before = {name: caller.status_body(FLUX, request_id) for name, request_id in ids.items()}
         wait_for(lambda: upgraded.services.webhooks.owed(ids["older"]), what="the older request's event owed")
 
-        # what an earlier version left: its event in the shared due set naming
-        # neither provider nor cost, its record without a cost, Flux's provider
-        # drained in the shared set, and the previous layout's marker
+        # what an earlier version left: a request under a version-8 id, its event in
+        # the shared due set naming neither provider nor cost, its record without
+        # a cost, Flux's provider drained in the shared set, and the previous
+        # layout's marker
+        old_id = earlier.write_as_version_8(client, ids["older"], "bfl")
+        old_keys = len(earlier.version_8_keys(client))
         earlier.owe_event_as_before(client, ids["older"], "bfl")
         earlier.forget_cost(client, ids["older"])
         earlier.drain_as_before(client, "bfl")
@@ -87,9 +92,26 @@ def test_a_store_an_earlier_version_left_is_refused_then_migrated_and_read_as_be
         finally:
             starting.redis.close()
 
-        done = cli_ok(upgraded.env, "ops", "migrate-keys").stdout.splitlines()
-        assert done[1] == ("rewrote 1 draining marks, 1 due webhook events, 1 completed records' costs and "
-                           "1 webhook events an earlier version wrote"), done
+        unfinished = cli(upgraded.env, "ops", "migrate-keys")
+        said = " ".join(unfinished.stderr.split())
+        assert unfinished.returncode != 0 and (
+            f"1 requests minted before ids carried their provider's code (version 8) are still in the store "
+            f"({old_keys} keys, the last expiring at ") in said and "migrate-keys --drop-version-8" in said, unfinished
+        assert unfinished.stdout.splitlines()[1] == (
+            "rewrote 1 draining marks, 1 due webhook events, 1 completed records' costs and "
+            "1 webhook events an earlier version wrote"), unfinished
+        assert len(earlier.version_8_keys(client)) == old_keys
+        with pytest.raises(StoreLost, match="router-queue ops migrate-keys"):
+            starting = Services.build(Settings.from_env(upgraded.env))
+            try:
+                starting.accounts.epoch.check()  # still refused: the marker is not written
+            finally:
+                starting.redis.close()
+
+        done = cli_ok(upgraded.env, "ops", "migrate-keys", "--drop-version-8").stdout.splitlines()
+        assert done[1] == ("deleted 1 requests minted before ids carried their provider's code (version 8), "
+                           f"{old_keys} keys"), done
+        assert earlier.version_8_keys(client) == []
         assert not client.exists(earlier.OLD_WEBHOOKS_DUE, earlier.OLD_DRAINING)
         depths = [line.split("\t") for line in cli_ok(upgraded.env, "ops", "depths").stdout.splitlines()[1:]]
         assert [row[5] for row in depths if row[0] == "bfl"] == ["yes"]  # still drained
@@ -97,6 +119,8 @@ def test_a_store_an_earlier_version_left_is_refused_then_migrated_and_read_as_be
         for name, request_id in ids.items():
             assert caller.status_body(FLUX, request_id) == before[name], name
             assert caller.result(FLUX, request_id).status_code == 200
+        for answer in (caller.status(FLUX, old_id), caller.result(FLUX, old_id), caller.cancel(FLUX, old_id)):
+            assert answer.status_code == 404 and answer.json()["error_type"] == "request_not_found", answer.text
         refusal = caller.submit(FLUX, {"prompt": unique_prompt("while drained")})
         assert refusal.status_code == 503, refusal.text
         cli_ok(upgraded.env, "ops", "drain", "bfl", "--off")

@@ -23,7 +23,7 @@ from tests.unit.sync_support import NATIVE, FinishingDispatcher, run
 
 FLUX = "/v2/models/bfl/flux-2-pro"
 #: A well-formed request id nobody minted: a valid key reads 404 for it, a refused one 401.
-NOBODYS = "00000000-0000-8000-8000-000000000000"
+NOBODYS = "00000000-0000-9000-8000-000000000001"
 
 
 def status_of(http, api_key: str) -> int:

@@ -81,7 +81,7 @@ def test_kombu_reads_the_pushed_message_as_the_one_celery_publishes_itself(setti
     store = RequestStore(real_redis, retention_s=60, idempotency_ttl_s=60, progress_event_every_s=2.0,
                          grants=Dispatcher(celery, providers=("bfl",), broker_is_store=True).grants)
     workspace = Accounts(real_redis).create_workspace("w", queue_enabled=True)
-    request_id = "0193aaaa-bbbb-8ccc-9ddd-eeeeffff0000"
+    request_id = "0193aaaa-bbbb-9ccc-9ddd-eeeeffff0001"
     assert store.admit(Submission(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
                        body="{}")).outcome == "ADMITTED"
     with Connection(real_redis_url) as connection:

@@ -31,7 +31,7 @@ from tests.unit.support import record_of
 EXAMPLES, EXAMPLES_PLAIN = 200, 60
 LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)
 #: Ids of the right shape that no request holds (one with each bad tail too).
-WELL_FORMED_UNKNOWN = "0123abcd-0123-8123-8123-0123456789ab"
+WELL_FORMED_UNKNOWN = "0123abcd-0123-9123-8123-012345678901"
 HEADERS = ("X-API-Key", "Authorization", "Idempotency-Key", "X-Comfy-Priority", "X-Comfy-Webhook-Url",
            "Last-Event-ID", "Content-Type", "Accept", "Host", "X-Forwarded-For", "X-Forwarded-Proto",
            "Transfer-Encoding", "X-Comfy-Provider-Key")

@@ -21,7 +21,7 @@ def test_ids_verify_only_for_the_workspace_and_model_they_were_minted_for():
         assert ids.is_ours(request_id, "ws_a", "bfl/flux-2-pro")
         assert not ids.is_ours(request_id, "ws_b", "bfl/flux-2-pro")
         assert not ids.is_ours(request_id, "ws_a", "vertexai/gemini-3.1-flash-image")
-    assert not ids.is_ours("00000000-0000-8000-8000-000000000000", "ws_a", "bfl/flux-2-pro")
+    assert not ids.is_ours("00000000-0000-9000-8000-000000000001", "ws_a", "bfl/flux-2-pro")
     assert not well_formed("../etc") and not well_formed("A" * 36)
 
 

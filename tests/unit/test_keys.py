@@ -10,8 +10,9 @@ from redis.crc import key_slot
 from router_queue.catalog import Catalog
 from router_queue.services import Services
 from router_queue.store import keys
-from router_queue.store.ids import RequestIds
+from router_queue.store.ids import RequestIds, well_formed
 from router_queue.store.scripts import lib_for
+from tests import earlier_store as earlier
 from tests.unit.conftest import RecordingDispatcher
 
 BUILD = """
@@ -19,8 +20,6 @@ return {key_request(ARGV[1]), key_webhook(ARGV[1]), key_webhook(ARGV[1]) .. KEY_
         key_webhooks_due(ARGV[1], ARGV[2]), key_workspace(ARGV[3]), key_body(ARGV[1]), key_body_refs(ARGV[1]),
         key_stored(ARGV[3]), key_objects(ARGV[1], ARGV[2])}
 """
-#: An id minted before ids carried their provider's code (version 8).
-ONE_TAG_ID = "0f1e2d3c-4b5a-8987-a6b5-c4d3e2f1a0b9"
 
 
 @pytest.mark.parametrize("provider", ["bfl", "openai", "vertexai"])
@@ -47,21 +46,18 @@ def test_a_workspaces_keys_share_one_slot_apart_from_the_global_ones():
         == key_slot(keys.workspaces().encode())
 
 
-def test_an_id_minted_before_codes_keeps_the_global_tag_and_still_verifies(client):
-    assert keys.request(ONE_TAG_ID) == f"{{rq}}:req:{ONE_TAG_ID}"
-    assert keys.webhooks_due("bfl", ONE_TAG_ID) == keys.one_tag_webhooks_due("bfl")
+def test_an_id_verifies_only_with_its_providers_code_and_one_minted_before_codes_not_at_all(client):
     ids = RequestIds(client)
-    old = ids._compose(bytes.fromhex("0f1e2d3c4b5a0987"), "ws_1", "bfl/flux-2-pro", None)
-    assert old[14] == "8" and ids.is_ours(old, "ws_1", "bfl/flux-2-pro")
-    assert not ids.is_ours(old, "ws_2", "bfl/flux-2-pro")
     new = ids.mint("ws_1", "bfl/flux-2-pro")
     assert new[14] == "9" and new[-2:] == keys.provider_code("bfl") and ids.is_ours(new, "ws_1", "bfl/flux-2-pro")
     forged = new[:-2] + format((int(new[-2:], 16) + 1) % 256, "02x")  # moved to another provider's slot
     assert not ids.is_ours(forged, "ws_1", "bfl/flux-2-pro")
+    old = earlier.version_8_id(client, "ws_1", "bfl/flux-2-pro")  # an earlier version's, with the same secret
+    assert not well_formed(old) and not ids.is_ours(old, "ws_1", "bfl/flux-2-pro")
 
 
-@pytest.mark.parametrize("request_id", ["5b0c8e2a-9d41-9f3e-b2c4-7a1e0d9c3f0e", ONE_TAG_ID])
-def test_the_lua_builds_the_keys_the_python_does(client, request_id):
+def test_the_lua_builds_the_keys_the_python_does(client):
+    request_id = "5b0c8e2a-9d41-9f3e-b2c4-7a1e0d9c3f0e"
     script = client.register_script(lib_for(BUILD) + BUILD)
     built = [v.decode() for v in script(args=[request_id, "bfl", "ws_9"])]
     assert built == [keys.request(request_id), keys.webhook_event(request_id), keys.webhook_next(request_id),
@@ -84,5 +80,5 @@ def test_an_id_is_read_only_under_its_own_provider(client, settings):
         assert services.store.addressable(minted, "openai")
         assert not services.store.addressable(minted, "bfl")  # its keys are in openai's slot
         assert not services.store.addressable(minted.upper(), "openai")
-    assert one_redis.store.addressable(ONE_TAG_ID, "bfl")  # minted before codes: its keys under {rq}
-    assert not split.store.addressable(ONE_TAG_ID, "bfl")  # none on a cluster: it would span two slots
+        # minted before ids carried codes (version 8), on one Redis too: no longer read
+        assert not services.store.addressable(earlier.version_8_id(client, "ws_1", "bfl/flux-2-pro"), "bfl")

@@ -1,13 +1,16 @@
 """What an earlier version wrote in a shape only it read (its shared draining
 and webhook due sets, records and events from before costs were kept) is
-rewritten by ``router-queue ops migrate-keys``, and a store not yet migrated
-is refused at start (``store/migrate_data.py``; fakeredis and a real Redis)."""
+rewritten by ``router-queue ops migrate-keys``, requests minted before ids
+carried their provider's code (version 8) are deleted only when the operator
+says so, and a store not yet migrated is refused at start
+(``store/migrate_data.py``; fakeredis and a real Redis)."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
 import logging
+import re
 import time
 
 import pytest
@@ -16,6 +19,7 @@ from standardwebhooks import Webhook
 from router_queue.cli import main
 from router_queue.errors import StoreLost
 from router_queue.store import keys
+from router_queue.store.migrate import current_name
 from router_queue.store.requests import Lease
 from router_queue.web.app import create_app
 from router_queue.webhooks import event as webhook_event
@@ -47,8 +51,8 @@ def as_process_starting(services) -> None:
     services.accounts.epoch.known = None
 
 
-def migrate_keys(app) -> list[str]:
-    done = cli_runner(app).invoke(main, ["ops", "migrate-keys"])
+def migrate_keys(app, *flags: str) -> list[str]:
+    done = cli_runner(app).invoke(main, ["ops", "migrate-keys", *flags])
     assert done.exit_code == 0, done.output
     return done.output.splitlines()
 
@@ -163,3 +167,78 @@ def test_events_queued_behind_one_an_earlier_version_owed_name_their_provider_an
     migrate_keys(app)
     assert hooked.webhooks.queued(request_id) == [queued[0]]
     assert hooked.webhooks.event(request_id)["provider"] == "bfl"
+
+
+#: A well-formed id no request has: how an unknown id is answered.
+UNKNOWN = "00000000-0000-9000-8000-000000000001"
+#: Each route that reads a request by its id: (method, what follows the id).
+BY_ID = (("GET", "/status"), ("GET", ""), ("PUT", "/cancel"), ("POST", "/retry"))
+
+
+def written_as_version_8(http, auth, hooked, client) -> list[str]:
+    """Two requests as an earlier version wrote them under version-8 ids: one
+    completed, its webhook event owed; one waiting."""
+    headers = {**auth, "X-Comfy-Webhook-Url": "http://127.0.0.1:9/hook"}
+    completed, waiting = (http.post(f"{FLUX}/requests", json={"prompt": f"v8 {n}"}, headers=headers).json["request_id"]
+                          for n in range(2))
+    complete(hooked, completed, output=b"{}", content_type="application/json")
+    return [earlier.write_as_version_8(client, request_id, "bfl") for request_id in (completed, waiting)]
+
+
+def assert_answered_as_unknown(http, auth, request_id) -> None:
+    for method, after in BY_ID:
+        answer, unknown = (http.open(f"{FLUX}/requests/{id_}{after}", method=method, headers=auth)
+                           for id_ in (request_id, UNKNOWN))
+        assert_error(answer, 404, "request_not_found")
+        assert answer.json["detail"] == unknown.json["detail"], (method, after)
+
+
+def test_version_8_requests_left_are_not_read_and_refuse_the_migration_naming_them_and_the_flag(
+        app, http, auth, hooked, client):
+    old_ids = written_as_version_8(http, auth, hooked, client)
+    left = earlier.version_8_keys(client)
+    assert len(left) == 6  # two records and bodies, a result, an event, and its due set
+    last_expiry = time.time() + max(client.pttl(key) for key in left) / 1000
+    for old_id in old_ids:
+        assert_answered_as_unknown(http, auth, old_id)
+    earlier.mark_earlier_layout(client)
+
+    refused = cli_runner(app).invoke(main, ["ops", "migrate-keys"])
+    assert refused.exit_code == 1
+    said = " ".join(refused.output.split())
+    assert ("2 requests minted before ids carried their provider's code (version 8) are still in the store "
+            "(6 keys, the last expiring at ") in said
+    assert "`router-queue ops migrate-keys --drop-version-8` to delete them" in said
+    expiring = re.search(r"the last expiring at (\S+Z)\)", said)
+    assert expiring and abs(time.mktime(time.strptime(expiring[1], "%Y-%m-%dT%H:%M:%SZ")) - time.timezone
+                            - last_expiry) < 5
+    assert sorted(earlier.version_8_keys(client)) == sorted(left)
+    assert client.get(keys.layout()) == earlier.OLD_LAYOUT.encode()
+    as_process_starting(hooked)
+    with pytest.raises(StoreLost, match="router-queue ops migrate-keys"):
+        create_app(hooked.settings, services=hooked)
+
+
+def test_with_the_flag_version_8_requests_are_deleted_the_layout_marked_and_their_ids_answer_404(
+        app, http, auth, hooked, client):
+    old_ids = written_as_version_8(http, auth, hooked, client)
+    earlier.mark_earlier_layout(client)
+    done = migrate_keys(app, "--drop-version-8")
+    assert ("deleted 2 requests minted before ids carried their provider's code (version 8), 6 keys") in done
+    assert earlier.version_8_keys(client) == []
+    assert client.get(keys.layout()) == keys.LAYOUT.encode()
+    as_process_starting(hooked)
+    hooked.accounts.epoch.check()  # a process starting on it is not refused
+    for old_id in old_ids:
+        assert_answered_as_unknown(http, auth, old_id)
+    assert "deleted 0 requests minted before ids carried their provider's code (version 8), 0 keys" \
+        in migrate_keys(app, "--drop-version-8")
+    assert hooked.webhooks.pending() == 1  # the event the request owes under its own id only
+
+
+def test_keys_of_an_earlier_layout_of_a_version_8_id_keep_the_global_tag_where_migrate_keys_finds_them(client):
+    old_id = earlier.version_8_id(client.set(keys.id_secret(), "s") and client, "ws_1", "bfl/flux-2-pro")
+    for kind in ("req", "result", "body", "webhook"):
+        assert current_name(f"rq:{kind}:{old_id}") == current_name(f"{{rq}}:{kind}:{old_id}") \
+            == f"{{rq}}:{kind}:{old_id}"
+    assert current_name(f"rq:webhook:{old_id}:next") == f"{{rq}}:webhook:{old_id}:next"

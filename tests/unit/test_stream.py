@@ -53,7 +53,7 @@ def test_a_stream_is_authorized_like_a_status_read(http, auth, headers, status):
 
 
 def test_an_unknown_request_is_404_before_any_stream(http, auth):
-    response = http.get(f"{FLUX}/requests/00000000-0000-8000-8000-000000000000/events", headers=auth)
+    response = http.get(f"{FLUX}/requests/00000000-0000-9000-8000-000000000001/events", headers=auth)
     assert response.status_code == 404
     assert response.json["error_type"] == "request_not_found"
 

@@ -15,7 +15,7 @@ BUILD = """
 return {webhook_id(ARGV[1]), webhook_id(ARGV[1], "completed"), webhook_id(ARGV[1], "started"),
         webhook_id(ARGV[1], "progress", tonumber(ARGV[2]))}
 """
-REQUEST_IDS = ("0f1e2d3c-4b5a-9987-a6b5-c4d3e2f1a03c", "0f1e2d3c-4b5a-8987-a6b5-c4d3e2f1a0b9")
+REQUEST_IDS = ("0f1e2d3c-4b5a-9987-a6b5-c4d3e2f1a03c", "0f1e2d3c-4b5a-9987-a6b5-c4d3e2f1a001")
 
 
 @pytest.mark.parametrize("request_id", REQUEST_IDS)

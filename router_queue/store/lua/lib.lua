@@ -1052,7 +1052,7 @@ end
 -- a model's about 7, where a sorted set's costs 176 (bench/run, waiting_memory).
 -- ---------------------------------------------------------------------------
 
--- "0c57a2b5-9a3d-8f1e-8b2a-0123456789ab" as its 16 bytes, and back.
+-- "0c57a2b5-9a3d-9f1e-8b2a-012345678901" as its 16 bytes, and back.
 local function pack_id(request_id)
   return (string.gsub(string.gsub(request_id, "-", ""), "%x%x", function(h)
     return string.char(tonumber(h, 16))
