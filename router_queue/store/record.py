@@ -1,18 +1,14 @@
 """A request's record, each field declared once (:data:`FIELDS`): its name,
-its codec (how it is read from the record's Redis hash, written into
-admission's ARGV and shown on the wire), whether the status body and the
-webhook events show it, and whether admission carries it from the submission.
+its codec (read from the record's hash, written into admission's ARGV, shown
+on the wire), whether status and webhook events show it, and whether
+admission carries it from the submission. Derived from it: the record's read
+(:meth:`RequestRecord.from_values`), ``ADMIT_ARGS``, the Lua
+``place_admission``'s list (:func:`lua_admitted_fields`, via
+``scripts.lib_for``), the status body's listed fields and their OpenAPI schema.
 
-The rest is derived from the declaration: which fields every read takes and
-how they are unpacked (:meth:`RequestRecord.from_values`), admission's
-arguments (``admission.py``, ``ADMIT_ARGS``) and the list of fields the Lua
-``place_admission`` writes from them (:func:`lua_admitted_fields`, offered
-beside ``lib.lua`` by ``scripts.lib_for``), the status body's listed fields
-(``web/bodies.py``) and their OpenAPI schema (``web/openapi.py``).
-
-A new field shown on status: its :class:`Field` here and its attribute on
-:class:`RequestRecord` (and on :class:`Submission`, when it is submitted),
-then where the front door parses it (``web/admission.py``).
+A new field shown on status: its :class:`Field` here, its attribute on
+:class:`RequestRecord` (and :class:`Submission`), then where the front door
+parses it (``web/admission.py``). ``docs/ARCHITECTURE.md``: "The store's parts".
 """
 
 from __future__ import annotations
