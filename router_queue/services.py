@@ -19,7 +19,8 @@ from .store.accounts import Accounts
 from .store.connect import UNREACHABLE, connect
 from .store.fleet import Fleet
 from .store.ids import RequestIds
-from .store.requests import GrantPublishing, Replication, RequestStore
+from .store.replication import Replication
+from .store.requests import GrantPublishing, RequestStore
 from .store.secret_box import SecretBox, require_key
 from .store.webhooks import DeliveryLimits, WebhookStore
 

@@ -472,9 +472,6 @@ class Settings:
             if not self.broker_url:
                 raise SettingsError("REDIS_URL names a Redis Cluster, which cannot carry Celery's messages: set "
                                     "CELERY_BROKER_URL to RabbitMQ (amqp://) or a Redis of its own")
-            if self.wait_replicas:
-                raise SettingsError("REDIS_WAIT_REPLICAS waits on one primary's connection; with REDIS_URL a Redis "
-                                    "Cluster, leave it 0")
             if self.redis_read_url and self.redis_read_url != self.redis_url:
                 raise SettingsError("with REDIS_URL a Redis Cluster, REDIS_READ_URL is the same URL (the cluster's "
                                     "replicas serve the reads) or unset")

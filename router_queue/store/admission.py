@@ -25,6 +25,7 @@ from . import keys
 from .connect import UNREACHABLE, NotAdmitted, Unsent, bounded, never_sent
 from .objects import POINTER_MAX_BYTES
 from .record import ADMITTED
+from .replication import ReplicatedWrites
 from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
@@ -135,9 +136,11 @@ class LostReplies:
 
 
 class TwoStepAdmission:
-    def __init__(self, client: redis.Redis, lost_replies: LostReplies):
+    def __init__(self, client: redis.Redis, lost_replies: LostReplies, acknowledged: ReplicatedWrites):
         self.client = client
         self.lost_replies = lost_replies
+        #: The provider's step, which writes the record the caller is told of, waits for the replicas.
+        self.acknowledged = acknowledged
         #: Called between the workspace's step and the provider's (tests kill
         #: the process there); None in service.
         self.between_steps: Callable[[], None] | None = None
@@ -179,8 +182,8 @@ class TwoStepAdmission:
         if self.between_steps is not None:
             self.between_steps()
         try:
-            placed = self._place(keys=[*provider_keys, admitting],
-                                 args=argv(SPLIT_ADMIT_ARGS, **{**values, "body_bytes": body_bytes,
+            placed = self.acknowledged.run(self._place, keys=[*provider_keys, admitting],
+                                           args=argv(SPLIT_ADMIT_ARGS, **{**values, "body_bytes": body_bytes,
                                                                 "reserved": reserved[1], "admitting": pending}))
         except UNREACHABLE as exc:
             if never_sent(exc):

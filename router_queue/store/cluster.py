@@ -53,13 +53,19 @@ class SlotScript(Script):
                     return client.evalsha_ro(self.sha, len(keys), *keys, *args)
                 return client.evalsha(self.sha, len(keys), *keys, *args)
             except redis.exceptions.NoScriptError:
-                # every node of the slot, the replicas a reader may pick included (the sha is the text's)
-                serving = client.nodes_manager.slots_cache.get(client.keyslot(keys[0])) if keys else None
-                for node in serving or ():
-                    client.execute_command("SCRIPT LOAD", self.script, target_nodes=node)
-                if not serving:
-                    client.script_load(self.script)
+                load_on_slot(client, self.script, keys[0] if keys else None)
         raise redis.ConnectionError("the node serving this script's slot keeps losing its scripts (failing over)")
+
+
+def load_on_slot(client: RedisCluster, text: str, key: str | None) -> None:
+    """``text`` loaded on every node serving ``key``'s slot, the replicas a
+    reader may pick included (the sha is the text's); with no key, on the
+    primaries."""
+    serving = client.nodes_manager.slots_cache.get(client.keyslot(key)) if key is not None else None
+    for node in serving or ():
+        client.execute_command("SCRIPT LOAD", text, target_nodes=node)
+    if not serving:
+        client.script_load(text)
 
 
 def register_script(client: redis.Redis, text: str) -> Script:

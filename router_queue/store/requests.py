@@ -27,6 +27,7 @@ from .owed import OwedEffects
 from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_STORED_BYTES
 from .rate_counts import SyncedRateCounts
 from .record import READ_NAMES, RequestRecord, Submission, admitted_values
+from .replication import NO_REPLICATION, ReplicatedWrites, Replication
 from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
@@ -251,21 +252,6 @@ class DeadlineDue:
     model: str | None
 
 
-@dataclass(frozen=True)
-class Replication:
-    """How many replicas a write the caller is told about waits for (Redis
-    ``WAIT``), and for how long at most. Redis replicates asynchronously: a
-    primary that dies before its replica received a write takes the write
-    with it when the sentinels promote the replica. Waiting closes that window
-    for the writes that matter (an admission answered 201, a cancel, a
-    completion with its settlement) at the price of one replication round
-    trip each; past ``timeout_ms`` the write is answered anyway (it is on the
-    primary and cannot be taken back), logged and counted."""
-
-    replicas: int = 0
-    timeout_ms: int = 100
-
-
 #: What ``record_progress`` answers when the request's webhook has an event due now.
 WEBHOOK_DUE = 2
 
@@ -274,7 +260,7 @@ class RequestStore:
     def __init__(self, client: redis.Redis, *, retention_s: int, idempotency_ttl_s: int,
                  republish_after_s: float = 30.0, max_queued: int = 1000,
                  max_in_flight: Callable[[str], int] = lambda provider: 100,
-                 write_deadline_s: float | None = None, replication: Replication = Replication(),
+                 write_deadline_s: float | None = None, replication: Replication = NO_REPLICATION,
                  max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
                  max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS, grants: GrantPublishing | None = None,
                  reads: redis.Redis | None = None, split: bool = False,
@@ -288,8 +274,10 @@ class RequestStore:
         self.effects = OwedEffects(client, split=split)
         #: Reads back an admission whose reply was lost, within the front door's wait.
         self.lost_replies = LostReplies(client, write_deadline_s or LOST_REPLY_BUDGET_S)
+        #: The writes a caller is told about, held for ``replication``'s replicas.
+        self.acknowledged = ReplicatedWrites(client, replication)
         #: Split, admission's steps (``admission.py``); None: one step.
-        self.two_step = TwoStepAdmission(client, self.lost_replies) if split else None
+        self.two_step = TwoStepAdmission(client, self.lost_replies, self.acknowledged) if split else None
         #: A replica that serves status polls and event streams' position
         #: reads (``REDIS_READ_URL``), or None: the primary serves them.
         self.reads = reads
@@ -298,9 +286,6 @@ class RequestStore:
         self._replica_down_until = 0.0
         #: Those reads' rate counts, synced with the primary in batches.
         self.read_rate_counts = SyncedRateCounts(load_script(client, "rate_add")) if reads is not None else None
-        self.replication = replication
-        #: Writes answered before ``replication.replicas`` replicas had them.
-        self.unreplicated = 0
         #: Requests a workspace may have waiting unless it sets its own cap.
         self.max_queued = max_queued
         #: Body bytes and webhook events pending a workspace may have unless
@@ -377,7 +362,7 @@ class RequestStore:
             reply = self.two_step.admit(values, list(rate_keys), list(rate_args), idem_key, provider_keys)
         else:
             try:
-                reply = self._acknowledged(
+                reply = self.acknowledged.run(
                     self._admit,
                     keys=[
                         keys.request(request_id), keys.queue(provider), keys.sequence(provider),
@@ -408,21 +393,10 @@ class RequestStore:
             return Admission(code, retry_after=int(reply[1]))
         return Admission(code)
 
-    def _acknowledged(self, script, *, keys: list, args: list) -> Any:
-        """Run a write whose outcome a caller is told, then, with replication
-        on, ``WAIT`` for the replicas on the same connection (``WAIT`` counts
-        the writes of its own connection, so both go in one pipeline)."""
-        if not self.replication.replicas:
-            return script(keys=keys, args=args)
-        pipe = self.client.pipeline(transaction=False)
-        script(keys=keys, args=args, client=pipe)
-        pipe.wait(self.replication.replicas, self.replication.timeout_ms)
-        reply, replicas = pipe.execute()
-        if replicas < self.replication.replicas:
-            self.unreplicated += 1
-            log.warning("write answered with %d of %d replicas after %d ms (%d so far): a failover now could lose it",
-                        replicas, self.replication.replicas, self.replication.timeout_ms, self.unreplicated)
-        return reply
+    @property
+    def unreplicated(self) -> int:
+        """Writes answered before the replicas ``REDIS_WAIT_REPLICAS`` names had them."""
+        return self.acknowledged.unreplicated
 
     def _deadline(self, now: float) -> str:
         """Until when (Unix seconds, as Redis's ``TIME`` tells it) the script
@@ -694,7 +668,7 @@ class RequestStore:
         ``by_deadline``: the sweeper cancels for the caller's X-Comfy-Deadline."""
         now = time.time()
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
-        reply = self._acknowledged(
+        reply = self.acknowledged.run(
             self._cancel,
             keys=[keys.request(request_id), keys.queue(provider), keys.schedule(provider),
                   *self.effects.workspace_keys(provider, workspace), running, list_key, keys.deadlines(provider),
@@ -812,7 +786,7 @@ class RequestStore:
         billable = (not error_type) if billable is None else billable
         now = time.time()
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)
-        reply = self._acknowledged(
+        reply = self.acknowledged.run(
             self._complete,
             keys=[
                 keys.request(request_id), keys.result(request_id), keys.queue(provider),

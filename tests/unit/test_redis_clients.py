@@ -11,7 +11,7 @@ from router_queue.broker.celery_app import make_celery
 from router_queue.settings import Settings, SettingsError
 from router_queue.store.connect import ClusterAddress, RedisUrlError, SentinelAddress, bounded, celery_broker, connect
 from router_queue.store.record import Submission
-from router_queue.store.requests import Replication
+from router_queue.store.replication import Replication
 
 SENTINELS = "sentinel://:s3cret@10.0.0.1:26379;sentinel://10.0.0.2:26380;sentinel://10.0.0.3/2?master_name=rq"
 
@@ -70,7 +70,7 @@ def test_a_write_answered_before_its_replicas_had_it_is_counted_and_still_made(s
     if not isinstance(client, redis.Redis) or type(client).__module__.startswith("fakeredis"):
         pytest.skip("WAIT needs a real Redis")
     store = services.store
-    store.replication = Replication(replicas=1, timeout_ms=50)  # this Redis has no replica
+    store.acknowledged.replication = Replication(replicas=1, timeout_ms=50)  # this Redis has no replica
     request_id = services.ids.mint(workspace, "bfl/flux-2-pro")
     outcome = store.admit(Submission(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro", provider="bfl",
                           body="{}"))
@@ -103,7 +103,6 @@ def test_a_cluster_url_that_cannot_work_is_refused_at_startup(url, complaint):
 @pytest.mark.parametrize("env,complaint", [
     ({"REDIS_URL": CLUSTER}, "set CELERY_BROKER_URL to RabbitMQ"),
     ({"REDIS_URL": "redis://127.0.0.1:6379/0", "CELERY_BROKER_URL": CLUSTER}, "kombu has no transport"),
-    ({"REDIS_URL": CLUSTER, "CELERY_BROKER_URL": "amqp://x//", "REDIS_WAIT_REPLICAS": "1"}, "REDIS_WAIT_REPLICAS"),
     ({"REDIS_URL": CLUSTER, "CELERY_BROKER_URL": "amqp://x//", "REDIS_READ_URL": "redis://r:6379/0"},
      "REDIS_READ_URL"),
 ])
@@ -112,6 +111,9 @@ def test_a_cluster_store_needs_a_broker_of_its_own_and_no_single_server_options(
         Settings.from_env(env)
     assert Settings.from_env({"REDIS_URL": CLUSTER, "CELERY_BROKER_URL": "redis://127.0.0.1:6380/0"}).redis_url == \
         CLUSTER.rstrip("/")
+    # a write waits for its slot's replica as it would for one primary's (store/replication.py)
+    assert Settings.from_env({"REDIS_URL": CLUSTER, "CELERY_BROKER_URL": "amqp://x//",
+                              "REDIS_WAIT_REPLICAS": "1"}).wait_replicas == 1
     # the cluster's own URL as the read URL: its replicas serve the reads
     assert Settings.from_env({"REDIS_URL": CLUSTER, "REDIS_READ_URL": CLUSTER,
                               "CELERY_BROKER_URL": "amqp://x//"}).redis_read_url == CLUSTER
