@@ -208,7 +208,7 @@ class Accounts:
 
     def _copy_limits_to_schedules(self, workspace_id: str) -> None:
         """Each provider's schedule grants by its own copy of a waiting
-        workspace's limits (``lua/lib.lua``, ``ws_limits``), so a grant reads
+        workspace's limits (``lua/lib/schedule.lua``, ``ws_limits``), so a grant reads
         only the provider's keys; the copies of the workspace's waiting
         requests follow a change here at once."""
         row = self.client.hmget(keys.workspace(workspace_id), "weight", "max_in_flight")
@@ -230,7 +230,7 @@ class Accounts:
         """The ledger's entries written from ``since`` to ``until`` (Unix s, to
         the ms, inclusive; None: no bound), oldest first, read ``page`` at a time
         (XRANGE): an export holds one page in memory, never the ledger. An
-        entry's id is its time in ms (``lua/lib.lua``, ``ledger_add``)."""
+        entry's id is its time in ms (``lua/lib/ledger.lua``, ``ledger_add``)."""
         start = "-" if since is None else str(max(0, math.floor(since * 1000)))
         end = "+" if until is None else str(max(0, math.floor(until * 1000)))
         while True:

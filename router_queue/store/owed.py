@@ -4,7 +4,7 @@ different slots, so no one script may touch both).
 
 A step that starts or ends a request, or ends its last webhook event, writes
 what it owes the workspace into the provider's owed set in the same step
-(``lua/lib.lua``, ``owe_ws``); its caller applies each in the workspace's own
+(``lua/lib/ledger.lua``, ``owe_ws``); its caller applies each in the workspace's own
 step (``ws_settle.lua``) and drops it, and the sweeper applies what waited
 longer than :data:`RECONCILE_AFTER_S`. The request's open entry
 (``keys.open_requests``) makes each count once. On one Redis nothing is owed.
@@ -43,7 +43,7 @@ class OwedEffects:
 
     def workspace_keys(self, provider: str, workspace: str) -> list[str]:
         """The two KEYS a step that owes effects takes where the workspace's
-        hash and ledger go (``lua/lib.lua``, ``ws_target``)."""
+        hash and ledger go (``lua/lib/ledger.lua``, ``ws_target``)."""
         if self.split:
             return [keys.owed(provider), keys.owed(provider)]
         return [keys.workspace(workspace), keys.ledger(workspace)]

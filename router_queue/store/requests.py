@@ -199,7 +199,7 @@ class Admission:
 @dataclass(frozen=True)
 class BrokerTemplate:
     """How the scripts publish a grant themselves: the broker's list for a
-    provider's queue and its Celery message with the stand-ins lib.lua fills."""
+    provider's queue and its Celery message with the stand-ins lib/schedule.lua fills."""
 
     list_key: str
     text: str

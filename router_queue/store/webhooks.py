@@ -1,7 +1,7 @@
 """The webhook events requests owe, and their deliveries, in Redis.
 
 An event is written by the script that makes the change it reports
-(``lib.lua``), so no crash falls between the two; a request's events are
+(``lib/webhooks.lua``), so no crash falls between the two; a request's events are
 delivered one at a time, in order. An attempt takes the event under a lease
 (:meth:`WebhookStore.take`: its workspace's turn and its endpoint's circuit,
 then the event), its outcome is recorded with the next attempt's time
@@ -298,7 +298,7 @@ class WebhookStore:
 
     def _workspace_target(self, provider: str, workspace: str) -> tuple[list[str], str]:
         """The KEYS and ``split`` argument of where an ended event's step
-        gives back its workspace's pending count (``lua/lib.lua``,
+        gives back its workspace's pending count (``lua/lib/webhooks.lua``,
         ``ws_target``): owed to the provider's owed set on a split store;
         else, and for an event gone (no provider read), the workspace's hash
         in the step."""

@@ -60,7 +60,7 @@ def test_admissions_split_steps_read_every_name_they_declare_between_them():
 
 
 def _read(script: str) -> tuple[set[str], str]:
-    """The ARG_ names a script reads, itself or through the part of lib.lua it carries, and that code."""
+    """The ARG_ names a script reads, itself or through the part of lua/lib/ it carries, and that code."""
     source = resources.files("router_queue.store").joinpath("lua", f"{script}.lua").read_text()
     source += lib_for(source)
     code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("--"))

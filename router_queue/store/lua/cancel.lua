@@ -9,7 +9,7 @@
 --
 -- KEYS[1] P:req:{id}   KEYS[2] P:queue:{provider}   KEYS[3] P:sched:{provider}
 -- KEYS[4] W:ws   KEYS[5] W:ledger (split "1": P:owed:{provider}
---         in both places, lib.lua's ws_target)
+--         in both places, lib/ledger.lua's ws_target)
 -- KEYS[6] P:running:{provider}   KEYS[7] the broker's list for the provider
 -- KEYS[8] P:deadlines:{provider}  KEYS[9] P:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, CANCEL_ARGS):
@@ -17,7 +17,7 @@
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
 --   write_deadline (Unix seconds, Redis's clock) past which nothing changes; "" for none
 --   by: who cancels, "" the caller, "deadline" the caller's X-Comfy-Deadline
---   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
+--   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 -- returns {"CANCELLED", granted ids to publish..., effects owed...} | {"REQUESTED"}
 --       | {"ALREADY_COMPLETED"} | {"MISSING"} | {"EXPIRED"}
 

@@ -23,7 +23,7 @@
 --
 -- KEYS[1] P:req:{id}  KEYS[2] P:queue:{provider}  KEYS[3] P:sched:{provider}
 -- KEYS[4] P:running:{provider}  KEYS[5] W:ws  KEYS[6] W:ledger
---         (split "1": P:owed:{provider} in both places, lib.lua's ws_target)
+--         (split "1": P:owed:{provider} in both places, lib/ledger.lua's ws_target)
 -- KEYS[7] the broker's list for the provider  KEYS[8] P:deadlines:{provider}
 -- KEYS[9] P:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, CLAIM_ARGS):
@@ -32,7 +32,7 @@
 --   max_takeovers  resume_key: "{task id}:{retry number}" of this execution,
 --                  which matches the record's "successor" only for the retry a holder left
 --   grant_until (a grant's lease end, s)  template (the message template, or "")
---   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
+--   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 -- returns {code, granted ids to publish..., effects owed...}, code one of "CLAIMED" | "RESUMED"
 --       | "WAITING" | "LEASED" | "QUEUE_TIMEOUT" | "DEADLINE" | "EXHAUSTED" | "COMPLETED" | "MISSING"
 
@@ -94,12 +94,12 @@ if status == "IN_QUEUE" then
     redis.call("ZREM", KEYS[8], "start|" .. ARGV[ARG_ID])
   end
   local e = ws_effects(ARGV[ARG_ID], ARGV[ARG_NOW])
-  e.queued = 1  -- it no longer waits (lib.lua)
+  e.queued = 1  -- it no longer waits (lib/ledger.lua)
   owe_ws(ws_target({ws_id = rec[7]}, KEYS[5], KEYS[6], ARGV[ARG_SPLIT]), e, "start")
   redis.call("ZREM", KEYS[2], ARGV[ARG_ID])
   redis.call("ZREM", S.base .. ":granted", ARGV[ARG_ID])
   lease({"status", "IN_PROGRESS", "started_at", ARGV[ARG_NOW]})
-  -- its webhook's "started" event, if chosen (lib.lua)
+  -- its webhook's "started" event, if chosen (lib/webhooks.lua)
   owe_started(KEYS[1], ARGV[ARG_ID], ARGV[ARG_NOW], rec[12], rec[13])
   announce(ARGV[ARG_ID], "IN_PROGRESS")
   announce_moved(KEYS[3])

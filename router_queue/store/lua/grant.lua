@@ -1,5 +1,5 @@
 -- grant.lua: give a provider's free slots to the requests its schedule names
--- next (lib.lua, grant). Every script that frees a slot does this itself; the
+-- next (lib/schedule.lua, grant). Every script that frees a slot does this itself; the
 -- sweeper runs it too, so a raised cap or a lost step heals within a sweep.
 --
 -- KEYS[1] P:sched:{provider}  KEYS[2] P:running:{provider}

@@ -6,7 +6,7 @@
 -- A page costs the same at any depth of the history: the stream is entered at
 -- the cursor (O(log n)), and at most ARGV[3] entries are examined.
 --
--- KEYS[1] W:history (a stream: lib.lua, history_add)
+-- KEYS[1] W:history (a stream: lib/history.lua, history_add)
 -- KEYS[2] W:history:{model} to list one model (its entries
 --         point into KEYS[1]), else KEYS[1] again
 -- KEYS[3..] the caller's rate-window counters

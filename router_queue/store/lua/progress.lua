@@ -2,7 +2,7 @@
 -- only while it grows, only from the execution holding the lease, and only
 -- while the request runs; a change is announced on the request's event
 -- channel, and owes the request's webhook a "progress" event when it chose
--- one (lib.lua, owe_progress: a new one at most every ARGV[5] seconds).
+-- one (lib/webhooks.lua, owe_progress: a new one at most every ARGV[5] seconds).
 --
 -- KEYS[1] P:req:{id}
 -- ARGV[1] request id  ARGV[2] the execution's lease token  ARGV[3] progress, 0..1

@@ -1,6 +1,6 @@
 -- schedule_limits.lua: an operator changed a workspace's weight or
 -- max_in_flight (accounts.py): update the copy a provider's schedule keeps
--- while the workspace has requests waiting there (lib.lua, ws_limits), so its
+-- while the workspace has requests waiting there (lib/schedule.lua, ws_limits), so its
 -- next grant follows the new limits. A workspace with nothing waiting has no
 -- copy; its next admission writes one from its hash.
 --

@@ -8,9 +8,9 @@
 -- seconds) pair per rate-window counter
 -- returns {"RATE_LIMITED", window index, ms left}
 --       | {"OK", field values, ttl or false, position or false, {avg_run_s, avg_gap_s} or false}
--- The position (lib.lua, position) is read only while the request waits;
+-- The position (lib/schedule.lua, position) is read only while the request waits;
 -- the record's TTL only once it is COMPLETED (a record expires only from
--- the step that completes it: complete.lua, lib.lua's finish_unbilled; before
+-- the step that completes it: complete.lua, lib/ending.lua's finish_unbilled; before
 -- that its TTL is -1, which reads as none); the provider's pace only while
 -- it is not COMPLETED (it is for Retry-After, which a finished request is
 -- not sent: web/pacing.py). A missing record reads neither.
