@@ -20,7 +20,7 @@ from typing import Any, Callable
 import redis
 
 from . import keys
-from .scripts import load_script
+from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 RECONCILE_AFTER_S = 5.0
 #: Most owed effects of one provider the sweeper applies per run.
 RECONCILE_BATCH = 500
+#: ws_settle.lua's ARGV by name (``scripts.argv``).
+SETTLE_ARGS = ("effect",)
 
 
 class OwedEffects:
@@ -39,7 +41,7 @@ class OwedEffects:
         #: Called between a provider's step and its workspace's (tests kill
         #: the process there); None in service.
         self.between_steps: Callable[[], None] | None = None
-        self._settle = load_script(client, "ws_settle")
+        self._settle = load_script(client, "ws_settle", SETTLE_ARGS)
 
     def workspace_keys(self, provider: str, workspace: str) -> list[str]:
         """The two KEYS a step that owes effects takes where the workspace's
@@ -83,6 +85,6 @@ class OwedEffects:
         for effect in owed:
             workspace = json.loads(effect)["ws"]
             applied += int(self._settle(keys=[keys.workspace(workspace), keys.ledger(workspace),
-                                              keys.open_requests(workspace)], args=[effect]))
+                                              keys.open_requests(workspace)], args=argv(SETTLE_ARGS, effect=effect)))
             self.client.zrem(keys.owed(provider), effect)
         return applied

@@ -46,6 +46,8 @@ RECORD_ARGS = ("request_id", "token", "now", "outcome", "status", "error", "next
 #: webhook_turn_end.lua's ARGV by name (``scripts.argv``), in order.
 TURN_END_ARGS = ("token", "now", "outcome", "endpoint_failed", "circuit_failures", "circuit_cooling_s",
                  "failing_window_s", "entry", "log_length", "probe")
+#: webhook_due.lua's ARGV by name (``scripts.argv``), in order.
+DUE_ARGS = ("now", "again_at", "limit")
 
 
 def _text(value: Any) -> str:
@@ -180,7 +182,7 @@ class WebhookStore:
         self._take = load_script(client, "webhook_take", TAKE_ARGS)
         self._record = load_script(client, "webhook_record", RECORD_ARGS)
         self._turn_end = load_script(client, "webhook_turn_end", TURN_END_ARGS)
-        self._due = load_script(client, "webhook_due")
+        self._due = load_script(client, "webhook_due", DUE_ARGS)
 
     def take(self, request_id: str, *, now: float, lease_s: float, token: str) -> Taken:
         """Take the event for one attempt, in its workspace's turn and past its
@@ -311,7 +313,8 @@ class WebhookStore:
         (``webhook_due.lua``), at most ``limit`` a provider."""
         due = []
         for key in map(keys.webhooks_due, self.providers):
-            due += [_text(i) for i in self._due(keys=[key], args=[repr(now), repr(again_at), limit])]
+            due += [_text(i) for i in self._due(keys=[key], args=argv(DUE_ARGS, now=repr(now), again_at=repr(again_at),
+                                                                    limit=limit))]
         return due
 
     def owed(self, request_id: str) -> bool:

@@ -29,14 +29,14 @@ local by_deadline = ARGV[ARG_BY] == "deadline"
 if by_deadline then
   redis.call("ZREM", KEYS[8], "run|" .. ARGV[ARG_ID])
 end
-local rec = redis.call("HMGET", KEYS[1], "status", "workspace", "model")
-if not rec[1] or rec[2] ~= ARGV[ARG_WORKSPACE] or rec[3] ~= ARGV[ARG_MODEL] then
+local status, workspace, model = unpack(redis.call("HMGET", KEYS[1], "status", "workspace", "model"))
+if not status or workspace ~= ARGV[ARG_WORKSPACE] or model ~= ARGV[ARG_MODEL] then
   return {"MISSING"}
 end
-if rec[1] == "COMPLETED" then
+if status == "COMPLETED" then
   return {"ALREADY_COMPLETED"}
 end
-if rec[1] == "IN_PROGRESS" then
+if status == "IN_PROGRESS" then
   redis.call("HSET", KEYS[1], "cancel_requested", ARGV[ARG_NOW])
   -- what its completion as cancelled will say: the first cancel's reason
   redis.call("HSETNX", KEYS[1], "cancel_detail",

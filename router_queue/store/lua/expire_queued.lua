@@ -15,17 +15,18 @@
 --   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 -- returns {"TIMED_OUT", granted ids to publish...} | {"KEPT"}
 
-local rec = redis.call("HMGET", KEYS[1], "status", "created_at", "start_deadline_at")
-if rec[1] ~= "IN_QUEUE" then
-  if not rec[1] then
+local status, created_at, start_deadline_at = unpack(redis.call("HMGET", KEYS[1], "status", "created_at",
+  "start_deadline_at"))
+if status ~= "IN_QUEUE" then
+  if not status then
     redis.call("ZREM", KEYS[2], ARGV[ARG_ID])
   end
   redis.call("ZREM", KEYS[8], "start|" .. ARGV[ARG_ID])  -- started or gone: its start deadline no longer matters
   return {"KEPT"}
 end
 local detail = "waited in the queue longer than the model's queue timeout; never run, never billed"
-if tonumber(ARGV[ARG_NOW]) - tonumber(rec[2]) <= tonumber(ARGV[ARG_QUEUE_TIMEOUT_S]) then
-  if not passed(rec[3], ARGV[ARG_NOW]) then
+if tonumber(ARGV[ARG_NOW]) - tonumber(created_at) <= tonumber(ARGV[ARG_QUEUE_TIMEOUT_S]) then
+  if not passed(start_deadline_at, ARGV[ARG_NOW]) then
     return {"KEPT"}
   end
   detail = START_DEADLINE_DETAIL

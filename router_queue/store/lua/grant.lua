@@ -4,8 +4,8 @@
 --
 -- KEYS[1] P:sched:{provider}  KEYS[2] P:running:{provider}
 -- KEYS[3] the broker's list for the provider
--- ARGV[1] the provider's cap  ARGV[2] now (s)  ARGV[3] grant lease end (s)
--- ARGV[4] message template or ""
+-- ARGV by name (requests.py, GRANT_ARGS): cap (the provider's)  now (s)
+--   grant_until (a grant's lease end, s)  template (the message template, or "")
 -- returns the granted ids the caller publishes (none when the template pushed them)
 
-return grant(sched_ctx(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4]))
+return grant(sched_ctx(KEYS[1], KEYS[2], KEYS[3], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE]))

@@ -11,11 +11,12 @@
 -- admitted before its store was split): an effect with no entry was applied.
 --
 -- KEYS[1] W:ws  KEYS[2] W:ledger  KEYS[3] W:open
--- ARGV[1] the effect (JSON: lib/ledger.lua, ws_effects, with ws and kind)
+-- ARGV by name (owed.py, SETTLE_ARGS): effect (JSON: lib/ledger.lua, ws_effects,
+--   with ws and kind)
 -- (an entry's "w" is also admit_undo.lua's: it counted a pending webhook)
 -- returns 1 when applied now, 0 when it already was
 
-local e = cjson.decode(ARGV[1])
+local e = cjson.decode(ARGV[ARG_EFFECT])
 local open = redis.call("HGET", KEYS[3], e.request_id)
 if not open then
   return 0
