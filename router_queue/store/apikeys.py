@@ -27,7 +27,7 @@ import redis
 from ..logs import AUDIT_LOGGER
 from . import keys
 from .connect import queue_script
-from .scripts import argv, load_script
+from .scripts import argv, explain, load_script
 
 log = logging.getLogger(AUDIT_LOGGER)
 
@@ -169,6 +169,8 @@ class ApiKeys:
             reply, limit = pipe.execute()
         except redis.exceptions.NoScriptError:
             return self._resolve(keys=key_names, args=args), self.client.hget(workspace_key, "rate_limit")
+        except redis.exceptions.ResponseError as error:  # pipelined: raised here, not by the script
+            raise explain(self._resolve, error) from None
         return reply, limit
 
     # -- the operator's commands -------------------------------------------

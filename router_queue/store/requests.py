@@ -28,7 +28,7 @@ from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES, DEFA
 from .rate_counts import SyncedRateCounts
 from .record import READ_NAMES, RequestRecord, Submission, admitted_values
 from .replication import NO_REPLICATION, ReplicatedWrites, Replication
-from .scripts import argv, load_script
+from .scripts import argv, explain, load_script
 
 log = logging.getLogger(__name__)
 
@@ -759,6 +759,8 @@ class RequestStore:
         except redis.exceptions.NoScriptError:
             for call_keys, args in calls:
                 self._renew(keys=call_keys, args=args)
+        except redis.exceptions.ResponseError as error:  # pipelined: raised here, not by the script
+            raise explain(self._renew, error) from None
 
     def record_attempt(self, request_id: str) -> int:
         """Count one failed provider call worth retrying; returns the count so far."""

@@ -10,6 +10,7 @@ import pytest
 import redis
 
 from router_queue.store import scripts
+from router_queue.store.connect import queue_script
 from router_queue.store.scripts import LuaLinkError, load_script, read_lib
 
 LIB = resources.files("router_queue.store").joinpath("lua", "lib")
@@ -103,3 +104,16 @@ def test_no_lua_file_is_over_400_lines():
     files = [*lua.iterdir(), *LIB.iterdir()]
     long = {f.name: n for f in files if f.name.endswith(".lua") and (n := len(f.read_text().splitlines())) > 400}
     assert len(files) > 40 and not long
+
+
+def test_an_error_from_a_pipelined_script_is_explained_by_its_caller(client, script_text):
+    script_text["test_piped.lua"] = "local n = 1\nerror('piped ' .. n)\n"
+    script = load_script(client, "test_piped")
+    with pytest.raises(redis.exceptions.ResponseError):
+        script(keys=["k"])  # loads it
+    pipe = client.pipeline(transaction=False)
+    queue_script(pipe, script, ["k"], [])
+    with pytest.raises(redis.exceptions.ResponseError) as raised:
+        pipe.execute()
+    assert "test_piped.lua:2: piped 1" in str(scripts.explain(script, raised.value))
+    assert scripts.explain(object(), raised.value) is raised.value  # not one of ours: as it is
