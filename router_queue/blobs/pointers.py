@@ -41,7 +41,7 @@ class ResultPointer:
 @dataclass(frozen=True)
 class BodyPointer:
     """A request body held in the object store. Its text stands in for the
-    body in ``P:body:{id}`` (``lua/lib.lua``, ``BODY_POINTER``, reads its size):
+    body in ``P:body:{id}`` (``lua/lib/body.lua``, ``BODY_POINTER``, reads its size):
     ``"\\0obj {size} {sha256} {object key}"``; a JSON body never begins with NUL."""
 
     key: str

@@ -20,7 +20,7 @@ from celery import Celery
 from ..store.requests import BrokerTemplate, GrantPublishing
 from .celery_app import DELIVER_TASK, WEBHOOK_TASK, WEBHOOKS_QUEUE, queue_name
 
-#: Stand-ins for the per-grant values, as lib.lua's grant() replaces them
+#: Stand-ins for the per-grant values, as lib/schedule.lua's grant() replaces them
 #: (plain letters: they are Lua patterns too).
 REQUEST_STANDIN = "RQTPLREQ"
 TASK_STANDIN = "RQTPLTASK"

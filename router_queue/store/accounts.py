@@ -15,7 +15,7 @@ import redis
 from . import keys
 from .apikeys import ApiKeys
 from .epoch import StoreEpoch
-from .scripts import load_script
+from .scripts import argv, load_script
 from .secret_box import SecretBox, SecretsKeyError, open_stored
 
 #: Seconds a rotated-out webhook secret keeps signing beside the new one, so
@@ -26,6 +26,9 @@ WEBHOOK_SECRET_OVERLAP_S = 86_400
 DEFAULT_LEDGER_RETENTION_S = 35 * 86_400
 #: Ledger entries read per round trip by an export (``ledger_entries``).
 LEDGER_PAGE = 1000
+#: schedule_limits.lua's and webhook_secret.lua's ARGV by name (``scripts.argv``), in order.
+LIMITS_ARGS = ("workspace", "limits")
+SECRET_ARGS = ("how", "secret", "previous_until")
 
 
 def _optional_int(raw: str | None) -> int | None:
@@ -92,10 +95,10 @@ class Accounts:
         #: The catalog's providers, whose schedules keep a copy of a waiting
         #: workspace's weight and max_in_flight (``set_limits``).
         self.providers = providers
-        self._schedule_limits = load_script(client, "schedule_limits")
+        self._schedule_limits = load_script(client, "schedule_limits", LIMITS_ARGS)
         self.keys = ApiKeys(client)
         self.epoch = StoreEpoch(client, split=split)
-        self._webhook_secret = load_script(client, "webhook_secret")
+        self._webhook_secret = load_script(client, "webhook_secret", SECRET_ARGS)
 
     def create_workspace(self, name: str, *, queue_enabled: bool = False, credits: int = 0) -> str:
         workspace_id = "ws_" + secrets.token_hex(8)
@@ -208,14 +211,15 @@ class Accounts:
 
     def _copy_limits_to_schedules(self, workspace_id: str) -> None:
         """Each provider's schedule grants by its own copy of a waiting
-        workspace's limits (``lua/lib.lua``, ``ws_limits``), so a grant reads
+        workspace's limits (``lua/lib/schedule.lua``, ``ws_limits``), so a grant reads
         only the provider's keys; the copies of the workspace's waiting
         requests follow a change here at once."""
         row = self.client.hmget(keys.workspace(workspace_id), "weight", "max_in_flight")
         weight = max(int(row[0] or 1), 1)
         copy = f"{weight}:{int(row[1] or 0)}"
         for provider in self.providers:
-            self._schedule_limits(keys=[keys.schedule(provider)], args=[workspace_id, copy])
+            self._schedule_limits(keys=[keys.schedule(provider)],
+                                  args=argv(LIMITS_ARGS, workspace=workspace_id, limits=copy))
 
     def rate_limit(self, workspace_id: str) -> str | None:
         value = self.client.hget(keys.workspace(workspace_id), "rate_limit")
@@ -230,7 +234,7 @@ class Accounts:
         """The ledger's entries written from ``since`` to ``until`` (Unix s, to
         the ms, inclusive; None: no bound), oldest first, read ``page`` at a time
         (XRANGE): an export holds one page in memory, never the ledger. An
-        entry's id is its time in ms (``lua/lib.lua``, ``ledger_add``)."""
+        entry's id is its time in ms (``lua/lib/ledger.lua``, ``ledger_add``)."""
         start = "-" if since is None else str(max(0, math.floor(since * 1000)))
         end = "+" if until is None else str(max(0, math.floor(until * 1000)))
         while True:
@@ -289,7 +293,8 @@ class Accounts:
         else:
             stored = secret
         reply = self._webhook_secret(keys=[keys.workspace(workspace_id)],
-                                     args=["rotate" if rotate else "create", stored, repr(until)])
+                                     args=argv(SECRET_ARGS, how="rotate" if rotate else "create", secret=stored,
+                                               previous_until=repr(until)))
         outcome = reply[0].decode() if isinstance(reply[0], bytes) else reply[0]
         if outcome == "MISSING":
             raise LookupError(f"no workspace {workspace_id!r}")

@@ -51,6 +51,8 @@ ABANDON_BATCH = 500
 
 #: admitted.lua's ARGV by name.
 ADMITTED_ARGS = ("id", "write_deadline")
+#: admit_undo.lua's ARGV by name.
+UNDO_ARGS = ("id", "price", "body_bytes", "now")
 #: Reads of a lost admission's outcome at most, each waiting half the budget.
 LOST_REPLY_READS = 2
 #: Seconds between two of those reads after one failed at once (a refused connection).
@@ -146,7 +148,7 @@ class TwoStepAdmission:
         self.between_steps: Callable[[], None] | None = None
         self._reserve = load_script(client, "admit_ws", SPLIT_ADMIT_ARGS)
         self._place = load_script(client, "admit_place", SPLIT_ADMIT_ARGS)
-        self._undo = load_script(client, "admit_undo")
+        self._undo = load_script(client, "admit_undo", UNDO_ARGS)
 
     def admit(self, values: dict[str, Any], rate_keys: list[str], rate_args: list, idem_key: str,
               provider_keys: list[str]) -> list[Any]:
@@ -228,7 +230,8 @@ class TwoStepAdmission:
         workspace = pending["ws"]
         return int(self._undo(keys=[keys.workspace(workspace), keys.ledger(workspace), pending["idem"],
                                     keys.open_requests(workspace)],
-                              args=[pending["id"], pending["price"], pending["bytes"], repr(time.time())]))
+                              args=argv(UNDO_ARGS, id=pending["id"], price=pending["price"],
+                                        body_bytes=pending["bytes"], now=repr(time.time()))))
 
     def _body_bytes(self, values: dict[str, Any]) -> int:
         """The bytes the body will take: a retry's is its original's (kept

@@ -27,7 +27,7 @@ import redis
 from ..logs import AUDIT_LOGGER
 from . import keys
 from .connect import queue_script
-from .scripts import argv, load_script
+from .scripts import argv, explain, load_script
 
 log = logging.getLogger(AUDIT_LOGGER)
 
@@ -48,6 +48,10 @@ MINT_ARGS = ("workspace", "id", "hash", "label", "now", "audit_line", "audit_kep
 #: key_rotate.lua's ARGV by name (``scripts.argv``), in order.
 ROTATE_ARGS = ("workspace", "old_id", "old_hash", "new_id", "new_hash", "now", "label", "namespace", "until",
                "until_ms", "audit_line", "audit_kept")
+#: key_resolve.lua's, key_revoke.lua's and key_adopt.lua's ARGV by name, in order.
+RESOLVE_ARGS = ("now", "last_used_every_s")
+REVOKE_ARGS = ("owner", "id", "audit_line", "audit_kept")
+ADOPT_ARGS = ("owner", "id", "hash")
 #: Seconds a rotated-out key keeps working beside its successor by default.
 DEFAULT_OVERLAP_S = 86_400
 
@@ -123,10 +127,10 @@ class ApiKeys:
     def __init__(self, client: redis.Redis):
         self.client = client
         self._mint = load_script(client, "key_mint", MINT_ARGS)
-        self._resolve = load_script(client, "key_resolve")
-        self._revoke = load_script(client, "key_revoke")
+        self._resolve = load_script(client, "key_resolve", RESOLVE_ARGS)
+        self._revoke = load_script(client, "key_revoke", REVOKE_ARGS)
         self._rotate = load_script(client, "key_rotate", ROTATE_ARGS)
-        self._adopt = load_script(client, "key_adopt")
+        self._adopt = load_script(client, "key_adopt", ADOPT_ARGS)
 
     # -- the front door ----------------------------------------------------
     def resolve(self, api_key: str, now: float | None = None, *,
@@ -139,7 +143,7 @@ class ApiKeys:
         digest = hash_key(api_key)
         ident = key_id(digest)
         key_names = [keys.api_key(digest), keys.key_record(ident)]
-        args = [repr(now or time.time()), LAST_USED_EVERY_S]
+        args = argv(RESOLVE_ARGS, now=repr(now or time.time()), last_used_every_s=LAST_USED_EVERY_S)
         limit = None
         if rate_limit_of is None:
             reply = self._resolve(keys=key_names, args=args)
@@ -165,6 +169,8 @@ class ApiKeys:
             reply, limit = pipe.execute()
         except redis.exceptions.NoScriptError:
             return self._resolve(keys=key_names, args=args), self.client.hget(workspace_key, "rate_limit")
+        except redis.exceptions.ResponseError as error:  # pipelined: raised here, not by the script
+            raise explain(self._resolve, error) from None
         return reply, limit
 
     # -- the operator's commands -------------------------------------------
@@ -228,7 +234,8 @@ class ApiKeys:
         reply = self._revoke(
             keys=[keys.api_key(info.hash), keys.key_record(info.id), keys.workspace_keys(info.workspace),
                   keys.key_audit(info.workspace)],
-            args=[info.workspace, info.id, self._audit_line("revoke", info, now), AUDIT_KEPT],
+            args=argv(REVOKE_ARGS, owner=info.workspace, id=info.id, audit_line=self._audit_line("revoke", info, now),
+                      audit_kept=AUDIT_KEPT),
         )
         if _text(reply[0]) != "REVOKED":
             raise LookupError(f"no key {info.id} (revoked meanwhile)")
@@ -291,7 +298,7 @@ class ApiKeys:
                 digest, owner = _text(name)[len(prefix):], _text(value)
                 ident = key_id(digest)
                 reply = self._adopt(keys=[_text(name), keys.key_record(ident), keys.workspace_keys(owner)],
-                                    args=[owner, ident, digest])
+                                    args=argv(ADOPT_ARGS, owner=owner, id=ident, hash=digest))
                 count += _text(reply[0]) == "ADOPTED"
             return count
 

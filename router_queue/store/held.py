@@ -22,7 +22,7 @@ import redis
 
 from . import keys
 from .quotas import DEFAULT_MAX_HELD
-from .scripts import load_script
+from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,8 @@ HELD_LEASE_S = 60.0
 #: Seconds a refused held connection is told to wait: no telling when one of
 #: the workspace's others ends, so a short, fixed hint.
 HELD_RETRY_AFTER_S = 5
+#: held_take.lua's ARGV by name (``scripts.argv``), in order.
+TAKE_ARGS = ("slot", "now", "lease_until", "default_max", "keep_s")
 
 
 class HeldSlots:
@@ -47,7 +49,7 @@ class HeldSlots:
         self.default_max = default_max
         self.lease_s = lease_s
         self.clock = clock
-        self._take = load_script(client, "held_take")
+        self._take = load_script(client, "held_take", TAKE_ARGS)
         self._prefix = uuid.uuid4().hex[:12]
         self._numbers = itertools.count(1)
         self._lock = threading.Lock()
@@ -63,7 +65,8 @@ class HeldSlots:
         slot = f"{self._prefix}:{next(self._numbers)}"
         now = self.clock()
         reply = self._take(keys=[keys.held(workspace), keys.workspace(workspace)],
-                           args=[slot, repr(now), repr(now + self.lease_s), self.default_max, self._keep_s()])
+                           args=argv(TAKE_ARGS, slot=slot, now=repr(now), lease_until=repr(now + self.lease_s),
+                                     default_max=self.default_max, keep_s=self._keep_s()))
         if reply[0] != b"TAKEN" and reply[0] != "TAKEN":
             return None
         with self._lock:

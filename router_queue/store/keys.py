@@ -123,7 +123,7 @@ def running(provider: str) -> str:
 
 def deadlines(provider: str) -> str:
     """The caller deadlines of a provider's requests ("start|{id}", "run|{id}")
-    by when each falls (lua/lib.lua)."""
+    by when each falls (lua/lib/ending.lua)."""
     return f"{provider_prefix(provider)}:deadlines:{provider}"
 
 
@@ -158,7 +158,7 @@ def stats(provider: str) -> str:
 
 def owed(provider: str) -> str:
     """A split store's workspace effects owed by the provider's steps, not yet
-    applied (JSON, by when owed; ``lua/lib.lua``, ``owe_ws``)."""
+    applied (JSON, by when owed; ``lua/lib/ledger.lua``, ``owe_ws``)."""
     return f"{provider_prefix(provider)}:owed:{provider}"
 
 
@@ -342,7 +342,7 @@ def webhooks_in_flight() -> str:
 
 def lua_layout() -> str:
     """The Lua definitions ``load_script`` offers every script beside
-    ``lua/lib.lua``'s (each script takes those it names): functions building
+    ``lua/lib/``'s (each script takes those it names): functions building
     the keys a script builds from an id it read (the request the schedule
     names next, an index's members) by the rules above (``docs/KEYS.md``).
     ``tests/unit/test_keys.py`` holds the Lua to the Python."""

@@ -19,7 +19,7 @@ from redis.cluster import RedisCluster
 
 from . import keys
 from .migrate_data import Rewritten, Version8, primaries, rewrite, version_8
-from .scripts import load_script
+from .scripts import argv, load_script
 from .secret_box import SecretBox
 
 #: Keys written before the hash tag, and under the one tag.
@@ -162,6 +162,8 @@ def _move(client: redis.Redis, moves: list[tuple[bytes, str]]) -> list[bool]:
 
 #: A workspace's fields that hold a webhook signing secret.
 SECRET_FIELDS = ("webhook_secret", "webhook_secret_previous")
+#: webhook_secret_reseal.lua's ARGV by name (``scripts.argv``), in order.
+RESEAL_ARGS = ("field", "read", "sealed")
 
 
 def seal_webhook_secrets(client: redis.Redis, box: SecretBox) -> int:
@@ -170,7 +172,7 @@ def seal_webhook_secrets(client: redis.Redis, box: SecretBox) -> int:
     key. Each is replaced only if unchanged since read (a rotation meanwhile
     wins); the store's marker is written first. Returns how many were sealed."""
     box.mark(client)
-    reseal = load_script(client, "webhook_secret_reseal")
+    reseal = load_script(client, "webhook_secret_reseal", RESEAL_ARGS)
     sealed = 0
     for member in client.smembers(keys.workspaces()):
         ws_key = keys.workspace(member.decode())
@@ -178,5 +180,5 @@ def seal_webhook_secrets(client: redis.Redis, box: SecretBox) -> int:
             if value is None or box.is_current(value.decode()):
                 continue
             fresh = box.seal(box.open(value.decode()))
-            sealed += int(reseal(keys=[ws_key], args=[name, value, fresh]))
+            sealed += int(reseal(keys=[ws_key], args=argv(RESEAL_ARGS, field=name, read=value, sealed=fresh)))
     return sealed

@@ -4,7 +4,7 @@ objects are due for deletion, and whose pointers are gone
 
 ``P:objects:{provider}`` holds ``"{id} {object key}"`` scored by when its
 pointer expires: a result's record (complete.lua), a body's ``P:body:{id}``
-(lib.lua's drop_body, when the body's last request ends). An entry is due
+(lib/body.lua's drop_body, when the body's last request ends). An entry is due
 when its score has passed and its pointer is gone; one whose pointer still
 lives (Redis's clock behind the worker's, or a retry shares the body now)
 is scored again at the pointer's expiry: nothing goes while its pointer lives.

@@ -4,7 +4,7 @@ different slots, so no one script may touch both).
 
 A step that starts or ends a request, or ends its last webhook event, writes
 what it owes the workspace into the provider's owed set in the same step
-(``lua/lib.lua``, ``owe_ws``); its caller applies each in the workspace's own
+(``lua/lib/ledger.lua``, ``owe_ws``); its caller applies each in the workspace's own
 step (``ws_settle.lua``) and drops it, and the sweeper applies what waited
 longer than :data:`RECONCILE_AFTER_S`. The request's open entry
 (``keys.open_requests``) makes each count once. On one Redis nothing is owed.
@@ -20,7 +20,7 @@ from typing import Any, Callable
 import redis
 
 from . import keys
-from .scripts import load_script
+from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 RECONCILE_AFTER_S = 5.0
 #: Most owed effects of one provider the sweeper applies per run.
 RECONCILE_BATCH = 500
+#: ws_settle.lua's ARGV by name (``scripts.argv``).
+SETTLE_ARGS = ("effect",)
 
 
 class OwedEffects:
@@ -39,11 +41,11 @@ class OwedEffects:
         #: Called between a provider's step and its workspace's (tests kill
         #: the process there); None in service.
         self.between_steps: Callable[[], None] | None = None
-        self._settle = load_script(client, "ws_settle")
+        self._settle = load_script(client, "ws_settle", SETTLE_ARGS)
 
     def workspace_keys(self, provider: str, workspace: str) -> list[str]:
         """The two KEYS a step that owes effects takes where the workspace's
-        hash and ledger go (``lua/lib.lua``, ``ws_target``)."""
+        hash and ledger go (``lua/lib/ledger.lua``, ``ws_target``)."""
         if self.split:
             return [keys.owed(provider), keys.owed(provider)]
         return [keys.workspace(workspace), keys.ledger(workspace)]
@@ -83,6 +85,6 @@ class OwedEffects:
         for effect in owed:
             workspace = json.loads(effect)["ws"]
             applied += int(self._settle(keys=[keys.workspace(workspace), keys.ledger(workspace),
-                                              keys.open_requests(workspace)], args=[effect]))
+                                              keys.open_requests(workspace)], args=argv(SETTLE_ARGS, effect=effect)))
             self.client.zrem(keys.owed(provider), effect)
         return applied

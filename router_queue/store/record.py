@@ -142,7 +142,7 @@ ADMITTED = tuple(f for f in (*FIELDS, *WRITTEN_ONLY) if f.admitted)
 #: The fields the status body lists, in order (``web/bodies.py``).
 STATUS_LISTED = tuple(f for f in FIELDS if f.status == LISTED)
 #: The fields a webhook event's body lists: its snapshot carries each under
-#: :data:`SNAPSHOT_PREFIX` and its name (lib.lua, webhook_snapshot; ``webhooks.py``).
+#: :data:`SNAPSHOT_PREFIX` and its name (lib/webhooks.lua, webhook_snapshot; ``webhooks.py``).
 WEBHOOK_LISTED = tuple(f for f in FIELDS if f.webhook == LISTED)
 SNAPSHOT_PREFIX = "field:"
 _STATUS_AT = READ_NAMES.index("status")
@@ -190,7 +190,7 @@ def snapshot_listed(snapshot: dict[str, str]) -> dict[str, Any]:
 
 
 #: A request's cost as the caller sees it: its credits are held from its
-#: admission, then charged or released with the ledger's entry (lib.lua, settle).
+#: admission, then charged or released with the ledger's entry (lib/ledger.lua, settle).
 HELD, CHARGED, RELEASED = "held", "charged", "released"
 
 
@@ -211,7 +211,7 @@ def _int(value: Any) -> int:
 
 def _cost(price: Any, state: Any, hold: Any) -> Cost:
     """From the record's fields: settled, its ``cost_state`` and ``price``
-    (lib.lua, settle); else held, its hold."""
+    (lib/ledger.lua, settle); else held, its hold."""
     if state:
         return Cost(_int(price), state.decode())
     return Cost(_int(hold), HELD)

@@ -18,6 +18,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from .cluster import load_on_slot
+from .scripts import explain
 
 log = logging.getLogger(__name__)
 
@@ -53,13 +54,16 @@ class ReplicatedWrites:
         wanted = self.replication.replicas
         if not wanted:
             return script(keys=keys, args=args)
-        if isinstance(self.client, RedisCluster):
-            reply, replicas = self._on_cluster(script, keys, args)
-        else:
-            pipe = self.client.pipeline(transaction=False)
-            script(keys=keys, args=args, client=pipe)
-            pipe.wait(wanted, self.replication.timeout_ms)
-            reply, replicas = pipe.execute()
+        try:
+            if isinstance(self.client, RedisCluster):
+                reply, replicas = self._on_cluster(script, keys, args)
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                script(keys=keys, args=args, client=pipe)
+                pipe.wait(wanted, self.replication.timeout_ms)
+                reply, replicas = pipe.execute()
+        except redis.exceptions.ResponseError as error:  # pipelined: raised here, not by the script
+            raise explain(script, error) from None
         if replicas < wanted:
             self.unreplicated += 1
             log.warning("write answered with %d of %d replicas after %d ms (%d so far): a failover now could lose it",

@@ -28,7 +28,7 @@ from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES, DEFA
 from .rate_counts import SyncedRateCounts
 from .record import READ_NAMES, RequestRecord, Submission, admitted_values
 from .replication import NO_REPLICATION, ReplicatedWrites, Replication
-from .scripts import argv, load_script
+from .scripts import argv, explain, load_script
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +59,12 @@ CLOCK_ALLOWANCE_S = 0.2
 LOST_REPLY_BUDGET_S = 1.0
 #: A request's priority within its workspace (``X-Comfy-Priority``).
 PRIORITIES = ("high", "normal", "low")
-#: status.lua's ARGV after the request id: where "workspace" and "status" are
-#: among the fields (1-based, as Lua counts), the field count, then the fields.
+#: status.lua's ARGV by name: the request's id, where "workspace" and
+#: "status" are among the fields it reads (1-based, as Lua counts), how many
+#: fields; the fields follow (its ARG_REST), then the rate windows' pairs.
+STATUS_ARGS = ("id", "at_workspace", "at_status", "nfields")
+#: status.lua's ARGV after the id (``STATUS_ARGS``' others, then the fields), built once: a
+#: status poll is the hottest call.
 _STATUS_FIELD_ARGS = (_FIELDS.index("workspace") + 1, _FIELDS.index("status") + 1, len(_FIELDS), *_FIELDS)
 #: A history page examines at most this many history entries per entry it may
 #: list: a filter on status or error_type that matches little answers a
@@ -79,6 +83,13 @@ EXPIRE_QUEUED_ARGS = ("id", "now", "queue_timeout_s", "retention", "workspace", 
                       "split")
 CANCEL_ARGS = ("id", "workspace", "model", "now", "retention", "cap", "grant_until", "template", "write_deadline",
                "by", "split")
+GRANT_ARGS = ("cap", "now", "grant_until", "template")
+GRANT_UNSENT_ARGS = ("due_at",)  # then the ids
+RENEW_ARGS = ("id", "token", "now", "lease_s", "successor", "hand_back")
+PROGRESS_ARGS = ("id", "token", "progress", "now", "every_s")
+HISTORY_ARGS = ("newest", "oldest", "examined")  # then the rate windows' pairs
+POSITIONS_ARGS = ("workspace",)  # then the request ids
+REAP_ARGS = ("now", "again_at", "limit")
 
 
 #: A caller's rate-window key (``keys.rate_window``), for the front door's
@@ -199,7 +210,7 @@ class Admission:
 @dataclass(frozen=True)
 class BrokerTemplate:
     """How the scripts publish a grant themselves: the broker's list for a
-    provider's queue and its Celery message with the stand-ins lib.lua fills."""
+    provider's queue and its Celery message with the stand-ins lib/schedule.lua fills."""
 
     list_key: str
     text: str
@@ -311,18 +322,18 @@ class RequestStore:
         #: How grants are published (``Services`` hands the dispatcher's in).
         self.grants = grants if grants is not None else GrantPublishing()
         self._admit = load_script(client, "admit", ADMIT_ARGS)
-        self._grant = load_script(client, "grant")
+        self._grant = load_script(client, "grant", GRANT_ARGS)
         self._claim = load_script(client, "claim", CLAIM_ARGS)
-        self._renew = load_script(client, "renew")
+        self._renew = load_script(client, "renew", RENEW_ARGS)
         self._complete = load_script(client, "complete", COMPLETE_ARGS)
         self._cancel = load_script(client, "cancel", CANCEL_ARGS)
         self._expire_queued = load_script(client, "expire_queued", EXPIRE_QUEUED_ARGS)
-        self._status = load_script(client, "status")
-        self._reap = load_script(client, "reap")
-        self._grant_unsent = load_script(client, "grant_unsent")
-        self._progress = load_script(client, "progress")
-        self._history = load_script(client, "history")
-        self._positions_of = load_script(client, "positions")
+        self._status = load_script(client, "status", STATUS_ARGS)
+        self._reap = load_script(client, "reap", REAP_ARGS)
+        self._grant_unsent = load_script(client, "grant_unsent", GRANT_UNSENT_ARGS)
+        self._progress = load_script(client, "progress", PROGRESS_ARGS)
+        self._history = load_script(client, "history", HISTORY_ARGS)
+        self._positions_of = load_script(client, "positions", POSITIONS_ARGS)
         #: A call's rate count outside the hot routes' scripts waits this little
         #: on Redis: the count is let go rather than the call held.
         self._spend_rate = load_script(bounded(client, SPEND_RATE_TIMEOUT_S), "rate")
@@ -431,7 +442,7 @@ class RequestStore:
             log.exception("publishing %d grant(s) for %s failed; the sweeper publishes them again", len(ids), provider)
             try:
                 self._grant_unsent(keys=[keys.running(provider), *(keys.request(i) for i in ids)],
-                                   args=[repr(time.time()), *ids])
+                                   args=[*argv(GRANT_UNSENT_ARGS, due_at=repr(time.time())), *ids])
             except redis.RedisError as exc:
                 log.warning("grants for %s left to their lease (%s)", provider, exc)
 
@@ -445,7 +456,8 @@ class RequestStore:
         now = now or time.time()
         list_key, template, cap, grant_until = self._granting(provider, now)
         granted = self._grant(keys=[keys.schedule(provider), keys.running(provider), list_key],
-                              args=[cap, repr(now), grant_until, template])
+                              args=argv(GRANT_ARGS, cap=cap, now=repr(now), grant_until=grant_until,
+                                        template=template))
         self._publish_granted(provider, granted)
 
     def addressable(self, request_id: str, provider: str) -> bool:
@@ -529,7 +541,8 @@ class RequestStore:
         own = keys.history(workspace)
         reply = self._history(
             keys=[own, keys.model_history(workspace, model) if model else own, *rate_keys],
-            args=[newest, f"{max(0, math.floor(since * 1000))}-0", limit * HISTORY_EXAMINED_PER_ENTRY, *rate_args],
+            args=[*argv(HISTORY_ARGS, newest=newest, oldest=f"{max(0, math.floor(since * 1000))}-0",
+                        examined=limit * HISTORY_EXAMINED_PER_ENTRY), *rate_args],
         )
         if reply[0] == _RATE_LIMITED:
             raise rate.refusal(reply[1:])
@@ -586,7 +599,8 @@ class RequestStore:
                 waiting.setdefault(record.provider, []).append(record.id)
         ranks: dict[str, int | None] = {}
         for provider, request_ids in waiting.items():
-            reply = self._positions_of(keys=[keys.schedule(provider)], args=[workspace, *request_ids])
+            reply = self._positions_of(keys=[keys.schedule(provider)],
+                                       args=[*argv(POSITIONS_ARGS, workspace=workspace), *request_ids])
             ranks.update(zip(request_ids, (None if rank is None else int(rank) for rank in reply)))
         return [ranks.get(record.id) for record in records]
 
@@ -728,14 +742,15 @@ class RequestStore:
         """Extend the lease ``token`` holds. ``successor``: keep it for that retry
         alone; ``hand_back``: end it now for another worker to resume."""
         return bool(self._renew(keys=[keys.request(request_id), keys.running(provider)],
-                                args=[request_id, token, repr(time.time()), lease_s, successor,
-                                      "1" if hand_back else ""]))
+                                args=argv(RENEW_ARGS, id=request_id, token=token, now=repr(time.time()),
+                                          lease_s=lease_s, successor=successor, hand_back="1" if hand_back else "")))
 
     def renew_many(self, held: list[tuple[str, str, str]], lease_s: float) -> None:
         """Heartbeat: extend every (id, provider, token) lease in one round trip."""
         pipe = self.client.pipeline(transaction=False)
         now = repr(time.time())
-        calls = [([keys.request(request_id), keys.running(provider)], [request_id, token, now, lease_s, "", ""])
+        calls = [([keys.request(request_id), keys.running(provider)],
+                  argv(RENEW_ARGS, id=request_id, token=token, now=now, lease_s=lease_s, successor="", hand_back=""))
                  for request_id, provider, token in held]
         for call_keys, args in calls:
             queue_script(pipe, self._renew, call_keys, args)
@@ -744,6 +759,8 @@ class RequestStore:
         except redis.exceptions.NoScriptError:
             for call_keys, args in calls:
                 self._renew(keys=call_keys, args=args)
+        except redis.exceptions.ResponseError as error:  # pipelined: raised here, not by the script
+            raise explain(self._renew, error) from None
 
     def record_attempt(self, request_id: str) -> int:
         """Count one failed provider call worth retrying; returns the count so far."""
@@ -759,8 +776,8 @@ class RequestStore:
         0 when it was no news, 1 when kept, :data:`WEBHOOK_DUE` when kept and
         a webhook event of the request is due now (publish it)."""
         return int(self._progress(keys=[keys.request(request_id)],
-                                  args=[request_id, token, repr(progress), repr(now or time.time()),
-                                        self.progress_event_every_s]))
+                                  args=argv(PROGRESS_ARGS, id=request_id, token=token, progress=repr(progress),
+                                            now=repr(now or time.time()), every_s=self.progress_event_every_s)))
 
     def cancel_requested(self, request_id: str) -> bool:
         return bool(self.client.hexists(keys.request(request_id), "cancel_requested"))
@@ -811,7 +828,8 @@ class RequestStore:
         """Take the slots whose lease ran out (``reap.lua``), each to be looked
         at again at ``again_at``: (id, started); a started one's worker died
         (or hung), a granted one's message was lost. The caller publishes them."""
-        reply = self._reap(keys=[keys.running(provider)], args=[repr(now), repr(again_at), limit])
+        reply = self._reap(keys=[keys.running(provider)],
+                           args=argv(REAP_ARGS, now=repr(now), again_at=repr(again_at), limit=limit))
         return [(_text(reply[i]), reply[i + 1] == b"1") for i in range(0, len(reply), 2)]
 
     def purge_expired(self, providers: list[str]) -> int:

@@ -1,6 +1,6 @@
 """A webhook event's ``webhook-id``, declared once: the Python below and the
 Lua ``webhook_id`` the scripts build it with (:func:`lua_webhook_id`,
-offered beside ``lib.lua`` by ``scripts.lib_for``) come from these templates.
+offered beside ``lua/lib/`` by ``scripts.lib_for``) come from these templates.
 It is stable across an event's attempts: a receiver dedupes on it."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The webhook events requests owe, and their deliveries, in Redis.
 
 An event is written by the script that makes the change it reports
-(``lib.lua``), so no crash falls between the two; a request's events are
+(``lib/webhooks.lua``), so no crash falls between the two; a request's events are
 delivered one at a time, in order. An attempt takes the event under a lease
 (:meth:`WebhookStore.take`: its workspace's turn and its endpoint's circuit,
 then the event), its outcome is recorded with the next attempt's time
@@ -46,6 +46,8 @@ RECORD_ARGS = ("request_id", "token", "now", "outcome", "status", "error", "next
 #: webhook_turn_end.lua's ARGV by name (``scripts.argv``), in order.
 TURN_END_ARGS = ("token", "now", "outcome", "endpoint_failed", "circuit_failures", "circuit_cooling_s",
                  "failing_window_s", "entry", "log_length", "probe")
+#: webhook_due.lua's ARGV by name (``scripts.argv``), in order.
+DUE_ARGS = ("now", "again_at", "limit")
 
 
 def _text(value: Any) -> str:
@@ -180,7 +182,7 @@ class WebhookStore:
         self._take = load_script(client, "webhook_take", TAKE_ARGS)
         self._record = load_script(client, "webhook_record", RECORD_ARGS)
         self._turn_end = load_script(client, "webhook_turn_end", TURN_END_ARGS)
-        self._due = load_script(client, "webhook_due")
+        self._due = load_script(client, "webhook_due", DUE_ARGS)
 
     def take(self, request_id: str, *, now: float, lease_s: float, token: str) -> Taken:
         """Take the event for one attempt, in its workspace's turn and past its
@@ -298,7 +300,7 @@ class WebhookStore:
 
     def _workspace_target(self, provider: str, workspace: str) -> tuple[list[str], str]:
         """The KEYS and ``split`` argument of where an ended event's step
-        gives back its workspace's pending count (``lua/lib.lua``,
+        gives back its workspace's pending count (``lua/lib/webhooks.lua``,
         ``ws_target``): owed to the provider's owed set on a split store;
         else, and for an event gone (no provider read), the workspace's hash
         in the step."""
@@ -311,7 +313,8 @@ class WebhookStore:
         (``webhook_due.lua``), at most ``limit`` a provider."""
         due = []
         for key in map(keys.webhooks_due, self.providers):
-            due += [_text(i) for i in self._due(keys=[key], args=[repr(now), repr(again_at), limit])]
+            due += [_text(i) for i in self._due(keys=[key], args=argv(DUE_ARGS, now=repr(now), again_at=repr(again_at),
+                                                                    limit=limit))]
         return due
 
     def owed(self, request_id: str) -> bool:

@@ -42,7 +42,7 @@ _RFC3339 = re.compile(r"(\d{4}-\d{2}-\d{2})[Tt ](\d{2}:\d{2}:\d{2})(\.\d+)?([Zz]
 _LIMIT = re.compile(r"\d{1,3}")
 #: The cursor's version, so its layout can change without misreading old ones.
 _CURSOR_VERSION = "h2"
-#: A stream id, "{ms}-{seq}" (lib.lua, history_add).
+#: A stream id, "{ms}-{seq}" (lib/history.lua, history_add).
 _STREAM_ID = re.compile(r"\d{1,15}-\d{1,19}")
 
 

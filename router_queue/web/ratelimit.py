@@ -5,7 +5,7 @@ one limit holds across every front-door process. The bucket is the caller's
 workspace (its ``rate_limit`` or ``DEFAULT_RATE_LIMIT``); unknown keys share
 one bucket per client address (``callers.py``: the forwarded one, from a
 trusted proxy). The count is one ``INCR`` per window
-(``lua/lib.lua``, ``spend_rate``): spent as the call opens (``rate.lua``), or,
+(``lua/lib/util.lua``, ``spend_rate``): spent as the call opens (``rate.lua``), or,
 on :data:`CARRIED_ENDPOINTS`, carried into the route's one script and spent
 after it if the route ended before its script ran. ``docs/ARCHITECTURE.md``,
 "The front door's parts".

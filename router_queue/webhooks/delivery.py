@@ -229,7 +229,7 @@ def post(url: str, address: str, body: bytes, headers: dict[str, str], timeout_s
 
 def publish_owed(services: Services, publisher: Publisher, request_id: str) -> None:
     """Publish the request's webhook delivery when it owes an event now: the
-    next one once an event ended (``lib.lua``'s ``webhook_ended``), a progress
+    next one once an event ended (``lib/webhooks.lua``'s ``webhook_ended``), a progress
     event just owed. At once rather than at the next sweep; best effort, as
     :func:`nudge`."""
     try:

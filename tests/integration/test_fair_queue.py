@@ -7,7 +7,7 @@ generation run at a time and two OpenAI ones. A long generation (the
 stub's ``[stub:latency=S]`` sets how long each one runs. The order requests
 started in is read from their records' ``started_at``.
 
-The policy under test (``router_queue/lua/lib.lua``, the schedule): a freed
+The policy under test (``router_queue/store/lua/lib/schedule.lua``, the schedule): a freed
 slot goes to the waiting request with the lowest virtual-time tag; a workspace
 of weight w that queues a request gets the tag max(vtime, its last tag) +
 720720 // w; ties go to the older slot; within a workspace requests take its
@@ -42,7 +42,7 @@ BLOCKER_S = 2.0
 SHORT_S = 0.05
 #: Bound (s) on a test's requests all completing.
 DONE_WITHIN_S = 60.0
-#: Virtual time one request of a weight-1 workspace takes (lib.lua QUANTUM).
+#: Virtual time one request of a weight-1 workspace takes (lib/schedule.lua QUANTUM).
 QUANTUM = 720720
 BANDS = {"high": 0, "normal": 1, "low": 2}
 
@@ -141,7 +141,7 @@ def label(order: list[str], names: dict[str, str]) -> list[str]:
 
 @dataclass
 class FairModel:
-    """lib.lua's schedule for one provider with a cap of 1, in Python.
+    """lib/schedule.lua's schedule for one provider with a cap of 1, in Python.
 
     ``submit`` what a test submitted, in its order; the first submission takes
     the free slot at once. ``order()`` grants the rest one by one, as each

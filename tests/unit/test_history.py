@@ -30,7 +30,7 @@ def admit(services, workspace, *, now, model=MODEL, provider="bfl", price=0):
     return request_id
 
 
-#: Seconds between renewals of a history stream's expiry (lib.lua, HISTORY_RENEW_S).
+#: Seconds between renewals of a history stream's expiry (lib/history.lua, HISTORY_RENEW_S).
 RENEW_S = 60
 
 
@@ -131,7 +131,7 @@ def test_only_admissions_are_indexed_and_old_entries_are_trimmed(services):
     assert str(uuid.UUID(bytes=fields[b"i"])) == new != old
     assert int(entry_id.split(b"-")[0]) == int(now * 1000)  # the admission time, in ms
     assert [e for e, _ in services.redis.xrange(keys.model_history(poor, MODEL))] == [entry_id]
-    # renewed at most once a minute, so a minute over the retention (lib.lua, history_renewals)
+    # renewed at most once a minute, so a minute over the retention (lib/history.lua, history_renewals)
     assert retention < services.redis.ttl(keys.history(poor)) <= retention + RENEW_S
 
 

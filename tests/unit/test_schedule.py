@@ -1,4 +1,4 @@
-"""The schedule behind a provider's cap (lua/lib.lua), through the store, on
+"""The schedule behind a provider's cap (lua/lib/schedule.lua), through the store, on
 fakeredis and on a real Redis: order, fair share, weights, per-workspace
 concurrency, priority, and positions that predict the start order."""
 
@@ -220,7 +220,7 @@ def test_a_request_admitted_before_the_schedule_existed_joins_it_when_its_messag
 
 
 def test_one_grant_fills_exactly_the_free_slots_past_a_parked_workspace_and_no_more(services):
-    """grant() counts the slots it gives as it goes (lib.lua): it reads rq:running once."""
+    """grant() counts the slots it gives as it goes (lib/schedule.lua): it reads rq:running once."""
     fleet = Fleet(services, cap=1)
     capped = fleet.workspace("capped", max_in_flight=1)
     other = fleet.workspace("other")

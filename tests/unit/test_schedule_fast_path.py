@@ -1,4 +1,4 @@
-"""admit.lua's fast path (lua/lib.lua, grant_directly), on fakeredis and on a
+"""admit.lua's fast path (lua/lib/schedule.lua, grant_directly), on fakeredis and on a
 real Redis: a request nobody waits ahead of, with a slot free and its
 workspace under its own max_in_flight, is granted without taking a slot in
 the schedule, and leaves exactly what the slow path (enqueue, then grant)
@@ -6,11 +6,10 @@ would have left; any other admission still takes the slow path."""
 
 from __future__ import annotations
 
-from importlib import resources
-
 import pytest
 
 from router_queue.store import keys
+from router_queue.store.scripts import lib_for
 from tests.unit.schedule_support import PROVIDER, Fleet
 
 SCHED = keys.schedule(PROVIDER)
@@ -41,8 +40,7 @@ return reply
 
 
 def _paths_script(client):
-    lib = resources.files("router_queue.store").joinpath("lua", "lib.lua").read_text()
-    return client.register_script(keys.lua_layout() + lib + _PATHS)
+    return client.register_script(lib_for(_PATHS) + _PATHS)
 
 
 def _state(client) -> dict:

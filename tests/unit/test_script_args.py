@@ -8,7 +8,7 @@ from importlib import resources
 
 import pytest
 
-from router_queue.store import admission, apikeys, fallback, requests, webhooks
+from router_queue.store import accounts, admission, apikeys, fallback, held, migrate, owed, requests, webhooks
 from router_queue.store.record import ADMITTED
 from router_queue.store.scripts import argv, lib_for, lua_arg_names
 
@@ -19,8 +19,23 @@ NAMED = {
     "cancel": requests.CANCEL_ARGS, "expire_queued": requests.EXPIRE_QUEUED_ARGS, "webhook_take": webhooks.TAKE_ARGS,
     "webhook_record": webhooks.RECORD_ARGS, "webhook_turn": webhooks.TURN_ARGS,
     "webhook_turn_end": webhooks.TURN_END_ARGS, "key_mint": apikeys.MINT_ARGS, "key_rotate": apikeys.ROTATE_ARGS,
-    "move_result": fallback.MOVE_ARGS,
+    "move_result": fallback.MOVE_ARGS, "admit_undo": admission.UNDO_ARGS, "grant": requests.GRANT_ARGS,
+    "grant_unsent": requests.GRANT_UNSENT_ARGS, "held_take": held.TAKE_ARGS, "history": requests.HISTORY_ARGS,
+    "key_adopt": apikeys.ADOPT_ARGS, "key_resolve": apikeys.RESOLVE_ARGS, "key_revoke": apikeys.REVOKE_ARGS,
+    "positions": requests.POSITIONS_ARGS, "progress": requests.PROGRESS_ARGS, "reap": requests.REAP_ARGS,
+    "renew": requests.RENEW_ARGS, "schedule_limits": accounts.LIMITS_ARGS, "status": requests.STATUS_ARGS,
+    "webhook_due": webhooks.DUE_ARGS, "webhook_secret": accounts.SECRET_ARGS,
+    "webhook_secret_reseal": migrate.RESEAL_ARGS, "ws_settle": owed.SETTLE_ARGS,
 }
+#: The scripts whose ARGV is one list of like items, not arguments: (calls or limit, window) pairs.
+LISTS = {"rate", "rate_add"}
+SCRIPTS = sorted(p.name[:-4] for p in resources.files("router_queue.store").joinpath("lua").iterdir()
+                 if p.name.endswith(".lua"))
+
+
+def test_every_script_takes_its_arguments_by_name():
+    takes = {s for s in SCRIPTS if "ARGV" in _read(s)[1]}
+    assert takes - LISTS == set(NAMED)
 
 
 def test_arguments_go_in_their_declared_order_whatever_order_they_are_given():
@@ -60,7 +75,7 @@ def test_admissions_split_steps_read_every_name_they_declare_between_them():
 
 
 def _read(script: str) -> tuple[set[str], str]:
-    """The ARG_ names a script reads, itself or through the part of lib.lua it carries, and that code."""
+    """The ARG_ names a script reads, itself or through the part of lua/lib/ it carries, and that code."""
     source = resources.files("router_queue.store").joinpath("lua", f"{script}.lua").read_text()
     source += lib_for(source)
     code = "\n".join(line for line in source.splitlines() if not line.lstrip().startswith("--"))

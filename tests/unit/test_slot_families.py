@@ -49,8 +49,8 @@ def _built_families(text: str) -> set[str]:
     read of a workspace's own hash is left out: it serves only a workspace
     waiting since before the schedule kept a copy of its limits, which a
     store split per slot never has (its schedules were written by this version)."""
-    fallback = dict(scripts._lib_definitions())["ws_limits"]
-    layout = {name for name, _ in scripts._definitions(keys.lua_layout())}
+    fallback = {d.name: d.text for d in scripts.all_definitions()}["ws_limits"]
+    layout = {d.name for d in scripts._definitions(keys.lua_layout(), "layout")}
     code = "\n".join(line for line in text.replace(fallback, "").splitlines()
                      if not line.startswith("local ") or not any(f" {name}" in line for name in layout)
                      if not line.lstrip().startswith("--"))

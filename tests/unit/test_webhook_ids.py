@@ -9,7 +9,7 @@ import pytest
 from router_queue.store.scripts import lib_for
 from router_queue.store.webhook_ids import webhook_id
 
-#: Each kind of event, as the scripts build its id (lib.lua's owe_webhook,
+#: Each kind of event, as the scripts build its id (lib/webhooks.lua's owe_webhook,
 #: owe_started, owe_progress; webhook_record.lua's record without one).
 BUILD = """
 return {webhook_id(ARGV[1]), webhook_id(ARGV[1], "completed"), webhook_id(ARGV[1], "started"),

@@ -3,7 +3,7 @@
 -- price; then grant() gives it (or whoever the schedule names) a free slot.
 -- Refusals (not enabled, backlog full, insufficient credits) write nothing,
 -- so the Idempotency-Key stays free for a later try. The workspace's part
--- and the provider's are lib.lua's (Admission), which a store split into
+-- and the provider's are lib/admission.lua's (Admission), which a store split into
 -- per-slot steps runs as two scripts (admit_ws.lua, admit_place.lua).
 --
 -- KEYS[1] P:req:{id}            KEYS[2] P:queue:{provider}
@@ -14,9 +14,9 @@
 -- KEYS[10] P:req:{original}  KEYS[11] P:body:{original}: the failed
 --          request a retry submits again (the new request's own keys when
 --          this is no retry: not read)
--- KEYS[12] P:deadlines:{provider} (lib.lua: the caller's deadlines)
--- KEYS[13] W:history  KEYS[14] W:history:{model} (lib.lua, history_add)
--- KEYS[15] P:body:{id}  KEYS[16] W:stored (lib.lua, release_stored)
+-- KEYS[12] P:deadlines:{provider} (lib/ending.lua: the caller's deadlines)
+-- KEYS[13] W:history  KEYS[14] W:history:{model} (lib/history.lua, history_add)
+-- KEYS[15] P:body:{id}  KEYS[16] W:stored (lib/ledger.lua, release_stored)
 -- KEYS[17..] the caller's rate-window counters, with a (limit, window
 --          seconds) pair each in ARGV from ARG_REST, after the named ones
 --          (ratelimit.py): counted first
@@ -24,7 +24,7 @@
 -- the generated ARG_* constants give):
 --   first, the fields admission carries from the submission into the record
 --   (record.py declares them: id, workspace, model, provider, the caller's
---   deadlines, retry_of, ...), each written when not "" (lib.lua,
+--   deadlines, retry_of, ...), each written when not "" (lib/admission.lua,
 --   place_admission, over the generated ADMITTED_FIELDS); then
 --   body                 JSON text; "" for a retry, whose body is the original's
 --   now                  unix seconds
@@ -36,7 +36,7 @@
 --   price                credits held until the request is charged or released
 --   max_queued           most requests the workspace may have waiting, unless
 --                        it sets its own max_queued
---   template             the provider's Celery message template (lib.lua,
+--   template             the provider's Celery message template (lib/schedule.lua,
 --                        grant), or "" when the front door publishes grants
 --   cap                  the provider's cap on requests in flight
 --   write_deadline       Unix seconds (Redis's clock) past which nothing is
@@ -59,7 +59,7 @@
 --   retry_max            most retries a request's chain may have all told
 --   ledger_keep          seconds the ledger keeps an entry
 --                        (LEDGER_RETENTION_SECONDS): older ones are trimmed
---                        as the hold's entry is added (lib.lua, ledger_add)
+--                        as the hold's entry is added (lib/ledger.lua, ledger_add)
 --   body_bytes, reserved, admitting: the split steps' (admit_ws.lua,
 --                        admit_place.lua); "" here
 -- returns {"ADMITTED", id, position, granted ids to publish...} | {"REPLAY", id}

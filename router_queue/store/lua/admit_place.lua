@@ -1,5 +1,5 @@
 -- admit_place.lua: on a store split into per-slot steps, admission's second
--- step, the provider's part (lib.lua, Admission): the request a retry
+-- step, the provider's part (lib/admission.lua, Admission): the request a retry
 -- submits again and whether the provider is draining checked, then the
 -- record, its body, deadlines and place in the schedule written, granted at
 -- once when a slot is free. It runs only while its admission is still

@@ -8,22 +8,23 @@
 --
 -- KEYS[1] W:ws  KEYS[2] W:ledger  KEYS[3] W:idem:{keyhash}
 -- KEYS[4] W:open
--- ARGV[1] the request id  ARGV[2] its price  ARGV[3] its body's bytes  ARGV[4] now (s)
+-- ARGV by name (admission.py, UNDO_ARGS): id (the request's)  price (its)
+--   body_bytes (its body's)  now (s)
 -- returns 1 when given back now, 0 when there was nothing to give back
 
-local open = redis.call("HGET", KEYS[4], ARGV[1])
+local open = redis.call("HGET", KEYS[4], ARGV[ARG_ID])
 if not open or not string.find(open, "q", 1, true) or not string.find(open, "e", 1, true) then
   return 0
 end
-local e = ws_effects(ARGV[1], ARGV[4])
-e.queued, e.bytes, e.hold, e.how = 1, tonumber(ARGV[3]), tonumber(ARGV[2]), "release"
+local e = ws_effects(ARGV[ARG_ID], ARGV[ARG_NOW])
+e.queued, e.bytes, e.hold, e.how = 1, tonumber(ARGV[ARG_BODY_BYTES]), tonumber(ARGV[ARG_PRICE]), "release"
 if string.find(open, "w", 1, true) then
   e.webhooks = 1
 end
 ws_apply(KEYS[1], KEYS[2], e)
 local held = redis.call("GET", KEYS[3])
-if held and string.sub(held, -(#ARGV[1] + 1)) == "|" .. ARGV[1] then
+if held and string.sub(held, -(#ARGV[ARG_ID] + 1)) == "|" .. ARGV[ARG_ID] then
   redis.call("DEL", KEYS[3])
 end
-redis.call("HDEL", KEYS[4], ARGV[1])
+redis.call("HDEL", KEYS[4], ARGV[ARG_ID])
 return 1

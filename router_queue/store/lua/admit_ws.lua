@@ -1,5 +1,5 @@
 -- admit_ws.lua: on a store split into per-slot steps, admission's first
--- step, the workspace's part (lib.lua, Admission): the caller's rate windows,
+-- step, the workspace's part (lib/admission.lua, Admission): the caller's rate windows,
 -- the idempotency key, the quotas and credits checked, then the counts, the
 -- hold and its ledger entry, the history's entries, the idempotency
 -- reservation and the request's open entry written. admit_place.lua places

@@ -6,7 +6,7 @@
 -- is past the deadline means never admitted, whatever is still in flight.
 -- Read-only (requests.py, RequestStore._lost_reply).
 --
--- KEYS[1] P:req:{id}  KEYS[2] P:sched:{provider} (its position, lib.lua)
+-- KEYS[1] P:req:{id}  KEYS[2] P:sched:{provider} (its position, lib/schedule.lua)
 -- ARGV by name (requests.py, ADMITTED_ARGS):
 --   id                   the request id the front door minted for it
 --   write_deadline       the admission's (Unix seconds, Redis's clock), or ""

@@ -9,7 +9,7 @@
 --
 -- KEYS[1] P:req:{id}   KEYS[2] P:queue:{provider}   KEYS[3] P:sched:{provider}
 -- KEYS[4] W:ws   KEYS[5] W:ledger (split "1": P:owed:{provider}
---         in both places, lib.lua's ws_target)
+--         in both places, lib/ledger.lua's ws_target)
 -- KEYS[6] P:running:{provider}   KEYS[7] the broker's list for the provider
 -- KEYS[8] P:deadlines:{provider}  KEYS[9] P:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, CANCEL_ARGS):
@@ -17,7 +17,7 @@
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
 --   write_deadline (Unix seconds, Redis's clock) past which nothing changes; "" for none
 --   by: who cancels, "" the caller, "deadline" the caller's X-Comfy-Deadline
---   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
+--   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 -- returns {"CANCELLED", granted ids to publish..., effects owed...} | {"REQUESTED"}
 --       | {"ALREADY_COMPLETED"} | {"MISSING"} | {"EXPIRED"}
 
@@ -29,14 +29,14 @@ local by_deadline = ARGV[ARG_BY] == "deadline"
 if by_deadline then
   redis.call("ZREM", KEYS[8], "run|" .. ARGV[ARG_ID])
 end
-local rec = redis.call("HMGET", KEYS[1], "status", "workspace", "model")
-if not rec[1] or rec[2] ~= ARGV[ARG_WORKSPACE] or rec[3] ~= ARGV[ARG_MODEL] then
+local status, workspace, model = unpack(redis.call("HMGET", KEYS[1], "status", "workspace", "model"))
+if not status or workspace ~= ARGV[ARG_WORKSPACE] or model ~= ARGV[ARG_MODEL] then
   return {"MISSING"}
 end
-if rec[1] == "COMPLETED" then
+if status == "COMPLETED" then
   return {"ALREADY_COMPLETED"}
 end
-if rec[1] == "IN_PROGRESS" then
+if status == "IN_PROGRESS" then
   redis.call("HSET", KEYS[1], "cancel_requested", ARGV[ARG_NOW])
   -- what its completion as cancelled will say: the first cancel's reason
   redis.call("HSETNX", KEYS[1], "cancel_detail",

@@ -23,7 +23,7 @@
 --
 -- KEYS[1] P:req:{id}  KEYS[2] P:queue:{provider}  KEYS[3] P:sched:{provider}
 -- KEYS[4] P:running:{provider}  KEYS[5] W:ws  KEYS[6] W:ledger
---         (split "1": P:owed:{provider} in both places, lib.lua's ws_target)
+--         (split "1": P:owed:{provider} in both places, lib/ledger.lua's ws_target)
 -- KEYS[7] the broker's list for the provider  KEYS[8] P:deadlines:{provider}
 -- KEYS[9] P:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, CLAIM_ARGS):
@@ -32,14 +32,14 @@
 --   max_takeovers  resume_key: "{task id}:{retry number}" of this execution,
 --                  which matches the record's "successor" only for the retry a holder left
 --   grant_until (a grant's lease end, s)  template (the message template, or "")
---   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
+--   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 -- returns {code, granted ids to publish..., effects owed...}, code one of "CLAIMED" | "RESUMED"
 --       | "WAITING" | "LEASED" | "QUEUE_TIMEOUT" | "DEADLINE" | "EXHAUSTED" | "COMPLETED" | "MISSING"
 
 local now = tonumber(ARGV[ARG_NOW])
-local rec = redis.call("HMGET", KEYS[1], "status", "created_at", "successor", "lease_until", "takeovers",
-  "handed_back", "workspace", "seq", "priority", "start_deadline_at", "deadline_at", "webhook_url", "webhook_events")
-local status = rec[1]
+local rec = read_fields(KEYS[1], {"status", "created_at", "successor", "lease_until", "takeovers", "handed_back",
+  "workspace", "seq", "priority", "start_deadline_at", "deadline_at", "webhook_url", "webhook_events"})
+local status = rec.status
 if not status then
   return {"MISSING"}
 end
@@ -52,7 +52,7 @@ local S = sched_ctx(KEYS[3], KEYS[4], KEYS[7], ARGV[ARG_CAP], ARGV[ARG_NOW], ARG
 -- the provider billed nothing we know of, so the hold is released, and its
 -- slot goes to the next in the schedule.
 local function finish(code, error_type, detail)
-  finish_unbilled(ws_target({req = KEYS[1], body = KEYS[9], queue = KEYS[2], deadlines = KEYS[8], ws_id = rec[7]},
+  finish_unbilled(ws_target({req = KEYS[1], body = KEYS[9], queue = KEYS[2], deadlines = KEYS[8], ws_id = rec.workspace},
     KEYS[5], KEYS[6], ARGV[ARG_SPLIT]), S,
     ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION], status == "IN_QUEUE", error_type, detail)
   return with_granted(code, grant(S))
@@ -66,7 +66,7 @@ local function lease(fields)
   fields = fields or {}
   append(fields, "token", ARGV[ARG_TOKEN], "holder", ARGV[ARG_RESUME_KEY], "lease_until", tostring(until_))
   redis.call("HSET", KEYS[1], unpack(fields))
-  if rec[3] or rec[6] then
+  if rec.successor or rec.handed_back then
     redis.call("HDEL", KEYS[1], "successor", "handed_back")
   end
   redis.call("ZADD", KEYS[4], until_, ARGV[ARG_ID])
@@ -74,51 +74,51 @@ end
 
 if status == "IN_QUEUE" then
   if not redis.call("ZSCORE", KEYS[4], ARGV[ARG_ID]) then
-    if not redis.call("ZSCORE", S.base .. ":ws:" .. rec[7], ARGV[ARG_ID]) then
-      enqueue(S, rec[7], ARGV[ARG_ID], tonumber(rec[8] or "0"), rec[9] or "normal")
+    if not redis.call("ZSCORE", S.base .. ":ws:" .. rec.workspace, ARGV[ARG_ID]) then
+      enqueue(S, rec.workspace, ARGV[ARG_ID], tonumber(rec.seq or "0"), rec.priority or "normal")
       return with_granted("WAITING", grant(S))
     end
     return {"WAITING"}
   end
-  if now - tonumber(rec[2]) > tonumber(ARGV[ARG_QUEUE_TIMEOUT_S]) then
+  if now - tonumber(rec.created_at) > tonumber(ARGV[ARG_QUEUE_TIMEOUT_S]) then
     return finish("QUEUE_TIMEOUT", "queue_timeout",
       "waited in the queue longer than the model's queue timeout; never run, never billed")
   end
-  if passed(rec[10], now) then
+  if passed(rec.start_deadline_at, now) then
     return finish("QUEUE_TIMEOUT", "queue_timeout", START_DEADLINE_DETAIL)
   end
-  if passed(rec[11], now) then
+  if passed(rec.deadline_at, now) then
     return finish("DEADLINE", "cancelled", DEADLINE_DETAIL)
   end
-  if rec[10] then  -- admitted with a start deadline: it no longer needs it
+  if rec.start_deadline_at then  -- admitted with a start deadline: it no longer needs it
     redis.call("ZREM", KEYS[8], "start|" .. ARGV[ARG_ID])
   end
   local e = ws_effects(ARGV[ARG_ID], ARGV[ARG_NOW])
-  e.queued = 1  -- it no longer waits (lib.lua)
-  owe_ws(ws_target({ws_id = rec[7]}, KEYS[5], KEYS[6], ARGV[ARG_SPLIT]), e, "start")
+  e.queued = 1  -- it no longer waits (lib/ledger.lua)
+  owe_ws(ws_target({ws_id = rec.workspace}, KEYS[5], KEYS[6], ARGV[ARG_SPLIT]), e, "start")
   redis.call("ZREM", KEYS[2], ARGV[ARG_ID])
   redis.call("ZREM", S.base .. ":granted", ARGV[ARG_ID])
   lease({"status", "IN_PROGRESS", "started_at", ARGV[ARG_NOW]})
-  -- its webhook's "started" event, if chosen (lib.lua)
-  owe_started(KEYS[1], ARGV[ARG_ID], ARGV[ARG_NOW], rec[12], rec[13])
+  -- its webhook's "started" event, if chosen (lib/webhooks.lua)
+  owe_started(KEYS[1], ARGV[ARG_ID], ARGV[ARG_NOW], rec.webhook_url, rec.webhook_events)
   announce(ARGV[ARG_ID], "IN_PROGRESS")
   announce_moved(KEYS[3])
   return with_granted("CLAIMED", {})
 end
 
 -- IN_PROGRESS
-if rec[3] and rec[3] == ARGV[ARG_RESUME_KEY] then
+if rec.successor and rec.successor == ARGV[ARG_RESUME_KEY] then
   lease()
   return {"RESUMED"}
 end
-if tonumber(rec[4] or "0") > now then
+if tonumber(rec.lease_until or "0") > now then
   return {"LEASED"}
 end
-if rec[6] == "1" then
+if rec.handed_back == "1" then
   lease()
   return {"RESUMED"}
 end
-local takeovers = tonumber(rec[5] or "0") + 1
+local takeovers = tonumber(rec.takeovers or "0") + 1
 if takeovers > tonumber(ARGV[ARG_MAX_TAKEOVERS]) then
   return finish("EXHAUSTED", "provider_error", "the request's worker was lost " .. (takeovers - 1) .. " times; giving up")
 end

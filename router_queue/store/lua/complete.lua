@@ -5,12 +5,12 @@
 -- so a duplicate or late worker can never overwrite the first outcome nor
 -- charge a second time.
 --
--- The slot it held goes to the request the schedule names next (lib.lua, grant).
+-- The slot it held goes to the request the schedule names next (lib/schedule.lua, grant).
 --
 -- KEYS[1] P:req:{id}   KEYS[2] P:result:{id}   KEYS[3] P:queue:{provider}
 -- KEYS[4] P:stats:{provider}   KEYS[5] P:sched:{provider}   KEYS[6] P:running:{provider}
 -- KEYS[7] W:ws     KEYS[8] W:ledger (split "1": P:owed:{provider}
---         in both places, lib.lua's ws_target)
+--         in both places, lib/ledger.lua's ws_target)
 -- KEYS[9] the broker's list for the provider  KEYS[10] P:deadlines:{provider}
 -- KEYS[11] P:body:{id}  KEYS[12] P:objects:{provider}
 -- KEYS[13] P:fallback:{provider}  KEYS[14] P:fallback-bytes:{provider}
@@ -20,7 +20,7 @@
 --                               cancel_detail, wins over it for "cancelled")
 --   content_type  output (bytes)  billable ("1" when the provider bills this outcome)
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
---   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
+--   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 --   blob_key blob_size blob_sha256: the output is that object-store object, already
 --     written (blob_key "" : the output is ARGV output, kept in KEYS[2]); its record
 --     points at it, and KEYS[12] names it for deletion when the record expires
@@ -29,11 +29,11 @@
 --     It is kept in KEYS[2] if KEYS[14] + its size fits, and KEYS[13] names it
 --     for the sweeper to move; else nothing is written (FALLBACK_FULL).
 -- A success's result counts in its workspace's stored bytes (W:stored, by
--- way of its effects: lib.lua, keep_result) until its record expires.
+-- way of its effects: lib/ledger.lua, keep_result) until its record expires.
 -- returns {"COMPLETED", granted ids to publish..., effects owed...} | {"ALREADY_COMPLETED"} | {"MISSING"}
 --   | {"FALLBACK_FULL"}
 
--- The record once: what this step reads of it, and what its ending reads (lib.lua).
+-- The record once: what this step reads of it, and what its ending reads (lib/ending.lua).
 local rec = read_fields(KEYS[1], ENDING_FIELDS, {"status", "workspace", "started_at", "created_at", "cancel_detail"})
 local status = rec.status
 if not status then
@@ -54,7 +54,7 @@ end
 
 local now = tonumber(ARGV[ARG_NOW])
 local S = sched_ctx(KEYS[5], KEYS[6], KEYS[9], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
-local e = ws_effects(ARGV[ARG_ID], ARGV[ARG_NOW])  -- what the workspace gets back (lib.lua, ws_apply)
+local e = ws_effects(ARGV[ARG_ID], ARGV[ARG_NOW])  -- what the workspace gets back (lib/ledger.lua, ws_apply)
 if status == "IN_QUEUE" then
   e.queued = 1
   leave_schedule(S, rec.workspace, ARGV[ARG_ID])

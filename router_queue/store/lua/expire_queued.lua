@@ -1,31 +1,32 @@
 -- expire_queued.lua: end a request that waited IN_QUEUE past its queue
 -- timeout, or past its caller's start deadline (X-Comfy-Start-Deadline):
 -- COMPLETED queue_timeout, never dispatched, never billed. Run by the sweeper
--- on the head of each queue and on the start deadlines due (lib.lua); claim.lua
+-- on the head of each queue and on the start deadlines due (lib/ending.lua); claim.lua
 -- makes the same checks when a granted request's delivery arrives.
 --
 -- KEYS[1] P:req:{id}  KEYS[2] P:queue:{provider}  KEYS[3] P:sched:{provider}
 -- KEYS[4] W:ws  KEYS[5] W:ledger (split "1": P:owed:{provider}
---         in both places, lib.lua's ws_target)
+--         in both places, lib/ledger.lua's ws_target)
 -- KEYS[6] P:running:{provider}  KEYS[7] the broker's list for the provider
 -- KEYS[8] P:deadlines:{provider}  KEYS[9] P:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests.py, EXPIRE_QUEUED_ARGS):
 --   id  now (s)  queue_timeout_s  retention (s)  workspace
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
---   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
+--   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 -- returns {"TIMED_OUT", granted ids to publish...} | {"KEPT"}
 
-local rec = redis.call("HMGET", KEYS[1], "status", "created_at", "start_deadline_at")
-if rec[1] ~= "IN_QUEUE" then
-  if not rec[1] then
+local status, created_at, start_deadline_at = unpack(redis.call("HMGET", KEYS[1], "status", "created_at",
+  "start_deadline_at"))
+if status ~= "IN_QUEUE" then
+  if not status then
     redis.call("ZREM", KEYS[2], ARGV[ARG_ID])
   end
   redis.call("ZREM", KEYS[8], "start|" .. ARGV[ARG_ID])  -- started or gone: its start deadline no longer matters
   return {"KEPT"}
 end
 local detail = "waited in the queue longer than the model's queue timeout; never run, never billed"
-if tonumber(ARGV[ARG_NOW]) - tonumber(rec[2]) <= tonumber(ARGV[ARG_QUEUE_TIMEOUT_S]) then
-  if not passed(rec[3], ARGV[ARG_NOW]) then
+if tonumber(ARGV[ARG_NOW]) - tonumber(created_at) <= tonumber(ARGV[ARG_QUEUE_TIMEOUT_S]) then
+  if not passed(start_deadline_at, ARGV[ARG_NOW]) then
     return {"KEPT"}
   end
   detail = START_DEADLINE_DETAIL

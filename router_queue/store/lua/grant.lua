@@ -1,11 +1,11 @@
 -- grant.lua: give a provider's free slots to the requests its schedule names
--- next (lib.lua, grant). Every script that frees a slot does this itself; the
+-- next (lib/schedule.lua, grant). Every script that frees a slot does this itself; the
 -- sweeper runs it too, so a raised cap or a lost step heals within a sweep.
 --
 -- KEYS[1] P:sched:{provider}  KEYS[2] P:running:{provider}
 -- KEYS[3] the broker's list for the provider
--- ARGV[1] the provider's cap  ARGV[2] now (s)  ARGV[3] grant lease end (s)
--- ARGV[4] message template or ""
+-- ARGV by name (requests.py, GRANT_ARGS): cap (the provider's)  now (s)
+--   grant_until (a grant's lease end, s)  template (the message template, or "")
 -- returns the granted ids the caller publishes (none when the template pushed them)
 
-return grant(sched_ctx(KEYS[1], KEYS[2], KEYS[3], ARGV[1], ARGV[2], ARGV[3], ARGV[4]))
+return grant(sched_ctx(KEYS[1], KEYS[2], KEYS[3], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE]))

@@ -6,13 +6,14 @@
 -- request's lease is never shortened.
 --
 -- KEYS[1] P:running:{provider}  KEYS[2..] P:req:{id} of each grant
--- ARGV[1] due at (s)  ARGV[2..] the ids, in the order of KEYS[2..]
+-- ARGV by name (requests.py, GRANT_UNSENT_ARGS): due_at (s); then, from
+--   ARGV[ARG_REST], the ids, in the order of KEYS[2..]
 -- returns how many were made due
 
 local due = 0
 for i = 2, #KEYS do
   if redis.call("HGET", KEYS[i], "status") == "IN_QUEUE" then
-    due = due + redis.call("ZADD", KEYS[1], "XX", "LT", "CH", ARGV[1], ARGV[i])
+    due = due + redis.call("ZADD", KEYS[1], "XX", "LT", "CH", ARGV[ARG_DUE_AT], ARGV[ARG_REST + i - 2])
   end
 end
 return due

@@ -5,17 +5,17 @@
 -- leaking; lapsed ones are dropped here before counting.
 --
 -- KEYS[1] W:held   KEYS[2] W:ws
--- ARGV[1] slot id  ARGV[2] now (s)  ARGV[3] lease end (s)
--- ARGV[4] the cap unless the workspace sets its own max_held
--- ARGV[5] seconds the set lives past its last lease (a workspace gone quiet leaves nothing)
+-- ARGV by name (held.py, TAKE_ARGS): slot (its id)  now (s)  lease_until (s)
+--   default_max (the cap unless the workspace sets its own max_held)
+--   keep_s (seconds the set lives past its last lease: a workspace gone quiet leaves nothing)
 -- returns {"TAKEN"} | {"FULL", held now}
 
-redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", ARGV[2])
-local cap = tonumber(redis.call("HGET", KEYS[2], "max_held") or ARGV[4])
+redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", ARGV[ARG_NOW])
+local cap = tonumber(redis.call("HGET", KEYS[2], "max_held") or ARGV[ARG_DEFAULT_MAX])
 local held = redis.call("ZCARD", KEYS[1])
 if held >= cap then
   return {"FULL", held}
 end
-redis.call("ZADD", KEYS[1], ARGV[3], ARGV[1])
-redis.call("EXPIRE", KEYS[1], ARGV[5])
+redis.call("ZADD", KEYS[1], ARGV[ARG_LEASE_UNTIL], ARGV[ARG_SLOT])
+redis.call("EXPIRE", KEYS[1], ARGV[ARG_KEEP_S])
 return {"TAKEN"}

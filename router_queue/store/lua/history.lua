@@ -4,27 +4,28 @@
 -- after, in their provider's slot: requests.py, RequestStore.history).
 --
 -- A page costs the same at any depth of the history: the stream is entered at
--- the cursor (O(log n)), and at most ARGV[3] entries are examined.
+-- the cursor (O(log n)), and at most `examined` entries are examined.
 --
--- KEYS[1] W:history (a stream: lib.lua, history_add)
+-- KEYS[1] W:history (a stream: lib/history.lua, history_add)
 -- KEYS[2] W:history:{model} to list one model (its entries
 --         point into KEYS[1]), else KEYS[1] again
 -- KEYS[3..] the caller's rate-window counters
--- ARGV[1] the newest entry to list: "+", or "(" .. a stream id (exclusive:
+-- ARGV by name (requests.py, HISTORY_ARGS):
+-- newest: the newest entry to list: "+", or "(" .. a stream id (exclusive:
 --         the cursor, or "{until ms}-0")
--- ARGV[2] the oldest: "-" or "{since ms}-0" (inclusive)
--- ARGV[3] most stream entries to examine
--- ARGV[4..] a (limit, window seconds) pair per rate-window counter
+-- oldest: "-" or "{since ms}-0" (inclusive)
+-- examined: most stream entries to examine
+-- then, from ARGV[ARG_REST], a (limit, window seconds) pair per rate-window counter
 -- returns {"RATE_LIMITED", window index, ms left}
 --       | {"OK", more past these (1 | 0), {stream id, request id or ""}...}
 
-local spent = spend_rate(3, 4)
+local spent = spend_rate(3, ARG_REST)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
-local budget = tonumber(ARGV[3])
+local budget = tonumber(ARGV[ARG_EXAMINED])
 -- Up to budget + 1 entries: the one past the budget only tells whether there is more.
-local found = redis.call("XREVRANGE", KEYS[2], ARGV[1], ARGV[2], "COUNT", budget + 1)
+local found = redis.call("XREVRANGE", KEYS[2], ARGV[ARG_NEWEST], ARGV[ARG_OLDEST], "COUNT", budget + 1)
 local by_model = KEYS[2] ~= KEYS[1]
 local reply = {"OK", #found > budget and 1 or 0}
 for i = 1, math.min(#found, budget) do

@@ -6,17 +6,17 @@
 --
 -- KEYS[1] rq:apikey:{sha256(key)}  KEYS[2] rq:key:{key id}
 -- KEYS[3] rq:keys:{workspace}      KEYS[4] rq:keyaudit:{workspace}
--- ARGV[1] what the key resolves to (the workspace id, or "-")  ARGV[2] key id
--- ARGV[3] the audit line (JSON)  ARGV[4] audit lines kept
+-- ARGV by name (apikeys.py, REVOKE_ARGS): owner (what the key resolves to: the
+--   workspace id, or "-")  id (the key's)  audit_line (JSON)  audit_kept (lines kept)
 -- returns {"REVOKED"} | {"MISSING"} (revoked already, past its rotation's
 --         overlap, or another workspace's)
 
-if redis.call("GET", KEYS[1]) ~= ARGV[1] then
+if redis.call("GET", KEYS[1]) ~= ARGV[ARG_OWNER] then
   return {"MISSING"}
 end
 redis.call("DEL", KEYS[1], KEYS[2])
-redis.call("ZREM", KEYS[3], ARGV[2])
-redis.call("LPUSH", KEYS[4], ARGV[3])
-redis.call("LTRIM", KEYS[4], 0, tonumber(ARGV[4]) - 1)
-redis.call("PUBLISH", KEY_APIKEY_EVENTS .. ARGV[2], "REVOKED")
+redis.call("ZREM", KEYS[3], ARGV[ARG_ID])
+redis.call("LPUSH", KEYS[4], ARGV[ARG_AUDIT_LINE])
+redis.call("LTRIM", KEYS[4], 0, tonumber(ARGV[ARG_AUDIT_KEPT]) - 1)
+redis.call("PUBLISH", KEY_APIKEY_EVENTS .. ARGV[ARG_ID], "REVOKED")
 return {"REVOKED"}

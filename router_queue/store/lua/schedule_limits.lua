@@ -1,16 +1,17 @@
 -- schedule_limits.lua: an operator changed a workspace's weight or
 -- max_in_flight (accounts.py): update the copy a provider's schedule keeps
--- while the workspace has requests waiting there (lib.lua, ws_limits), so its
+-- while the workspace has requests waiting there (lib/schedule.lua, ws_limits), so its
 -- next grant follows the new limits. A workspace with nothing waiting has no
 -- copy; its next admission writes one from its hash.
 --
 -- KEYS[1] P:sched:{provider}
--- ARGV[1] the workspace id   ARGV[2] "{weight}:{max_in_flight}"
+-- ARGV by name (accounts.py, LIMITS_ARGS): workspace (its id)
+--   limits ("{weight}:{max_in_flight}")
 -- returns 1 when the schedule held a copy (now updated), else 0
 
-local field = "lim|" .. ARGV[1]
+local field = "lim|" .. ARGV[ARG_WORKSPACE]
 if redis.call("HEXISTS", KEYS[1], field) == 0 then
   return 0
 end
-redis.call("HSET", KEYS[1], field, ARGV[2])
+redis.call("HSET", KEYS[1], field, ARGV[ARG_LIMITS])
 return 1

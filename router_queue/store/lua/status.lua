@@ -2,32 +2,33 @@
 -- call counted in the caller's rate windows first (ratelimit.py).
 -- KEYS[1] P:req:{id}  KEYS[2] P:sched:{provider}  KEYS[3] P:stats:{provider}
 -- KEYS[4..] the caller's rate-window counters
--- ARGV[1] id  ARGV[2], ARGV[3] where "workspace" and "status" are among the
--- fields (requests.py, _STATUS_FIELD_ARGS)  ARGV[4] how many record fields
--- follow  ARGV[5..] the fields (requests.py, _FIELDS), then a (limit, window
+-- ARGV by name (requests.py, STATUS_ARGS): id  at_workspace, at_status (where
+-- "workspace" and "status" are among the fields)  nfields (how many record
+-- fields follow); from ARGV[ARG_REST] the fields (requests.py, _FIELDS), then a (limit, window
 -- seconds) pair per rate-window counter
 -- returns {"RATE_LIMITED", window index, ms left}
 --       | {"OK", field values, ttl or false, position or false, {avg_run_s, avg_gap_s} or false}
--- The position (lib.lua, position) is read only while the request waits;
+-- The position (lib/schedule.lua, position) is read only while the request waits;
 -- the record's TTL only once it is COMPLETED (a record expires only from
--- the step that completes it: complete.lua, lib.lua's finish_unbilled; before
+-- the step that completes it: complete.lua, lib/ending.lua's finish_unbilled; before
 -- that its TTL is -1, which reads as none); the provider's pace only while
 -- it is not COMPLETED (it is for Retry-After, which a finished request is
 -- not sent: web/pacing.py). A missing record reads neither.
 
-local at_ws, at_status, nfields = tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local spent = spend_rate(4, 5 + nfields)
+local at_ws, at_status = tonumber(ARGV[ARG_AT_WORKSPACE]), tonumber(ARGV[ARG_AT_STATUS])
+local nfields = tonumber(ARGV[ARG_NFIELDS])
+local spent = spend_rate(4, ARG_REST + nfields)
 if spent then
   return {"RATE_LIMITED", spent[1], spent[2]}
 end
-local values = redis.call("HMGET", KEYS[1], unpack(ARGV, 5, 4 + nfields))
+local values = redis.call("HMGET", KEYS[1], unpack(ARGV, ARG_REST, ARG_REST - 1 + nfields))
 local status = values[at_status]
 local rank, ttl, pace = false, false, false
 if status == "COMPLETED" then
   ttl = redis.call("TTL", KEYS[1])
 elseif status then
   if status == "IN_QUEUE" then
-    rank = position(KEYS[2], values[at_ws], ARGV[1])
+    rank = position(KEYS[2], values[at_ws], ARGV[ARG_ID])
   end
   pace = redis.call("HMGET", KEYS[3], "avg_run_s", "avg_gap_s")
 end

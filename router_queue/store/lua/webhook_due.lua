@@ -4,11 +4,11 @@
 -- publishes it again only if no attempt took it by then (a lost message).
 --
 -- KEYS[1] P:webhook:due:{provider} (or an earlier version's rq:webhooks:due)
--- ARGV[1] now (s)  ARGV[2] again_at (s)  ARGV[3] most to take
+-- ARGV by name (webhooks.py, DUE_ARGS): now (s)  again_at (s)  limit (most to take)
 -- returns the request ids to publish
 
-local due = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[1], "LIMIT", 0, tonumber(ARGV[3]))
+local due = redis.call("ZRANGEBYSCORE", KEYS[1], "-inf", ARGV[ARG_NOW], "LIMIT", 0, tonumber(ARGV[ARG_LIMIT]))
 for _, request_id in ipairs(due) do
-  redis.call("ZADD", KEYS[1], ARGV[2], request_id)
+  redis.call("ZADD", KEYS[1], ARGV[ARG_AGAIN_AT], request_id)
 end
 return due

@@ -13,15 +13,15 @@
 -- nothing, unless it delivered: a 2xx ends the event whoever got it. Nor does
 -- one at an event already ended ("DONE": its state, or another event of the
 -- request holds the head); both are still logged. An event that ends makes
--- way for the request's next event owed, due at once (lib.lua,
+-- way for the request's next event owed, due at once (lib/webhooks.lua,
 -- webhook_ended); the last of a completed request gives back the workspace's
 -- pending count it held since its admission (admit.lua), once: its "counted"
 -- mark goes in the same step, and the count is given in it or, on a store
--- split into per-slot steps, owed (lib.lua, owe_ws) and given by the caller.
+-- split into per-slot steps, owed (lib/ledger.lua, owe_ws) and given by the caller.
 --
 -- KEYS[1] P:webhook:{id}  KEYS[2] P:webhook:due:{provider} (the one that holds it)
 -- KEYS[3] W:ws  KEYS[4] W:ledger (its pending events count; split "1":
---   P:owed:{provider} in both places, lib.lua's ws_target)
+--   P:owed:{provider} in both places, lib/ledger.lua's ws_target)
 -- ARGV by name (ARGV[ARG_REQUEST_ID] and so on; store/webhooks.py,
 -- RECORD_ARGS, whose order the generated ARG_* constants give):
 --   request_id, token (the attempt's), now (s)
@@ -32,7 +32,7 @@
 --   msg_id             the event's webhook-id: an attempt at an event that
 --                      already ended (the request's next one holds the head
 --                      now) changes nothing
---   split              "1" on a store split into per-slot steps (lib.lua, ws_target)
+--   split              "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 -- returns {"DELIVERED" | "GONE" | "GAVE_UP", effects owed...} | {"RETRY"} | {"STALE"} | {"DONE"}
 --   | {"MISSING"} (nothing to log)
 

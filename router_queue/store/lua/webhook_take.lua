@@ -19,7 +19,7 @@
 --   a wait past the retry window (counted from when the event was owed)
 --     -> "GAVE_UP" (and the request's next event, if one is owed, takes its
 --     place, due now; with none, the workspace's pending count given back:
---     lib.lua, webhook_ended)
+--     lib/webhooks.lua, webhook_ended)
 --   else (turn "HELD" or "PROBE") -> "TAKEN" with the event's fields
 -- The caller gives back at once a turn held for an event not taken here
 -- (webhook_turn_end.lua).
@@ -32,13 +32,13 @@
 --
 -- KEYS[1] P:webhook:{id}   KEYS[2] P:webhook:due:{provider} (the one that holds it)
 -- KEYS[3] W:ws  KEYS[4] W:ledger (its pending events count; split "1":
---   P:owed:{provider} in both places, lib.lua's ws_target)
+--   P:owed:{provider} in both places, lib/ledger.lua's ws_target)
 -- ARGV by name (ARGV[ARG_REQUEST_ID] and so on; store/webhooks.py, TAKE_ARGS):
 --   request_id  now (s)  lease_s  token (of this attempt)
 --   turn: webhook_turn.lua's answer ("" when not asked)  open_until: its "OPEN"'s until
 --   wait_s: the first wait  window_s: the retry window  keep_s: seconds an ended event is kept
 --   circuit_cooling_s: an open circuit's cooling  jitter: a random number in [0, 1)
---   split: "1" on a store split into per-slot steps (lib.lua, ws_target)
+--   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 -- returns {"TAKEN", field, value, ...} | {"BUSY"} | {"NOT_DUE"} | {"OPEN", at} | {"WAIT", at}
 --   | {"GAVE_UP", effects owed...} | {"DONE"} | {"MISSING"}
 
