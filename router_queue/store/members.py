@@ -107,13 +107,19 @@ class MemberStore:
 
     def states(self, provider: str, members: tuple[Member, ...]) -> list[MemberState]:
         """Each of ``members`` as the pool holds it now (one read)."""
-        raw = {k.decode(): v.decode() for k, v in self.client.hgetall(keys.member_state(provider)).items()}
+        return read_states(self.client, provider, members)
 
-        def number(member: Member, field: str, default: float = 0.0) -> float:
-            return float(raw.get(f"{member.name}:{field}", default))
 
-        return [MemberState(provider, m.name, m.max_in_flight,
-                            min(m.max_in_flight, int(number(m, "cap", m.max_in_flight))),
-                            int(number(m, "in_flight")), number(m, "paused_until"), number(m, "revoked_until"),
-                            int(number(m, "taken")), int(number(m, "rate_limited")), int(number(m, "revoked")))
-                for m in members]
+def read_states(client: redis.Redis, provider: str, members: tuple[Member, ...]) -> list[MemberState]:
+    """Each of ``provider``'s ``members`` as its pool's hash holds it (one read;
+    no script: the scrape's gauges read it too)."""
+    raw = {k.decode(): v.decode() for k, v in client.hgetall(keys.member_state(provider)).items()}
+
+    def number(member: Member, field: str, default: float = 0.0) -> float:
+        return float(raw.get(f"{member.name}:{field}", default))
+
+    return [MemberState(provider, m.name, m.max_in_flight,
+                        min(m.max_in_flight, int(number(m, "cap", m.max_in_flight))),
+                        int(number(m, "in_flight")), number(m, "paused_until"), number(m, "revoked_until"),
+                        int(number(m, "taken")), int(number(m, "rate_limited")), int(number(m, "revoked")))
+            for m in members]

@@ -11,14 +11,16 @@ import pytest
 import requests
 
 from router_queue.catalog import Catalog, CatalogError
+from router_queue.cli import main
 from router_queue.provider_pools import Member, credential_variables, members_of
 from router_queue.settings import DEFAULT_CATALOG, Secret
 from router_queue.states import COMPLETED
 from router_queue.store import keys
+from router_queue.store.gauges import QueueGauges
 from router_queue.store.members import FULL_WAIT_S, MemberStore
 from tests.unit import delivery_support
 from tests.unit.delivery_support import admitted, deliver_until_done
-from tests.unit.support import context_of
+from tests.unit.support import cli_runner, context_of
 
 stub_origin, fresh_stub, worker_services = (delivery_support.stub_origin, delivery_support.fresh_stub,
                                             delivery_support.worker_services)
@@ -186,3 +188,24 @@ def test_a_lone_providers_refused_key_still_fails_the_request(worker_services, w
     context = context_of(worker_services)
     request_id, provider = admitted(worker_services, workspace, "bfl/flux-2-pro", {"prompt": "x [stub:401_key=k]"})
     assert deliver_until_done(context, request_id) == "provider_error"
+
+
+def test_the_operator_sees_each_member_on_the_page_the_cli_and_metrics(pooled, workspace, app):
+    context = context_of(pooled)
+    request_id, _ = admitted(pooled, workspace, "bfl/flux-2-pro", {"prompt": "seen [stub:429_key=key-b]"})
+    pooled.members.rate_limited("bfl", pooled.catalog.members("bfl")[0], retry_after_s=0.01)  # b is tried first
+    assert deliver_until_done(context, request_id) == "completed"
+    shown = cli_runner(app).invoke(main, ["ops", "members"])
+    assert shown.exit_code == 0, shown.output
+    header, *rows = [line.split("\t") for line in shown.output.splitlines()]
+    assert header == ["provider", "member", "in_flight", "cap", "learned_cap", "paused_s", "out_s", "sent", "429s",
+                      "refused"]
+    table = {(row[0], row[1]): row for row in rows}
+    assert table["bfl", "key-b"][3:5] == ["3", "1"] and float(table["bfl", "key-b"][5]) > 0
+    assert table["bfl", "key-b"][7:9] == ["1", "1"] and table["bfl", "key-a"][7] == "1"
+    assert ("openai", "default") in table
+    metrics = {(s.name, s.labels.get("member")): s.value for family in QueueGauges(pooled.redis, pooled.catalog).collect()
+               for s in family.samples if s.labels.get("provider") == "bfl"}
+    assert metrics["router_queue_pool_member_cap", "key-b"] == 1
+    assert metrics["router_queue_pool_member_paused", "key-b"] == 1
+    assert metrics["router_queue_pool_member_in_flight", "key-a"] == 0
