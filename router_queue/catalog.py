@@ -4,9 +4,10 @@ Loaded once from a JSON data file (``catalog.json`` by default). Each entry
 names its adapter, its upstream URL, its input schema (a class in
 ``schemas.py``), its price, whether it can be queued, and its call policy.
 A model's provider is the first part of its id and holds the account (its
-``max_in_flight``, Celery queue and ``credentials``); the adapter is named
-apart, so a second account is another provider entry using the same adapter
-(``bfl-eu/flux-2-pro``). ``docs/ARCHITECTURE.md``, "The front door's parts".
+Celery queue and its pool: ``members``, each a cap and credential, or its own
+``max_in_flight`` and ``credentials``, ``provider_pools.py``); the adapter is
+named apart, so a second queue is another provider entry using the same
+adapter (``bfl-eu/flux-2-pro``). ``docs/ARCHITECTURE.md``, "The front door's parts".
 """
 
 from __future__ import annotations

@@ -209,3 +209,14 @@ def test_the_operator_sees_each_member_on_the_page_the_cli_and_metrics(pooled, w
     assert metrics["router_queue_pool_member_cap", "key-b"] == 1
     assert metrics["router_queue_pool_member_paused", "key-b"] == 1
     assert metrics["router_queue_pool_member_in_flight", "key-a"] == 0
+
+
+def test_deploys_example_pool_of_two_vertex_locations_loads():
+    path = DEFAULT_CATALOG.parents[1] / "deploy" / "catalog" / "vertex-two-locations.json"
+    catalog = Catalog.load(path)
+    members = catalog.members("vertexai")
+    assert [(m.name, m.region) for m in members] == [("us-central1", "us-central1"), ("europe-west4", "europe-west4")]
+    assert catalog.max_in_flight("vertexai") == 200 and credential_variables(path) == credential_variables(DEFAULT_CATALOG)
+    entry = catalog.by_id("vertexai/gemini-3.1-flash-image")
+    assert entry.upstream("", members[1]).startswith(
+        "https://europe-west4-aiplatform.googleapis.com/v1/projects/comfy-router-eu/locations/europe-west4/")
