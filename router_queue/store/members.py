@@ -25,8 +25,11 @@ from .scripts import argv, load_script
 TAKE_ARGS = ("now", "request_id", "lease_until", "prefer", "grow_every", "full_wait")
 RELEASE_ARGS = ("member", "request_id")
 LIMITED_ARGS = ("member", "what", "until", "cap", "now")
-#: Seconds a request waits before it asks again when every member is full.
-FULL_WAIT_S = 1.0
+#: Seconds a request waits before it asks again when every member is full
+#: (rare: the schedule grants no more than the pool has room for, ``PoolCapacity``).
+FULL_WAIT_S = 0.25
+#: Seconds a process trusts the pool's capacity it last read.
+CAPACITY_TTL_S = 0.5
 #: Seconds a member whose credential was refused (401, 403) is left out.
 REVOKED_PAUSE_S = 300.0
 #: Seconds a 429 pauses its member when it names no Retry-After.
@@ -123,3 +126,36 @@ def read_states(client: redis.Redis, provider: str, members: tuple[Member, ...])
                         int(number(m, "in_flight")), number(m, "paused_until"), number(m, "revoked_until"),
                         int(number(m, "taken")), int(number(m, "rate_limited")), int(number(m, "revoked")))
             for m in members]
+
+
+class PoolCapacity:
+    """How many generations the provider's schedule may grant now: its
+    members' learned caps summed, a paused or taken-out member's left out.
+    A granted request then finds a member with room, instead of holding a
+    provider slot while it asks again (a pool at a 429's half capacity keeps
+    its waiting requests in the fair queue, in their order). Read from Redis
+    at most every ``ttl_s`` per provider and process (the grants' hot path
+    pays nothing else); the catalog's caps summed when Redis does not answer.
+    Raised again when a pause ends: by the next completion, admission or sweep."""
+
+    def __init__(self, client: redis.Redis, members: Callable[[str], tuple[Member, ...]], *,
+                 ttl_s: float = CAPACITY_TTL_S, clock: Callable[[], float] = time.time):
+        self.client = client
+        self.members = members
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._read: dict[str, tuple[int, float]] = {}
+
+    def __call__(self, provider: str) -> int:
+        now = self.clock()
+        cached = self._read.get(provider)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        members = self.members(provider)
+        try:
+            states = read_states(self.client, provider, members)
+        except redis.RedisError:
+            return sum(member.max_in_flight for member in members)
+        capacity = sum(0 if max(s.paused_until, s.revoked_until) > now else s.learned_cap for s in states)
+        self._read[provider] = (capacity, now + self.ttl_s)
+        return capacity

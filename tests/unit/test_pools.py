@@ -17,7 +17,7 @@ from router_queue.settings import DEFAULT_CATALOG, Secret
 from router_queue.states import COMPLETED
 from router_queue.store import keys
 from router_queue.store.gauges import QueueGauges
-from router_queue.store.members import FULL_WAIT_S, MemberStore
+from router_queue.store.members import FULL_WAIT_S, MemberStore, PoolCapacity
 from tests.unit import delivery_support
 from tests.unit.delivery_support import admitted, deliver_until_done
 from tests.unit.support import cli_runner, context_of
@@ -220,3 +220,25 @@ def test_deploys_example_pool_of_two_vertex_locations_loads():
     entry = catalog.by_id("vertexai/gemini-3.1-flash-image")
     assert entry.upstream("", members[1]).startswith(
         "https://europe-west4-aiplatform.googleapis.com/v1/projects/comfy-router-eu/locations/europe-west4/")
+
+
+def test_the_schedule_grants_no_more_than_the_pool_has_room_for(client):
+    clock = Clock()
+    store = MemberStore(client, clock=clock)
+    capacity = PoolCapacity(client, lambda provider: POOL, ttl_s=0.5, clock=clock)
+    assert capacity("bfl") == 5
+    store.rate_limited("bfl", POOL[1], retry_after_s=10)  # b paused, its learned cap 1
+    assert capacity("bfl") == 5  # read again only after its ttl
+    clock.now += 0.5
+    assert capacity("bfl") == 2  # a alone
+    clock.now += 10
+    assert capacity("bfl") == 3  # b back, at its learned cap
+
+
+def test_a_paused_member_keeps_the_rest_waiting_in_the_fair_queue(pooled, workspace):
+    pooled.store.max_in_flight = PoolCapacity(pooled.redis, pooled.catalog.members, ttl_s=0)
+    pooled.members.rate_limited("bfl", pooled.catalog.members("bfl")[1], retry_after_s=60)  # key-b paused
+    for n in range(5):
+        admitted(pooled, workspace, "bfl/flux-2-pro", {"prompt": f"#{n}"})
+    assert pooled.redis.zcard(keys.running("bfl")) == 2  # key-a's two slots granted, three wait their turn
+    assert pooled.redis.zcard(keys.queue("bfl")) == 5
