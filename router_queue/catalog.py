@@ -4,9 +4,10 @@ Loaded once from a JSON data file (``catalog.json`` by default). Each entry
 names its adapter, its upstream URL, its input schema (a class in
 ``schemas.py``), its price, whether it can be queued, and its call policy.
 A model's provider is the first part of its id and holds the account (its
-``max_in_flight``, Celery queue and ``credentials``); the adapter is named
-apart, so a second account is another provider entry using the same adapter
-(``bfl-eu/flux-2-pro``). ``docs/ARCHITECTURE.md``, "The front door's parts".
+Celery queue and its pool: ``members``, each a cap and credential, or its own
+``max_in_flight`` and ``credentials``, ``provider_pools.py``); the adapter is
+named apart, so a second queue is another provider entry using the same
+adapter (``bfl-eu/flux-2-pro``). ``docs/ARCHITECTURE.md``, "The front door's parts".
 """
 
 from __future__ import annotations
@@ -20,14 +21,8 @@ from urllib.parse import urlsplit, urlunsplit
 
 from marshmallow import Schema
 
-from .provider_credentials import (  # noqa: F401
-    CREDENTIAL_KINDS,
-    CatalogError,
-    ProviderCredentials,
-    credential_variables,
-    credentials_of,
-    provider_specs,
-)
+from .provider_credentials import CREDENTIAL_KINDS, CatalogError, ProviderCredentials  # noqa: F401
+from .provider_pools import DEFAULT_MAX_IN_FLIGHT, Member, credential_variables, pools_of
 from .schemas import SCHEMAS
 
 
@@ -99,25 +94,22 @@ class ModelEntry:
             schema = _SCHEMA_INSTANCES[self.input_schema] = self.input_schema()
         return schema
 
-    def upstream(self, origin_override: str = "") -> str:
-        """The upstream URL, with its origin replaced when an override is set."""
+    def upstream(self, origin_override: str = "", member: Member | None = None) -> str:
+        """The upstream URL, sent to ``member``'s project and location when it
+        names them, with its origin replaced when an override is set."""
+        upstream = self.upstream_url if member is None else member.upstream(self.upstream_url)
         if not origin_override:
-            return self.upstream_url
+            return upstream
         base = urlsplit(origin_override)
-        url = urlsplit(self.upstream_url)
+        url = urlsplit(upstream)
         return urlunsplit((base.scheme, base.netloc, url.path, url.query, ""))
 
 
-#: Generations in flight per provider when the catalog names no cap.
-DEFAULT_MAX_IN_FLIGHT = 100
-
-
 class Catalog:
-    def __init__(self, entries: dict[str, ModelEntry], max_in_flight: dict[str, int] | None = None,
-                 credentials: dict[str, ProviderCredentials] | None = None):
+    def __init__(self, entries: dict[str, ModelEntry], pools: dict[str, tuple[Member, ...]] | None = None):
         self._entries = entries
-        self._max_in_flight = max_in_flight or {}
-        self._credentials = credentials or {}
+        #: Each provider's members (``provider_pools.py``); one named the catalog did not list is one default member.
+        self._pools = pools or {}
 
     @classmethod
     def load(cls, path: str | Path) -> "Catalog":
@@ -143,9 +135,7 @@ class Catalog:
                 )
             except (KeyError, TypeError, ValueError) as exc:
                 raise CatalogError(f"catalog entry {model_id!r}: {exc!r}") from exc
-        limits = {name: int(spec["max_in_flight"]) for name, spec in provider_specs(raw).items()
-                  if "max_in_flight" in spec}
-        return cls(entries, limits, credentials_of(raw))
+        return cls(entries, pools_of(raw))
 
     @staticmethod
     def credential_variables(path: str | Path) -> list[str]:
@@ -168,12 +158,17 @@ class Catalog:
         return difflib.get_close_matches(model_id, self._entries, n=limit, cutoff=0.5)
 
     def max_in_flight(self, provider: str) -> int:
-        """How many generations the provider allows us in flight, fleet-wide."""
-        return self._max_in_flight.get(provider, DEFAULT_MAX_IN_FLIGHT)
+        """How many generations the provider allows us in flight, fleet-wide:
+        its members' caps summed."""
+        return sum(member.max_in_flight for member in self.members(provider))
+
+    def members(self, provider: str) -> tuple[Member, ...]:
+        """Where ``provider``'s generations may go (``provider_pools.py``)."""
+        return self._pools.get(provider) or (Member("default", DEFAULT_MAX_IN_FLIGHT, None),)
 
     def credentials(self, provider: str) -> ProviderCredentials | None:
-        """Where ``provider``'s credential comes from; None when the catalog names none."""
-        return self._credentials.get(provider)
+        """Where ``provider``'s default (first) member's credential comes from; None when the catalog names none."""
+        return self.members(provider)[0].credentials
 
     def providers(self) -> list[str]:
         return sorted({entry.provider for entry in self._entries.values()})

@@ -47,6 +47,9 @@ RUN = Histogram("router_queue_run_seconds", "Seconds from claim to completion.",
                 registry=REGISTRY)
 CALL = Histogram("router_queue_call_seconds", "Seconds one HTTP exchange with the provider took.", _MODEL,
                  buckets=BUCKETS, registry=REGISTRY)
+MEMBER_EVENTS = Counter("router_queue_pool_member_events", "What a provider pool's members did: a generation "
+                        "sent (taken), a 429 that paused one (rate_limited), a refused credential that took one out "
+                        "(revoked).", ("provider", "member", "event"), registry=REGISTRY)
 SWEEPS = Counter("router_queue_sweeper_actions", "What the sweeper did.", ("action",), registry=REGISTRY)
 WEBHOOK_DELIVERIES = Counter("router_queue_webhook_deliveries",
                              "Webhook attempts by outcome (delivered, failed, gone, refused), and events given up "
@@ -108,6 +111,10 @@ class Recorder:
 
     def provider_call(self, provider: str, model: str, seconds: float) -> None:
         CALL.labels(provider, model).observe(max(0.0, seconds))
+
+    def member_event(self, provider: str, member: str, event: str) -> None:
+        """A pool member's ``event``: "taken", "rate_limited" or "revoked"."""
+        MEMBER_EVENTS.labels(provider, member, event).inc()
 
     def retried(self, provider: str, model: str) -> None:
         RETRIES.labels(provider, model).inc()

@@ -5,9 +5,7 @@ loading the models (``catalog.py``)."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 
@@ -55,22 +53,3 @@ class ProviderCredentials:
         if not all(isinstance(name, str) for name in credentials.variables):
             raise CatalogError(f"provider {provider!r}: credential variables must be names, got {spec!r}")
         return credentials
-
-
-def provider_specs(raw: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    providers = raw.get("providers", {})
-    if not isinstance(providers, dict) or not all(isinstance(spec, dict) for spec in providers.values()):
-        raise CatalogError(f"providers must map each provider to an object, got {providers!r}")
-    return providers
-
-
-def credentials_of(raw: dict[str, Any]) -> dict[str, ProviderCredentials]:
-    return {name: ProviderCredentials.parse(name, spec["credentials"])
-            for name, spec in provider_specs(raw).items() if "credentials" in spec}
-
-
-def credential_variables(path: str | Path) -> list[str]:
-    """Every environment variable the catalog at ``path``'s providers name
-    for their credentials."""
-    credentials = credentials_of(json.loads(Path(path).read_text()))
-    return sorted({name for spec in credentials.values() for name in spec.variables})

@@ -19,6 +19,7 @@ from .store.accounts import Accounts
 from .store.connect import UNREACHABLE, connect
 from .store.fleet import Fleet
 from .store.ids import RequestIds
+from .store.members import MemberStore, PoolCapacity
 from .store.replication import Replication
 from .store.requests import GrantPublishing, RequestStore
 from .store.secret_box import SecretBox, require_key
@@ -53,6 +54,8 @@ class Services:
     metrics: Recorder
     webhooks: WebhookStore
     fleet: Fleet
+    #: The providers' pools: which member a generation goes to, their pauses (``store/members.py``).
+    members: MemberStore
     #: What publishes deliveries; the store publishes its grants through it.
     #: None where nothing publishes (a grant then waits for the reaper).
     dispatcher: Publisher | None = None
@@ -85,7 +88,7 @@ class Services:
             client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
             republish_after_s=settings.republish_after_s, max_queued=settings.max_queued,
             retry_max=settings.retry_max_per_request,
-            max_in_flight=catalog.max_in_flight, write_deadline_s=write_deadline_s,
+            max_in_flight=PoolCapacity(client, catalog.members), write_deadline_s=write_deadline_s,
             replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
             grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
             split=split,
@@ -106,6 +109,7 @@ class Services:
             webhooks=WebhookStore(client, keep_s=settings.result_retention_s, limits=webhook_limits(settings),
                                   providers=tuple(catalog.providers()), effects=store.effects),
             fleet=Fleet(client, heartbeat_s=settings.worker_heartbeat_s),
+            members=MemberStore(client, grow_every_s=settings.member_grow_s),
             dispatcher=dispatcher,
             blobs=open_blob_store(settings.object_store_url, allow_http=settings.object_store_allow_http),
         )

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .provider_credentials import credential_variables
+from .provider_pools import credential_variables
 from .redis_urls import CLUSTER_SCHEME, ClusterAddress, RedisUrlError, SentinelAddress
 
 DEFAULT_CATALOG = Path(__file__).with_name("catalog.json")
@@ -177,6 +177,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "LEDGER_RETENTION_SECONDS": ("ledger_retention_s", _int),
     "MAX_BODY_BYTES": ("max_body_bytes", _int),
     "CATALOG_PATH": ("catalog_path", _str),
+    "MEMBER_GROW_SECONDS": ("member_grow_s", _float),
     "PROVIDER_ORIGIN_OVERRIDE": ("provider_origin_override", _url),
     "REPUBLISH_AFTER_SECONDS": ("republish_after_s", _float),
     "SWEEP_INTERVAL_SECONDS": ("sweep_interval_s", _float),
@@ -300,6 +301,9 @@ class Settings:
     max_body_bytes: int = 20_000_000
     #: The model catalog (JSON). Defaults to the one shipped in the package.
     catalog_path: str = str(DEFAULT_CATALOG)
+    #: Seconds without a 429 after which a provider pool's member's learned cap
+    #: (halved at each 429) grows back by one, up to its catalog cap (docs/POOLS.md).
+    member_grow_s: float = 10.0
     #: Replaces the scheme and host of every upstream URL (the stub provider
     #: in tests and the demo). Empty in production.
     provider_origin_override: str = ""

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from . import settings
-from .provider_credentials import credential_variables
+from .provider_pools import credential_variables
 
 #: What the document says before the table (the table is the settings' own words).
 HEADER = """\

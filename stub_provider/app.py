@@ -37,7 +37,7 @@ def create_app(
 
     @app.get("/stub/calls")
     def calls() -> Response:
-        """{"submits": {"<route>:<body digest>": n}, "total": {"<route>": n}}."""
+        """{"submits": {"<route>:<body digest>": n}, "total": {"<route>": n}, "by_key": {"<route>:<key>": n}}."""
         return json_response(state().snapshot())
 
     @app.post("/stub/reset")

@@ -75,7 +75,10 @@ def submit(model: str) -> Response:
         return _invalid(["body", "output_format"], "Input should be 'jpeg' or 'png'", "enum")
 
     wanted = directives.parse(prompt)
-    fault = directives.decide_fault(wanted, st.next_attempt("bfl_submit", body_digest))
+    key = request.headers.get("x-key", "").strip()
+    st.record_key("bfl_submit", key)
+    fault = directives.key_fault(wanted, key) or directives.decide_fault(wanted, st.next_attempt("bfl_submit",
+                                                                                                body_digest))
     if fault is not None:
         return _error(fault.status, retry_after_headers(fault.retry_after))
     if wanted.reject:

@@ -37,6 +37,8 @@ class Directives:
     refuse: bool = False  # content-policy refusal, provider style
     reject: bool = False  # 4xx input error, provider style
     size: int | None = None  # bytes of the generated file (Vertex's image decoded, OpenAI's audio)
+    rate_limit_key: str | None = None  # every call made with this key answers 429 (a pool member paused)
+    refuse_key: str | None = None  # every call made with this key answers 401 (a member's key revoked)
 
 
 @dataclass(frozen=True)
@@ -97,10 +99,28 @@ def parse(text: Any) -> Directives:
             found["reject"] = True
         elif name == "size" and (count := _count(value)) is not None and count <= MAX_SIZE_BYTES:
             found["size"] = count
+        elif name == "429_key" and value:
+            found["rate_limit_key"] = value
+        elif name == "401_key" and value:
+            found["refuse_key"] = value
     if rate_limit_seen:
         found.setdefault("retry_after", DEFAULT_RETRY_AFTER_S)
         found.setdefault("rate_limit_times", 1)
     return Directives(**found)
+
+
+def key_fault(directives: Directives, key: str | None) -> Fault | None:
+    """The failure a call made with ``key`` (the member it came from: BFL's
+    ``x-key``, OpenAI's bearer token, Vertex AI's location) gets
+    whatever its attempt: ``401_key`` refuses that key, ``429_key`` rate-limits
+    it (Retry-After as ``429=`` says, else 1 s). Other keys are served."""
+    if key is None:
+        return None
+    if directives.refuse_key == key:
+        return Fault(401)
+    if directives.rate_limit_key == key:
+        return Fault(429, format_seconds(directives.retry_after or DEFAULT_RETRY_AFTER_S))
+    return None
 
 
 def decide_fault(directives: Directives, attempt: int) -> Fault | None:

@@ -62,7 +62,10 @@ def speech() -> Response:
 
     text = body["input"]
     wanted = directives.parse(text)
-    fault = directives.decide_fault(wanted, st.next_attempt("openai_speech", body_digest))
+    key = bearer_token() or ""
+    st.record_key("openai_speech", key)
+    fault = directives.key_fault(wanted, key) or directives.decide_fault(
+        wanted, st.next_attempt("openai_speech", body_digest))
     if fault is not None:
         return _fault(fault)
     if wanted.reject:

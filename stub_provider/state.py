@@ -45,6 +45,7 @@ class StubState:
         self._calls: Counter[str] = Counter()  # "<route>:<digest>" -> calls
         self._totals: Counter[str] = Counter()  # "<route>" -> calls
         self._attempts: Counter[str] = Counter()  # "<route>:<digest>" -> fault-eligible calls
+        self._keys: Counter[str] = Counter()  # "<route>:<key>" -> authenticated calls
 
     def record(self, route: str, body_digest: str | None) -> None:
         """Count one call to `route`; per digest too when the body is known."""
@@ -52,6 +53,11 @@ class StubState:
             self._totals[route] += 1
             if body_digest is not None:
                 self._calls[f"{route}:{body_digest}"] += 1
+
+    def record_key(self, route: str, key: str) -> None:
+        """Count one call to ``route`` made with ``key`` (which pool member sent it)."""
+        with self._lock:
+            self._keys[f"{route}:{key}"] += 1
 
     def next_attempt(self, route: str, body_digest: str) -> int:
         """1-based index of this authenticated, well-formed call for this body."""
@@ -83,7 +89,8 @@ class StubState:
     def snapshot(self) -> dict[str, dict[str, int]]:
         """The /stub/calls document."""
         with self._lock:
-            return {"submits": dict(sorted(self._calls.items())), "total": dict(sorted(self._totals.items()))}
+            return {"submits": dict(sorted(self._calls.items())), "total": dict(sorted(self._totals.items())),
+                    "by_key": dict(sorted(self._keys.items()))}
 
     def reset(self) -> None:
         with self._lock:
@@ -91,3 +98,4 @@ class StubState:
             self._calls.clear()
             self._totals.clear()
             self._attempts.clear()
+            self._keys.clear()

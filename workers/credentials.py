@@ -151,43 +151,58 @@ Source = Callable[[], str]
 
 
 class Credentials:
-    """Every provider's credential source for one worker process, built from
-    the catalog and the settings' credential variables."""
+    """Every provider's members' credential sources for one worker process,
+    built from the catalog (``provider_pools.py``) and the settings' credential variables."""
 
     def __init__(self, catalog: Catalog, values: Mapping[str, Secret], *, session: requests.Session | None = None):
-        self._sources: dict[str, ApiKey | GoogleToken] = {}
+        self._sources: dict[tuple[str, str], ApiKey | GoogleToken] = {}
+        #: Each provider's members, in the catalog's order.
+        self._members: dict[str, tuple[str, ...]] = {}
         for provider in catalog.providers():
-            spec = catalog.credentials(provider)
-            if spec is not None:
-                self._sources[provider] = _source(provider, spec, values, session)
+            members = catalog.members(provider)
+            self._members[provider] = tuple(member.name for member in members)
+            for member in members:
+                if member.credentials is not None:
+                    self._sources[provider, member.name] = _source(_label(provider, member.name),
+                                                                   member.credentials, values, session)
 
-    def current(self, provider: str) -> str:
-        """``provider``'s credential now; a ``ProviderFailure`` when there is none."""
-        source = self._sources.get(provider)
+    def current(self, provider: str, member: str = "") -> str:
+        """``provider``'s (``member``'s; its first member's when none is named)
+        credential now; a ``ProviderFailure`` when there is none."""
+        member = member or self._members.get(provider, ("default",))[0]
+        source = self._sources.get((provider, member))
+        label = _label(provider, member)
         try:
             if source is None:
-                raise Unavailable(provider, f"{provider}: the catalog names no credentials for it")
+                raise Unavailable(label, f"{label}: the catalog names no credentials for it")
             return source()
         except Unavailable as missing:
-            log.error("no credential: %s", missing, extra={"provider": provider})
+            log.error("no credential: %s", missing, extra={"provider": provider, "member": member})
             raise ProviderFailure(states.PROVIDER_ERROR, missing.detail, retryable=True) from missing
 
-    def for_provider(self, provider: str) -> Source:
-        return lambda: self.current(provider)
+    def for_provider(self, provider: str, member: str = "") -> Source:
+        return lambda: self.current(provider, member)
 
     def problems(self, providers: Iterable[str]) -> list[str]:
-        """Why any of ``providers`` has no credential, one line each (for the
-        log when a worker starts: it names what to set)."""
+        """Why any member of ``providers`` has no credential, one line each (for
+        the log when a worker starts: it names what to set)."""
         found = []
         for provider in providers:
-            source = self._sources.get(provider)
-            try:
-                if source is None:
-                    raise Unavailable(provider, f"{provider}: the catalog names no credentials for it")
-                source.check()
-            except Unavailable as missing:
-                found.append(str(missing))
+            for member in self._members.get(provider, ("default",)):
+                source = self._sources.get((provider, member))
+                label = _label(provider, member)
+                try:
+                    if source is None:
+                        raise Unavailable(label, f"{label}: the catalog names no credentials for it")
+                    source.check()
+                except Unavailable as missing:
+                    found.append(str(missing))
         return found
+
+
+def _label(provider: str, member: str) -> str:
+    """How the log names a member: the provider alone for its one default member."""
+    return provider if member == "default" else f"{provider} (member {member})"
 
 
 def _source(provider: str, spec: ProviderCredentials, values: Mapping[str, Secret],

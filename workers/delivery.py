@@ -17,11 +17,13 @@ from typing import Any, Callable, TypeVar
 from router_queue import logs, states, tracing
 from router_queue.catalog import CallPolicy, ModelEntry
 from router_queue.metrics import Recorder
+from router_queue.provider_pools import Member
 from router_queue.store.connect import FULL, UNREACHABLE
 from router_queue.store.outcomes import Claim, Complete
 from router_queue.store.requests import WEBHOOK_DUE, Lease, RequestRecord
 from router_queue.webhooks import delivery as webhook_delivery
 
+from . import members
 from .bodies import STORE_AWAY_RETRY_S, BodyLost, BodyUnavailable, native_body
 from .context import WorkerContext
 from .outputs import keep_output
@@ -217,21 +219,63 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         if kept == WEBHOOK_DUE:
             webhook_delivery.publish_owed(context.services, context.dispatcher, request_id)  # its progress event
 
+    def fail(failure: ProviderFailure, started_at: float) -> str:
+        _completed(context, metrics, record, complete(error_type=failure.error_type, detail=failure.detail,
+                                             billable=failure.billable), failure.error_type, started_at)
+        log.info("request %s completed with %s after %.2f s", request_id, failure.error_type,
+                 time.monotonic() - started, extra={"outcome": failure.error_type, "status": "COMPLETED"})
+        return failure.error_type
+
+    def later(countdown: float, reason: str) -> Later:
+        # Keep the lease through the wait, for the retry alone.
+        store.renew(request_id, record.provider, execution.token, countdown + services.settings.lease_s,
+                    successor=execution.next_resume_key)
+        return Later(countdown, reason)
+
+    started = time.monotonic()
+    upstream_ref = _upstream_ref(record)
+    started_at = record.started_at or time.time()
+    member, wait_s = members.take(services, entry, request_id, prefer=(upstream_ref or {}).get("member", ""))
+    if member is None:  # every member paused, out or full: the request waits, not charged an attempt
+        ended = members.past_longest_run(entry, started_at)
+        if ended is not None:
+            return fail(ended, started_at)
+        raise later(wait_s, f"every member of {entry.provider}'s pool is paused or full")
+    try:
+        return _call(context, record, body, entry, execution, metrics, flag_unread_until, member, upstream_ref,
+                     started_at, complete=complete, remember=remember, progressed=progressed, fail=fail,
+                     later=later)
+    finally:
+        try:
+            services.members.release(entry.provider, member.name, request_id)
+        except STORE_FAULTS as exc:  # its lease gives it back
+            log.warning("request %s: its slot on %s member %s not given back now (%s)", request_id,
+                        entry.provider, member.name, exc)
+
+
+def _call(context: WorkerContext, record: RequestRecord, body: bytes, entry: ModelEntry, execution: Execution,
+          metrics: Recorder, flag_unread_until: float, member: Member, upstream_ref: dict[str, Any] | None,
+          started_at: float, *, complete: Callable[..., Complete], remember: Callable[[dict[str, Any]], None],
+          progressed: Callable[[float], None], fail: Callable[[ProviderFailure, float], str],
+          later: Callable[[float, str], Later]) -> str:
+    """The provider called through ``member``; its outcome recorded."""
+    services, store, request_id = context.services, context.services.store, record.id
     credentials = context.credentials
     assert credentials is not None  # WorkerContext.__post_init__ builds it
     call = ProviderCall(
         entry=entry,
         body=body,
-        url=entry.upstream(services.settings.provider_origin_override),
-        credential=credentials.for_provider(entry.provider),
+        url=entry.upstream(services.settings.provider_origin_override, member),
+        credential=credentials.for_provider(entry.provider, member.name),
         session=context.session,
         interruption=lambda: _interruption(context, request_id, flag_unread_until),
-        upstream_ref=_upstream_ref(record),
-        remember=remember,
+        upstream_ref=upstream_ref,
+        remember=lambda ref: remember({**ref, "member": member.name}),  # a resume polls through the same member
         progressed=progressed,
-        started_at=record.started_at or time.time(),
+        started_at=started_at,
         timed=lambda seconds: metrics.provider_call(entry.provider, entry.id, seconds),
         hosts=ProviderHosts.of(services.settings),
+        organization=member.organization,
     )
     started = time.monotonic()
     try:
@@ -244,22 +288,20 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
         log.info("request %s handed back for another worker to resume", request_id)
         return "handed_back"
     except ProviderFailure as failure:
+        pool_wait = members.wait_after(services, entry, member, failure)
+        if pool_wait is not None and members.past_longest_run(entry, call.started_at) is None:
+            log.info("request %s: %s member %s answered %s; trying the pool again in %.1f s (no attempt counted)",
+                     request_id, entry.provider, member.name, failure.http_status, pool_wait)
+            raise later(pool_wait, failure.detail) from failure
         if failure.retryable:
             attempts = store.record_attempt(request_id)
             if attempts < entry.policy.max_attempts:
                 metrics.retried(entry.provider, entry.id)
                 countdown = backoff(entry.policy, attempts, failure.retry_after_s)
-                # Keep the lease through the wait, for the retry alone.
-                store.renew(request_id, record.provider, execution.token, countdown + services.settings.lease_s,
-                            successor=execution.next_resume_key)
                 log.info("request %s attempt %d failed (%s); retrying in %.1f s",
                          request_id, attempts, failure.detail, countdown)
-                raise Later(countdown, failure.detail) from failure
-        _completed(context, metrics, record, complete(error_type=failure.error_type, detail=failure.detail,
-                                             billable=failure.billable), failure.error_type, call.started_at)
-        log.info("request %s completed with %s after %.2f s", request_id, failure.error_type,
-                 time.monotonic() - started, extra={"outcome": failure.error_type, "status": "COMPLETED"})
-        return failure.error_type
+                raise later(countdown, failure.detail) from failure
+        return fail(failure, call.started_at)
     except STORE_FAULTS:
         # Redis, not the request, failed before any outcome: the lease runs
         # out and another delivery resumes the generation from its handle.

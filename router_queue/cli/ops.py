@@ -54,6 +54,17 @@ def depths() -> None:
                    f"{row['waiting_workspaces']}\t{largest}\t{row['workers']}")
 
 
+@ops.command("members")
+def members() -> None:
+    """Per provider pool member: slots in flight, its catalog cap and the cap
+    learned from its 429s, seconds still paused (a 429) or out (a refused
+    key), generations sent, 429s and refused keys (docs/POOLS.md)."""
+    click.echo("provider\tmember\tin_flight\tcap\tlearned_cap\tpaused_s\tout_s\tsent\t429s\trefused")
+    for m in summary(_services())["members"]:
+        click.echo(f"{m['provider']}\t{m['member']}\t{m['in_flight']}\t{m['cap']}\t{m['learned_cap']}\t"
+                   f"{m['paused_s']}\t{m['out_s']}\t{m['taken']}\t{m['rate_limited']}\t{m['revoked']}")
+
+
 def _record(request_id: str) -> dict[str, Any]:
     """The stored fields, and ``ttl_s``: values of ``Any`` type, since the
     fields are text, ``ttl_s`` an int and ``inspect``'s ``position`` an int or None."""

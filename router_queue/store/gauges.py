@@ -18,6 +18,7 @@ from prometheus_client.registry import Collector
 
 from ..catalog import Catalog
 from . import keys
+from .members import read_states
 
 
 class QueueGauges(Collector):
@@ -91,6 +92,24 @@ class QueueGauges(Collector):
                                      "Webhook attempts running now (each holds a thread of the webhooks worker).")
         attempts.add_metric([], webhooks_in_flight)
         yield from (depth, in_flight, cap, workspaces, oldest, drain, due_now, attempts, owed, pending)
+        yield from self._members(providers, now)
+
+    def _members(self, providers: list[str], now: float) -> Iterable:
+        """Each pool member's slots in use, learned cap and whether it is paused or out (``members.py``)."""
+        labels = ["provider", "member"]
+        used = GaugeMetricFamily("router_queue_pool_member_in_flight", "Generations holding a slot on a provider "
+                                 "pool's member.", labels=labels)
+        learned = GaugeMetricFamily("router_queue_pool_member_cap", "A pool member's cap as learned from its 429s "
+                                    "(its catalog cap when it has had none lately).", labels=labels)
+        paused = GaugeMetricFamily("router_queue_pool_member_paused", "1 while a pool member is paused by a 429 or "
+                                   "out for a refused key.", labels=labels)
+        for provider in providers:
+            for state in read_states(self.client, provider, self.catalog.members(provider)):
+                names = [provider, state.member]
+                used.add_metric(names, state.in_flight)
+                learned.add_metric(names, state.learned_cap)
+                paused.add_metric(names, 1 if max(state.paused_until, state.revoked_until) > now else 0)
+        yield from (used, learned, paused)
 
     def _created_at(self, request_ids: list[str]) -> dict[str, float]:
         if not request_ids:

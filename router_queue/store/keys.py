@@ -127,6 +127,18 @@ def deadlines(provider: str) -> str:
     return f"{provider_prefix(provider)}:deadlines:{provider}"
 
 
+def member_state(provider: str) -> str:
+    """A provider's pool: each member's slots held, learned cap, pauses and
+    their counts (``members.py``), one hash."""
+    return f"{provider_prefix(provider)}:members:{provider}"
+
+
+def member_leases(provider: str) -> str:
+    """The slots held on a provider's members ("{member}|{id}"), by when each
+    is given back if its worker never does (``members.py``)."""
+    return f"{member_state(provider)}:leases"
+
+
 def result_objects(provider: str, request_id: str | None = None) -> str:
     """The objects holding its requests' results and bodies (``"{id} {object
     key}"``), by when their record (a result's) or pointer (a body's,

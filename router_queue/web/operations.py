@@ -147,9 +147,25 @@ def summary(services: Services) -> dict:
             "workers": consuming[queue_name(provider)],
         })
     return {"providers": rows, "at": now, "webhooks": webhook_summary(services.webhooks, now),
+            "members": pool_summary(services, now),
             "workers": [{"name": w.name, "queues": list(w.queues), "pid": w.pid,
                          "alive": w.alive(now, fleet.heartbeat_s), "last_heartbeat_s": round(now - w.beat_at, 1)}
                         for w in workers]}
+
+
+def pool_summary(services: Services, now: float) -> list[dict]:
+    """Each provider's pool members (``docs/POOLS.md``): slots held, the
+    catalog's cap and the cap learned from 429s, seconds left paused or out,
+    and their counts; for the page and ``ops members``."""
+    rows = []
+    for provider in services.catalog.providers():
+        for state in services.members.states(provider, services.catalog.members(provider)):
+            rows.append({"provider": provider, "member": state.member, "in_flight": state.in_flight,
+                         "cap": state.cap, "learned_cap": state.learned_cap,
+                         "paused_s": round(max(0.0, state.paused_until - now), 1),
+                         "out_s": round(max(0.0, state.revoked_until - now), 1),
+                         "taken": state.taken, "rate_limited": state.rate_limited, "revoked": state.revoked})
+    return rows
 
 
 def webhook_summary(webhooks: WebhookStore, now: float) -> dict:

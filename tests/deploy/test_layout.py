@@ -108,7 +108,8 @@ def _imports_of(path: Path, source: str | None = None) -> set[str]:
 
 #: The bottom layer: the settings and what they read with; none imports
 #: anything of ours outside this set.
-BASE = {"errors", "states", "logs", "validation", "schemas", "redis_urls", "provider_credentials", "settings", "urls"}
+BASE = {"errors", "states", "logs", "validation", "schemas", "redis_urls", "provider_credentials", "provider_pools",
+        "settings", "urls"}
 #: What each module never imports, by dotted name under router_queue ("x.*":
 #: the package x and every module in it; the most specific pattern of a module
 #: that matches it holds). The packages depend one way, from the entry points

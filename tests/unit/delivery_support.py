@@ -58,12 +58,21 @@ def execution(task_id="task-1", retries=0) -> Execution:
 
 
 def deliver_until_done(context, request_id, task_id="task-1", waits=None):
-    """Deliver as Celery would: a ``Later`` is a retry of the same task."""
+    """Deliver as Celery would: a ``Later`` is a retry of the same task, after
+    its countdown (which the pools' clock is moved on by: a paused member's
+    pause has ended when the retry runs, as it would have)."""
     retries = 0
-    while True:
-        try:
-            return deliver(context, request_id, execution(task_id, retries))
-        except Later as later:
-            retries += 1
-            if waits is not None:
-                waits.append(later.countdown)
+    members = context.services.members
+    real_clock, passed = members.clock, [0.0]
+    members.clock = lambda: real_clock() + passed[0]
+    try:
+        while True:
+            try:
+                return deliver(context, request_id, execution(task_id, retries))
+            except Later as later:
+                retries += 1
+                passed[0] += later.countdown
+                if waits is not None:
+                    waits.append(later.countdown)
+    finally:
+        members.clock = real_clock

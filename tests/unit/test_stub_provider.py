@@ -418,8 +418,9 @@ def test_healthz_calls_and_reset(client):
     assert calls["submits"][f"bfl_submit:{bfl_digest}"] == 1
     assert calls["submits"][f"bfl_poll:{bfl_digest}"] == 1
     assert calls["total"] == {"bfl_poll": 1, "bfl_submit": 1, "openai_speech": 1}
+    assert calls["by_key"] == {"bfl_submit:test-key": 1, "openai_speech:test-token": 1}
     assert client.post("/stub/reset").status_code == 200
-    assert client.get("/stub/calls").get_json() == {"submits": {}, "total": {}}
+    assert client.get("/stub/calls").get_json() == {"submits": {}, "total": {}, "by_key": {}}
     assert poll(client, task_id).get_json()["status"] == "Task not found"
     # Fault counters reset too: fail_times fails again after a reset.
     assert speech(client, "[stub:fail_times=1]").status_code == 500
@@ -437,3 +438,17 @@ def test_outputs_are_pure_functions():
 def test_main_parse_args():
     args = parse_args(["--host", "127.0.0.1", "--port", "8300"])
     assert (args.host, args.port, args.access_log) == ("127.0.0.1", 8300, False)
+
+
+def test_a_member_key_fault_answers_that_key_alone(client):
+    """``429_key``/``401_key``: a pool member's own answers, whatever the attempt;
+    another key is served, and the member's calls count by key."""
+    prompt = "pooled [stub:429_key=test-key] [stub:401_key=revoked-key]"
+    limited = submit(client, prompt)
+    assert limited.status_code == 429 and limited.headers["Retry-After"] == "1"
+    refused = client.post("/v1/flux-2-pro", json={"prompt": prompt}, headers={"x-key": "revoked-key"})
+    assert refused.status_code == 401
+    served = client.post("/v1/flux-2-pro", json={"prompt": prompt}, headers={"x-key": "other-key"})
+    assert served.status_code == 200, served.get_data(as_text=True)
+    assert client.get("/stub/calls").get_json()["by_key"] == {
+        "bfl_submit:other-key": 1, "bfl_submit:revoked-key": 1, "bfl_submit:test-key": 1}

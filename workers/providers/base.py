@@ -50,6 +50,8 @@ class ProviderCall:
     timed: Callable[[float], None] = lambda seconds: None
     #: Where calls may go (``PROVIDER_HOSTS``, the override's origin).
     hosts: ProviderHosts = ProviderHosts(Settings().provider_hosts)
+    #: OpenAI: the organisation the pool's member bills to ("" for the key's default).
+    organization: str = ""
 
     @property
     def api_key(self) -> str:
@@ -80,8 +82,11 @@ class ProviderFailure(Exception):
     """
 
     def __init__(self, error_type: str, detail: str, *, billable: bool = False, retryable: bool = False,
-                 retry_after_s: float | None = None):
+                 retry_after_s: float | None = None, http_status: int | None = None):
         super().__init__(detail)
+        #: The provider's HTTP status, when it answered one: a 429 pauses the
+        #: member that answered it, a 401 or 403 takes it out (``workers/members.py``).
+        self.http_status = http_status
         self.error_type = error_type
         self.detail = detail
         #: Whether the provider charges us for this outcome.
@@ -138,8 +143,10 @@ def unexpected(call: ProviderCall, response: requests.Response) -> ProviderFailu
     excerpt = response.text[:300].replace("\n", " ")
     detail = f"{call.entry.provider} answered HTTP {response.status_code}: {excerpt}"
     if response.status_code == 429:
-        return ProviderFailure(states.PROVIDER_ERROR, detail, retryable=True, retry_after_s=_retry_after(response))
-    return ProviderFailure(states.PROVIDER_ERROR, detail, retryable=response.status_code >= 500)
+        return ProviderFailure(states.PROVIDER_ERROR, detail, retryable=True, retry_after_s=_retry_after(response),
+                               http_status=429)
+    return ProviderFailure(states.PROVIDER_ERROR, detail, retryable=response.status_code >= 500,
+                           http_status=response.status_code)
 
 
 def cancelled() -> ProviderFailure:

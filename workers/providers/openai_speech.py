@@ -25,7 +25,8 @@ def run(call: ProviderCall) -> ProviderOutput:
     before_calling(call)
     response = send(
         call, "POST", call.url, data=_upstream_body(call),
-        headers={"Authorization": f"Bearer {call.api_key}", "Content-Type": "application/json"},
+        headers={"Authorization": f"Bearer {call.api_key}", "Content-Type": "application/json",
+                 **({"OpenAI-Organization": call.organization} if call.organization else {})},
     )
     if response.status_code == 200:
         return output_of(response)

@@ -1,0 +1,161 @@
+"""A provider's pool in Redis: which member a generation goes to, and what
+each member's 429s and refused credentials have taught us.
+
+The fair schedule grants a provider's slots up to its members' caps summed
+(``catalog.max_in_flight``); a granted generation then takes a slot on the
+member with the most headroom (``member_take.lua``). A 429 pauses that
+member for the time it names and halves its learned cap; the cap grows back
+by one every ``grow_every_s`` without one (AIMD). All of a provider's pool
+sits in its own slot's keys (``keys.member_state``), so each step is one
+script on a Redis Cluster too. ``docs/POOLS.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import redis
+
+from ..provider_pools import Member
+from . import keys
+from .scripts import argv, load_script
+
+TAKE_ARGS = ("now", "request_id", "lease_until", "prefer", "grow_every", "full_wait")
+RELEASE_ARGS = ("member", "request_id")
+LIMITED_ARGS = ("member", "what", "until", "cap", "now")
+#: Seconds a request waits before it asks again when every member is full
+#: (rare: the schedule grants no more than the pool has room for, ``PoolCapacity``).
+FULL_WAIT_S = 0.25
+#: Seconds a process trusts the pool's capacity it last read.
+CAPACITY_TTL_S = 0.5
+#: Seconds a member whose credential was refused (401, 403) is left out.
+REVOKED_PAUSE_S = 300.0
+#: Seconds a 429 pauses its member when it names no Retry-After.
+DEFAULT_PAUSE_S = 5.0
+
+
+@dataclass(frozen=True)
+class Taken:
+    """A member's slot, held for one generation; or, with ``member`` None,
+    how long to wait before asking again (every member paused or full)."""
+
+    member: str | None
+    wait_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class MemberState:
+    """What the pool holds of one member, for the operator (``ops members``)."""
+
+    provider: str
+    member: str
+    cap: int
+    learned_cap: int
+    in_flight: int
+    paused_until: float
+    revoked_until: float
+    taken: int
+    rate_limited: int
+    revoked: int
+
+
+class MemberStore:
+    def __init__(self, client: redis.Redis, *, grow_every_s: float = 10.0, clock: Callable[[], float] = time.time):
+        self.client = client
+        #: Unix seconds now: a pause's end and a lease's are judged by it (tests move it on).
+        self.clock = clock
+        #: Seconds without a 429 before a member's learned cap grows back by one.
+        self.grow_every_s = grow_every_s
+        self._take = load_script(client, "member_take", TAKE_ARGS)
+        self._release = load_script(client, "member_release", RELEASE_ARGS)
+        self._limited = load_script(client, "member_limited", LIMITED_ARGS)
+
+    def take(self, provider: str, members: tuple[Member, ...], request_id: str, *, hold_s: float,
+             prefer: str = "") -> Taken:
+        """A slot on the member of ``members`` with the most headroom (on
+        ``prefer``, the member that holds the request's generation, if it is
+        still one), held for at most ``hold_s`` unless released."""
+        now = self.clock()
+        pairs = [value for member in members for value in (member.name, member.max_in_flight)]
+        reply = self._take(keys=[keys.member_state(provider), keys.member_leases(provider)],
+                           args=[*argv(TAKE_ARGS, now=repr(now), request_id=request_id,
+                                       lease_until=repr(now + hold_s), prefer=prefer,
+                                       grow_every=repr(self.grow_every_s), full_wait=repr(FULL_WAIT_S)), *pairs])
+        if reply[0] == b"TAKEN":
+            return Taken(reply[1].decode())
+        return Taken(None, float(reply[1]))
+
+    def release(self, provider: str, member: str, request_id: str) -> bool:
+        """Give back the slot ``request_id`` held on ``member`` (once)."""
+        return bool(self._release(keys=[keys.member_state(provider), keys.member_leases(provider)],
+                                  args=argv(RELEASE_ARGS, member=member, request_id=request_id)))
+
+    def rate_limited(self, provider: str, member: Member, retry_after_s: float | None) -> int:
+        """``member`` answered 429: paused for its Retry-After (or
+        :data:`DEFAULT_PAUSE_S`), its learned cap halved; returns that cap."""
+        return self._mark(provider, member, "rate_limited", retry_after_s or DEFAULT_PAUSE_S)
+
+    def revoked(self, provider: str, member: Member) -> None:
+        """``member``'s credential was refused upstream: left out for
+        :data:`REVOKED_PAUSE_S` (then tried again: a key put right comes back)."""
+        self._mark(provider, member, "revoked", REVOKED_PAUSE_S)
+
+    def _mark(self, provider: str, member: Member, what: str, for_s: float) -> int:
+        now = self.clock()
+        return int(self._limited(keys=[keys.member_state(provider)],
+                                 args=argv(LIMITED_ARGS, member=member.name, what=what, until=repr(now + for_s),
+                                           cap=member.max_in_flight, now=repr(now))))
+
+    def states(self, provider: str, members: tuple[Member, ...]) -> list[MemberState]:
+        """Each of ``members`` as the pool holds it now (one read)."""
+        return read_states(self.client, provider, members)
+
+
+def read_states(client: redis.Redis, provider: str, members: tuple[Member, ...]) -> list[MemberState]:
+    """Each of ``provider``'s ``members`` as its pool's hash holds it (one read;
+    no script: the scrape's gauges read it too)."""
+    raw = {k.decode(): v.decode() for k, v in client.hgetall(keys.member_state(provider)).items()}
+
+    def number(member: Member, field: str, default: float = 0.0) -> float:
+        return float(raw.get(f"{member.name}:{field}", default))
+
+    return [MemberState(provider, m.name, m.max_in_flight,
+                        min(m.max_in_flight, int(number(m, "cap", m.max_in_flight))),
+                        int(number(m, "in_flight")), number(m, "paused_until"), number(m, "revoked_until"),
+                        int(number(m, "taken")), int(number(m, "rate_limited")), int(number(m, "revoked")))
+            for m in members]
+
+
+class PoolCapacity:
+    """How many generations the provider's schedule may grant now: its
+    members' learned caps summed, a paused or taken-out member's left out.
+    A granted request then finds a member with room, instead of holding a
+    provider slot while it asks again (a pool at a 429's half capacity keeps
+    its waiting requests in the fair queue, in their order). Read from Redis
+    at most every ``ttl_s`` per provider and process (the grants' hot path
+    pays nothing else); the catalog's caps summed when Redis does not answer.
+    Raised again when a pause ends: by the next completion, admission or sweep."""
+
+    def __init__(self, client: redis.Redis, members: Callable[[str], tuple[Member, ...]], *,
+                 ttl_s: float = CAPACITY_TTL_S, clock: Callable[[], float] = time.time):
+        self.client = client
+        self.members = members
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._read: dict[str, tuple[int, float]] = {}
+
+    def __call__(self, provider: str) -> int:
+        now = self.clock()
+        cached = self._read.get(provider)
+        if cached is not None and cached[1] > now:
+            return cached[0]
+        members = self.members(provider)
+        try:
+            states = read_states(self.client, provider, members)
+        except redis.RedisError:
+            return sum(member.max_in_flight for member in members)
+        capacity = sum(0 if max(s.paused_until, s.revoked_until) > now else s.learned_cap for s in states)
+        self._read[provider] = (capacity, now + self.ttl_s)
+        return capacity
