@@ -1,16 +1,12 @@
 """The phase on a pooled fleet of its own: ``pool_failover`` (docs/POOLS.md).
 
-Vertex AI as a pool of two locations, each of ``MEMBER_CAP``; requests arrive
-at half the pool's capacity, each a ``LATENCY_S`` generation. Measured twice,
-interleaved: both members healthy, then one answering every call with 429 (the
-stub's ``429_key``). A request's wait is everything but its generation:
-completed_at - created_at - ``LATENCY_S`` (the queue, the member's choice, a
-429's detour). ``pool_failover_wait`` is the p50 wait with one member paused
-against both healthy. At half the pool's capacity the member left carries
-all of it: it runs at or past its whole capacity (each generation also pays its
-dispatch), so its queue grows through the run, whatever the pool does: a
-floor of queueing, not of the pool. ``pool_failover_wait_quarter_load``
-measures the same at a quarter (the member left half busy).
+Vertex AI as a pool of two locations of ``MEMBER_CAP`` slots; ``LATENCY_S``
+generations arrive evenly, both members healthy, then one answering every call
+with 429 (the stub's ``429_key``). A request's wait is all but its generation
+(completed_at - created_at - ``LATENCY_S``). ``pool_failover_wait``: the p50
+wait with one member paused against both healthy at half the pool's capacity,
+where the member left carries all of it past its capacity (queueing's floor:
+bench/README.md); ``pool_failover_wait_quarter_load``: the same at a quarter.
 """
 
 import json

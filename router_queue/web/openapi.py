@@ -13,6 +13,7 @@ from typing import Any
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
+from apispec.ext.marshmallow.common import make_schema_key, resolve_schema_instance
 from marshmallow import Schema, fields
 
 from ..catalog import Catalog, ModelEntry
@@ -249,11 +250,23 @@ def _history_operation(summary: str, tag: str, parameters: list[dict[str, Any]])
     }
 
 
+def _component(spec: APISpec, name: str, schema: type) -> str:
+    """The name ``schema`` is a component of ``spec`` under: ``name``, or the
+    name an earlier model registered it by (two models taking the same body
+    share one component: apispec refuses a class under two names)."""
+    plugin = next(p for p in spec.plugins if isinstance(p, MarshmallowPlugin))
+    assert plugin.converter is not None
+    registered = plugin.converter.refs.get(make_schema_key(resolve_schema_instance(schema)))
+    if registered is not None:
+        return registered
+    if name not in spec.components.schemas:
+        spec.components.schema(name, schema=schema)
+    return name
+
+
 def _output(entry: ModelEntry, spec: APISpec, name: str) -> dict[str, Any]:
     if entry.output_schema is not None:
-        if name not in spec.components.schemas:
-            spec.components.schema(name, schema=entry.output_schema)
-        schema: Any = name
+        schema: Any = _component(spec, name, entry.output_schema)
     else:
         schema = {"type": "string", "format": "binary"}
     return {"description": "the provider's native output, byte for byte",
@@ -272,8 +285,7 @@ _EVENT = r"[ \t]*(started|progress|completed)[ \t]*"
 
 def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> None:
     input_name, output_name = _names(entry)
-    if input_name not in spec.components.schemas:
-        spec.components.schema(input_name, schema=entry.input_schema)
+    input_name = _component(spec, input_name, entry.input_schema)
     body = {"required": True, "content": {"application/json": {"schema": input_name}}}
     idem = {"name": "Idempotency-Key", "in": "header", "required": False,
             "schema": {"type": "string", "minLength": 1, "maxLength": 255}}

@@ -38,7 +38,8 @@ HEADERS = ("X-API-Key", "Authorization", "Idempotency-Key", "X-Comfy-Priority", 
 #: A body each model accepts.
 VALID_BODIES = {"bfl/flux-2-pro": {"prompt": "a red teapot"},
                 "openai/gpt-4o-mini-tts": {"input": "hello", "voice": "alloy"},
-                "vertexai/gemini-3.1-flash-image": {"contents": [{"role": "user", "parts": [{"text": "a cat"}]}]}}
+                "vertexai/gemini-3.1-flash-image": {"contents": [{"role": "user", "parts": [{"text": "a cat"}]}]},
+                "vertexai/gemini-2.5-flash-image": {"contents": [{"role": "user", "parts": [{"text": "a cat"}]}]}}
 METHODS = ("GET", "HEAD", "POST", "PUT", "DELETE", "PATCH", "OPTIONS")
 
 
