@@ -44,7 +44,8 @@ def seed_spread(services, workspaces: list[str], entry, count: int, body: str) -
     """The ids of ``count`` requests for ``entry`` admitted round-robin over ``workspaces``, in order."""
     order = [workspaces[n % len(workspaces)] for n in range(count)]
     ids = [services.ids.mint(ws, entry.id) for ws in order]
-    _pipelined(services, "admit", [dict(request_id=i, workspace=ws, model=entry.id, provider=entry.provider, body=body)
+    _pipelined(services, "admit", [dict(submission=Submission(request_id=i, workspace=ws, model=entry.id,
+                                                              provider=entry.provider, body=body))
                                    for i, ws in zip(ids, order)], [b"ADMITTED", b"0", 0], "seeding the schedule")
     return ids
 

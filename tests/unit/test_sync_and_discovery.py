@@ -83,7 +83,7 @@ def test_the_catalog_pages_with_a_cursor_and_clamps_the_limit(http):
     assert page["has_more"] is True and page["limit"] == 2
     assert page["data"][0]["billing"] == {"charges_on_policy_rejection": False}
     second = http.get(f"/v2/models?limit=2&cursor={page['next_cursor']}").json
-    assert [m["id"] for m in second["data"]] == ["vertexai/gemini-3.1-flash-image"]
+    assert [m["id"] for m in second["data"]] == ["vertexai/gemini-2.5-flash-image", "vertexai/gemini-3.1-flash-image"]
     assert second["has_more"] is False and second["next_cursor"] is None
     assert http.get("/v2/models?limit=500").json["limit"] == 100
     for bad in ("limit=0", "limit=x", "cursor=%%%"):
