@@ -17,10 +17,11 @@ import re
 import secrets
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
+from apispec import APISpec
 from flask import Blueprint, Response, request
-from marshmallow import fields
+from marshmallow import Schema, fields
 from marshmallow.validate import Length, OneOf
 from werkzeug.datastructures import MultiDict
 
@@ -53,7 +54,9 @@ _BULK_ID = re.compile(r"[0-9a-f]{24}")
 DRY_RUN_EXAMINE = 1000
 
 
-class _Filter(StrictSchema):
+class BulkFilterSchema(StrictSchema):
+    """The history list's filters (``history.py``), and ``batch_id``."""
+
     model = fields.String()
     status = fields.String()
     error_type = fields.String()
@@ -66,7 +69,7 @@ class BulkBody(StrictSchema):
     """``POST /v2/requests/bulk``'s body."""
 
     action = fields.String(required=True, validate=OneOf(ACTIONS))
-    filter = fields.Nested(_Filter)
+    filter = fields.Nested(BulkFilterSchema)
     dry_run = fields.Boolean(truthy={True}, falsy={False})
 
 
@@ -210,3 +213,61 @@ def progress(bulk_id: str) -> Response:
     if found is None:
         raise BulkNotFound("no such bulk action for this workspace (or it has expired)")
     return json_response(progress_body(found, base_url(front, request)))
+
+
+# -- OpenAPI (``openapi.py`` calls :func:`openapi_paths`) ---------------------------------
+
+
+class DryRunSchema(Schema):
+    action = fields.String(required=True, metadata={"enum": list(ACTIONS)})
+    dry_run = fields.Boolean(required=True)
+    matched = fields.Integer(required=True, metadata={"description": "requests the filter matches, newest first, "
+                                                      "at most MAX_BULK_REQUESTS"})
+    limited = fields.Boolean(required=True, metadata={"description": "more may match than were counted"})
+    cancellable = fields.Integer(metadata={"description": "cancel: those not yet COMPLETED"})
+    retryable = fields.Integer(metadata={"description": "retry: failed, body kept, chain under its retry cap"})
+    credits = fields.Integer(metadata={"description": "retry: what retrying the retryable ones would hold"})
+
+
+class BulkProgressSchema(Schema):
+    bulk_id = fields.String(required=True)
+    action = fields.String(required=True, metadata={"enum": list(ACTIONS)})
+    status = fields.String(required=True, metadata={"enum": ["IN_PROGRESS", COMPLETED]})
+    filter = fields.Dict(required=True)
+    matched = fields.Integer(required=True, metadata={"description": "matched so far (all, once COMPLETED)"})
+    done = fields.Integer(required=True, metadata={"description": "cancelled, cancellation requested or retried"})
+    skipped = fields.Integer(required=True, metadata={"description": "matched, nothing to do (finished; not failed)"})
+    failed = fields.Integer(required=True, metadata={"description": "refused; by reason in failures"})
+    outcomes = fields.Dict(keys=fields.String(), values=fields.Integer(), required=True)
+    failures = fields.Dict(keys=fields.String(), values=fields.Integer(), required=True)
+    waiting = fields.String(required=True, allow_none=True, metadata={
+        "description": "the refusal a retry waits out (queue_backlog_full ...), else null"})
+    limited = fields.Boolean(required=True)
+    created_at = fields.String(required=True, metadata={"format": "date-time"})
+    completed_at = fields.String(required=True, allow_none=True, metadata={"format": "date-time"})
+    status_url = fields.String(required=True)
+
+
+def openapi_paths(spec: APISpec, errors: Callable[..., dict[str, Any]], error: Callable[..., dict[str, Any]]) -> None:
+    """The two bulk routes, their bodies generated from the schemas above and :class:`BulkBody`."""
+    progress = {"application/json": {"schema": BulkProgressSchema}}
+    spec.path(path=paths.BULK.openapi(), operations={"post": {
+        "summary": "Cancel or retry this workspace's requests a filter matches", "tags": ["requests"],
+        "description": "The filters are the history list's (GET /v2/requests) and batch_id. dry_run answers at once "
+                       "what would match; otherwise the action runs in the background: 202 with its progress.",
+        "parameters": [{"name": "Idempotency-Key", "in": "header", "required": False, "schema": {
+            "type": "string", "maxLength": admission.MAX_IDEMPOTENCY_KEY_LENGTH}}],
+        "requestBody": {"required": True, "content": {"application/json": {"schema": BulkBody}}},
+        "responses": {"200": {"description": "dry_run: the counts", "content": {"application/json": {
+            "schema": DryRunSchema}}},
+            "202": {"description": "the action, begun (or the one its Idempotency-Key began)", "content": progress,
+                    "headers": {"Idempotent-Replayed": "Idempotent-Replayed"}},
+            **errors(400, 401, 409, 422, 429, 503)},
+    }})
+    spec.path(path=paths.BULK_PROGRESS.openapi(), operations={"get": {
+        "summary": "A bulk action's progress", "tags": ["requests"],
+        "parameters": [{"name": "bulk_id", "in": "path", "required": True, "schema": {"type": "string"}}],
+        "responses": {"200": {"description": "its progress", "content": progress},
+                      "404": error("bulk_not_found: no such bulk action for this workspace, or expired"),
+                      **errors(401, 429)},
+    }})
