@@ -114,7 +114,8 @@ class Services:
             fleet=Fleet(client, heartbeat_s=settings.worker_heartbeat_s),
             dispatcher=dispatcher,
             blobs=open_blob_store(settings.object_store_url, allow_http=settings.object_store_allow_http),
-            bulk=BulkActions(client, keep_s=settings.result_retention_s),
+            bulk=BulkActions(client, keep_s=settings.result_retention_s,
+                             max_running=settings.max_bulk_actions_running),
             failures=failures,
         )
 

@@ -149,7 +149,10 @@ def resume_overdue(context: WorkerContext, now: float) -> int:
         return 0
     overdue = bulk.overdue(now)
     for workspace, bulk_id in overdue:
-        publish_next(context, workspace, bulk_id, 0.0)
+        try:
+            publish_next(context, workspace, bulk_id, 0.0)
+        except Exception:
+            log.warning("bulk %s: its step could not be published again", bulk_id, exc_info=True)
     return len(overdue)
 
 

@@ -111,10 +111,12 @@ def _text(value: bytes | str) -> str:
 class BulkActions:
     """Reads and writes bulk actions' state (``docs/KEYS.md``, "Bulk actions")."""
 
-    def __init__(self, client: redis.Redis, *, keep_s: int):
+    def __init__(self, client: redis.Redis, *, keep_s: int, max_running: int = 10):
         self.client = client
         #: Seconds an action's progress (and its Idempotency-Key) is kept from its start.
         self.keep_s = keep_s
+        #: Unfinished actions a workspace may have at once (``MAX_BULK_ACTIONS_RUNNING``).
+        self.max_running = max_running
         self._create = load_script(client, "bulk_create")
         self._note = load_script(client, "bulk_note")
         self._lease = load_script(client, "bulk_lease")
@@ -122,15 +124,18 @@ class BulkActions:
 
     def create(self, workspace: str, bulk_id: str, *, action: str, filter: BulkFilter, base_url: str,
                key_hash: str = "", fingerprint: str = "", now: float | None = None) -> tuple[str, str]:
-        """A new action ("CREATED", its id), or the one its key names ("REPLAY", id), or ("CONFLICT", "")."""
+        """A new action ("CREATED", its id), or the one its key names ("REPLAY", id), or ("CONFLICT", ""),
+        or ("FULL", "") when the workspace has :attr:`max_running` unfinished."""
         now = time.time() if now is None else now
         upper = now if filter.until is None else min(now, filter.until)
         own = keys.bulk(workspace, bulk_id)
         fields = {"workspace": workspace, "action": action, "status": states.IN_PROGRESS, "created_at": repr(now),
                   "filter": json.dumps(filter.as_json()), "upper_ms": str(math.floor(upper * 1000)),
                   "base_url": base_url, "cursor": "", "matched": "0"}
-        reply = self._create(keys=[keys.bulk_idempotency(workspace, key_hash) if key_hash else own, own],
-                             args=[bulk_id, fingerprint, self.keep_s, *(x for kv in fields.items() for x in kv)])
+        reply = self._create(keys=[keys.bulk_idempotency(workspace, key_hash) if key_hash else own, own,
+                                   keys.workspace_bulks(workspace)],
+                             args=[bulk_id, fingerprint, self.keep_s, self.max_running, repr(now),
+                                   *(x for kv in fields.items() for x in kv)])
         outcome = _text(reply[0])
         chosen = _text(reply[1]) if len(reply) > 1 else ""
         if outcome in ("CREATED", "REPLAY"):
@@ -204,7 +209,7 @@ class BulkActions:
     def finish(self, workspace: str, bulk_id: str, *, limited: bool = False) -> None:
         self._note(keys=[keys.bulk(workspace, bulk_id)],
                    args=["end", "", "limited" if limited else "", "", time.time()])
-        self.client.zrem(keys.bulks_running(), f"{workspace}|{bulk_id}")
+        self.forget(workspace, bulk_id)
 
     def waiting(self, workspace: str, bulk_id: str, reason: str) -> None:
         """The step stopped on a refusal that passes (a full backlog ...): shown until the next note."""
@@ -235,5 +240,6 @@ class BulkActions:
         return found
 
     def forget(self, workspace: str, bulk_id: str) -> None:
-        """An action whose progress expired leaves the index."""
+        """An action ended (or whose progress expired) leaves the indexes of unfinished ones."""
         self.client.zrem(keys.bulks_running(), f"{workspace}|{bulk_id}")
+        self.client.zrem(keys.workspace_bulks(workspace), bulk_id)

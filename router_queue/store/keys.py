@@ -303,6 +303,11 @@ def bulk_idempotency(workspace_id: str, key_hash: str) -> str:
     return f"{workspace_prefix(workspace_id)}:bulk-idem:{key_hash}"
 
 
+def workspace_bulks(workspace_id: str) -> str:
+    """The workspace's unfinished bulk actions by when each began (its cap on them)."""
+    return f"{workspace_prefix(workspace_id)}:bulks"
+
+
 def bulk_lease(workspace_id: str, bulk_id: str) -> str:
     """Held by the worker running a bulk action's step, so one step runs at a time."""
     return f"{bulk(workspace_id, bulk_id)}:lease"

@@ -27,7 +27,7 @@ from werkzeug.datastructures import MultiDict
 
 from ..broker.celery_app import BULK_TASK, MAINTENANCE_QUEUE
 from ..catalog import Catalog
-from ..errors import BulkNotFound, IdempotencyKeyConflict, InvalidInput, ValidationFailed
+from ..errors import BulkNotFound, ConcurrencyLimitExceeded, IdempotencyKeyConflict, InvalidInput, ValidationFailed
 from ..services import Publisher, Services
 from ..states import COMPLETED
 from ..store.bulk import DONE, FAILED, SKIPPED, BulkFilter, Progress
@@ -50,6 +50,8 @@ HISTORY_FILTERS = WORKSPACE_FILTERS - {"limit", "cursor"}
 _BATCH_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 #: A bulk id as :func:`create` mints it.
 _BULK_ID = re.compile(r"[0-9a-f]{24}")
+#: Seconds a caller at its cap on unfinished bulk actions is told to wait.
+BULK_FULL_RETRY_S = 10
 #: History entries a dry run reads per round trip.
 DRY_RUN_EXAMINE = 1000
 
@@ -193,6 +195,10 @@ def create() -> Response:
     if outcome == "CONFLICT":
         raise IdempotencyKeyConflict("this Idempotency-Key is held by a different bulk action; "
                                      "send this one under a new key")
+    if outcome == "FULL":
+        raise ConcurrencyLimitExceeded(
+            f"this workspace has {services.bulk.max_running} bulk actions unfinished, as many as it may; "
+            "send this one again once one has completed (GET its status_url)", retry_after=BULK_FULL_RETRY_S)
     if outcome == "CREATED":
         publish_step(front.dispatcher, workspace, bulk_id)
     log.info("bulk %s: %s", action, outcome.lower(), extra={"workspace": workspace, "outcome": outcome.lower()})

@@ -13,6 +13,7 @@ from router_queue.store import keys
 from tests.unit.route_support import LEASE, assert_error, failed, status_of, submit
 from tests.unit.support import context_of, record_of
 from workers import bulk as bulk_steps
+from workers.sweeper import sweep
 
 BULK = "/v2/requests/bulk"
 
@@ -182,11 +183,45 @@ def test_an_action_stops_at_max_bulk_requests_and_says_so(http, auth, services, 
     assert (progress["status"], progress["matched"], progress["limited"]) == ("COMPLETED", 2, True)
 
 
-def test_the_sweeper_resumes_an_action_whose_step_was_lost(services, workspace, http, auth):
+class Celery:
+    """What the sweeper publishes a bulk step with."""
+
+    def __init__(self):
+        self.sent: list[tuple[str, list, dict]] = []
+
+    def send_task(self, name, args, **options):
+        self.sent.append((name, args, options))
+
+
+def test_the_sweeper_publishes_again_the_step_of_an_action_a_worker_lost(services, workspace, http, auth,
+                                                                        dispatcher):
     failed(http, auth, services)
     bulk_id = post(http, auth, {"action": "retry"}).json["bulk_id"]
-    assert services.bulk.overdue(now=time.time()) == []  # not overdue yet
-    assert services.bulk.overdue(now=time.time() + 120) == [(workspace, bulk_id)]
+    dispatcher.celery = Celery()
+    sweep(context_of(services))
+    assert dispatcher.celery.sent == []  # not overdue yet
+    sweep(context_of(services), now=time.time() + 120)
+    assert dispatcher.celery.sent == [("workers.tasks.bulk_step", [workspace, bulk_id],
+                                       {"queue": "router.maintenance", "countdown": 0.0})]
+    sweep(context_of(services), now=time.time() + 121)
+    assert len(dispatcher.celery.sent) == 1  # pushed ahead: one sweep publishes it, not every sweep
+    run(services, bulk_id, workspace)
+    sweep(context_of(services), now=time.time() + 600)
+    assert len(dispatcher.celery.sent) == 1  # ended: out of the index
+
+
+def test_a_workspace_has_at_most_max_bulk_actions_running(http, auth, services, workspace):
+    services.bulk.max_running = 2
+    submit(http, auth, {"prompt": "queued"})
+    first, second = (post(http, auth, {"action": "cancel", "filter": {"status": "IN_QUEUE"}}).json["bulk_id"]
+                     for _ in range(2))
+    refused = post(http, auth, {"action": "cancel"})
+    assert_error(refused, 409, "concurrency_limit_exceeded")
+    assert int(refused.headers["Retry-After"]) >= 1
+    assert post(http, auth, {"action": "cancel", "dry_run": True}).status_code == 200
+    run(services, first, workspace)
+    assert post(http, auth, {"action": "cancel"}).status_code == 202  # one ended: room again
+    assert second
 
 
 def test_the_bulk_routes_leave_the_history_list_as_it_was(http, auth, services):
