@@ -1,10 +1,14 @@
 """Bulk actions through real processes (gunicorn, a Celery worker running the
 steps, beat's sweeper, the stub provider): a dry run, a bulk retry of failed
-requests that then complete, charged once each, and a bulk cancel of queued ones."""
+requests that then complete, charged once each, a bulk cancel of queued ones,
+and an action whose step was lost resumed by the sweeper."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+from router_queue.store.bulk import BulkFilter
 
 from .harness import FLUX, ApiClient, RunningStack, Stub, ledger_by_request, unique_prompt, wait_for
 
@@ -94,3 +98,24 @@ def test_a_bulk_cancel_cancels_the_queued_requests(caller: ApiClient, stack: Run
     assert caller.status_body(FLUX, blocker)["status"] == "IN_PROGRESS"  # not matched: it runs
     caller.cancel(FLUX, blocker)
     caller.wait_status(FLUX, blocker)
+
+
+def test_an_action_whose_step_was_lost_is_resumed_by_the_sweeper(caller: ApiClient, stack: RunningStack) -> None:
+    """As if the worker holding its step died and its message went with it:
+    written, never published; beat's sweeper (every second here) publishes it
+    once it is overdue, and it runs to its end, each request retried once."""
+    originals = {caller.submit_ok(FLUX, {"prompt": unique_prompt(f"lost-step-{i}", "[stub:fail_times=4]")})
+                 for i in range(2)}
+    for request_id in originals:
+        assert caller.wait_status(FLUX, request_id, timeout_s=30)["error_type"] == "provider_error"
+    bulk = stack.services.bulk
+    assert bulk is not None
+    outcome, bulk_id = bulk.create(caller.workspace, "ab" * 12, action="retry", filter=BulkFilter(),
+                                   base_url=caller.base_url)
+    assert outcome == "CREATED"
+    bulk.due(caller.workspace, bulk_id, time.time() - 120)  # its step overdue
+    done = _completed(caller, bulk_id)
+    assert (done["matched"], done["done"], done["outcomes"]) == (2, 2, {"retried": 2})
+    listed = caller.session.get(f"{caller.base_url}/v2/requests?limit=100", headers=caller.headers(), timeout=10)
+    assert sorted(e["retry_of"] for e in listed.json()["requests"] if e.get("bulk_id") == bulk_id) == \
+        sorted(originals)
