@@ -104,6 +104,13 @@ class RequestNotFound(RouterError):
     error_type = "request_not_found"
 
 
+class BulkNotFound(RouterError):
+    """No such bulk action for this caller (another workspace's looks the same)."""
+
+    status = 404
+    error_type = "bulk_not_found"
+
+
 class ConcurrencyLimitExceeded(RouterError):
     """The same ``Idempotency-Key`` is still being admitted (409 + Retry-After)."""
 

@@ -11,9 +11,13 @@ fleet-wide totals (``RequestStore.delivery_totals``). In full:
 
 from __future__ import annotations
 
+import logging
 import os
+from typing import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess
+
+log = logging.getLogger(__name__)
 
 #: Histogram bucket bounds, seconds: from a fast poll to a long generation.
 BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
@@ -91,8 +95,13 @@ class Recorder:
     """What the front door, the workers and the sweeper count, by name.
 
     Every call is a few in-memory additions: no I/O, nothing that can fail
-    into the request it describes.
+    into the request it describes; but for a failure, also handed to
+    ``failures`` when given (``store/failures.py``, the fleet's recent
+    failures), whose own failure is logged and let go.
     """
+
+    def __init__(self, failures: Callable[[str, str, str], None] | None = None):
+        self.failures = failures
 
     def admitted(self, provider: str, model: str) -> None:
         ADMISSIONS.labels(provider, model).inc()
@@ -106,6 +115,11 @@ class Recorder:
     def completed(self, provider: str, model: str, outcome: str, ran_s: float | None = None) -> None:
         """One request completed; ``outcome`` is "success" or its error_type."""
         COMPLETIONS.labels(provider, model, outcome).inc()
+        if self.failures is not None and outcome != "success":
+            try:
+                self.failures(provider, model, outcome)
+            except Exception:
+                log.warning("a failure of %s could not be counted for the ops page", model, exc_info=True)
         if ran_s is not None:
             RUN.labels(provider, model).observe(max(0.0, ran_s))
 

@@ -16,7 +16,9 @@ from .catalog import Catalog
 from .metrics import Recorder
 from .settings import Settings
 from .store.accounts import Accounts
+from .store.bulk import BulkActions
 from .store.connect import UNREACHABLE, connect
+from .store.failures import FailureCounts
 from .store.fleet import Fleet
 from .store.ids import RequestIds
 from .store.members import MemberStore, PoolCapacity
@@ -61,6 +63,9 @@ class Services:
     dispatcher: Publisher | None = None
     #: The object store big results live in (``OBJECT_STORE_URL``); None: all in Redis.
     blobs: BlobStore | None = None
+    #: Bulk actions' state (``store/bulk.py``) and the fleet's recent failures (``store/failures.py``).
+    bulk: BulkActions | None = None
+    failures: FailureCounts | None = None
 
     @classmethod
     def build(cls, settings: Settings, client: redis.Redis | None = None, *, celery: Celery | None = None,
@@ -98,6 +103,7 @@ class Services:
         box = secret_box(settings)
         accounts = Accounts(client, providers=tuple(catalog.providers()), box=box, split=split)
         require_secrets_key(client, box)
+        failures = FailureCounts(client)
         return cls(
             settings=settings,
             redis=client,
@@ -105,13 +111,16 @@ class Services:
             accounts=accounts,
             ids=RequestIds(client),
             catalog=catalog,
-            metrics=Recorder(),
+            metrics=Recorder(failures=failures.count),
             webhooks=WebhookStore(client, keep_s=settings.result_retention_s, limits=webhook_limits(settings),
                                   providers=tuple(catalog.providers()), effects=store.effects),
             fleet=Fleet(client, heartbeat_s=settings.worker_heartbeat_s),
             members=MemberStore(client, grow_every_s=settings.member_grow_s),
             dispatcher=dispatcher,
             blobs=open_blob_store(settings.object_store_url, allow_http=settings.object_store_allow_http),
+            bulk=BulkActions(client, keep_s=settings.result_retention_s,
+                             max_running=settings.max_bulk_actions_running),
+            failures=failures,
         )
 
 

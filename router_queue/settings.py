@@ -187,6 +187,8 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_TAKEOVERS": ("max_takeovers", _int),
     "MAX_QUEUED_PER_WORKSPACE": ("max_queued", _int),
     "RETRY_MAX_PER_REQUEST": ("retry_max_per_request", _int),
+    "MAX_BULK_REQUESTS": ("max_bulk_requests", _int),
+    "MAX_BULK_ACTIONS_RUNNING": ("max_bulk_actions_running", _int),
     "SYNC_DEADLINE_SECONDS": ("sync_deadline_s", _float),
     "DEFAULT_RATE_LIMIT": ("default_rate_limit", _str),
     "LOG_LEVEL": ("log_level", _str),
@@ -344,6 +346,13 @@ class Settings:
     #: Retries a request's chain (it, its retries and theirs) may have all
     #: told, sharing its kept body; past it, ``409 retry_limit_reached``.
     retry_max_per_request: int = 10
+    #: Most requests one bulk action (``POST /v2/requests/bulk``) matches and
+    #: acts on, newest first; its dry run counts as far. Past it, the action
+    #: ends with ``limited: true`` (run it again, with ``until``, for the rest).
+    max_bulk_requests: int = 10_000
+    #: Bulk actions a workspace may have unfinished at once; another is
+    #: ``409 concurrency_limit_exceeded`` with Retry-After, nothing written.
+    max_bulk_actions_running: int = 10
     #: Calls per caller across all routes, polls included, in Flask-Limiter's
     #: notation ("50/second;2000/minute"); a workspace's own ``rate_limit`` wins.
     #: A change to a workspace's limit applies within 2 s: each front door reuses a key's resolution, its

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from router_queue import states
 from router_queue.store.outcomes import Cancel
 
+from .bulk import resume_overdue
 from .context import WorkerContext
 from .object_expiry import expire_objects
 from .result_moves import move_fallback_results
@@ -80,6 +81,7 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
     webhooks = services.webhooks.due(now=now, again_at=now + services.settings.webhook_lease_s)
     for request_id in webhooks:
         context.dispatcher.publish_webhook(request_id)
+    resume_overdue(context, now)  # bulk actions whose step was lost with its worker
     objects_deleted, orphans_deleted = expire_objects(context, now)
     results_moved = move_fallback_results(context, now)  # last: a stalled store delays nothing else
     services.metrics.swept(republished=republished, reaped=reaped, timed_out=timed_out,

@@ -11,10 +11,11 @@ import uuid
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutting_down
 
-from router_queue.broker.celery_app import DELIVER_TASK, SWEEP_TASK, WEBHOOK_TASK, queue_name
+from router_queue.broker.celery_app import BULK_TASK, DELIVER_TASK, SWEEP_TASK, WEBHOOK_TASK, queue_name
 from router_queue.catalog import Catalog
 from router_queue.webhooks import delivery as webhook_delivery
 
+from . import bulk as bulk_actions
 from .context import begin_shutdown, context_for
 from .credentials import Credentials
 from .delivery import Execution, Later, deliver as deliver_request
@@ -58,6 +59,18 @@ def sweep(self) -> dict[str, int]:
     report = sweep_once(context_for(self.app))
     return {"republished": report.republished, "reaped": report.reaped, "timed_out": report.timed_out,
             "webhooks": report.webhooks, "deadline_cancels": report.deadline_cancels}
+
+
+@shared_task(bind=True, name=BULK_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+             max_retries=0)
+def bulk_step(self, workspace: str, bulk_id: str) -> None:
+    """One step of a bulk action (``workers/bulk.py``), then its next published.
+    Safe to run twice: its lease runs one step at a time, and each request is
+    counted once; a step lost with its worker is published again by the sweeper."""
+    context = context_for(self.app)
+    countdown = bulk_actions.step(context, workspace, bulk_id)
+    if countdown is not None:
+        bulk_actions.publish_next(context, workspace, bulk_id, countdown)
 
 
 log = logging.getLogger(__name__)

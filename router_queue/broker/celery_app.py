@@ -21,6 +21,8 @@ from ..store.connect import BROKER_WAIT_S, celery_broker
 #: it never imports the provider adapters.
 DELIVER_TASK = "workers.tasks.deliver"
 SWEEP_TASK = "workers.tasks.sweep"
+#: One step of a bulk action (``workers/bulk.py``), on the maintenance queue.
+BULK_TASK = "workers.tasks.bulk_step"
 #: Queue for housekeeping (the sweeper), consumed by any worker.
 MAINTENANCE_QUEUE = "router.maintenance"
 #: Webhook deliveries: a queue of their own, consumed only by the webhooks

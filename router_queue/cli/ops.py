@@ -14,7 +14,7 @@ from ..store.migrate import legacy_keys_present, migrate, seal_webhook_secrets
 from ..store.outcomes import Cancel
 from ..store.webhooks import FailingEndpoint
 from ..urls import origin
-from ..web.operations import summary
+from ..web.operations import recent_failures, summary
 from .context import services as _services
 
 
@@ -63,6 +63,16 @@ def members() -> None:
     for m in summary(_services())["members"]:
         click.echo(f"{m['provider']}\t{m['member']}\t{m['in_flight']}\t{m['cap']}\t{m['learned_cap']}\t"
                    f"{m['paused_s']}\t{m['out_s']}\t{m['taken']}\t{m['rate_limited']}\t{m['revoked']}")
+
+
+@ops.command("failures")
+def failures() -> None:
+    """Recent failures by model and error_type: counts in the last hour and
+    the last 24 h, as the ops page lists them (``store/failures.py``)."""
+    services = _services()
+    click.echo("model\terror_type\tlast_hour\tlast_24h")
+    for row in recent_failures(services, time.time()):
+        click.echo(f"{row['model']}\t{row['error_type']}\t{row['last_hour']}\t{row['last_24h']}")
 
 
 def _record(request_id: str) -> dict[str, Any]:

@@ -304,6 +304,37 @@ def split_steps() -> str:
     return f"{PREFIX}:config:split-steps"
 
 
+# -- bulk actions (store/bulk.py) and recent failures (store/failures.py) --
+def bulk(workspace_id: str, bulk_id: str) -> str:
+    """A bulk action's progress (``POST /v2/requests/bulk``): a hash, expiring with it."""
+    return f"{workspace_prefix(workspace_id)}:bulk:{bulk_id}"
+
+
+def bulk_idempotency(workspace_id: str, key_hash: str) -> str:
+    """A bulk action's Idempotency-Key: "{bulk id}|{fingerprint}"."""
+    return f"{workspace_prefix(workspace_id)}:bulk-idem:{key_hash}"
+
+
+def workspace_bulks(workspace_id: str) -> str:
+    """The workspace's unfinished bulk actions by when each began (its cap on them)."""
+    return f"{workspace_prefix(workspace_id)}:bulks"
+
+
+def bulk_lease(workspace_id: str, bulk_id: str) -> str:
+    """Held by the worker running a bulk action's step, so one step runs at a time."""
+    return f"{bulk(workspace_id, bulk_id)}:lease"
+
+
+def bulks_running() -> str:
+    """Unfinished bulk actions ("{workspace}|{bulk id}") by when their next step is due: the sweeper resumes them."""
+    return f"{PREFIX}:bulks"
+
+
+def failures(provider: str, bucket: int) -> str:
+    """A provider's failures in one time bucket: "{model}|{error_type}" -> count."""
+    return f"{provider_prefix(provider)}:failures:{provider}:{bucket}"
+
+
 #: Every request's and provider's event channel: one subscription per process.
 EVENTS_PATTERN = f"{PREFIX}:events:*"
 #: What follows the prefix on a provider's channel (request ids are UUIDs).

@@ -125,6 +125,10 @@ FIELDS: tuple[Field, ...] = (
         "route would cancel it")),
     Field("retry_of", OPTIONAL_TEXT, status=LISTED, admitted=True, doc=(
         "the failed request this one submits again (the retry route); absent otherwise")),
+    Field("batch_id", OPTIONAL_TEXT, status=LISTED, doc="the batch this request is a line of; absent otherwise"),
+    # -- bulk actions (web/bulk.py) --
+    Field("bulk_id", OPTIONAL_TEXT, status=LISTED, admitted=True, doc=(
+        "the bulk action that submitted this retry (POST /v2/requests/bulk); absent otherwise")),
     Field("price", RAW, status=OWN_PLACE, webhook=OWN_PLACE, into="cost"),
     Field("cost_state", RAW, status=OWN_PLACE, webhook=OWN_PLACE, into="cost"),
     Field("hold", RAW, status=OWN_PLACE, webhook=OWN_PLACE, into="cost"),
@@ -249,6 +253,10 @@ class RequestRecord:
     deadline_at: float | None = None
     #: The failed request this one submits again (the retry route).
     retry_of: str | None = None
+    #: The batch this request is a line of (``POST /v2/batches``).
+    batch_id: str | None = None
+    #: The bulk action whose retry this is (``web/bulk.py``).
+    bulk_id: str | None = None
     #: Seconds until Redis drops the record (set once COMPLETED), else None.
     ttl_s: int | None = None
     #: Its credits, held, charged or released (agrees with the ledger).
@@ -309,3 +317,5 @@ class Submission:
     traceparent: str = ""
     #: X-Comfy-Webhook-Events, canonical; "" for the workspace's default, else "completed".
     webhook_events: str = ""
+    #: The bulk action this retry is part of (``web/bulk.py``), or "".
+    bulk_id: str = ""

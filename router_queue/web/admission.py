@@ -238,7 +238,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
           raw_idempotency_key: str | None, raw_priority: str | None = None, queued: bool = True,
           rate: Callable[[], Any] = lambda: None, raw_webhook_url: str | None = None,
           base_url: str = "", headers=None, retry_of: str = "",
-          traceparent: str = "") -> Admitted:
+          traceparent: str = "", bulk_id: str = "") -> Admitted:
     """Admit a request for the workers. ``queued`` is False for the synchronous
     route, which shares everything but queued delivery's gating. ``rate`` hands
     over the call's rate allowance (``envelope.carried_allowance``), taken only
@@ -247,7 +247,8 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     builds the response_url a webhook's event names. ``headers`` carry the
     caller's deadlines and webhook events. ``retry_of``: submit that failed request's kept body
     again (``raw_body`` is not read). ``traceparent``
-    (``tracing.traceparent()``, "" when off) is kept on the record."""
+    (``tracing.traceparent()``, "" when off) is kept on the record; ``bulk_id``
+    names the bulk action a retry is part of (``web/bulk.py``)."""
     if queued and not entry.queueable:
         raise NotEnabled(f"{entry.id} cannot be queued; use POST /v2/models/{entry.id}")
     key = idempotency_key(raw_idempotency_key)
@@ -285,6 +286,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
             now=time.time() if pointer else now,  # a put may have taken a while: the write deadline runs from here
             traceparent=traceparent,
             webhook_events=events,
+            bulk_id=bulk_id,
         ), rate=rate())
     except (RouterError, Unsent):  # refused (a rate window), or never sent: not admitted
         stashed.unstash(services, pointer, request_id)

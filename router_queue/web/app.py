@@ -13,6 +13,7 @@ from ..store.connect import UNREACHABLE
 from ..store.held import HeldSlots
 from .auth import KeyResolver
 from .bodies import json_response
+from .bulk import bulk
 from .callers import TrustedProxies
 from .catalog_routes import discovery
 from .envelope import ENVELOPE, Envelope
@@ -46,6 +47,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
                                                   HeldSlots(services.redis))
     app.register_blueprint(queue)
     app.register_blueprint(history)
+    app.register_blueprint(bulk)
     app.register_blueprint(discovery)
     rate_limits = RateLimits(services.store, settings.default_rate_limit, keys,
                              TrustedProxies(settings.forwarded_allow_ips))

@@ -21,6 +21,7 @@ from ..states import ORDER, RESULT_STATUS
 from ..store.record import STATUS_LISTED, Field
 from ..store.requests import PRIORITIES
 from . import paths
+from .bulk import openapi_paths as bulk_openapi_paths
 
 OPENAPI_VERSION = "3.0.3"
 #: X-Comfy-Start-Deadline and X-Comfy-Deadline: seconds, a plain decimal number (admission.py).
@@ -461,6 +462,7 @@ def api_document(catalog: Catalog) -> dict[str, Any]:
         _model_paths(spec, entry, queue_routes=entry.queueable)
     spec.path(path=paths.HISTORY.openapi(), operations={"get": _history_operation(
         "This workspace's requests, newest first", "requests", _history_parameters(with_model=catalog.ids()))})
+    bulk_openapi_paths(spec, _errors, _error)
     spec.path(path=paths.CATALOG.openapi(), operations={"get": {
         "summary": "The model catalog, a page at a time", "tags": ["catalog"],
         "parameters": [

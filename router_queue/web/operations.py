@@ -39,6 +39,8 @@ operations = Blueprint("operations", __name__)
 OPERATOR_ENDPOINTS = frozenset({"operations.metrics", "operations.ops_summary", "operations.ops_page"})
 #: Failing webhook endpoints listed on the page, most failures first.
 FAILING_SHOWN = 20
+#: (model, error_type) rows of recent failures listed, most in the last hour first.
+FAILURES_SHOWN = 50
 
 
 def on_operator_listener(environ: dict, ops_port: int) -> bool:
@@ -148,6 +150,7 @@ def summary(services: Services) -> dict:
         })
     return {"providers": rows, "at": now, "webhooks": webhook_summary(services.webhooks, now),
             "members": pool_summary(services, now),
+            "failures": recent_failures(services, now),
             "workers": [{"name": w.name, "queues": list(w.queues), "pid": w.pid,
                          "alive": w.alive(now, fleet.heartbeat_s), "last_heartbeat_s": round(now - w.beat_at, 1)}
                         for w in workers]}
@@ -166,6 +169,16 @@ def pool_summary(services: Services, now: float) -> list[dict]:
                          "out_s": round(max(0.0, state.revoked_until - now), 1),
                          "taken": state.taken, "rate_limited": state.rate_limited, "revoked": state.revoked})
     return rows
+
+
+def recent_failures(services: Services, now: float) -> list[dict]:
+    """Failures by model and error_type, in the last hour and day (``store/failures.py``):
+    counts only, nothing that names a request, a workspace, a body or a URL."""
+    if services.failures is None:
+        return []
+    rows = services.failures.recent(services.catalog.providers(), now)
+    return [{"model": r.model, "error_type": r.error_type, "last_hour": r.last_hour, "last_24h": r.last_day}
+            for r in rows[:FAILURES_SHOWN]]
 
 
 def webhook_summary(webhooks: WebhookStore, now: float) -> dict:

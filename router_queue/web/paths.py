@@ -72,6 +72,8 @@ RETRY = Route("queue.retry", "POST", f"{REQUEST}/retry")
 CANCEL = Route("queue.cancel", "PUT", f"{REQUEST}/cancel")
 HISTORY = Route("history.requests", "GET", "/v2/requests", Rate.CARRIED)
 MODEL_HISTORY = Route("history.model_requests", "GET", REQUESTS, Rate.CARRIED)
+BULK = Route("bulk.create", "POST", "/v2/requests/bulk")
+BULK_PROGRESS = Route("bulk.progress", "GET", "/v2/requests/bulk/<bulk_id>")
 CATALOG = Route("discovery.list_models", "GET", "/v2/models")
 MODEL_OPENAPI = Route("discovery.model_schema", "GET", f"{MODEL}/openapi.json")
 API_OPENAPI = Route("discovery.openapi", "GET", "/v2/openapi.json")
@@ -85,6 +87,7 @@ OPS_PAGE = Route("operations.ops_page", "GET", "/ops")
 ROUTES: tuple[Route, ...] = (
     SUBMIT, STATUS, EVENTS, RESULT, LINK, COST, RUN, RETRY, CANCEL, HISTORY, MODEL_HISTORY, CATALOG, MODEL_OPENAPI,
     API_OPENAPI, DOCS, HEALTHZ, READYZ, METRICS, OPS_SUMMARY, OPS_PAGE,
+    BULK, BULK_PROGRESS,
 )
 
 

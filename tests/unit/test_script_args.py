@@ -8,7 +8,19 @@ from importlib import resources
 
 import pytest
 
-from router_queue.store import accounts, admission, apikeys, fallback, held, members, migrate, owed, requests, webhooks
+from router_queue.store import (
+    accounts,
+    admission,
+    apikeys,
+    bulk,
+    fallback,
+    held,
+    members,
+    migrate,
+    owed,
+    requests,
+    webhooks,
+)
 from router_queue.store.record import ADMITTED
 from router_queue.store.scripts import argv, lib_for, lua_arg_names
 
@@ -26,6 +38,7 @@ NAMED = {
     "renew": requests.RENEW_ARGS, "schedule_limits": accounts.LIMITS_ARGS, "status": requests.STATUS_ARGS,
     "webhook_due": webhooks.DUE_ARGS, "webhook_secret": accounts.SECRET_ARGS,
     "webhook_secret_reseal": migrate.RESEAL_ARGS, "ws_settle": owed.SETTLE_ARGS,
+    "bulk_create": bulk.CREATE_ARGS, "bulk_note": bulk.NOTE_ARGS, "bulk_lease": bulk.LEASE_ARGS,
     "member_take": members.TAKE_ARGS, "member_release": members.RELEASE_ARGS, "member_limited": members.LIMITED_ARGS,
 }
 #: The scripts whose ARGV is one list of like items, not arguments: (calls or limit, window) pairs.
