@@ -16,6 +16,7 @@ from .catalog import Catalog
 from .metrics import Recorder
 from .settings import Settings
 from .store.accounts import Accounts
+from .store.batches import BatchStore
 from .store.connect import UNREACHABLE, connect
 from .store.fleet import Fleet
 from .store.ids import RequestIds
@@ -40,6 +41,8 @@ class Publisher(Protocol):
 
     def publish_webhook(self, request_id: str) -> None: ...
 
+    def publish_batch(self, workspace: str, batch_id: str) -> None: ...
+
 
 @dataclass
 class Services:
@@ -53,6 +56,8 @@ class Services:
     metrics: Recorder
     webhooks: WebhookStore
     fleet: Fleet
+    #: Batches of requests (``POST /v2/batches``) and their lines.
+    batches: BatchStore
     #: What publishes deliveries; the store publishes its grants through it.
     #: None where nothing publishes (a grant then waits for the reaper).
     dispatcher: Publisher | None = None
@@ -106,6 +111,8 @@ class Services:
             webhooks=WebhookStore(client, keep_s=settings.result_retention_s, limits=webhook_limits(settings),
                                   providers=tuple(catalog.providers()), effects=store.effects),
             fleet=Fleet(client, heartbeat_s=settings.worker_heartbeat_s),
+            batches=BatchStore(client, retention_s=settings.result_retention_s,
+                               idempotency_ttl_s=settings.idempotency_ttl_s),
             dispatcher=dispatcher,
             blobs=open_blob_store(settings.object_store_url, allow_http=settings.object_store_allow_http),
         )

@@ -14,6 +14,7 @@ parses it (``web/admission.py``). ``docs/ARCHITECTURE.md``: "The store's parts".
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
@@ -57,6 +58,12 @@ OPTIONAL_TIME = Codec(decode=lambda v: float(v) if v else None, encode=lambda v:
 #: A number or None.
 OPTIONAL_NUMBER = Codec(decode=lambda v: float(v) if v else None, encode=lambda v: "" if v is None else repr(v),
                         json_type="number")
+#: A whole number or None (a batch line's number).
+OPTIONAL_INT = Codec(decode=lambda v: int(v) if v else None, encode=lambda v: "" if v is None else str(v),
+                     json_type="integer")
+#: A flat map of text (JSON in the record) or None; an empty map is written as nothing.
+TEXT_MAP = Codec(decode=lambda v: json.loads(v) if v else None,
+                 encode=lambda v: json.dumps(v, separators=(",", ":")) if v else "", json_type="object")
 #: Present or not.
 FLAG = Codec(decode=bool, encode=lambda v: "1" if v else "", json_type="boolean")
 #: A count (0 when missing).
@@ -125,6 +132,12 @@ FIELDS: tuple[Field, ...] = (
         "route would cancel it")),
     Field("retry_of", OPTIONAL_TEXT, status=LISTED, admitted=True, doc=(
         "the failed request this one submits again (the retry route); absent otherwise")),
+    # -- a batch's line (issue 35: web/batches.py, batches/) --
+    Field("batch_id", OPTIONAL_TEXT, status=LISTED, admitted=True, doc=(
+        "the batch (POST /v2/batches) this request is a line of; absent otherwise")),
+    Field("line", OPTIONAL_INT, status=LISTED, admitted=True, doc="its line number in that batch, from 1"),
+    Field("metadata", TEXT_MAP, status=LISTED, admitted=True, doc=(
+        "the batch line's metadata: a flat map of text the caller set")),
     Field("price", RAW, status=OWN_PLACE, webhook=OWN_PLACE, into="cost"),
     Field("cost_state", RAW, status=OWN_PLACE, webhook=OWN_PLACE, into="cost"),
     Field("hold", RAW, status=OWN_PLACE, webhook=OWN_PLACE, into="cost"),
@@ -249,6 +262,10 @@ class RequestRecord:
     deadline_at: float | None = None
     #: The failed request this one submits again (the retry route).
     retry_of: str | None = None
+    #: A batch line's batch, its number in it (from 1) and its metadata; None otherwise.
+    batch_id: str | None = None
+    line: int | None = None
+    metadata: dict[str, str] | None = None
     #: Seconds until Redis drops the record (set once COMPLETED), else None.
     ttl_s: int | None = None
     #: Its credits, held, charged or released (agrees with the ledger).
@@ -309,3 +326,7 @@ class Submission:
     traceparent: str = ""
     #: X-Comfy-Webhook-Events, canonical; "" for the workspace's default, else "completed".
     webhook_events: str = ""
+    #: A batch line's batch, its number in it and its metadata (None when not a batch's line).
+    batch_id: str | None = None
+    line: int | None = None
+    metadata: dict[str, str] | None = None

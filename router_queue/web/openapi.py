@@ -65,7 +65,8 @@ class CostSchema(Schema):
 
 #: The marshmallow field of each JSON type a record field's codec shows.
 _JSON_FIELDS: dict[str, type[fields.Field]] = {"string": fields.String, "number": fields.Float,
-                                               "integer": fields.Integer, "boolean": fields.Boolean}
+                                               "integer": fields.Integer, "boolean": fields.Boolean,
+                                               "object": fields.Dict}
 
 
 def _listed(field: Field) -> fields.Field:
