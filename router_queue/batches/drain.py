@@ -43,8 +43,9 @@ ENDS: dict[Admit, tuple[type[RouterError], str]] = {
 }
 #: Lines read and admitted per step.
 CHUNK_LINES = 200
-#: Seconds one drain holds its batch without a step.
-LEASE_S = 60.0
+#: Seconds one drain holds its batch without a step (a step of CHUNK_LINES admissions takes well under
+#: one): a drain whose worker died holds its batch up to this long before the sweeper's next one runs it.
+LEASE_S = 10.0
 #: Seconds one drain runs before it hands the rest to the next (its task publishes it again).
 BUDGET_S = 30.0
 
