@@ -26,7 +26,7 @@ from ..states import COMPLETED
 from ..store.outcomes import Cancel
 from ..store.record import iso
 from . import admission, paths
-from .batch_lines import BatchCall, Reading, read
+from .batch_lines import BatchCall, Reading, TooLarge, read
 from .bodies import json_response, response_url
 from .envelope import fresh_call_id
 from .front import FrontDoor, front_door
@@ -63,8 +63,13 @@ def submit() -> Response:
     hook = admission.webhook_url(request.headers.get(admission.WEBHOOK_HEADER),
                                  allow_loopback_http=settings.webhook_allow_loopback_http,
                                  resolve_timeout_s=settings.webhook_resolve_timeout_s, workspace=workspace)
+    if hook and not services.accounts.signing_secrets(workspace):
+        raise InvalidInput(admission.no_webhook_secret(workspace, "header"))
     if not key and services.batches.open_batches(workspace) >= settings.max_open_batches:
         raise _too_many(settings.max_open_batches)
+    if (request.content_length or 0) > settings.max_batch_bytes:
+        raise TooLarge(f"the batch is larger than MAX_BATCH_BYTES, {settings.max_batch_bytes} bytes; "
+                       "nothing was queued")
     request.max_content_length = settings.max_batch_bytes
     batch_id = fresh_call_id()
     call = BatchCall(services, workspace, batch_id, key, base)

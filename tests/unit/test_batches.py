@@ -17,12 +17,15 @@ NDJSON = {"Content-Type": "application/x-ndjson"}
 GOOD = {"model": "bfl/flux-2-pro", "body": {"prompt": "a red teapot"}}
 #: The smallest MAX_BODY_BYTES these tests run with, so a line over it is cheap to send.
 MAX_BODY = 4096
+#: And the smallest MAX_BATCH_BYTES: 10,001 lines still fit under it.
+MAX_BATCH = 2_000_000
 
 
 @pytest.fixture
 def settings() -> Settings:
     return Settings(redis_url="redis://unused", public_base_url="http://router.test", republish_after_s=0,
                     default_rate_limit="1000/second", readyz_cache_s=0, max_body_bytes=MAX_BODY,
+                    max_batch_bytes=MAX_BATCH, webhook_allow_loopback_http=True,
                     webhook_secrets_keys=(Secret(TEST_WEBHOOK_SECRETS_KEY),))
 
 
@@ -77,6 +80,12 @@ def test_whole_call_refusals(http, auth, services, workspace):
     assert "10000" in refused.json["detail"] and "line 10001" in refused.json["detail"]
     assert http.get("/v2/batches", headers=auth).json["batches"] == []  # nothing was kept
     assert_error(send(http, auth, "\n"), 400, "invalid_input")
+    over = send(http, auth, ndjson(*[GOOD] * (MAX_BATCH // len(ndjson(GOOD)) + 1)))
+    assert_error(over, 413, "invalid_input")
+    assert "MAX_BATCH_BYTES" in over.json["detail"]
+    no_secret = send(http, auth, ndjson(GOOD), headers={"X-Comfy-Webhook-Url": "http://127.0.0.1:9/hook"})
+    assert_error(no_secret, 400, "invalid_input")
+    assert "signing secret" in no_secret.json["detail"]
     assert_error(http.get("/v2/batches/00000000-0000-4000-8000-000000000000", headers=auth), 404, "batch_not_found")
     assert_error(http.get("/v2/batches/nonsense/results", headers=auth), 404, "batch_not_found")
 
