@@ -1,7 +1,8 @@
 """The batch phase (issue 35), on a fleet of its own: ``batch_admission_throughput`` (requests admitted per
 second through one 10,000-line batch call against single submits per second on the same stack, with the Redis
 commands each admitted line cost) and ``interactive_wait_with_batch`` (the p50 queue wait of another
-workspace's interactive requests while a 10,000-line batch waits on the same capped provider, against none)."""
+workspace's interactive requests while a 10,000-line batch waits on the same capped provider, against none; and
+the same with the batching workspace's max_in_flight one below the provider's cap)."""
 
 import json
 import statistics
@@ -108,5 +109,15 @@ def measure_batches(ctx: Context) -> None:
             f"batch p50 {1000 * statistics.median(beside):.2f} ms; {counts['queued']} lines queued before, "
             f"{left} after")
         emit("interactive_wait_with_batch", 1000 * statistics.median(beside), "ms", 1000 * statistics.median(alone))
+        # The same with the batching workspace held to one slot fewer than the provider's cap (its
+        # max_in_flight, an operator's per-workspace limit): a slot is then always free for another.
+        fleet.services.accounts.set_limits(batcher, max_in_flight=WAIT_CAP - 1)
+        time.sleep(2 * LINE_LATENCY_S + 0.5)  # the lines running past the new limit end
+        held = _waits(fleet, other_auth)
+        if not core.schedule_counts(fleet.client, CAPPED_PROVIDER)["queued"]:
+            raise MeasurementError("interactive_wait_with_batch_held_back: the batch's lines ran out")
+        log(f"interactive_wait_with_batch_held_back: p50 {1000 * statistics.median(held):.2f} ms")
+        emit("interactive_wait_with_batch_held_back", 1000 * statistics.median(held), "ms",
+             1000 * statistics.median(alone))
         requests.put(f"{fleet.base}/v2/batches/{batch_id}/cancel", headers=batcher_auth, timeout=120)
         _admission(fleet)

@@ -166,7 +166,7 @@ class _LineChecker:
         if len(raw_body) > settings.max_body_bytes:
             raise admission.InvalidInput(f"body is {len(raw_body)} bytes, over MAX_BODY_BYTES "
                                          f"({settings.max_body_bytes})")
-        admission.validate_body(entry, admission.parse_body(raw_body))
+        admission.validate_body(entry, body)  # the line's parse bounded its items (parse_body)
         key = self._key(number, line.get("idempotency_key"))
         rank = admission.priority(_text_or_none(line.get("priority"), "priority") or DEFAULT_PRIORITY)
         hook = self._hook(_text_or_none(line.get("webhook_url"), "webhook_url"))
