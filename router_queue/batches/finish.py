@@ -20,7 +20,7 @@ from ..states import COMPLETED
 from ..store.secret_box import SecretsKeyError
 from ..webhooks import event as webhook_event, safety
 from ..webhooks.delivery import AttemptTimedOut, post
-from .reading import Summary, kept_counts, summary
+from .reading import CHUNK, Summary, kept_counts, line_views, summary
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +36,26 @@ def webhook_id(batch_id: str) -> str:
     return f"batch_{batch_id}"
 
 
-def finish_if_done(services: Services, workspace: str, batch_id: str, batch: dict[str, str]) -> Summary:
-    """The batch's summary; when every line has ended, the batch marked
-    COMPLETED (its counts kept, its webhook owed if it has one)."""
+def all_ended(services: Services, workspace: str, batch_id: str, batch: dict[str, str]) -> bool:
+    """Whether every line has ended, read from the first line not known to
+    have (the batch's ``ended`` hint, moved on here): a sweep of a batch whose
+    lines run reads only those still running, not the whole batch."""
+    total, first = int(batch.get("total", 0)), int(batch.get("ended", 0)) + 1
+    while first <= total:
+        count = min(CHUNK, total - first + 1)
+        for view in line_views(services, workspace, batch_id, batch, first, count):
+            if view.status != COMPLETED:
+                services.batches.note_ended(workspace, batch_id, view.line - 1)
+                return False
+        first += count
+    return True
+
+
+def finish_if_done(services: Services, workspace: str, batch_id: str, batch: dict[str, str]) -> Summary | None:
+    """When every line has ended, the batch marked COMPLETED (its counts
+    kept, its webhook owed if it has one) and its summary; else None."""
+    if batch.get("status") != COMPLETED and not all_ended(services, workspace, batch_id, batch):
+        return None
     found = summary(services, workspace, batch_id, batch)
     if found.status == COMPLETED and batch.get("status") != COMPLETED:
         webhook = bool(batch.get("webhook_url") or services.accounts.webhook_url(workspace))

@@ -184,6 +184,10 @@ class BatchStore:
                       webhook="owed" if webhook else ""))
         return _text(reply[0]) == "FINISHED"
 
+    def note_ended(self, workspace: str, batch_id: str, lines: int) -> None:
+        """A hint: the first ``lines`` lines have all ended (a lower bound, so two writers are both right)."""
+        self.client.hset(keys.batch(workspace, batch_id), "ended", lines)
+
     def mark_webhook(self, workspace: str, batch_id: str, state: str, attempts: int) -> None:
         """The batch.completed webhook's state ("owed", "delivered", "failed") and attempts so far."""
         self.client.hset(keys.batch(workspace, batch_id), mapping={"webhook": state, "webhook_attempts": attempts})

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 from flask import Blueprint, Response, request
 
 from ..batches.finish import finish_if_done
-from ..batches.reading import CHUNK, line_views
+from ..batches.reading import CHUNK, line_views, summary
 from ..errors import BatchNotFound, ConcurrencyLimitExceeded, IdempotencyKeyConflict, InvalidInput, UnsupportedMediaType
 from ..states import COMPLETED
 from ..store.outcomes import Cancel
@@ -140,7 +140,8 @@ def status(batch_id: str) -> Response:
     front = front_door()
     workspace = front.keys.workspace(request)
     batch = _batch(front, workspace, batch_id)
-    found = finish_if_done(front.services, workspace, batch_id, batch)
+    found = finish_if_done(front.services, workspace, batch_id, batch) or summary(front.services, workspace,
+                                                                                   batch_id, batch)
     body = {"batch_id": batch_id, **found.as_json(), "lines": int(batch.get("total", 0)),
             "created_at": _iso(batch.get("created_at")), "cancelled": batch.get("cancelled") == "1",
             **batch_urls(base_url(front, request), batch_id)}

@@ -179,3 +179,31 @@ def test_open_batches_are_capped_and_listed(http, auth, services, workspace):
     rest = http.get(f"/v2/batches?limit=3&cursor={page['next_cursor']}", headers=auth).json
     assert len(rest["batches"]) == 2
     assert_error(http.get("/v2/batches?cursor=zz", headers=auth), 400, "invalid_input")
+
+
+def test_the_sweeper_resumes_a_waiting_drain_and_finishes_a_batch_once_its_lines_end(http, auth, services,
+                                                                                     workspace):
+    from router_queue.batches.sweep import sweep_batches
+    from tests.unit.route_support import LEASE
+    from tests.unit.support import record_of
+
+    services.store.max_queued = 2
+    batch_id = send(http, auth, ndjson(*[GOOD] * 3)).json["batch_id"]
+    published: list[str] = []
+    drain(services, workspace, batch_id)
+    sweep_batches(services, lambda ws, b: published.append(b))
+    assert published == [batch_id]  # a line still waits in it: its drain is published again
+    services.store.max_queued = 10
+    drain(services, workspace, batch_id)
+    ids = [line["request_id"] for line in results(http, auth, batch_id)]
+    for request_id in ids[:2]:
+        services.store.claim(record_of(services, request_id, "bfl"), LEASE)
+        services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
+    assert sweep_batches(services, published.append) == 0  # the third still waits
+    assert services.batches.get(workspace, batch_id)["ended"] == "2"  # the next check starts at line 3
+    services.store.cancel(request_id=ids[2], workspace=workspace, model="bfl/flux-2-pro", provider="bfl")
+    assert sweep_batches(services, published.append) == 1
+    final = http.get(f"/v2/batches/{batch_id}", headers=auth).json
+    assert final["status"] == "COMPLETED" and final["counts"]["by_error_type"] == {"cancelled": 1}
+    assert final["credits"]["charged"] > 0 and final["credits"]["held"] == 0
+    assert services.batches.unfinished() == []  # settled: no webhook owed
