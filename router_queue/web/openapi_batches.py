@@ -55,6 +55,13 @@ BATCH = {"type": "object", "required": ["batch_id", "status", "counts", "credits
     "created_at": {"type": "string", "format": "date-time"}, "cancelled": {"type": "boolean"},
     "credits": {"type": "object", "properties": {"held": {"type": "integer"}, "charged": {"type": "integer"}}},
     **_URLS}}
+CANCELLED = {"type": "object", "required": ["batch_id", "status", "cancelled", "cancellation_requested", *_URLS],
+             "properties": {"batch_id": {"type": "string"},
+                            "status": {"type": "string", "enum": ["CANCELLATION_REQUESTED", "ALREADY_COMPLETED"]},
+                            "cancelled": {"type": "integer", "description": "its requests cancelled while waiting"},
+                            "cancellation_requested": {"type": "integer",
+                                                       "description": "its running requests asked to stop"},
+                            **_URLS}}
 #: The batch.completed event (docs/API.md, "Batches").
 BATCH_EVENT = {
     "type": "object", "required": ["type", "batch_id", "counts", "results_url"],
@@ -98,4 +105,8 @@ def batch_paths(spec: APISpec, errors: Callable[..., dict[str, Any]]) -> None:
                       **errors(401, 404, 429)}}})
     spec.path(path=paths.BATCH_CANCEL.openapi(), operations={"put": {
         "summary": "Cancel every line not yet finished", "tags": tag, "parameters": [_BATCH_ID],
-        "responses": {"202": {"description": "cancellation requested"}, **errors(401, 404, 409, 429)}}})
+        "responses": {"202": {"description": "CANCELLATION_REQUESTED",
+                              "content": {"application/json": {"schema": CANCELLED}}},
+                      "409": {"description": "ALREADY_COMPLETED: every line had ended",
+                              "content": {"application/json": {"schema": CANCELLED}}},
+                      **errors(401, 404, 429)}}})
