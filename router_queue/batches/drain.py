@@ -24,6 +24,7 @@ from ..store.batches import admitted_outcome, error_outcome
 from ..store.connect import UNREACHABLE, Unsent
 from ..store.outcomes import Admit
 from ..store.record import Submission
+from ..store.requests import Admission
 
 log = logging.getLogger(__name__)
 
@@ -88,20 +89,26 @@ def _steps(services: Services, workspace: str, batch_id: str, token: str, cursor
         texts = store.lines(workspace, batch_id, cursor, chunk_lines)
         outcomes: dict[int, str] = {}
         new_ids: list[tuple[str, str]] = []
-        number, waiting = cursor, False
-        for text in texts:
-            if text:
-                outcome = _admit(services, workspace, batch_id, number + 1, json.loads(text))
-                if outcome is None:
-                    waiting = True
-                    break
-                outcomes[number + 1] = outcome
-                if outcome.startswith("!"):
-                    ended += 1
-                else:
-                    admitted += 1
-                    new_ids.append(tuple(outcome.split("|", 1)))  # type: ignore[arg-type]
-            number += 1
+        first_waiting: int | None = None
+        pipelined = _admit_chunk(services, workspace, batch_id, cursor, texts)
+        for i, text in enumerate(texts):
+            if not text:
+                continue
+            if pipelined is None and first_waiting is not None:
+                break  # one at a time: nothing after a line that waits is tried
+            outcome = pipelined[i] if pipelined is not None else _admit(
+                services, workspace, batch_id, cursor + i + 1, json.loads(text))
+            if outcome is None:
+                first_waiting = first_waiting or cursor + i + 1
+                continue
+            outcomes[cursor + i + 1] = outcome  # a line after one that waits keeps its outcome too
+            if outcome.startswith("!"):
+                ended += 1
+            else:
+                admitted += 1
+                new_ids.append(tuple(outcome.split("|", 1)))  # type: ignore[arg-type]
+        waiting = first_waiting is not None
+        number = first_waiting - 1 if first_waiting is not None else cursor + len(texts)
         cancelled, drained = store.progress(workspace, batch_id, number, outcomes)
         store.take(workspace, batch_id, token, LEASE_S, time.time())  # renewed: this drain still runs
         if cancelled:
@@ -113,18 +120,43 @@ def _steps(services: Services, workspace: str, batch_id: str, token: str, cursor
     return Drained(admitted, ended, "done")
 
 
+def _submission(workspace: str, batch_id: str, number: int, line: dict) -> Submission:
+    return Submission(
+        request_id=line["id"], workspace=workspace, model=line["m"], provider=line["p"], body=line["b"],
+        fingerprint=line["f"], idempotency_key_hash=line["k"], price=int(line["c"]), priority=line["q"],
+        webhook_url=line["w"], response_url=line["u"],
+        batch_id=batch_id, line=number, metadata=line.get("md"), now=time.time(),
+    )
+
+
+def _admit_chunk(services: Services, workspace: str, batch_id: str, cursor: int,
+                 texts: list[str]) -> list[str | None] | None:
+    """A chunk's lines admitted in one pipelined round trip (``RequestStore.admit_many``): each line's
+    outcome (None: it waits; "" for a line that ended at parsing), or None where the store admits one
+    at a time. Lines after one that waits may be admitted here: their outcomes are recorded, the
+    cursor stays at the line that waits, and the next drain's admission replays them by their keys."""
+    lines = [(cursor + i + 1, json.loads(text)) for i, text in enumerate(texts) if text]
+    if not lines:
+        return None
+    admissions = services.store.admit_many([_submission(workspace, batch_id, n, line) for n, line in lines])
+    if admissions is None:
+        return None
+    outcomes: dict[int, str | None] = {n: _outcome(services, line, a) for (n, line), a in zip(lines, admissions)}
+    return [outcomes.get(cursor + i + 1, "") for i in range(len(texts))]
+
+
 def _admit(services: Services, workspace: str, batch_id: str, number: int, line: dict) -> str | None:
     """One line through admission: its outcome, or None when it waits."""
     try:
-        admission = services.store.admit(Submission(
-            request_id=line["id"], workspace=workspace, model=line["m"], provider=line["p"], body=line["b"],
-            fingerprint=line["f"], idempotency_key_hash=line["k"], price=int(line["c"]), priority=line["q"],
-            webhook_url=line["w"], response_url=line["u"],
-            batch_id=batch_id, line=number, metadata=line.get("md"), now=time.time(),
-        ))
+        admission = services.store.admit(_submission(workspace, batch_id, number, line))
     except (*UNREACHABLE, Unsent) as exc:
         log.warning("batch %s line %d: the store did not answer (%s); it waits", batch_id, number, exc)
         return None
+    return _outcome(services, line, admission)
+
+
+def _outcome(services: Services, line: dict, admission: Admission) -> str | None:
+    """A line's outcome from its admission; None when it waits."""
     if admission.outcome in (Admit.ADMITTED, Admit.REPLAY):
         if admission.outcome is Admit.ADMITTED:
             services.metrics.admitted(line["p"], line["m"])
