@@ -9,11 +9,11 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from . import delivery, front, objects, own_fleet, pools, schedule, strategies
+from . import batches, delivery, front, objects, own_fleet, pools, schedule, strategies
 from .core import Children, Context, Fleet, MeasurementError, log, ordered, start_redis
 
 #: Every module that adds phases; importing one registers its phases.
-PHASE_MODULES = (front, schedule, strategies, own_fleet, pools, objects, delivery)
+PHASE_MODULES = (front, schedule, strategies, own_fleet, pools, batches, objects, delivery)
 SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 

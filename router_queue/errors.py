@@ -47,6 +47,12 @@ class PayloadTooLarge(InvalidInput):
     status = 413
 
 
+class UnsupportedMediaType(InvalidInput):
+    """A body of a Content-Type the route does not take (415): a batch is NDJSON."""
+
+    status = 415
+
+
 class RangeNotSatisfiable(InvalidInput):
     """A ``Range`` that selects nothing of the result (416); ``Content-Range`` names its size."""
 
@@ -109,6 +115,13 @@ class BulkNotFound(RouterError):
 
     status = 404
     error_type = "bulk_not_found"
+
+
+class BatchNotFound(RouterError):
+    """No batch of this workspace has this id (404): never one, or another workspace's."""
+
+    status = 404
+    error_type = "batch_not_found"
 
 
 class ConcurrencyLimitExceeded(RouterError):

@@ -16,6 +16,7 @@ from .catalog import Catalog
 from .metrics import Recorder
 from .settings import Settings
 from .store.accounts import Accounts
+from .store.batches import BatchStore
 from .store.bulk import BulkActions
 from .store.connect import UNREACHABLE, connect
 from .store.failures import FailureCounts
@@ -43,6 +44,8 @@ class Publisher(Protocol):
 
     def publish_webhook(self, request_id: str) -> None: ...
 
+    def publish_batch(self, workspace: str, batch_id: str) -> None: ...
+
 
 @dataclass
 class Services:
@@ -58,6 +61,8 @@ class Services:
     fleet: Fleet
     #: The providers' pools: which member a generation goes to, their pauses (``store/members.py``).
     members: MemberStore
+    #: Batches of requests (``POST /v2/batches``) and their lines.
+    batches: BatchStore
     #: What publishes deliveries; the store publishes its grants through it.
     #: None where nothing publishes (a grant then waits for the reaper).
     dispatcher: Publisher | None = None
@@ -116,6 +121,8 @@ class Services:
                                   providers=tuple(catalog.providers()), effects=store.effects),
             fleet=Fleet(client, heartbeat_s=settings.worker_heartbeat_s),
             members=MemberStore(client, grow_every_s=settings.member_grow_s),
+            batches=BatchStore(client, retention_s=settings.result_retention_s,
+                               idempotency_ttl_s=settings.idempotency_ttl_s),
             dispatcher=dispatcher,
             blobs=open_blob_store(settings.object_store_url, allow_http=settings.object_store_allow_http),
             bulk=BulkActions(client, keep_s=settings.result_retention_s,

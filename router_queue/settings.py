@@ -215,6 +215,10 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "RESULT_LINK_SECONDS": ("result_link_s", _int),
     "OBJECT_STORE_PUT_WINDOW_SECONDS": ("object_store_put_window_s", _float),
     "OBJECT_STORE_FALLBACK_MAX_BYTES": ("object_store_fallback_max_bytes", _int),
+    # -- batches (issue 35) --
+    "MAX_BATCH_LINES": ("max_batch_lines", _int),
+    "MAX_BATCH_BYTES": ("max_batch_bytes", _int),
+    "MAX_OPEN_BATCHES_PER_WORKSPACE": ("max_open_batches", _int),
 }
 
 
@@ -469,6 +473,16 @@ class Settings:
     #: 256 MiB; each provider's share is this divided by the catalog's providers. Full too: the request stays
     #: ``IN_PROGRESS``, uncharged, until one store takes its output.
     object_store_fallback_max_bytes: int = 256 * 1024 * 1024
+    # -- batches (issue 35: POST /v2/batches) --
+    #: Most lines one batch call may carry (a blank last line is not one); more is ``413 invalid_input``.
+    max_batch_lines: int = 10_000
+    #: Largest batch call body, in bytes (256 MiB); larger is ``413 invalid_input``. nginx's limit for
+    #: ``/v2/batches`` (deploy/nginx/nginx.conf) matches it. Each line's body is still held to MAX_BODY_BYTES.
+    max_batch_bytes: int = 256 * 1024 * 1024
+    #: Batches a workspace may have open (not yet COMPLETED) at once; one more is ``429
+    #: concurrency_limit_exceeded``. Bounds what one tenant makes us keep: at most this many times
+    #: MAX_BATCH_LINES lines waiting in batches.
+    max_open_batches: int = 5
 
     @property
     def sync_hold_s(self) -> float:

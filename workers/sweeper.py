@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 
 from router_queue import states
+from router_queue.batches.sweep import sweep_batches
 from router_queue.store.outcomes import Cancel
 
 from .bulk import resume_overdue
@@ -50,6 +51,8 @@ class SweepReport:
     orphans_deleted: int = 0
     #: Results kept in Redis while the object store was away, moved to it.
     results_moved: int = 0
+    #: Batches whose drain was published again, or that were finished (``batches/sweep.py``).
+    batches: int = 0
 
 
 def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
@@ -83,6 +86,7 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
         context.dispatcher.publish_webhook(request_id)
     resume_overdue(context, now)  # bulk actions whose step was lost with its worker
     objects_deleted, orphans_deleted = expire_objects(context, now)
+    batches = _sweep_batches(context)
     results_moved = move_fallback_results(context, now)  # last: a stalled store delays nothing else
     services.metrics.swept(republished=republished, reaped=reaped, timed_out=timed_out,
                            deadline_cancels=deadline_cancels)
@@ -90,7 +94,17 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
         log.warning("sweeper: %d re-published, %d taken from dead workers, %d queue timeouts, "
                     "%d cancels at the caller's deadline", republished, reaped, timed_out, deadline_cancels)
     return SweepReport(republished, reaped, timed_out, len(webhooks), deadline_cancels, reconciled, abandoned,
-                       objects_deleted, orphans_deleted, results_moved)
+                       objects_deleted, orphans_deleted, results_moved, batches)
+
+
+def _sweep_batches(context: WorkerContext) -> int:
+    """Batches' drains resumed, finished batches announced; a failure here
+    is logged, never the sweep's."""
+    try:
+        return sweep_batches(context.services, context.dispatcher.publish_batch)
+    except Exception:
+        log.exception("sweeper: the batches' pass failed; the next sweep tries again")
+        return 0
 
 
 def _enforce_deadlines(context: WorkerContext, provider: str, now: float) -> tuple[int, int]:

@@ -11,7 +11,15 @@ import uuid
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutting_down
 
-from router_queue.broker.celery_app import BULK_TASK, DELIVER_TASK, SWEEP_TASK, WEBHOOK_TASK, queue_name
+from router_queue.batches.drain import drain as drain_lines
+from router_queue.broker.celery_app import (
+    BULK_TASK,
+    DELIVER_TASK,
+    DRAIN_BATCH_TASK,
+    SWEEP_TASK,
+    WEBHOOK_TASK,
+    queue_name,
+)
 from router_queue.catalog import Catalog
 from router_queue.webhooks import delivery as webhook_delivery
 
@@ -52,6 +60,20 @@ def deliver_webhook(self, request_id: str) -> str:
     publishes it then."""
     context = context_for(self.app)
     return webhook_delivery.deliver(context.services, context.dispatcher, request_id)
+
+
+@shared_task(bind=True, name=DRAIN_BATCH_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+             max_retries=0)
+def drain_batch(self, workspace: str, batch_id: str) -> str:
+    """Admit a batch's lines for up to its budget (``batches/drain.py``).
+    Safe to run twice: one drain holds the batch, each line has its
+    Idempotency-Key. More left: published again at once; a line waiting for
+    room: the sweeper publishes it again."""
+    context = context_for(self.app)
+    drained = drain_lines(context.services, workspace, batch_id)
+    if drained.stopped == "budget":
+        context.dispatcher.publish_batch(workspace, batch_id)
+    return drained.stopped
 
 
 @shared_task(bind=True, name=SWEEP_TASK, acks_late=True, ignore_result=True, max_retries=0)

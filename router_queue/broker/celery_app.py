@@ -32,6 +32,11 @@ MAINTENANCE_QUEUE = "router.maintenance"
 #: sweeper publishes again every event due whose message was lost.
 WEBHOOK_TASK = "workers.tasks.deliver_webhook"
 WEBHOOKS_QUEUE = "router.webhooks"
+#: A batch's drain (``batches/drain.py``): on the maintenance queue, which
+#: every worker deployment consumes, so a batch needs no worker of its own;
+#: each message names a batch whose state is in Redis, and the sweeper
+#: publishes it again while the batch has lines left.
+DRAIN_BATCH_TASK = "workers.tasks.drain_batch"
 
 
 def queue_name(provider: str) -> str:

@@ -383,6 +383,42 @@ def webhooks_in_flight() -> str:
     return f"{PREFIX}:webhooks:inflight"
 
 
+# -- batches (issue 35: store/batches.py) ------------------------------------
+def batch(workspace_id: str, batch_id: str) -> str:
+    """A batch: its state, counts and settings (hash)."""
+    return f"{workspace_prefix(workspace_id)}:batch:{batch_id}"
+
+
+def batch_lines(workspace_id: str, batch_id: str) -> str:
+    """A batch's lines ready to admit, in input order (list of JSON)."""
+    return f"{batch(workspace_id, batch_id)}:lines"
+
+
+def batch_results(workspace_id: str, batch_id: str) -> str:
+    """A batch's lines' outcomes so far: line number → request id, or an error."""
+    return f"{batch(workspace_id, batch_id)}:results"
+
+
+def batches(workspace_id: str) -> str:
+    """A workspace's batches, scored by creation (the list route)."""
+    return f"{workspace_prefix(workspace_id)}:batches"
+
+
+def batches_open(workspace_id: str) -> str:
+    """A workspace's batches not yet COMPLETED, scored by creation (its cap)."""
+    return f"{workspace_prefix(workspace_id)}:batches:open"
+
+
+def batch_idempotency(workspace_id: str, key_hash: str) -> str:
+    """A batch call's Idempotency-Key: "{fingerprint}|{batch id}"."""
+    return f"{workspace_prefix(workspace_id)}:batchidem:{key_hash}"
+
+
+def batches_unfinished() -> str:
+    """Every workspace's open batches, "{workspace}|{batch id}", for the sweeper to drain and finish."""
+    return f"{PREFIX}:batches:unfinished"
+
+
 def lua_layout() -> str:
     """The Lua definitions ``load_script`` offers every script beside
     ``lua/lib/``'s (each script takes those it names): functions building

@@ -12,6 +12,7 @@ from ..settings import Settings
 from ..store.connect import UNREACHABLE
 from ..store.held import HeldSlots
 from .auth import KeyResolver
+from .batches import batches
 from .bodies import json_response
 from .bulk import bulk
 from .callers import TrustedProxies
@@ -49,6 +50,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
     app.register_blueprint(history)
     app.register_blueprint(bulk)
     app.register_blueprint(discovery)
+    app.register_blueprint(batches)
     rate_limits = RateLimits(services.store, settings.default_rate_limit, keys,
                              TrustedProxies(settings.forwarded_allow_ips))
     app.extensions[READINESS] = Readiness(settings.readyz_cache_s)

@@ -22,6 +22,7 @@ from ..store.record import STATUS_LISTED, Field
 from ..store.requests import PRIORITIES
 from . import paths
 from .bulk import openapi_paths as bulk_openapi_paths
+from .openapi_batches import BATCH_EVENT, batch_paths
 
 OPENAPI_VERSION = "3.0.3"
 #: X-Comfy-Start-Deadline and X-Comfy-Deadline: seconds, a plain decimal number (admission.py).
@@ -67,7 +68,8 @@ class CostSchema(Schema):
 
 #: The marshmallow field of each JSON type a record field's codec shows.
 _JSON_FIELDS: dict[str, type[fields.Field]] = {"string": fields.String, "number": fields.Float,
-                                               "integer": fields.Integer, "boolean": fields.Boolean}
+                                               "integer": fields.Integer, "boolean": fields.Boolean,
+                                               "object": fields.Dict}
 
 
 def _listed(field: Field) -> fields.Field:
@@ -168,12 +170,13 @@ def _errors(*codes: int) -> dict[str, Any]:
         401: _error("unauthorized: no key, or an unknown, revoked or rotated-out key"),
         402: _error("insufficient_credits: nothing queued or charged"),
         403: _error("not_enabled: queued delivery is off for this caller or model"),
-        404: _error("model_not_found or request_not_found"),
+        404: _error("model_not_found, request_not_found or batch_not_found"),
         405: _error("invalid_input: method not allowed"),
         409: _error("concurrency_limit_exceeded, invalid_input (key held by another request; a retry of a "
                     "request that has not failed), retry_limit_reached (a retry past its chain's cap), cancelled",
                     retry_after=False),
-        413: _error("invalid_input: body over the size limit"),
+        413: _error("invalid_input: body over the size limit (a batch: over MAX_BATCH_LINES or MAX_BATCH_BYTES)"),
+        415: _error("invalid_input: a batch not sent as application/x-ndjson"),
         422: _error("invalid_input: the model's schema rejected the input; detail is per field"),
         429: _error("queue_backlog_full, rate_limited, queued_bytes_full, stored_bytes_full, "
                     "pending_webhooks_full or held_calls_full (the workspace's quotas)", retry_after=True),
@@ -484,11 +487,13 @@ def api_document(catalog: Catalog) -> dict[str, Any]:
             "schema": {"type": "string"}}}, "content": {"application/json": {"schema": {"type": "object"}}}},
             "304": {"description": "unchanged since the ETag sent"}, **_errors(404, 429)},
     }})
+    batch_paths(spec, _errors)
     spec.path(path=paths.HEALTHZ.openapi(), operations={"get": {"summary": "Liveness", "tags": ["operations"],
                                                   "responses": {"200": {"description": "alive"}}}})
     document = _patch_parts(spec.to_dict())
     document["security"] = [{"apiKey": []}, {"bearer": []}]
     document["components"]["schemas"]["WebhookEvent"] = WEBHOOK_EVENT
+    document["components"]["schemas"]["BatchCompletedEvent"] = BATCH_EVENT
     return document
 
 

@@ -84,9 +84,19 @@ METRICS = Route("operations.metrics", "GET", "/metrics", Rate.EXEMPT)
 OPS_SUMMARY = Route("operations.ops_summary", "GET", "/ops/summary.json")
 OPS_PAGE = Route("operations.ops_page", "GET", "/ops")
 
+# -- batches (issue 35: web/batches.py): each call counted once, as it opens --
+BATCHES = "/v2/batches"
+BATCH = f"{BATCHES}/<batch_id>"
+BATCH_SUBMIT = Route("batches.submit", "POST", BATCHES)
+BATCH_LIST = Route("batches.list_batches", "GET", BATCHES)
+BATCH_STATUS = Route("batches.status", "GET", BATCH)
+BATCH_RESULTS = Route("batches.results", "GET", f"{BATCH}/results")
+BATCH_CANCEL = Route("batches.cancel", "PUT", f"{BATCH}/cancel")
+BATCH_ROUTES = (BATCH_SUBMIT, BATCH_LIST, BATCH_STATUS, BATCH_RESULTS, BATCH_CANCEL)
+
 ROUTES: tuple[Route, ...] = (
     SUBMIT, STATUS, EVENTS, RESULT, LINK, COST, RUN, RETRY, CANCEL, HISTORY, MODEL_HISTORY, CATALOG, MODEL_OPENAPI,
-    API_OPENAPI, DOCS, HEALTHZ, READYZ, METRICS, OPS_SUMMARY, OPS_PAGE,
+    API_OPENAPI, DOCS, HEALTHZ, READYZ, METRICS, OPS_SUMMARY, OPS_PAGE, *BATCH_ROUTES,
     BULK, BULK_PROGRESS,
 )
 

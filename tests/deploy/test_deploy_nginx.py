@@ -104,8 +104,12 @@ def test_nginx_limits_agree_with_the_app() -> None:
     web = _shell_words(_procfile()["web"])
     keep_alive = float(_option(web, "--keep-alive"))
 
-    body_limit = _nginx_size(_nginx_one("client_max_body_size"))
+    batches = _nginx_block("location = /v2/batches")
+    body_limit = _nginx_size(_nginx_one("client_max_body_size", NGINX_CONF.read_text().replace(batches, "")))
     assert body_limit == settings.max_body_bytes == Settings().max_body_bytes
+    # A batch call (POST /v2/batches) may carry up to MAX_BATCH_BYTES.
+    assert _nginx_size(_nginx_one("client_max_body_size", batches)) == settings.max_batch_bytes \
+        == Settings().max_batch_bytes
     assert f"the body is larger than {body_limit} bytes" in NGINX_CONF.read_text(), "the 413's detail"
     (ingress,) = [d.body for d in _of_kind("Ingress")]
     assert _nginx_size(ingress["metadata"]["annotations"]["nginx.ingress.kubernetes.io/proxy-body-size"]) == body_limit

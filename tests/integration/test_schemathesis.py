@@ -21,12 +21,15 @@ The test passes when Schemathesis reports nothing; its report is the failure mes
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from router_queue.dev.stack import ROOT
 
 from .harness import RunningStack, make_caller
 
@@ -72,8 +75,11 @@ def test_schemathesis_finds_nothing(stack: RunningStack, tmp_path: Path) -> None
         "--report", "junit", "--report-dir", str(tmp_path / "report"),
     ]
 
+    # A batch's NDJSON body is serialized by our hook (schemathesis_hooks.py).
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.integration.schemathesis_hooks",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
     done = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
-                          stdin=subprocess.DEVNULL)
+                          stdin=subprocess.DEVNULL, env=env)
 
     output = done.stdout + done.stderr
     assert done.returncode == 0, f"Schemathesis found problems (exit {done.returncode}):\n{_report(output)}"

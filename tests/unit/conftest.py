@@ -93,6 +93,9 @@ class RecordingDispatcher:
     def publish_webhook(self, request_id: str) -> None:
         self.published.append((request_id, "webhook"))
 
+    def publish_batch(self, workspace: str, batch_id: str) -> None:
+        self.published.append((batch_id, "batch"))
+
 
 @pytest.fixture
 def dispatcher(services) -> RecordingDispatcher:

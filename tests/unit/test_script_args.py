@@ -12,6 +12,7 @@ from router_queue.store import (
     accounts,
     admission,
     apikeys,
+    batches,
     bulk,
     fallback,
     held,
@@ -38,6 +39,8 @@ NAMED = {
     "renew": requests.RENEW_ARGS, "schedule_limits": accounts.LIMITS_ARGS, "status": requests.STATUS_ARGS,
     "webhook_due": webhooks.DUE_ARGS, "webhook_secret": accounts.SECRET_ARGS,
     "webhook_secret_reseal": migrate.RESEAL_ARGS, "ws_settle": owed.SETTLE_ARGS,
+    "batch_commit": batches.COMMIT_ARGS, "batch_take": batches.TAKE_ARGS, "batch_progress": batches.PROGRESS_ARGS,
+    "batch_finish": batches.FINISH_ARGS,
     "bulk_create": bulk.CREATE_ARGS, "bulk_note": bulk.NOTE_ARGS, "bulk_lease": bulk.LEASE_ARGS,
     "member_take": members.TAKE_ARGS, "member_release": members.RELEASE_ARGS, "member_limited": members.LIMITED_ARGS,
 }
