@@ -14,8 +14,8 @@ parses it (``web/admission.py``). ``docs/ARCHITECTURE.md``: "The store's parts".
 from __future__ import annotations
 
 import dataclasses
-import textwrap
 import json
+import textwrap
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any, Callable
