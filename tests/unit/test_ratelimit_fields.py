@@ -1,4 +1,4 @@
-"""The RateLimit header fields (draft-ietf-httpapi-ratelimit-headers-10):
+"""The RateLimit header fields (draft-ietf-httpapi-ratelimit-headers-11):
 every answer counted in a rate window says the caller's policy and what is
 left of each window, on the lane and on Flask alike, told by the step that
 counted the call; a 429 says r=0 and a reset no earlier than its Retry-After;
@@ -168,3 +168,15 @@ def _remaining(meter: ratelimit.Meter) -> tuple[int, ...]:
     fields = dict(meter.fields())
     assert fields["RateLimit-Policy"] == '"minute";q=5;w=60, "hour";q=100;w=3600'
     return tuple(int(r) for r in re.findall(r";r=(\d+);", fields["RateLimit"]))
+
+
+def test_the_openapi_document_names_the_fields_on_every_counted_answer_and_no_other(http):
+    document = http.get("/v2/openapi.json").json
+    for path, operations in document["paths"].items():
+        for method, operation in operations.items():
+            for code, response in operation["responses"].items():
+                named = {"RateLimit", "RateLimit-Policy"} & set(response.get("headers", {}))
+                assert named == (set() if path == "/healthz" else {"RateLimit", "RateLimit-Policy"}), (
+                    path, method, code)
+    assert "draft-ietf-httpapi-ratelimit-headers" in document["components"]["headers"]["RateLimit-Policy"][
+        "description"]
