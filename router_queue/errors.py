@@ -155,8 +155,18 @@ class QueueBacklogFull(RouterError):
 
 
 class RateLimited(RouterError):
+    """The caller's request rate is spent (429): with Retry-After, and the
+    RateLimit header fields of the window that refused (``web/ratelimit.py``)."""
+
     status = 429
     error_type = "rate_limited"
+
+    def __init__(self, detail: str, *, retry_after: int | None = None, fields: dict[str, str] | None = None):
+        super().__init__(detail, retry_after=retry_after)
+        self.fields = fields or {}
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), **self.fields}
 
 
 class QueuedBytesFull(RouterError):

@@ -59,6 +59,13 @@ LOST_REPLY_READS = 2
 LOST_REPLY_PAUSE_S = 0.05
 
 
+def counted_windows(reply: list[Any]) -> list[Any] | None:
+    """The ``{count, ms left}`` per rate window that admit.lua's and
+    admit_ws.lua's replies end with once they counted the call, taken off the
+    reply; None for a reply without them (refused by rate, expired, read back)."""
+    return reply.pop() if reply and isinstance(reply[-1], list) else None
+
+
 class LostReplies:
     """What an admission whose reply never came did: ``admitted.lua`` reads
     whether its record exists, and, if not, whether Redis's clock is past
@@ -173,8 +180,10 @@ class TwoStepAdmission:
             if reserved[0] != b"RESERVED":
                 self.client.zrem(admitting, pending)
                 if reserved[0] == b"REPLAY" and self._between_steps(workspace, reserved[1].decode()):
-                    return [b"ADMITTING"]  # the original may yet be refused: its id is not an answer yet
+                    # the original may yet be refused: its id is not an answer yet
+                    return [b"ADMITTING", *reserved[2:]]  # and where the rate windows stand
                 return reserved
+            windows = counted_windows(reserved)  # the placed reply ends with them, as admit.lua's does
         except UNREACHABLE as exc:
             # The provider's step, the only one that writes the record, was not
             # sent: not admitted (a workspace part left pending, the sweeper undoes).
@@ -193,7 +202,7 @@ class TwoStepAdmission:
             placed = self.lost_replies.reply(exc, values, idem_key if values["fingerprint"] else None)
         if placed[0] not in (b"ADMITTED", b"IN_DOUBT"):  # in doubt: the sweeper undoes it if it was not placed
             self._give_back(admitting, pending)
-        return placed
+        return [*placed, windows] if windows is not None else placed
 
     def abandon(self, provider: str, now: float) -> int:
         """Give up the provider's admissions pending :data:`ABANDON_AFTER_S`

@@ -39,6 +39,11 @@ class _Window:
     synced_at: float = -math.inf
 
 
+def _left_ms(window: _Window, now: float, seconds: int) -> int:
+    """Ms left in ``window``; a whole window's when no sync has told its end yet."""
+    return max(0, int((window.ends_at - now) * 1000)) if window.ends_at > -math.inf else seconds * 1000
+
+
 class SyncedRateCounts:
     """One process's counts of the calls it let a replica answer."""
 
@@ -49,10 +54,12 @@ class SyncedRateCounts:
         self.clock = clock
         self._windows: dict[str, _Window] = {}
 
-    def spend(self, keys: Sequence[str], args: Sequence[int]) -> list[int] | None:
+    def spend(self, keys: Sequence[str], args: Sequence[int]) -> list:
         """Count one call in ``keys``' windows (``args``: a (limit, seconds)
-        pair each, as ``ratelimit.Allowance`` carries them); ``[window index,
-        ms left]`` when one is spent, as ``status.lua`` answers, else None."""
+        pair each, as ``ratelimit.Allowance`` carries them); answers as
+        ``rate.lua`` does: ``[window index, ms left]`` when one is spent, else
+        ``[0, [count, ms left]...]``, where each window stands as far as this
+        process knows (its last sync plus what it counted since)."""
         now = self.clock()
         windows = [self._window(key, now) for key in keys]
         for window in windows:
@@ -62,7 +69,8 @@ class SyncedRateCounts:
         for index, window in enumerate(windows):
             if window.total + window.pending > args[2 * index]:
                 return [index + 1, max(1, int((window.ends_at - now) * 1000))]
-        return None
+        return [0, *([window.total + window.pending, _left_ms(window, now, seconds)]
+                     for window, seconds in zip(windows, args[1::2]))]
 
     def _window(self, key: str, now: float) -> _Window:
         window = self._windows.get(key)

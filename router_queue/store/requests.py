@@ -19,7 +19,7 @@ from .. import states
 from ..blobs.pointers import ResultPointer
 from . import keys
 from .accounts import DEFAULT_LEDGER_RETENTION_S
-from .admission import ADMIT_ARGS, LostReplies, TwoStepAdmission
+from .admission import ADMIT_ARGS, LostReplies, TwoStepAdmission, counted_windows
 from .connect import UNREACHABLE, bounded, primaries_info, queue_script
 from .ids import well_formed
 from .outcomes import Admit, Cancel, Claim, Complete, ExpireQueued, Status
@@ -166,9 +166,9 @@ _NO_PACE = Pace(None, None)
 
 
 def _status_view(reply: list[Any]) -> StatusView:
-    """status.lua's ``{"OK", values, ttl, position, pace}`` answer; ``ttl`` is
-    None unless the request is COMPLETED, ``pace`` None when it is."""
-    _, values, ttl, rank, pace = reply
+    """status.lua's ``{"OK", values, ttl, position, pace, rate windows}``
+    answer; ``ttl`` is None unless the request is COMPLETED, ``pace`` None when it is."""
+    _, values, ttl, rank, pace = reply[:5]
     return StatusView(record=RequestRecord.from_values(values, ttl), position=rank,
                       pace=Pace(_seconds(pace[0]), _seconds(pace[1])) if pace else _NO_PACE)
 
@@ -343,9 +343,9 @@ class RequestStore:
     def admit(self, submission: Submission, rate=None) -> Admission:
         """One atomic admission of ``submission`` (``admit.lua``): the record,
         its place in the provider's schedule, and a slot with its Celery
-        message when one is free. ``rate`` (a ``ratelimit.Allowance``) is
-        counted first; a spent window raises the refusal it makes. A lost
-        reply is read back (``LostReplies``)."""
+        message when one is free. ``rate`` (a ``ratelimit.Meter``) is
+        counted first, and told where its windows stand; a spent window
+        raises the refusal it makes. A lost reply is read back (``LostReplies``)."""
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         values, idem_key, provider_keys, one_step_keys = self._admit_call(submission)
         if self.two_step is not None:
@@ -359,6 +359,9 @@ class RequestStore:
         code = Admit(_text(reply[0]))
         if code is Admit.RATE_LIMITED:
             raise rate.refusal(reply[1:])
+        windows = counted_windows(reply)  # taken off before the granted ids are read
+        if rate is not None and windows is not None:
+            rate.counted(windows)
         return self._admission(code, reply, submission.provider)
 
     def admit_many(self, submissions: list[Submission]) -> list[Admission] | None:
@@ -381,6 +384,8 @@ class RequestStore:
             return None
         if any(isinstance(reply, Exception) for reply in replies):
             return None
+        for reply in replies:
+            counted_windows(reply)  # no rate counted: an empty list, taken off before the granted ids are read
         return [self._admission(Admit(_text(reply[0])), reply, s.provider) for s, reply in zip(submissions, replies)]
 
     def _admit_call(self, submission: Submission) -> tuple[dict[str, Any], str, list[str], list[str]]:
@@ -499,8 +504,8 @@ class RequestStore:
     def status_view(self, request_id: str, provider: str, rate=None, *, replica: bool = False) -> StatusView:
         """Record, queue position and provider pace, in one round trip (``status.lua``).
 
-        ``rate`` (a ``ratelimit.Allowance``) is counted in the same step; a
-        spent window raises the refusal it makes. On a store split per slot
+        ``rate`` (a ``ratelimit.Meter``) is counted in the same step, and told
+        where its windows stand; a spent window raises the refusal it makes. On a store split per slot
         (a cluster) the caller's windows and the record are in different
         slots: the poll is counted first, in a step of its own (``rate.lua``),
         so a window stays exact across front doors. With ``replica`` and a
@@ -522,6 +527,8 @@ class RequestStore:
         reply = self._status(keys=[*request_keys, *rate_keys], args=[request_id, *_STATUS_FIELD_ARGS, *rate_args])
         if reply[0] == _RATE_LIMITED:
             raise rate.refusal(reply[1:])
+        if rate is not None:
+            rate.counted(reply[5])
         return _status_view(reply)
 
     def count_apart(self, rate) -> None:
@@ -529,16 +536,18 @@ class RequestStore:
         store's reads, whose windows are not in the record's slot; a read of an
         id not :meth:`addressable`, which reads nothing); raise the refusal a
         spent window makes."""
-        spent = self._spend_rate(keys=rate.keys, args=rate.args)
-        if spent:
-            raise rate.refusal(spent)
+        reply = self._spend_rate(keys=rate.keys, args=rate.args)
+        if reply[0]:
+            raise rate.refusal(reply)
+        rate.counted(reply[1:])
 
     def _replica_view(self, request_id: str, request_keys: list[str], rate) -> StatusView | None:
         if rate is not None:
             assert self.read_rate_counts is not None  # built with the replica
-            spent = self.read_rate_counts.spend(rate.keys, rate.args)
-            if spent is not None:
-                raise rate.refusal(spent)
+            reply = self.read_rate_counts.spend(rate.keys, rate.args)
+            if reply[0]:
+                raise rate.refusal(reply)
+            rate.counted(reply[1:])
         try:
             reply = self._status(keys=request_keys, args=[request_id, *_STATUS_FIELD_ARGS], client=self.reads)
         except redis.RedisError as exc:
@@ -576,7 +585,9 @@ class RequestStore:
         )
         if reply[0] == _RATE_LIMITED:
             raise rate.refusal(reply[1:])
-        found = [(_text(entry_id), _text(request_id)) for entry_id, request_id in reply[2:]]
+        if rate is not None:
+            rate.counted(reply[2])
+        found = [(_text(entry_id), _text(request_id)) for entry_id, request_id in reply[3:]]
         records, examined = self._listed(workspace, [request_id for _, request_id in found], limit,
                                          status=status, error_type=error_type)
         more = examined < len(found) + int(reply[1])
@@ -635,8 +646,9 @@ class RequestStore:
         return [ranks.get(record.id) for record in records]
 
     def spend_rate(self, rate_keys: list[str], rate_args: list) -> list:
-        """Count one call against its rate windows (``rate.lua``); the spent
-        window's (index, ms left) when it refuses, else empty."""
+        """Count one call against its rate windows (``rate.lua``): the spent
+        window's [index, ms left] when it refuses, else [0, then each window's
+        [count, ms left]]."""
         return self._spend_rate(keys=rate_keys, args=rate_args)
 
     def unready(self) -> str | None:

@@ -2,12 +2,12 @@
 
 One :class:`Envelope` per app, in these steps (:data:`STEPS`): ``open`` (the
 rate allowance, carried into the route's script or spent now: before any name
-lookup, for a submit that names a webhook), the route and
-``refusal`` (any exception mapped to the error tree), ``settle`` (a carried
-allowance the route did not spend is spent now; a spent window answers 429 in
-the route's place) and ``headers`` (the call's id and
-``headers.EVERY_ANSWER``). The app's hooks and the lane call these and nothing
-else of their own, so a step added here holds on both paths. In full:
+lookup, for a submit that names a webhook), the route and ``refusal`` (any
+exception mapped to the error tree), ``settle`` (a carried allowance the route
+did not spend is spent now; a spent window answers 429 in the route's place)
+and ``headers`` (the call's id, ``headers.EVERY_ANSWER`` and, once counted, its
+RateLimit fields). The app's hooks and the lane call these and nothing else of
+their own, so a step added here holds on both paths. In full:
 ``docs/ARCHITECTURE.md``, "The front door's parts".
 """
 
@@ -24,7 +24,7 @@ from ..store.ids import uuid_text
 from ..webhooks.event import URL_HEADER
 from . import paths
 from .headers import EVERY_ANSWER
-from .ratelimit import Allowance, RateLimits
+from .ratelimit import Allowance, Meter, RateLimits
 from .refusals import IDEMPOTENCY_HEADER, as_router_error, key_in_doubt
 
 log = logging.getLogger(__name__)
@@ -48,20 +48,23 @@ _EVERY_ANSWER: tuple[Header, ...] = tuple(EVERY_ANSWER.items())
 class Call:
     """One call's state between the envelope's steps."""
 
-    __slots__ = ("allowance", "id")
+    __slots__ = ("meter", "carried", "id")
 
-    def __init__(self, allowance: Allowance | None):
-        #: A carried allowance not yet handed to the route's script.
-        self.allowance = allowance
+    def __init__(self, meter: Meter | None, carried: bool = False):
+        #: The call's count in its caller's windows; None on the exempt routes.
+        self.meter = meter
+        #: Whether the meter is carried and not yet handed to the route's script.
+        self.carried = carried and meter is not None
         #: The request id the route admitted, for ``X-Comfy-Request-Id``.
         self.id: str | None = None
 
-    def take(self) -> Allowance | None:
-        """The allowance, for the route's script: taken once, so ``settle``
+    def take(self) -> Meter | None:
+        """The carried meter, for the route's script: taken once, so ``settle``
         does not count it again."""
-        allowance = self.allowance
-        self.allowance = None
-        return allowance
+        if not self.carried:
+            return None
+        self.carried = False
+        return self.meter
 
 
 class Envelope:
@@ -78,12 +81,13 @@ class Envelope:
         the call's, which say whether it costs something before its script
         runs (:data:`LOOKUP_ENDPOINTS`): a webhook's name lookup, or a body
         the object store is sent. Past its rate such a call costs nothing."""
+        meter = Meter(allowance) if allowance is not None else None
         if endpoint in CARRIED_ENDPOINTS and not (
                 endpoint in LOOKUP_ENDPOINTS and headers is not None and self._costs_before_script(headers)):
-            return Call(allowance)
-        if allowance is not None:
-            self.rate_limits.spend(allowance)
-        return Call(None)
+            return Call(meter, carried=True)
+        if meter is not None:
+            self.rate_limits.spend(meter)
+        return Call(meter)
 
     def _costs_before_script(self, headers) -> bool:
         if URL_HEADER in headers:
@@ -105,17 +109,23 @@ class Envelope:
     def settle(self, call: Call | None) -> RateLimited | None:
         """Spend a carried allowance the route did not take; the 429 to answer
         instead when its window is spent."""
-        if call is not None and call.allowance is not None:
+        meter = call.take() if call is not None else None
+        if meter is not None:
             try:
-                self.rate_limits.spend(call.take())  # type: ignore[arg-type]
+                self.rate_limits.spend(meter)
             except RateLimited as exc:
                 return exc
         return None
 
     @staticmethod
     def headers(call: Call | None) -> list[Header]:
-        """What every answer carries: the call's id, then ``EVERY_ANSWER``."""
-        return [("X-Comfy-Request-Id", (call and call.id) or fresh_call_id()), *_EVERY_ANSWER]
+        """What every answer carries: the call's id, then ``EVERY_ANSWER``;
+        a call counted in its windows, their RateLimit fields (a 429 carries
+        the spent window's own: ``ratelimit.Allowance.refusal``)."""
+        if call is None:
+            return [("X-Comfy-Request-Id", fresh_call_id()), *_EVERY_ANSWER]
+        fields = call.meter.fields() if call.meter is not None else []
+        return [("X-Comfy-Request-Id", call.id or fresh_call_id()), *_EVERY_ANSWER, *fields]
 
 
 def fresh_call_id() -> str:
@@ -132,8 +142,8 @@ def current_call() -> Call:
     return g.call
 
 
-def carried_allowance() -> Allowance | None:
+def carried_allowance() -> Meter | None:
     """For a route in :data:`CARRIED_ENDPOINTS` on the Flask path: the
-    allowance to hand to its script, taken once."""
+    call's meter to hand to its script, taken once."""
     call = g.get("call")
     return call.take() if call is not None else None

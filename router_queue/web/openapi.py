@@ -146,6 +146,12 @@ def _spec(title: str, description: str) -> APISpec:
                                            "description": "seconds before a new call is worth it "
                                                           "(0 on a finished request's status read)"})
     spec.components.header("Idempotent-Replayed", {"schema": {"type": "string", "enum": ["true"]}})
+    spec.components.header("RateLimit-Policy", {"schema": {"type": "string"}, "description": (
+        'the caller\'s rate windows (draft-ietf-httpapi-ratelimit-headers-11), each named for its length with '
+        'its quota and its length in seconds: "second";q=50;w=1, "hour";q=100000;w=3600')})
+    spec.components.header("RateLimit", {"schema": {"type": "string"}, "description": (
+        'what is left of each window once this call was counted, and the seconds until it starts again: '
+        '"second";r=49;t=1; on 429 rate_limited, the window that refused alone, r=0 and t its Retry-After')})
     spec.components.header("X-Comfy-Cost-Credits", {"schema": {"type": "string", "pattern": "^[0-9]+$"},
                                                     "required": True, "description": "the request's cost.credits"})
     spec.components.header("X-Comfy-Cost-State", {"schema": {"type": "string",
@@ -439,6 +445,23 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
     }})
 
 
+#: Answers counted against the caller's rate carry these (web/ratelimit.py, Meter).
+_RATE_HEADERS = {name: {"$ref": f"#/components/headers/{name}"} for name in ("RateLimit-Policy", "RateLimit")}
+#: The paths whose calls are not counted (paths.Rate.EXEMPT), so carry neither.
+_UNCOUNTED = frozenset(route.openapi() for route in paths.ROUTES if route.rate is paths.Rate.EXEMPT)
+
+
+def _rate_headers(document: dict[str, Any]) -> dict[str, Any]:
+    """The RateLimit fields on every answer of every route counted against the rate."""
+    for path, operations in document.get("paths", {}).items():
+        if path in _UNCOUNTED:
+            continue
+        for operation in operations.values():
+            for response in operation.get("responses", {}).values():
+                response.setdefault("headers", {}).update(_RATE_HEADERS)
+    return document
+
+
 def _patch_parts(document: dict[str, Any]) -> dict[str, Any]:
     """What marshmallow's cross-field check says and apispec cannot: a Gemini
     part holds exactly one of text, inlineData, fileData."""
@@ -452,7 +475,7 @@ def model_document(entry: ModelEntry) -> dict[str, Any]:
     """One model's input and output schemas as a standalone OpenAPI document."""
     spec = _spec(entry.id, f"Input and output of {entry.id}; price {entry.price_credits} credits per run.")
     _model_paths(spec, entry, queue_routes=entry.queueable)
-    return _patch_parts(spec.to_dict())
+    return _rate_headers(_patch_parts(spec.to_dict()))
 
 
 def api_document(catalog: Catalog) -> dict[str, Any]:
@@ -490,7 +513,7 @@ def api_document(catalog: Catalog) -> dict[str, Any]:
     batch_paths(spec, _errors)
     spec.path(path=paths.HEALTHZ.openapi(), operations={"get": {"summary": "Liveness", "tags": ["operations"],
                                                   "responses": {"200": {"description": "alive"}}}})
-    document = _patch_parts(spec.to_dict())
+    document = _rate_headers(_patch_parts(spec.to_dict()))
     document["security"] = [{"apiKey": []}, {"bearer": []}]
     document["components"]["schemas"]["WebhookEvent"] = WEBHOOK_EVENT
     document["components"]["schemas"]["BatchCompletedEvent"] = BATCH_EVENT

@@ -25,7 +25,8 @@ class Rate(Enum):
     SPENT = "spent"
     #: Inside the one script the route runs anyway; after it, if it ended before.
     CARRIED = "carried"
-    #: Not at all: probes must always answer.
+    #: Not at all: probes must always answer, and the operator listener's
+    #: pages are the operators' own (elsewhere they answer 404 unread).
     EXEMPT = "exempt"
 
 
@@ -81,8 +82,8 @@ DOCS = Route("discovery.docs", "GET", "/v2/docs")
 HEALTHZ = Route("operations.healthz", "GET", "/healthz", Rate.EXEMPT)
 READYZ = Route("operations.readyz", "GET", "/readyz", Rate.EXEMPT)
 METRICS = Route("operations.metrics", "GET", "/metrics", Rate.EXEMPT)
-OPS_SUMMARY = Route("operations.ops_summary", "GET", "/ops/summary.json")
-OPS_PAGE = Route("operations.ops_page", "GET", "/ops")
+OPS_SUMMARY = Route("operations.ops_summary", "GET", "/ops/summary.json", Rate.EXEMPT)
+OPS_PAGE = Route("operations.ops_page", "GET", "/ops", Rate.EXEMPT)
 
 # -- batches (issue 35: web/batches.py): each call counted once, as it opens --
 BATCHES = "/v2/batches"

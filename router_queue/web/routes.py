@@ -33,7 +33,7 @@ from .bodies import Answer, cost_headers, json_response, request_urls, response_
 from .collect import collect, link as collect_link
 from .envelope import carried_allowance, current_call
 from .front import FrontDoor, front_door
-from .ratelimit import Allowance
+from .ratelimit import Meter
 from .refusals import NOT_FOUND
 from .stream import stream
 from .waiting import HeldFrames, holding, take_slot, wait_until_completed
@@ -85,7 +85,7 @@ def _caller_request(front: FrontDoor, provider: str, model: str, request_id: str
 
 
 def visible_view(front: FrontDoor, workspace: str, entry: ModelEntry, request_id: str,
-                 allowance: Allowance | None, *, replica: bool = False) -> StatusView:
+                 allowance: Meter | None, *, replica: bool = False) -> StatusView:
     """A well-formed id's view, counted against ``allowance`` in the same
     round trip; 404 unless it is this workspace's request for this model,
     410 when it was but is past retention. (The lane calls it too.) With
@@ -126,7 +126,7 @@ def submit(provider: str, model: str) -> Response:
 
 
 def submit_answer(front: FrontDoor, req: Request, provider: str, model: str,
-                  rate: Callable[[], Allowance | None], traceparent: str = "") -> Answer:
+                  rate: Callable[[], Meter | None], traceparent: str = "") -> Answer:
     """Admit a submit (``admission.py``) and answer its handle; ``rate``
     hands over the call's allowance when the admit script runs. (The lane
     calls it too, only while tracing is off: no ``traceparent``.)"""

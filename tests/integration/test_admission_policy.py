@@ -532,7 +532,11 @@ def test_the_rate_limit_holds_across_front_door_processes(stack, services) -> No
     allowance = 10
     # A minute-long window: the whole burst lands in it, so the count is exact.
     with make_caller(stack, "rate", rate_limit=f"{allowance}/minute") as caller:
-        request_id = caller.submit_ok(TTS, _tts("first call"))  # 1 of the allowance
+        first = _post(caller.session, caller, TTS, _tts("first call"))  # 1 of the allowance
+        assert first.status_code == 201, first.text
+        request_id = first.json()["request_id"]
+        policy = f'"minute";q={allowance};w=60'
+        assert (first.headers["RateLimit-Policy"], _left(first)[0]) == (policy, allowance - 1)
 
         def call(session: requests.Session, i: int) -> requests.Response:
             if i % 3 == 0:
@@ -548,10 +552,21 @@ def test_the_rate_limit_holds_across_front_door_processes(stack, services) -> No
         for limited in (a for a in answers if a.status_code >= 400):
             assert_error(limited, 429, "rate_limited", retry_after_expected=True)
             assert retry_after(limited) <= 60
+            assert limited.headers["RateLimit-Policy"] == policy and _left(limited) == (0, retry_after(limited))
+        # Each answer let through says what its own count left: one count each, whichever process answered.
+        assert {a.headers["RateLimit-Policy"] for a in passed} == {policy}
+        assert sorted(_left(a)[0] for a in passed) == list(range(allowance - 1))
         # A limited submit queued nothing: the holds are the first call plus the submits that passed.
         submitted = [a for a in passed if a.request.method == "POST"]
         holds = [e for e in ledger(services, caller.workspace) if e.type == "hold"]
         assert len(holds) == 1 + len(submitted)
+
+
+def _left(answer: requests.Response) -> tuple[int, int]:
+    """A one-window RateLimit field's calls left and seconds to the window's reset."""
+    name, remaining, reset = answer.headers["RateLimit"].split(";")
+    assert name == '"minute"' and remaining.startswith("r=") and reset.startswith("t="), answer.headers["RateLimit"]
+    return int(remaining[2:]), int(reset[2:])
 
 
 def test_the_rate_limited_retry_after_covers_the_rest_of_the_window(stack, services) -> None:

@@ -10,6 +10,7 @@ retention, limits".
 from __future__ import annotations
 
 import json
+import re
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -137,10 +138,15 @@ def test_request_id_header_on_every_answer(caller: ApiClient, other_caller: ApiC
         "400": requests.post(caller.url(FLUX), data=b"{", headers=caller.headers(), timeout=10),
         "422": caller.submit(FLUX, {"prompt": 5}),
     }
+    answers["submit"] = caller.submit(FLUX, {"prompt": unique_prompt("headers again")})
     for name, response in answers.items():
         assert response.headers.get("X-Comfy-Request-Id"), f"{name}: no X-Comfy-Request-Id"
         if response.status_code >= 400 and response.status_code != 409:
             assert response.headers.get("X-Comfy-Error-Type"), f"{name}: no X-Comfy-Error-Type"
+        # every one counted against its caller's rate (the keyless ones per address): docs/API.md, "Headers"
+        assert response.headers.get("RateLimit-Policy") == '"second";q=2000;w=1', name
+        assert re.fullmatch(r'"second";r=\d+;t=[01]', response.headers.get("RateLimit", "")), name
+    assert "RateLimit" not in requests.get(f"{caller.base_url}/healthz", timeout=10).headers
 
 
 @pytest.mark.parametrize("bearer", [False, True], ids=["x-api-key", "authorization-bearer"])

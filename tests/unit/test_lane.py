@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 
 import pytest
@@ -32,8 +33,14 @@ def flask_only(app) -> Client:
 
 
 def _answer(response) -> tuple:
-    headers = sorted((k, v) for k, v in response.headers.items() if k not in VOLATILE)
+    headers = sorted((k, _counted(k, v)) for k, v in response.headers.items() if k not in VOLATILE)
     return response.status, headers, response.get_data()
+
+
+def _counted(name: str, value: str) -> str:
+    """A header as both paths must answer it: the RateLimit field's figures
+    blanked (each call is counted, so the second finds one fewer left)."""
+    return re.sub(r";r=\d+;t=\d+", ";r=_;t=_", value) if name == "RateLimit" else value
 
 
 def test_every_status_answer_matches_the_flask_route(http, flask_only, auth, api_key, services):

@@ -100,8 +100,13 @@ def test_polls_read_on_the_replica_are_still_rate_limited_and_cost_the_primary_a
     wait_for(lambda: services.store.reads.exists(keys.request(request_id)), timeout_s=5, what="replication")
     primary_client = redis.Redis(port=primary.port)
     syncs = int(primary_client.info("commandstats").get("cmdstat_incrby", {}).get("calls", 0))
-    answers = [http.get(f"{FLUX}/requests/{request_id}/status", headers=auth).status_code for _ in range(25)]
+    polls = [http.get(f"{FLUX}/requests/{request_id}/status", headers=auth) for _ in range(25)]
+    answers = [poll.status_code for poll in polls]
     assert answers[:19] == [200] * 19
+    # where the window stands as this process knows it: the primary's count at its sync, and its own since
+    assert [poll.headers["RateLimit"].split(";t=")[0] for poll in polls[:3]] == [
+        '"minute";r=18', '"minute";r=17', '"minute";r=16']
+    assert polls[19].headers["RateLimit"].startswith('"minute";r=0;t=')
     assert answers[19:] == [429] * 6
     limited = http.get(f"{FLUX}/requests/{request_id}/status", headers=auth)
     assert limited.headers["X-Comfy-Error-Type"] == "rate_limited" and int(limited.headers["Retry-After"]) >= 1
@@ -117,16 +122,20 @@ def test_batched_counts_refuse_past_the_limit_and_start_again_in_a_new_window(pa
     counts = SyncedRateCounts(load_script(client, "rate_add"), sync_s=0.1, clock=lambda: now[0])
     window = keys.rate_window("test")
     windows, args = [window], [3, 2]  # 3 calls per 2 s
-    assert [counts.spend(windows, args) for _ in range(3)] == [None, None, None]
+    counted = [counts.spend(windows, args) for _ in range(3)]
+    assert [reply[0] for reply in counted] == [0, 0, 0]
+    assert [reply[1][0] for reply in counted] == [1, 2, 3]  # where the window stands, as rate.lua answers
+    assert all(0 < reply[1][1] <= 2000 for reply in counted)
     refused = counts.spend(windows, args)
-    assert refused is not None and refused[0] == 1 and 0 < refused[1] <= 2000
+    assert refused[0] == 1 and 0 < refused[1] <= 2000
     assert int(client.get(window)) == 1  # synced once, at the first call; the rest counted here
     now[0] += 0.2
-    assert counts.spend(windows, args) is not None  # the sync adds the 4 counted since: still spent
+    assert counts.spend(windows, args)[0] == 1  # the sync adds the 4 counted since: still spent
     assert int(client.get(window)) == 5
     client.delete(window)  # the window ended on the primary (as its expiry would)
     now[0] += 2.0
-    assert counts.spend(windows, args) is None
+    restarted = counts.spend(windows, args)
+    assert restarted[0] == 0 and restarted[1][0] == 1 and 1900 <= restarted[1][1] <= 2000
     assert int(client.get(window)) == 1
 
 

@@ -104,7 +104,7 @@ def test_on_a_split_store_every_script_call_keeps_to_one_family_and_one_slot(cal
     store.claim(record_of(services, done, PROVIDER), Lease("t", 30, 3600, 3))
     store.record_progress(done, "t", 0.5)
     store.renew(done, PROVIDER, "t", 30)
-    rate = ratelimit._allowance(f"ws:{ws}", "1000/minute")
+    rate = ratelimit.Meter(ratelimit._allowance(f"ws:{ws}", "1000/minute"))
     store.status_view(done, PROVIDER, rate)
     store.complete(record_of(services, done, PROVIDER), output=b"{}", content_type="application/json")
     taken = services.webhooks.take(done, now=time.time(), lease_s=30, token="w1")

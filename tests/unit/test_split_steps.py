@@ -375,9 +375,13 @@ def test_a_status_poll_on_a_split_store_counts_in_its_windows_exactly(split):
     the window's limit holds to the call, and a refused poll reads nothing."""
     ws = _workspace(split)
     request_id = _admit(split, ws)
-    allowance = ratelimit._allowance(f"ws:{ws}", "3/minute")
-    seen = [split.store.status_view(request_id, PROVIDER, allowance).record.status for _ in range(3)]
+    allowance = ratelimit.Meter(ratelimit._allowance(f"ws:{ws}", "3/minute"))
+    seen, left = [], []
+    for _ in range(3):
+        seen.append(split.store.status_view(request_id, PROVIDER, allowance).record.status)
+        left.append(dict(allowance.fields())["RateLimit"].split(";t=")[0])
     assert seen == ["IN_QUEUE"] * 3
+    assert left == ['"minute";r=2', '"minute";r=1', '"minute";r=0']  # told by the step that counted
     with pytest.raises(RateLimited) as refused:
         split.store.status_view(request_id, PROVIDER, allowance)
     assert refused.value.retry_after >= 1

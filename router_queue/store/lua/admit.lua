@@ -73,6 +73,9 @@
 --       | {"NOT_RETRYABLE", its status} (not COMPLETED with an error_type)
 --       | {"RETRY_BODY_GONE"} (its body is no longer kept)
 --       | {"RETRY_LIMIT"} (its chain has had retry_max retries)
+-- Every reply but "RATE_LIMITED" and "EXPIRED" ends with one more element:
+-- {{count, ms left} per rate-window counter}, where the caller's windows stand
+-- once counted (the RateLimit header field: ratelimit.py; requests.py takes it off).
 -- Admissions and refusals are counted by the front door (web/admission.py),
 -- in its own process, from what this returns.
 
@@ -82,17 +85,26 @@ end
 local W = {rate = 17, stored = KEYS[16], ws = KEYS[5], idem = KEYS[6], ledger = KEYS[7], history = KEYS[13], model_history = KEYS[14]}
 local P = {req = KEYS[1], queue = KEYS[2], seq = KEYS[3], sched = KEYS[4], running = KEYS[8], list = KEYS[9],
   original = KEYS[10], original_body = KEYS[11], deadlines = KEYS[12], body = KEYS[15]}
-local ended = admission_opening(W)
-if ended then
-  return ended
+-- What follows the count: the admission, or the refusal that ends it.
+local function admit_counted()
+  local src, refused = admission_source(P)
+  if not src then
+    return refused
+  end
+  local ws
+  ws, refused = admission_checks(W, src.bytes)
+  if not ws then
+    return refused
+  end
+  return place_admission(P, src, reserve_admission(W, ws, src.bytes))
 end
-local src, refused = admission_source(P)
-if not src then
-  return refused
+
+local reply = admission_opening(W) or admit_counted()
+if reply[1] ~= "RATE_LIMITED" then
+  local windows = {}
+  for i = W.rate, #KEYS do
+    windows[#windows + 1] = {tonumber(redis.call("GET", KEYS[i])), redis.call("PTTL", KEYS[i])}
+  end
+  reply[#reply + 1] = windows
 end
-local ws
-ws, refused = admission_checks(W, src.bytes)
-if not ws then
-  return refused
-end
-return place_admission(P, src, reserve_admission(W, ws, src.bytes))
+return reply

@@ -12,19 +12,30 @@
 -- ARGV: admit.lua's (admission.py, ADMIT_ARGS); body "", body_bytes its length
 -- returns {"RESERVED", what admit_place.lua records (JSON: reserve_admission)}
 --       | admit.lua's refusals of the workspace's part, and {"EXPIRED"}
+-- each but "RATE_LIMITED" and "EXPIRED" ending, as admit.lua's do, with where the
+-- caller's rate windows stand once counted (admission.py moves it to the placed reply)
 
 if past_deadline(ARGV[ARG_WRITE_DEADLINE]) then
   return {"EXPIRED"}
 end
 local W = {ws = KEYS[1], idem = KEYS[2], ledger = KEYS[3], history = KEYS[4], model_history = KEYS[5],
   open = KEYS[6], stored = KEYS[7], rate = 8}
-local ended = admission_opening(W)
-if ended then
-  return ended
+-- What follows the count: the reservation, or the refusal that ends it.
+local function reserve_counted()
+  local bytes = tonumber(ARGV[ARG_BODY_BYTES])
+  local ws, refused = admission_checks(W, bytes)
+  if not ws then
+    return refused
+  end
+  return {"RESERVED", cjson.encode(reserve_admission(W, ws, bytes))}
 end
-local bytes = tonumber(ARGV[ARG_BODY_BYTES])
-local ws, refused = admission_checks(W, bytes)
-if not ws then
-  return refused
+
+local reply = admission_opening(W) or reserve_counted()
+if reply[1] ~= "RATE_LIMITED" then
+  local windows = {}
+  for i = W.rate, #KEYS do
+    windows[#windows + 1] = {tonumber(redis.call("GET", KEYS[i])), redis.call("PTTL", KEYS[i])}
+  end
+  reply[#reply + 1] = windows
 end
-return {"RESERVED", cjson.encode(reserve_admission(W, ws, bytes))}
+return reply

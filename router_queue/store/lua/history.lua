@@ -17,7 +17,9 @@
 -- examined: most stream entries to examine
 -- then, from ARGV[ARG_REST], a (limit, window seconds) pair per rate-window counter
 -- returns {"RATE_LIMITED", window index, ms left}
---       | {"OK", more past these (1 | 0), {stream id, request id or ""}...}
+--       | {"OK", more past these (1 | 0), {{count, ms left} per rate-window
+--          counter}: where the caller's windows stand once counted (the RateLimit
+--          header field: ratelimit.py), {stream id, request id or ""}...}
 
 local spent = spend_rate(3, ARG_REST)
 if spent then
@@ -27,7 +29,11 @@ local budget = tonumber(ARGV[ARG_EXAMINED])
 -- Up to budget + 1 entries: the one past the budget only tells whether there is more.
 local found = redis.call("XREVRANGE", KEYS[2], ARGV[ARG_NEWEST], ARGV[ARG_OLDEST], "COUNT", budget + 1)
 local by_model = KEYS[2] ~= KEYS[1]
-local reply = {"OK", #found > budget and 1 or 0}
+local windows = {}
+for i = 3, #KEYS do
+  windows[#windows + 1] = {tonumber(redis.call("GET", KEYS[i])), redis.call("PTTL", KEYS[i])}
+end
+local reply = {"OK", #found > budget and 1 or 0, windows}
 for i = 1, math.min(#found, budget) do
   local entry = found[i]
   if by_model then

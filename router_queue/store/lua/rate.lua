@@ -1,5 +1,15 @@
 -- rate.lua: count one call in the caller's rate windows (ratelimit.py), for
 -- the routes whose own script does not count it.
 -- KEYS: the window counters   ARGV: (limit, window seconds) per counter
--- returns false when allowed | {window index, ms left in it} when spent
-return spend_rate(1, 1) or false
+-- returns {window index, ms left in it} when one is spent
+--       | {0, {count, ms left}...}: counted, and where each window stands
+--         (its RateLimit header field: ratelimit.py; ms left -1: no expiry)
+local spent = spend_rate(1, 1)
+if spent then
+  return spent
+end
+local windows = {0}
+for i = 1, #KEYS do
+  windows[i + 1] = {tonumber(redis.call("GET", KEYS[i])), redis.call("PTTL", KEYS[i])}
+end
+return windows

@@ -7,7 +7,9 @@
 -- fields follow); from ARGV[ARG_REST] the fields (requests.py, _FIELDS), then a (limit, window
 -- seconds) pair per rate-window counter
 -- returns {"RATE_LIMITED", window index, ms left}
---       | {"OK", field values, ttl or false, position or false, {avg_run_s, avg_gap_s} or false}
+--       | {"OK", field values, ttl or false, position or false, {avg_run_s, avg_gap_s} or false,
+--          {{count, ms left} per rate-window counter}: where the caller's windows
+--          stand once counted (the RateLimit header field: ratelimit.py)}
 -- The position (lib/schedule.lua, position) is read only while the request waits;
 -- the record's TTL only once it is COMPLETED (a record expires only from
 -- the step that completes it: complete.lua, lib/ending.lua's finish_unbilled; before
@@ -32,4 +34,8 @@ elseif status then
   end
   pace = redis.call("HMGET", KEYS[3], "avg_run_s", "avg_gap_s")
 end
-return {"OK", values, ttl, rank, pace}
+local windows = {}
+for i = 4, #KEYS do
+  windows[#windows + 1] = {tonumber(redis.call("GET", KEYS[i])), redis.call("PTTL", KEYS[i])}
+end
+return {"OK", values, ttl, rank, pace, windows}
