@@ -173,7 +173,8 @@ class BulkActions:
         oldest = f"{max(0, math.floor(since * 1000))}-0"
         reply = self._history(keys=[own, keys.model_history(workspace, flt.model) if flt.model else own],
                               args=argv(HISTORY_ARGS, newest=newest, oldest=oldest, examined=examine))
-        found = [(_text(entry), _text(request_id)) for entry, request_id in reply[2:]]
+        # {"OK", more, the rate windows (none counted here), entries...}: history.lua
+        found = [(_text(entry), _text(request_id)) for entry, request_id in reply[3:]]
         pipe = self.client.pipeline(transaction=False)
         for _, request_id in found:
             pipe.hmget(keys.request(request_id or "-"), READ_NAMES)
