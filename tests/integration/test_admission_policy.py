@@ -810,8 +810,12 @@ def test_another_workspaces_id_is_indistinguishable_from_an_unknown_one(rig: Rig
         assert_error(theirs, 404, "request_not_found")
         assert theirs.content == never.content
         assert theirs.status_code == never.status_code
-        same_headers = {k: v for k, v in theirs.headers.items() if k not in ("X-Comfy-Request-Id", "Date")}
-        assert same_headers == {k: v for k, v in never.headers.items() if k not in ("X-Comfy-Request-Id", "Date")}
+        # each call's own: its id, its date, and the caller's window after it was counted (one more spent)
+        own = ("X-Comfy-Request-Id", "Date", "RateLimit")
+        same_headers = {k: v for k, v in theirs.headers.items() if k not in own}
+        assert same_headers == {k: v for k, v in never.headers.items() if k not in own}
+        assert theirs.headers["RateLimit"].startswith('"second";r=') and never.headers["RateLimit"].startswith(
+            '"second";r=')
 
     final = owner.wait_status(FLUX, request_id)
     assert "error_type" not in final  # the stranger's cancel changed nothing
