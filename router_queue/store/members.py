@@ -12,6 +12,7 @@ script on a Redis Cluster too. ``docs/POOLS.md``.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 from typing import Callable
@@ -130,32 +131,60 @@ def read_states(client: redis.Redis, provider: str, members: tuple[Member, ...])
 
 class PoolCapacity:
     """How many generations the provider's schedule may grant now: its
-    members' learned caps summed, a paused or taken-out member's left out.
-    A granted request then finds a member with room, instead of holding a
-    provider slot while it asks again (a pool at a 429's half capacity keeps
-    its waiting requests in the fair queue, in their order). Read from Redis
-    at most every ``ttl_s`` per provider and process (the grants' hot path
-    pays nothing else); the catalog's caps summed when Redis does not answer.
-    Raised again when a pause ends: by the next completion, admission or sweep."""
+    members' learned caps summed, a paused or taken-out member's left out, so
+    a granted request finds a member with room instead of holding a provider
+    slot while it asks again. Never a Redis wait on the caller's path (a
+    submit's answer is bounded): the last figure read, refreshed in the
+    background once ``ttl_s`` old (one read per provider and process at a
+    time); the catalog's caps summed before the first read, and kept while
+    Redis does not answer. ``wait``: refresh inline (tests)."""
 
     def __init__(self, client: redis.Redis, members: Callable[[str], tuple[Member, ...]], *,
-                 ttl_s: float = CAPACITY_TTL_S, clock: Callable[[], float] = time.time):
+                 ttl_s: float = CAPACITY_TTL_S, clock: Callable[[], float] = time.time, wait: bool = False):
         self.client = client
         self.members = members
         self.ttl_s = ttl_s
         self.clock = clock
+        self.wait = wait
         self._read: dict[str, tuple[int, float]] = {}
+        self._refreshing: set[str] = set()
+        self._lock = threading.Lock()
 
     def __call__(self, provider: str) -> int:
-        now = self.clock()
         cached = self._read.get(provider)
-        if cached is not None and cached[1] > now:
-            return cached[0]
-        members = self.members(provider)
+        if cached is None or cached[1] <= self.clock():
+            if self.wait:
+                return self.refresh(provider)
+            self._refresh_soon(provider)
+        return cached[0] if cached is not None else self._configured(provider)
+
+    def refresh(self, provider: str) -> int:
+        """Read ``provider``'s pool now; its capacity (kept as it was if Redis does not answer)."""
         try:
-            states = read_states(self.client, provider, members)
+            states = read_states(self.client, provider, self.members(provider))
         except redis.RedisError:
-            return sum(member.max_in_flight for member in members)
-        capacity = sum(0 if max(s.paused_until, s.revoked_until) > now else s.learned_cap for s in states)
-        self._read[provider] = (capacity, now + self.ttl_s)
+            previous = self._read.get(provider)
+            capacity = previous[0] if previous is not None else self._configured(provider)
+        else:
+            now = self.clock()
+            capacity = sum(0 if max(s.paused_until, s.revoked_until) > now else s.learned_cap for s in states)
+        self._read[provider] = (capacity, self.clock() + self.ttl_s)
         return capacity
+
+    def _configured(self, provider: str) -> int:
+        return sum(member.max_in_flight for member in self.members(provider))
+
+    def _refresh_soon(self, provider: str) -> None:
+        with self._lock:
+            if provider in self._refreshing:
+                return
+            self._refreshing.add(provider)
+
+        def run() -> None:
+            try:
+                self.refresh(provider)
+            finally:
+                with self._lock:
+                    self._refreshing.discard(provider)
+
+        threading.Thread(target=run, name=f"pool-capacity-{provider}", daemon=True).start()

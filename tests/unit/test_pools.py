@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import pytest
+import redis
 import requests
 
 from router_queue.catalog import Catalog, CatalogError
@@ -225,7 +227,7 @@ def test_deploys_example_pool_of_two_vertex_locations_loads():
 def test_the_schedule_grants_no_more_than_the_pool_has_room_for(client):
     clock = Clock()
     store = MemberStore(client, clock=clock)
-    capacity = PoolCapacity(client, lambda provider: POOL, ttl_s=0.5, clock=clock)
+    capacity = PoolCapacity(client, lambda provider: POOL, ttl_s=0.5, clock=clock, wait=True)
     assert capacity("bfl") == 5
     store.rate_limited("bfl", POOL[1], retry_after_s=10)  # b paused, its learned cap 1
     assert capacity("bfl") == 5  # read again only after its ttl
@@ -236,9 +238,32 @@ def test_the_schedule_grants_no_more_than_the_pool_has_room_for(client):
 
 
 def test_a_paused_member_keeps_the_rest_waiting_in_the_fair_queue(pooled, workspace):
-    pooled.store.max_in_flight = PoolCapacity(pooled.redis, pooled.catalog.members, ttl_s=0)
+    pooled.store.max_in_flight = PoolCapacity(pooled.redis, pooled.catalog.members, ttl_s=0, wait=True)
     pooled.members.rate_limited("bfl", pooled.catalog.members("bfl")[1], retry_after_s=60)  # key-b paused
     for n in range(5):
         admitted(pooled, workspace, "bfl/flux-2-pro", {"prompt": f"#{n}"})
     assert pooled.redis.zcard(keys.running("bfl")) == 2  # key-a's two slots granted, three wait their turn
     assert pooled.redis.zcard(keys.queue("bfl")) == 5
+
+
+def test_the_pools_capacity_never_waits_on_redis_in_the_callers_path(client):
+    """The figure last read is answered at once (the catalog's before any); an
+    old one is read again in the background, and a Redis that does not answer
+    leaves the last figure standing."""
+    store, clock = MemberStore(client), Clock()
+    store.clock = clock
+    capacity = PoolCapacity(client, lambda provider: POOL, ttl_s=0.5, clock=clock)
+    store.rate_limited("bfl", POOL[1], retry_after_s=60)  # only a's 2 are free now
+    assert capacity("bfl") == 5  # the catalog's, answered before any read
+    deadline = time.monotonic() + 5
+    while capacity("bfl") != 2:
+        assert time.monotonic() < deadline, "the background read never landed"
+        time.sleep(0.01)
+
+    class Unreachable:
+        def hgetall(self, key):
+            raise redis.ConnectionError("stalled")
+
+    capacity.client = Unreachable()
+    clock.now += 1
+    assert capacity.refresh("bfl") == 2  # kept as it was
