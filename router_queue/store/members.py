@@ -12,6 +12,7 @@ script on a Redis Cluster too. ``docs/POOLS.md``.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ import redis
 from ..provider_pools import Member
 from . import keys
 from .scripts import argv, load_script
+
+log = logging.getLogger(__name__)
 
 TAKE_ARGS = ("now", "request_id", "lease_until", "prefer", "grow_every", "full_wait")
 RELEASE_ARGS = ("member", "request_id")
@@ -162,7 +165,9 @@ class PoolCapacity:
         """Read ``provider``'s pool now; its capacity (kept as it was if Redis does not answer)."""
         try:
             states = read_states(self.client, provider, self.members(provider))
-        except redis.RedisError:
+        except Exception as exc:  # noqa: BLE001 - a background read must never raise: the last figure stands
+            if not isinstance(exc, redis.RedisError):
+                log.warning("%s: the pool's capacity was not read (%r); the last figure stands", provider, exc)
             previous = self._read.get(provider)
             capacity = previous[0] if previous is not None else self._configured(provider)
         else:
