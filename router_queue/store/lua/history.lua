@@ -29,11 +29,7 @@ local budget = tonumber(ARGV[ARG_EXAMINED])
 -- Up to budget + 1 entries: the one past the budget only tells whether there is more.
 local found = redis.call("XREVRANGE", KEYS[2], ARGV[ARG_NEWEST], ARGV[ARG_OLDEST], "COUNT", budget + 1)
 local by_model = KEYS[2] ~= KEYS[1]
-local windows = {}
-for i = 3, #KEYS do
-  windows[#windows + 1] = {tonumber(redis.call("GET", KEYS[i])), redis.call("PTTL", KEYS[i])}
-end
-local reply = {"OK", #found > budget and 1 or 0, windows}
+local reply = {"OK", #found > budget and 1 or 0, rate_windows(3)}
 for i = 1, math.min(#found, budget) do
   local entry = found[i]
   if by_model then

@@ -34,8 +34,4 @@ elseif status then
   end
   pace = redis.call("HMGET", KEYS[3], "avg_run_s", "avg_gap_s")
 end
-local windows = {}
-for i = 4, #KEYS do
-  windows[#windows + 1] = {tonumber(redis.call("GET", KEYS[i])), redis.call("PTTL", KEYS[i])}
-end
-return {"OK", values, ttl, rank, pace, windows}
+return {"OK", values, ttl, rank, pace, rate_windows(4)}
