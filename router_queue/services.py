@@ -24,7 +24,8 @@ from .store.fleet import Fleet
 from .store.ids import RequestIds
 from .store.members import MemberStore, PoolCapacity
 from .store.replication import Replication
-from .store.requests import GrantPublishing, RequestStore
+from .store.requests import RequestStore
+from .store.requests_base import GrantPublishing
 from .store.secret_box import SecretBox, require_key
 from .store.webhooks import DeliveryLimits, WebhookStore
 

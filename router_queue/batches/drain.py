@@ -24,7 +24,7 @@ from ..store.batches import admitted_outcome, error_outcome
 from ..store.connect import UNREACHABLE, Unsent
 from ..store.outcomes import Admit
 from ..store.record import Submission
-from ..store.requests import Admission
+from ..store.requests_values import Admission
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import json
 
 from celery import Celery
 
-from ..store.requests import BrokerTemplate, GrantPublishing
+from ..store.requests_base import BrokerTemplate, GrantPublishing
 from .celery_app import DELIVER_TASK, DRAIN_BATCH_TASK, MAINTENANCE_QUEUE, WEBHOOK_TASK, WEBHOOKS_QUEUE, queue_name
 
 #: Stand-ins for the per-grant values, as lib/schedule.lua's grant() replaces them

@@ -40,7 +40,7 @@ from ..store.apikeys import is_legacy_namespace
 from ..store.connect import Unsent
 from ..store.outcomes import Admit
 from ..store.record import Submission
-from ..store.requests import PRIORITIES, Admission
+from ..store.requests_values import PRIORITIES, Admission
 from ..validation import too_many_items, validate
 from ..webhooks import event as webhook_event, safety
 from . import pacing, stashed

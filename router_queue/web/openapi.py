@@ -19,7 +19,7 @@ from marshmallow import Schema, fields
 from ..catalog import Catalog, ModelEntry
 from ..states import ORDER, RESULT_STATUS
 from ..store.record import STATUS_LISTED, Field
-from ..store.requests import PRIORITIES
+from ..store.requests_values import PRIORITIES
 from . import paths
 from .bulk import openapi_paths as bulk_openapi_paths
 from .openapi_batches import BATCH_EVENT, batch_paths

@@ -27,7 +27,7 @@ from router_queue.store.record import (
     Submission,
     iso,
 )
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from router_queue.store.scripts import lib_for
 from router_queue.web.bodies import status_body
 from router_queue.webhooks import event as webhook_event

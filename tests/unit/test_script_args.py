@@ -19,7 +19,10 @@ from router_queue.store import (
     members,
     migrate,
     owed,
-    requests,
+    requests_base,
+    requests_delivery,
+    requests_front,
+    requests_maintenance,
     webhooks,
 )
 from router_queue.store.record import ADMITTED
@@ -28,15 +31,15 @@ from router_queue.store.scripts import argv, lib_for, lua_arg_names
 #: Every script that takes its ARGV by name, with the names it declares.
 NAMED = {
     "admit": admission.ADMIT_ARGS, "admitted": admission.ADMITTED_ARGS, "admit_ws": admission.SPLIT_ADMIT_ARGS, "admit_place": admission.SPLIT_ADMIT_ARGS,
-    "claim": requests.CLAIM_ARGS, "complete": requests.COMPLETE_ARGS,
-    "cancel": requests.CANCEL_ARGS, "expire_queued": requests.EXPIRE_QUEUED_ARGS, "webhook_take": webhooks.TAKE_ARGS,
+    "claim": requests_delivery.CLAIM_ARGS, "complete": requests_delivery.COMPLETE_ARGS,
+    "cancel": requests_front.CANCEL_ARGS, "expire_queued": requests_maintenance.EXPIRE_QUEUED_ARGS, "webhook_take": webhooks.TAKE_ARGS,
     "webhook_record": webhooks.RECORD_ARGS, "webhook_turn": webhooks.TURN_ARGS,
     "webhook_turn_end": webhooks.TURN_END_ARGS, "key_mint": apikeys.MINT_ARGS, "key_rotate": apikeys.ROTATE_ARGS,
-    "move_result": fallback.MOVE_ARGS, "admit_undo": admission.UNDO_ARGS, "grant": requests.GRANT_ARGS,
-    "grant_unsent": requests.GRANT_UNSENT_ARGS, "held_take": held.TAKE_ARGS, "history": requests.HISTORY_ARGS,
+    "move_result": fallback.MOVE_ARGS, "admit_undo": admission.UNDO_ARGS, "grant": requests_maintenance.GRANT_ARGS,
+    "grant_unsent": requests_base.GRANT_UNSENT_ARGS, "held_take": held.TAKE_ARGS, "history": requests_front.HISTORY_ARGS,
     "key_adopt": apikeys.ADOPT_ARGS, "key_resolve": apikeys.RESOLVE_ARGS, "key_revoke": apikeys.REVOKE_ARGS,
-    "positions": requests.POSITIONS_ARGS, "progress": requests.PROGRESS_ARGS, "reap": requests.REAP_ARGS,
-    "renew": requests.RENEW_ARGS, "schedule_limits": accounts.LIMITS_ARGS, "status": requests.STATUS_ARGS,
+    "positions": requests_front.POSITIONS_ARGS, "progress": requests_delivery.PROGRESS_ARGS, "reap": requests_maintenance.REAP_ARGS,
+    "renew": requests_delivery.RENEW_ARGS, "schedule_limits": accounts.LIMITS_ARGS, "status": requests_front.STATUS_ARGS,
     "webhook_due": webhooks.DUE_ARGS, "webhook_secret": accounts.SECRET_ARGS,
     "webhook_secret_reseal": migrate.RESEAL_ARGS, "ws_settle": owed.SETTLE_ARGS,
     "batch_commit": batches.COMMIT_ARGS, "batch_take": batches.TAKE_ARGS, "batch_progress": batches.PROGRESS_ARGS,

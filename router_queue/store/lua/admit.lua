@@ -75,7 +75,7 @@
 --       | {"RETRY_LIMIT"} (its chain has had retry_max retries)
 -- Every reply but "RATE_LIMITED" and "EXPIRED" ends with one more element:
 -- {{count, ms left} per rate-window counter}, where the caller's windows stand
--- once counted (the RateLimit header field: ratelimit.py; requests.py takes it off).
+-- once counted (the RateLimit header field: ratelimit.py; requests_front.py takes it off).
 -- Admissions and refusals are counted by the front door (web/admission.py),
 -- in its own process, from what this returns.
 

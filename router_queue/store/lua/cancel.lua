@@ -12,7 +12,7 @@
 --         in both places, lib/ledger.lua's ws_target)
 -- KEYS[6] P:running:{provider}   KEYS[7] the broker's list for the provider
 -- KEYS[8] P:deadlines:{provider}  KEYS[9] P:body:{id}
--- ARGV by name (ARGV[ARG_ID] and so on; requests.py, CANCEL_ARGS):
+-- ARGV by name (ARGV[ARG_ID] and so on; requests_front.py, CANCEL_ARGS):
 --   id  workspace  model  now  retention (s)
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
 --   write_deadline (Unix seconds, Redis's clock) past which nothing changes; "" for none

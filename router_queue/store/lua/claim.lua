@@ -26,7 +26,7 @@
 --         (split "1": P:owed:{provider} in both places, lib/ledger.lua's ws_target)
 -- KEYS[7] the broker's list for the provider  KEYS[8] P:deadlines:{provider}
 -- KEYS[9] P:body:{id}
--- ARGV by name (ARGV[ARG_ID] and so on; requests.py, CLAIM_ARGS):
+-- ARGV by name (ARGV[ARG_ID] and so on; requests_delivery.py, CLAIM_ARGS):
 --   id  now (s)  lease_s  cap (the provider's on requests in flight)
 --   queue_timeout_s  retention (s)  token: unique to this execution
 --   max_takeovers  resume_key: "{task id}:{retry number}" of this execution,

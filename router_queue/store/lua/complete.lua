@@ -14,7 +14,7 @@
 -- KEYS[9] the broker's list for the provider  KEYS[10] P:deadlines:{provider}
 -- KEYS[11] P:body:{id}  KEYS[12] P:objects:{provider}
 -- KEYS[13] P:fallback:{provider}  KEYS[14] P:fallback-bytes:{provider}
--- ARGV by name (ARGV[ARG_ID] and so on; requests.py, COMPLETE_ARGS):
+-- ARGV by name (ARGV[ARG_ID] and so on; requests_delivery.py, COMPLETE_ARGS):
 --   id  now (unix seconds)  retention (s)
 --   error_type ("" on success)  detail (a cancel's own reason, cancel.lua's
 --                               cancel_detail, wins over it for "cancelled")
@@ -101,7 +101,7 @@ announce_completed(ARGV[ARG_ID])
 -- the operations page's totals (RequestStore.delivery_totals): completions,
 -- those that ran and the seconds they waited, and completions per 10 s
 -- window in a ring of 6 fields "done|<window mod 6>" = "<window>:<count>"
--- (requests.py, COMPLETIONS_WINDOW_S and COMPLETIONS_RING).
+-- (requests_maintenance.py, COMPLETIONS_WINDOW_S and COMPLETIONS_RING).
 local window = math.floor(now / 10)
 local ring = "done|" .. (window % 6)
 local stats = redis.call("HMGET", KEYS[4], "avg_run_s", "last_completed_at", "avg_gap_s", "completed", "ran",

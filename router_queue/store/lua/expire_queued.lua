@@ -9,7 +9,7 @@
 --         in both places, lib/ledger.lua's ws_target)
 -- KEYS[6] P:running:{provider}  KEYS[7] the broker's list for the provider
 -- KEYS[8] P:deadlines:{provider}  KEYS[9] P:body:{id}
--- ARGV by name (ARGV[ARG_ID] and so on; requests.py, EXPIRE_QUEUED_ARGS):
+-- ARGV by name (ARGV[ARG_ID] and so on; requests_maintenance.py, EXPIRE_QUEUED_ARGS):
 --   id  now (s)  queue_timeout_s  retention (s)  workspace
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
 --   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)

@@ -4,7 +4,7 @@
 --
 -- KEYS[1] P:sched:{provider}  KEYS[2] P:running:{provider}
 -- KEYS[3] the broker's list for the provider
--- ARGV by name (requests.py, GRANT_ARGS): cap (the provider's)  now (s)
+-- ARGV by name (requests_maintenance.py, GRANT_ARGS): cap (the provider's)  now (s)
 --   grant_until (a grant's lease end, s)  template (the message template, or "")
 -- returns the granted ids the caller publishes (none when the template pushed them)
 

@@ -1,7 +1,7 @@
 -- history.lua: the entries one page of a workspace's history may list, newest
 -- first, with the call counted in the caller's rate windows first
 -- (ratelimit.py). Reads only the workspace's keys (its records are read
--- after, in their provider's slot: requests.py, RequestStore.history).
+-- after, in their provider's slot: requests_front.py, RequestStore.history).
 --
 -- A page costs the same at any depth of the history: the stream is entered at
 -- the cursor (O(log n)), and at most `examined` entries are examined.
@@ -10,7 +10,7 @@
 -- KEYS[2] W:history:{model} to list one model (its entries
 --         point into KEYS[1]), else KEYS[1] again
 -- KEYS[3..] the caller's rate-window counters
--- ARGV by name (requests.py, HISTORY_ARGS):
+-- ARGV by name (requests_front.py, HISTORY_ARGS):
 -- newest: the newest entry to list: "+", or "(" .. a stream id (exclusive:
 --         the cursor, or "{until ms}-0")
 -- oldest: "-" or "{since ms}-0" (inclusive)

@@ -2,9 +2,9 @@
 -- call counted in the caller's rate windows first (ratelimit.py).
 -- KEYS[1] P:req:{id}  KEYS[2] P:sched:{provider}  KEYS[3] P:stats:{provider}
 -- KEYS[4..] the caller's rate-window counters
--- ARGV by name (requests.py, STATUS_ARGS): id  at_workspace, at_status (where
+-- ARGV by name (requests_front.py, STATUS_ARGS): id  at_workspace, at_status (where
 -- "workspace" and "status" are among the fields)  nfields (how many record
--- fields follow); from ARGV[ARG_REST] the fields (requests.py, _FIELDS), then a (limit, window
+-- fields follow); from ARGV[ARG_REST] the fields (requests_base.py, _FIELDS), then a (limit, window
 -- seconds) pair per rate-window counter
 -- returns {"RATE_LIMITED", window index, ms left}
 --       | {"OK", field values, ttl or false, position or false, {avg_run_s, avg_gap_s} or false,
