@@ -17,7 +17,7 @@ import redis
 
 from .. import states
 from ..blobs.pointers import ResultPointer
-from . import keys
+from . import budgets, keys
 from .accounts import DEFAULT_LEDGER_RETENTION_S
 from .admission import ADMIT_ARGS, LostReplies, TwoStepAdmission, counted_windows
 from .connect import UNREACHABLE, bounded, primaries_info, queue_script
@@ -205,6 +205,8 @@ class Admission:
     original_status: str | None = None
     #: Seconds until enough kept bodies expire, on STORED_BYTES_FULL.
     retry_after: int | None = None
+    #: The budget that refused it, on BUDGET_EXCEEDED (``budgets.Refusal``).
+    budget: Any = None
 
 
 @dataclass(frozen=True)
@@ -437,6 +439,8 @@ class RequestStore:
             return Admission(code, original_status=_text(reply[1]))
         if code is Admit.STORED_BYTES_FULL:
             return Admission(code, retry_after=int(reply[1]))
+        if code is Admit.BUDGET_EXCEEDED:
+            return Admission(code, budget=budgets.Refusal.of(reply[1:]))
         return Admission(code)
 
     @property
