@@ -18,8 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..errors import (BudgetExceeded, IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled,
-                      RouterError)
+from ..errors import BudgetExceeded, IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, RouterError
 from ..services import Services
 from ..store.batches import admitted_outcome, error_outcome
 from ..store.connect import UNREACHABLE, Unsent

@@ -13,8 +13,8 @@ from typing import Iterator
 import redis
 
 from . import keys
-from .budgets import Budgets
 from .apikeys import ApiKeys
+from .budgets import Budgets
 from .epoch import StoreEpoch
 from .scripts import argv, load_script
 from .secret_box import SecretBox, SecretsKeyError, open_stored

@@ -155,11 +155,11 @@ class Budgets:
                          f"budget|{scope}|alert_at")
 
     def show(self, workspace: str, now: float | None = None) -> list[Budget]:
-        """The workspace's budgets and its keys' with a limit: the workspace's first."""
+        """The workspace's budgets (and spend, always kept) and its keys' with a limit: the workspace's first."""
         now = time.time() if now is None else now
         fields = {k.decode(): v.decode() for k, v in self.client.hgetall(keys.workspace(workspace)).items()
                   if k.startswith((b"budget|", b"spent|"))}
-        scopes = sorted({name.split("|")[1] for name in fields if name.startswith("budget|")},
+        scopes = sorted({WORKSPACE, *(name.split("|")[1] for name in fields if name.startswith("budget|"))},
                         key=lambda s: (s != WORKSPACE, s))
         found = []
         for scope in scopes:
