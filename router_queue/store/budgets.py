@@ -17,6 +17,7 @@ from typing import Any
 import redis
 
 from . import keys
+from .apikeys import AUDIT_KEPT
 from .scripts import argv, load_script
 
 #: The periods by their name on the wire and their letter in the hash's fields.
@@ -189,6 +190,13 @@ class Budgets:
                                       int(c["budget"]), int(c["threshold"]), int(c["spent"]), float(c["at"]),
                                       int(c.get("attempts", 0))))
         return found
+
+    def audit(self, crossing: Crossing, line: dict[str, Any]) -> None:
+        """A crossing (``line``) in its workspace's audit log (``key audit``), newest first, kept as key changes are."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lpush(keys.key_audit(crossing.workspace), json.dumps(line, separators=(",", ":")))
+        pipe.ltrim(keys.key_audit(crossing.workspace), 0, AUDIT_KEPT - 1)
+        pipe.execute()
 
     def sent(self, crossing: Crossing, *, ended: bool) -> int:
         """An attempt made: the crossing ended (taken off) or its attempts counted; its attempts now."""

@@ -15,8 +15,6 @@ import logging
 import time
 
 from ..services import Services
-from ..store import keys
-from ..store.apikeys import AUDIT_KEPT
 from ..store.budgets import Crossing
 from ..store.secret_box import SecretsKeyError
 from . import event as webhook_event, safety
@@ -82,10 +80,7 @@ def audit(services: Services, crossing: Crossing, outcome: str) -> None:
     """The crossing in the workspace's audit log (``key audit``: newest first) and the log."""
     line = {"at": time.time(), "action": EVENT_TYPE, "key_id": crossing.scope if crossing.scope != "ws" else "-",
             "workspace": crossing.workspace, "by": "budget", "outcome": outcome, **crossing.body()}
-    pipe = services.redis.pipeline(transaction=False)
-    pipe.lpush(keys.key_audit(crossing.workspace), json.dumps(line, separators=(",", ":")))
-    pipe.ltrim(keys.key_audit(crossing.workspace), 0, AUDIT_KEPT - 1)
-    pipe.execute()
+    services.accounts.budgets.audit(crossing, line)
     log.warning("budget %s: %s%% of its %s budget (%d credits) crossed, %d spent; %s", crossing.webhook_id,
                 crossing.threshold, crossing.period, crossing.budget, crossing.spent, outcome,
                 extra={"audit": "budget", "workspace": crossing.workspace})
