@@ -143,13 +143,16 @@ local function budget_check(scopes, v, at, price, now)
   end
   for _, c in ipairs(plan) do
     if c.limit > 0 and (not refusal or c.over) then
-      local alerted = alerted_set(c.alerted_field, c.start)
+      local alerted, owed = alerted_set(c.alerted_field, c.start), #plan.owed
       if refusal then
         crossings(plan, c, c.alert_at, alerted, c.spent, math.huge, c.spent, 100)
       else
         crossings(plan, c, c.alert_at, alerted, c.spent, c.spent + price, c.spent + price, 0)
       end
-      append(plan.fields, "alerted|" .. c.s .. "|" .. c.p, alerted_text(c.start, alerted))
+      -- written only when it changed: a threshold crossed, or a new period
+      if #plan.owed > owed or budget_pair(c.alerted_field) ~= c.start then
+        append(plan.fields, "alerted|" .. c.s .. "|" .. c.p, alerted_text(c.start, alerted))
+      end
     end
   end
   if refusal then
