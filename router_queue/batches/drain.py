@@ -18,7 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..errors import IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, RouterError
+from ..errors import BudgetExceeded, IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, RouterError
 from ..services import Services
 from ..store.batches import admitted_outcome, error_outcome
 from ..store.connect import UNREACHABLE, Unsent
@@ -36,6 +36,8 @@ WAITS = frozenset({Admit.BACKLOG_FULL, Admit.QUEUED_BYTES_FULL, Admit.STORED_BYT
 ENDS: dict[Admit, tuple[type[RouterError], str]] = {
     Admit.INSUFFICIENT_CREDITS: (InsufficientCredits, "the workspace had too few credits available to hold this "
                                                       "line's price; nothing was queued or charged for it"),
+    Admit.BUDGET_EXCEEDED: (BudgetExceeded, "this line's price would take a budget of the workspace over its "
+                                            "limit this period; nothing was queued or held for it"),
     Admit.NOT_ENABLED: (NotEnabled, "queued delivery is not switched on for this workspace"),
     Admit.NO_WEBHOOK: (InvalidInput, "webhook events were chosen, but there is no webhook to send them to"),
     Admit.NO_WEBHOOK_SECRET: (InvalidInput, "a webhook is named, but the workspace has no webhook signing secret "

@@ -272,6 +272,11 @@ def key_audit(workspace_id: str) -> str:
     return f"{PREFIX}:keyaudit:{workspace_id}"
 
 
+def budgeted() -> str:
+    """The workspaces with a budget (theirs or a key's): whose crossings the sweeper sends (``budgets.py``)."""
+    return f"{PREFIX}:budgets"
+
+
 def keys_indexed() -> str:
     """Set once every key minted before the key index was indexed."""
     return f"{PREFIX}:config:keys-indexed"

@@ -150,6 +150,8 @@ FIELDS: tuple[Field, ...] = (
 WRITTEN_ONLY: tuple[Field, ...] = (
     Field("priority", TEXT, admitted=True),
     Field("traceparent", TEXT, admitted=True),
+    # the caller's API key's id: its budgets (lib/budget.lua) and the ledger's entries
+    Field("key_id", TEXT, admitted=True),
 )
 
 #: The names every record read takes, in order (the ``HMGET``).
@@ -339,3 +341,5 @@ class Submission:
     metadata: dict[str, str] | None = None
     #: The bulk action this retry is part of (``web/bulk.py``), or "".
     bulk_id: str = ""
+    #: The caller's API key's id (``key_…``), or "": its budgets are checked too (``store/budgets.py``).
+    key_id: str = ""

@@ -13,7 +13,7 @@ import redis
 
 from .. import states
 from ..blobs.pointers import ResultPointer
-from . import keys
+from . import budgets, keys
 from .admission import ADMIT_ARGS, counted_windows
 from .connect import UNREACHABLE, bounded
 from .ids import well_formed
@@ -207,6 +207,8 @@ class FrontDoorRequests(RequestStoreBase):
             return Admission(code, original_status=_text(reply[1]))
         if code is Admit.STORED_BYTES_FULL:
             return Admission(code, retry_after=int(reply[1]))
+        if code is Admit.BUDGET_EXCEEDED:
+            return Admission(code, budget=budgets.Refusal.of(reply[1:]))
         return Admission(code)
 
     def _deadline(self, now: float) -> str:

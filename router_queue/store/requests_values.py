@@ -4,6 +4,7 @@ outside its record (``record.py``), plain data that never reads Redis."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from .outcomes import Admit
 from .record import RequestRecord
@@ -69,6 +70,8 @@ class Admission:
     original_status: str | None = None
     #: Seconds until enough kept bodies expire, on STORED_BYTES_FULL.
     retry_after: int | None = None
+    #: The budget that refused it, on BUDGET_EXCEEDED (``budgets.Refusal``).
+    budget: Any = None
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from router_queue.store import (
     admission,
     apikeys,
     batches,
+    budgets,
     bulk,
     fallback,
     held,
@@ -45,6 +46,7 @@ NAMED = {
     "batch_commit": batches.COMMIT_ARGS, "batch_take": batches.TAKE_ARGS, "batch_progress": batches.PROGRESS_ARGS,
     "batch_finish": batches.FINISH_ARGS,
     "bulk_create": bulk.CREATE_ARGS, "bulk_note": bulk.NOTE_ARGS, "bulk_lease": bulk.LEASE_ARGS,
+    "budget_sent": budgets.SENT_ARGS,
     "member_take": members.TAKE_ARGS, "member_release": members.RELEASE_ARGS, "member_limited": members.LIMITED_ARGS,
 }
 #: The scripts whose ARGV is one list of like items, not arguments: (calls or limit, window) pairs.
