@@ -104,6 +104,7 @@ class Services:
             split=split,
             ledger_retention_s=settings.ledger_retention_s,
             progress_event_every_s=settings.webhook_progress_every_s,
+            low_headroom_pct=settings.low_priority_headroom_pct,
         )
         box = secret_box(settings)
         accounts = Accounts(client, providers=tuple(catalog.providers()), box=box, split=split)

@@ -75,15 +75,16 @@ HISTORY_EXAMINED_PER_ENTRY = 5
 #: Each script's ARGV by name (``load_script``, ``argv``), in order: the Lua
 #: reads ``ARGV[ARG_ID]`` and so on; the script's header says what each holds
 #: (admission's: ``admission.py``).
-CLAIM_ARGS = ("id", "now", "lease_s", "cap", "queue_timeout_s", "retention", "token", "max_takeovers", "resume_key",
-              "grant_until", "template", "split")
+CLAIM_ARGS = ("id", "now", "lease_s", "cap", "low_headroom_pct", "queue_timeout_s", "retention", "token",
+              "max_takeovers", "resume_key", "grant_until", "template", "split")
 COMPLETE_ARGS = ("id", "now", "retention", "error_type", "detail", "content_type", "output", "billable", "cap",
-                 "grant_until", "template", "split", "blob_key", "blob_size", "blob_sha256", "fallback_max")
-EXPIRE_QUEUED_ARGS = ("id", "now", "queue_timeout_s", "retention", "workspace", "cap", "grant_until", "template",
-                      "split")
-CANCEL_ARGS = ("id", "workspace", "model", "now", "retention", "cap", "grant_until", "template", "write_deadline",
-               "by", "split")
-GRANT_ARGS = ("cap", "now", "grant_until", "template")
+                 "low_headroom_pct", "grant_until", "template", "split", "blob_key", "blob_size", "blob_sha256",
+                 "fallback_max")
+EXPIRE_QUEUED_ARGS = ("id", "now", "queue_timeout_s", "retention", "workspace", "cap", "low_headroom_pct",
+                      "grant_until", "template", "split")
+CANCEL_ARGS = ("id", "workspace", "model", "now", "retention", "cap", "low_headroom_pct", "grant_until", "template",
+               "write_deadline", "by", "split")
+GRANT_ARGS = ("cap", "low_headroom_pct", "now", "grant_until", "template")
 GRANT_UNSENT_ARGS = ("due_at",)  # then the ids
 RENEW_ARGS = ("id", "token", "now", "lease_s", "successor", "hand_back")
 PROGRESS_ARGS = ("id", "token", "progress", "now", "every_s")
@@ -276,7 +277,8 @@ class RequestStore:
                  max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS, grants: GrantPublishing | None = None,
                  reads: redis.Redis | None = None, split: bool = False,
                  max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES, retry_max: int = 10,
-                 ledger_retention_s: int = DEFAULT_LEDGER_RETENTION_S, progress_event_every_s: float):
+                 ledger_retention_s: int = DEFAULT_LEDGER_RETENTION_S, progress_event_every_s: float,
+                 low_headroom_pct: int = 0):
         self.client = client
         #: Seconds between a request's progress events at least (WEBHOOK_PROGRESS_EVERY_SECONDS).
         self.progress_event_every_s = progress_event_every_s
@@ -316,6 +318,9 @@ class RequestStore:
         self.republish_after_s = republish_after_s
         #: A provider's fleet-wide cap on requests in flight (the catalog's).
         self.max_in_flight = max_in_flight
+        #: Percent of that cap (rounded up, never all of it) low-priority work
+        #: leaves free for normal and high (lib/schedule.lua, low_reserve_of).
+        self.low_headroom_pct = low_headroom_pct
         #: Seconds within which an admission or cancel must reach Redis or
         #: change nothing (None: no deadline). See :meth:`_deadline`.
         self.write_deadline_s = write_deadline_s
@@ -403,7 +408,8 @@ class RequestStore:
             fingerprint=submission.fingerprint if submission.idempotency_key_hash else "",
             idem_ttl=self.idempotency_ttl_s, require_enabled="1" if submission.require_enabled else "0",
             grant_until=grant_until, price=int(submission.price), max_queued=self.max_queued, template=template,
-            cap=cap, write_deadline=self._deadline(now), webhook_url=submission.webhook_url,
+            cap=cap, low_headroom_pct=self.low_headroom_pct, write_deadline=self._deadline(now),
+            webhook_url=submission.webhook_url,
             response_url=submission.response_url, max_queued_bytes=self.max_queued_bytes,
             max_pending_webhooks=self.max_pending_webhooks, webhook_events=submission.webhook_events,
             retention=self.retention_s, max_stored_bytes=self.max_stored_bytes, retry_max=self.retry_max,
@@ -491,7 +497,8 @@ class RequestStore:
         now = now or time.time()
         list_key, template, cap, grant_until = self._granting(provider, now)
         granted = self._grant(keys=[keys.schedule(provider), keys.running(provider), list_key],
-                              args=argv(GRANT_ARGS, cap=cap, now=repr(now), grant_until=grant_until,
+                              args=argv(GRANT_ARGS, cap=cap,
+                                        low_headroom_pct=self.low_headroom_pct, now=repr(now), grant_until=grant_until,
                                         template=template))
         self._publish_granted(provider, granted)
 
@@ -730,7 +737,8 @@ class RequestStore:
                   *self.effects.workspace_keys(provider, workspace), running, list_key, keys.deadlines(provider),
                   keys.body(request_id)],
             args=argv(CANCEL_ARGS, id=request_id, workspace=workspace, model=model, now=repr(now),
-                      retention=self.retention_s, cap=cap, grant_until=grant_until, template=template,
+                      retention=self.retention_s, cap=cap,
+                      low_headroom_pct=self.low_headroom_pct, grant_until=grant_until, template=template,
                       write_deadline=self._deadline(now), by="deadline" if by_deadline else "",
                       split=self.effects.flag),
         )
@@ -771,6 +779,7 @@ class RequestStore:
                   *self.effects.workspace_keys(provider, record.workspace), list_key,
                   keys.deadlines(provider), keys.body(request_id)],
             args=argv(CLAIM_ARGS, id=request_id, now=repr(now), lease_s=lease.lease_s, cap=cap,
+                      low_headroom_pct=self.low_headroom_pct,
                       queue_timeout_s=lease.queue_timeout_s, retention=self.retention_s, token=lease.token,
                       max_takeovers=lease.max_takeovers, resume_key=lease.resume_key, grant_until=grant_until,
                       template=template, split=self.effects.flag),
@@ -856,7 +865,8 @@ class RequestStore:
             ],
             args=argv(COMPLETE_ARGS, id=request_id, now=repr(now), retention=self.retention_s, error_type=error_type,
                       detail=detail, content_type=pointer.content_type if pointer else content_type, output=output,
-                      billable="1" if billable else "0", cap=cap, grant_until=grant_until, template=template,
+                      billable="1" if billable else "0", cap=cap,
+                      low_headroom_pct=self.low_headroom_pct, grant_until=grant_until, template=template,
                       split=self.effects.flag, blob_key=pointer.key if pointer else "",
                       blob_size=pointer.size if pointer else 0, blob_sha256=pointer.sha256 if pointer else "",
                       fallback_max="" if fallback_max is None else fallback_max),
@@ -901,7 +911,8 @@ class RequestStore:
                   *self.effects.workspace_keys(provider, workspace), running, list_key, keys.deadlines(provider),
                   keys.body(request_id)],
             args=argv(EXPIRE_QUEUED_ARGS, id=request_id, now=repr(now), queue_timeout_s=queue_timeout_s,
-                      retention=self.retention_s, workspace=workspace, cap=cap, grant_until=grant_until,
+                      retention=self.retention_s, workspace=workspace, cap=cap,
+                      low_headroom_pct=self.low_headroom_pct, grant_until=grant_until,
                       template=template, split=self.effects.flag),
         )
         reply = self.effects.settle(provider, reply)
