@@ -207,3 +207,17 @@ def test_the_sweeper_resumes_a_waiting_drain_and_finishes_a_batch_once_its_lines
     assert final["status"] == "COMPLETED" and final["counts"]["by_error_type"] == {"cancelled": 1}
     assert final["credits"]["charged"] > 0 and final["credits"]["held"] == 0
     assert services.batches.unfinished() == []  # settled: no webhook owed
+
+
+def test_a_step_admitted_by_a_drain_that_died_is_cancelled_with_its_batch(http, auth, services, workspace):
+    from router_queue.batches.drain import _admit_chunk
+
+    batch_id = send(http, auth, ndjson(*[GOOD] * 3)).json["batch_id"]
+    # the drain SIGKILLed mid-step: its admissions reached Redis, its progress never did
+    outcomes = _admit_chunk(services, workspace, batch_id, 0, services.batches.lines(workspace, batch_id, 0, 3))
+    ids = [o.split("|", 1)[0] for o in outcomes or []]
+    assert len(ids) == 3 and all(status_of(http, auth, i)["status"] == "IN_QUEUE" for i in ids)
+    assert http.put(f"/v2/batches/{batch_id}/cancel", headers=auth).status_code == 202
+    drain(services, workspace, batch_id)  # the sweeper's next drain
+    assert [status_of(http, auth, i).get("error_type") for i in ids] == ["cancelled"] * 3
+    assert [s.get("error_type") for s in results(http, auth, batch_id)] == ["cancelled"] * 3
