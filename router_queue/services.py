@@ -46,6 +46,8 @@ class Publisher(Protocol):
 
     def publish_batch(self, workspace: str, batch_id: str) -> None: ...
 
+    def publish_batch_webhook(self, workspace: str, batch_id: str) -> None: ...
+
 
 @dataclass
 class Services:
