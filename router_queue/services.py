@@ -47,6 +47,8 @@ class Publisher(Protocol):
 
     def publish_batch(self, workspace: str, batch_id: str) -> None: ...
 
+    def publish_batch_webhook(self, workspace: str, batch_id: str) -> None: ...
+
 
 @dataclass
 class Services:
@@ -105,6 +107,7 @@ class Services:
             split=split,
             ledger_retention_s=settings.ledger_retention_s,
             progress_event_every_s=settings.webhook_progress_every_s,
+            low_headroom_pct=settings.low_priority_headroom_pct,
         )
         box = secret_box(settings)
         accounts = Accounts(client, providers=tuple(catalog.providers()), box=box, split=split)

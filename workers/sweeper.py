@@ -103,7 +103,8 @@ def _sweep_batches(context: WorkerContext) -> int:
     """Batches' drains resumed, finished batches announced; a failure here
     is logged, never the sweep's."""
     try:
-        return sweep_batches(context.services, context.dispatcher.publish_batch)
+        return sweep_batches(context.services, context.dispatcher.publish_batch,
+                             context.dispatcher.publish_batch_webhook)
     except Exception:
         log.exception("sweeper: the batches' pass failed; the next sweep tries again")
         return 0

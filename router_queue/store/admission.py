@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 #: fields admission carries from the submission into the record, as
 #: ``record.py`` declares them, then what steers the admission.
 ADMIT_ARGS = (*(f.name for f in ADMITTED), "body", "now", "fingerprint", "idem_ttl", "require_enabled",
-              "grant_until", "price", "max_queued", "template", "cap", "write_deadline", "webhook_url",
-              "response_url", "max_queued_bytes", "max_pending_webhooks", "webhook_events", "retention",
+              "grant_until", "price", "max_queued", "template", "cap", "low_headroom_pct", "write_deadline",
+              "webhook_url", "response_url", "max_queued_bytes", "max_pending_webhooks", "webhook_events", "retention",
               "max_stored_bytes", "retry_max", "ledger_keep")
 #: The split steps' (admit_ws.lua, admit_place.lua): admit.lua's, and the
 #: body's bytes (the workspace's step is not sent the body), the workspace's

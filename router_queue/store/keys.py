@@ -404,6 +404,11 @@ def batch_results(workspace_id: str, batch_id: str) -> str:
     return f"{batch(workspace_id, batch_id)}:results"
 
 
+def batch_webhook_lease(workspace_id: str, batch_id: str) -> str:
+    """The token of the one attempt at a batch's batch.completed webhook under way (string, its lease's TTL)."""
+    return f"{batch(workspace_id, batch_id)}:webhook-lease"
+
+
 def batches(workspace_id: str) -> str:
     """A workspace's batches, scored by creation (the list route)."""
     return f"{workspace_prefix(workspace_id)}:batches"

@@ -81,7 +81,8 @@ class RequestStoreBase:
                  max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS, grants: GrantPublishing | None = None,
                  reads: redis.Redis | None = None, split: bool = False,
                  max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES, retry_max: int = 10,
-                 ledger_retention_s: int = DEFAULT_LEDGER_RETENTION_S, progress_event_every_s: float):
+                 ledger_retention_s: int = DEFAULT_LEDGER_RETENTION_S, progress_event_every_s: float,
+                 low_headroom_pct: int = 0):
         self.client = client
         #: Seconds between a request's progress events at least (WEBHOOK_PROGRESS_EVERY_SECONDS).
         self.progress_event_every_s = progress_event_every_s
@@ -121,6 +122,9 @@ class RequestStoreBase:
         self.republish_after_s = republish_after_s
         #: A provider's fleet-wide cap on requests in flight (the catalog's).
         self.max_in_flight = max_in_flight
+        #: Percent of that cap (rounded up, never all of it) low-priority work
+        #: leaves free for normal and high (lib/schedule.lua, low_reserve_of).
+        self.low_headroom_pct = low_headroom_pct
         #: Seconds within which an admission or cancel must reach Redis or
         #: change nothing (None: no deadline). See :meth:`_deadline`.
         self.write_deadline_s = write_deadline_s

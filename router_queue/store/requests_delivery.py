@@ -18,10 +18,11 @@ from .scripts import argv, explain, load_script
 
 #: Each script's ARGV by name (``load_script``, ``argv``), in order: the Lua
 #: reads ``ARGV[ARG_ID]`` and so on; the script's header says what each holds.
-CLAIM_ARGS = ("id", "now", "lease_s", "cap", "queue_timeout_s", "retention", "token", "max_takeovers", "resume_key",
-              "grant_until", "template", "split")
+CLAIM_ARGS = ("id", "now", "lease_s", "cap", "low_headroom_pct", "queue_timeout_s", "retention", "token",
+              "max_takeovers", "resume_key", "grant_until", "template", "split")
 COMPLETE_ARGS = ("id", "now", "retention", "error_type", "detail", "content_type", "output", "billable", "cap",
-                 "grant_until", "template", "split", "blob_key", "blob_size", "blob_sha256", "fallback_max")
+                 "low_headroom_pct", "grant_until", "template", "split", "blob_key", "blob_size", "blob_sha256",
+                 "fallback_max")
 RENEW_ARGS = ("id", "token", "now", "lease_s", "successor", "hand_back")
 PROGRESS_ARGS = ("id", "token", "progress", "now", "every_s")
 
@@ -68,6 +69,7 @@ class DeliveryRequests(RequestStoreBase):
                   *self.effects.workspace_keys(provider, record.workspace), list_key,
                   keys.deadlines(provider), keys.body(request_id)],
             args=argv(CLAIM_ARGS, id=request_id, now=repr(now), lease_s=lease.lease_s, cap=cap,
+                      low_headroom_pct=self.low_headroom_pct,
                       queue_timeout_s=lease.queue_timeout_s, retention=self.retention_s, token=lease.token,
                       max_takeovers=lease.max_takeovers, resume_key=lease.resume_key, grant_until=grant_until,
                       template=template, split=self.effects.flag),
@@ -153,7 +155,8 @@ class DeliveryRequests(RequestStoreBase):
             ],
             args=argv(COMPLETE_ARGS, id=request_id, now=repr(now), retention=self.retention_s, error_type=error_type,
                       detail=detail, content_type=pointer.content_type if pointer else content_type, output=output,
-                      billable="1" if billable else "0", cap=cap, grant_until=grant_until, template=template,
+                      billable="1" if billable else "0", cap=cap,
+                      low_headroom_pct=self.low_headroom_pct, grant_until=grant_until, template=template,
                       split=self.effects.flag, blob_key=pointer.key if pointer else "",
                       blob_size=pointer.size if pointer else 0, blob_sha256=pointer.sha256 if pointer else "",
                       fallback_max="" if fallback_max is None else fallback_max),

@@ -52,8 +52,8 @@ HISTORY_EXAMINED_PER_ENTRY = 5
 #: Each script's ARGV by name (``load_script``, ``argv``), in order: the Lua
 #: reads ``ARGV[ARG_ID]`` and so on; the script's header says what each holds
 #: (admission's: ``admission.py``).
-CANCEL_ARGS = ("id", "workspace", "model", "now", "retention", "cap", "grant_until", "template", "write_deadline",
-               "by", "split")
+CANCEL_ARGS = ("id", "workspace", "model", "now", "retention", "cap", "low_headroom_pct", "grant_until", "template",
+               "write_deadline", "by", "split")
 HISTORY_ARGS = ("newest", "oldest", "examined")  # then the rate windows' pairs
 POSITIONS_ARGS = ("workspace",)  # then the request ids
 
@@ -173,7 +173,8 @@ class FrontDoorRequests(RequestStoreBase):
             fingerprint=submission.fingerprint if submission.idempotency_key_hash else "",
             idem_ttl=self.idempotency_ttl_s, require_enabled="1" if submission.require_enabled else "0",
             grant_until=grant_until, price=int(submission.price), max_queued=self.max_queued, template=template,
-            cap=cap, write_deadline=self._deadline(now), webhook_url=submission.webhook_url,
+            cap=cap, low_headroom_pct=self.low_headroom_pct, write_deadline=self._deadline(now),
+            webhook_url=submission.webhook_url,
             response_url=submission.response_url, max_queued_bytes=self.max_queued_bytes,
             max_pending_webhooks=self.max_pending_webhooks, webhook_events=submission.webhook_events,
             retention=self.retention_s, max_stored_bytes=self.max_stored_bytes, retry_max=self.retry_max,
@@ -416,7 +417,8 @@ class FrontDoorRequests(RequestStoreBase):
                   *self.effects.workspace_keys(provider, workspace), running, list_key, keys.deadlines(provider),
                   keys.body(request_id)],
             args=argv(CANCEL_ARGS, id=request_id, workspace=workspace, model=model, now=repr(now),
-                      retention=self.retention_s, cap=cap, grant_until=grant_until, template=template,
+                      retention=self.retention_s, cap=cap,
+                      low_headroom_pct=self.low_headroom_pct, grant_until=grant_until, template=template,
                       write_deadline=self._deadline(now), by="deadline" if by_deadline else "",
                       split=self.effects.flag),
         )

@@ -25,9 +25,9 @@ _TOTALS_FIELDS = ("completed", "ran", "waited_s", *(f"done|{slot}" for slot in r
 
 #: Each script's ARGV by name (``load_script``, ``argv``), in order: the Lua
 #: reads ``ARGV[ARG_ID]`` and so on; the script's header says what each holds.
-EXPIRE_QUEUED_ARGS = ("id", "now", "queue_timeout_s", "retention", "workspace", "cap", "grant_until", "template",
-                      "split")
-GRANT_ARGS = ("cap", "now", "grant_until", "template")
+EXPIRE_QUEUED_ARGS = ("id", "now", "queue_timeout_s", "retention", "workspace", "cap", "low_headroom_pct",
+                      "grant_until", "template", "split")
+GRANT_ARGS = ("cap", "low_headroom_pct", "now", "grant_until", "template")
 REAP_ARGS = ("now", "again_at", "limit")
 
 
@@ -47,7 +47,8 @@ class MaintenanceRequests(RequestStoreBase):
         now = now or time.time()
         list_key, template, cap, grant_until = self._granting(provider, now)
         granted = self._grant(keys=[keys.schedule(provider), keys.running(provider), list_key],
-                              args=argv(GRANT_ARGS, cap=cap, now=repr(now), grant_until=grant_until,
+                              args=argv(GRANT_ARGS, cap=cap, low_headroom_pct=self.low_headroom_pct,
+                                        now=repr(now), grant_until=grant_until,
                                         template=template))
         self._publish_granted(provider, granted)
 
@@ -126,7 +127,8 @@ class MaintenanceRequests(RequestStoreBase):
                   *self.effects.workspace_keys(provider, workspace), running, list_key, keys.deadlines(provider),
                   keys.body(request_id)],
             args=argv(EXPIRE_QUEUED_ARGS, id=request_id, now=repr(now), queue_timeout_s=queue_timeout_s,
-                      retention=self.retention_s, workspace=workspace, cap=cap, grant_until=grant_until,
+                      retention=self.retention_s, workspace=workspace, cap=cap,
+                      low_headroom_pct=self.low_headroom_pct, grant_until=grant_until,
                       template=template, split=self.effects.flag),
         )
         reply = self.effects.settle(provider, reply)

@@ -96,6 +96,9 @@ class RecordingDispatcher:
     def publish_batch(self, workspace: str, batch_id: str) -> None:
         self.published.append((batch_id, "batch"))
 
+    def publish_batch_webhook(self, workspace: str, batch_id: str) -> None:
+        self.published.append((batch_id, "batch_webhook"))
+
 
 @pytest.fixture
 def dispatcher(services) -> RecordingDispatcher:

@@ -38,6 +38,8 @@
 --                        it sets its own max_queued
 --   template             the provider's Celery message template (lib/schedule.lua,
 --                        grant), or "" when the front door publishes grants
+--   low_headroom_pct     the cap's share kept from low priority (lib/schedule.lua,
+--                        low_reserve_of)
 --   cap                  the provider's cap on requests in flight
 --   write_deadline       Unix seconds (Redis's clock) past which nothing is
 --                        written: the front door has answered 503; "" for none

@@ -20,6 +20,7 @@
 --                               cancel_detail, wins over it for "cancelled")
 --   content_type  output (bytes)  billable ("1" when the provider bills this outcome)
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
+--   low_headroom_pct (the cap's share kept from low priority: grant.lua's)
 --   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 --   blob_key blob_size blob_sha256: the output is that object-store object, already
 --     written (blob_key "" : the output is ARGV output, kept in KEYS[2]); its record
@@ -53,7 +54,8 @@ if fallback then
 end
 
 local now = tonumber(ARGV[ARG_NOW])
-local S = sched_ctx(KEYS[5], KEYS[6], KEYS[9], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
+local S = sched_ctx(KEYS[5], KEYS[6], KEYS[9], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE],
+  ARGV[ARG_LOW_HEADROOM_PCT])
 local e = ws_effects(ARGV[ARG_ID], ARGV[ARG_NOW])  -- what the workspace gets back (lib/ledger.lua, ws_apply)
 if status == "IN_QUEUE" then
   e.queued = 1

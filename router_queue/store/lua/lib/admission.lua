@@ -248,11 +248,11 @@ local function place_admission(K, src, R)
     append(record, "open", 1)  -- its workspace effects are owed through its open entry (owe_ws)
   end
   local S = sched_ctx(K.sched, K.running, K.list, ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL],
-    ARGV[ARG_TEMPLATE])
+    ARGV[ARG_TEMPLATE], ARGV[ARG_LOW_HEADROOM_PCT])
   S.limits[ARGV[ARG_WORKSPACE]] = R.limits
   -- Nobody waiting ahead and a slot free: granted at once (grant_directly),
   -- its granted_at written with the record.
-  local granted, rank = grant_directly(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID], record)
+  local granted, rank = grant_directly(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID], record, ARGV[ARG_PRIORITY])
   -- The record before grant(): it reads the status of the request it grants.
   redis.call("HSET", K.req, unpack(record))
   if not granted then
