@@ -7,9 +7,9 @@ fault can hit), Redis CPU and Redis commands per request, each split against one
 
 import time
 
+from router_queue.requests.record import Submission
 from router_queue.services import Services
 from router_queue.settings import Settings
-from router_queue.store.record import Submission
 
 from . import core
 from .core import Context, MeasurementError, emit, log, phase

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 from router_queue.broker.celery_app import BULK_TASK, MAINTENANCE_QUEUE
 from router_queue.errors import Gone, NotRetryable, RouterError
+from router_queue.requests.outcomes import Cancel
 from router_queue.states import COMPLETED
 from router_queue.store.bulk import DONE, FAILED, SKIPPED, Matched, Progress
-from router_queue.store.outcomes import Cancel
 from router_queue.web import admission
 
 from .context import WorkerContext

@@ -20,10 +20,10 @@ from typing import Any, Callable
 
 from router_queue.blobs.pointers import ResultPointer, result_key
 from router_queue.blobs.store import BlobStore, BlobUnavailable
+from router_queue.requests.outcomes import Complete
+from router_queue.requests.record import RequestRecord
 from router_queue.services import Services
 from router_queue.store.fallback import share
-from router_queue.store.outcomes import Complete
-from router_queue.store.record import RequestRecord
 
 from .leases import LeaseKeeper
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from router_queue import states
 from router_queue.batches.sweep import sweep_batches
-from router_queue.store.outcomes import Cancel
+from router_queue.requests.outcomes import Cancel
 from router_queue.webhooks.budget_alerts import send_owed
 
 from .bulk import resume_overdue

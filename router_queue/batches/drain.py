@@ -19,12 +19,12 @@ import uuid
 from dataclasses import dataclass
 
 from ..errors import BudgetExceeded, IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, RouterError
+from ..requests.outcomes import Admit, Cancel
+from ..requests.record import Submission
+from ..requests.values import Admission
 from ..services import Services
 from ..store.batches import admitted_outcome, error_outcome
 from ..store.connect import UNREACHABLE, Unsent
-from ..store.outcomes import Admit, Cancel
-from ..store.record import Submission
-from ..store.requests_values import Admission
 
 log = logging.getLogger(__name__)
 

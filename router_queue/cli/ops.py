@@ -8,10 +8,10 @@ from typing import Any
 
 import click
 
+from ..requests.outcomes import Cancel
 from ..settings import without_password
 from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from ..store.migrate import legacy_keys_present, migrate, seal_webhook_secrets
-from ..store.outcomes import Cancel
 from ..store.webhooks import FailingEndpoint
 from ..urls import origin
 from ..web.operations import recent_failures, summary

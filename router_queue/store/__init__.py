@@ -3,7 +3,7 @@
 Everything the service keeps lives in Redis and is read and written here:
 requests and their schedule (``requests.py``, in parts ``requests_*.py``, and the Lua scripts in ``lua/``),
 workspaces, keys and ledgers (``accounts.py``), the fleet's metrics
-(``metrics.py``), the key layout (``keys.py``), what the scripts answer
-(``outcomes.py``), and how a process connects, plainly or through Sentinel
-(``connect.py``).
+(``gauges.py``), the key layout (``keys.py``), and how a process connects,
+plainly or through Sentinel (``connect.py``). The values it keeps and answers
+are the features' (``requests/``, ``webhooks/values.py``): none reads Redis.
 """

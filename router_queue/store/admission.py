@@ -21,10 +21,10 @@ from typing import Any, Callable
 import redis
 
 from ..blobs.pointers import BodyPointer, body_size
+from ..requests.record import ADMITTED
 from . import keys
 from .connect import UNREACHABLE, NotAdmitted, Unsent, bounded, never_sent
 from .objects import POINTER_MAX_BYTES
-from .record import ADMITTED
 from .replication import ReplicatedWrites
 from .scripts import argv, load_script
 
@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 
 #: admit.lua's ARGV by name, in order (its header says what each holds): the
 #: fields admission carries from the submission into the record, as
-#: ``record.py`` declares them, then what steers the admission.
+#: ``requests/record.py`` declares them, then what steers the admission.
 ADMIT_ARGS = (*(f.name for f in ADMITTED), "body", "now", "fingerprint", "idem_ttl", "require_enabled",
               "grant_until", "price", "max_queued", "template", "cap", "low_headroom_pct", "write_deadline",
               "webhook_url", "response_url", "max_queued_bytes", "max_pending_webhooks", "webhook_events", "retention",

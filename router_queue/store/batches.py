@@ -43,7 +43,7 @@ class LineState:
     status: str | None
     error_type: str | None
     credits: int
-    #: "held", "charged" or "released" (``record.py``'s cost states).
+    #: "held", "charged" or "released" (``requests/record.py``'s cost states).
     cost_state: str
 
 

@@ -20,8 +20,8 @@ from typing import Any
 import redis
 
 from .. import states
+from ..requests.record import READ_NAMES, RequestRecord, iso
 from . import keys
-from .record import READ_NAMES, RequestRecord, iso
 from .requests_front import HISTORY_ARGS
 from .scripts import argv, load_script
 

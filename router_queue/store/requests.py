@@ -2,7 +2,7 @@
 object with three parts by who calls them: the front door
 (``requests_front.py``), delivery (``requests_delivery.py``) and maintenance
 (``requests_maintenance.py``), over what they share (``requests_base.py``).
-Its values are in ``requests_values.py``; the key layout in ``keys.py``."""
+Its values are in ``requests/values.py``; the key layout in ``keys.py``."""
 
 from __future__ import annotations
 

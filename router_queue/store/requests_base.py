@@ -11,19 +11,19 @@ from typing import Any, Callable
 
 import redis
 
+from ..requests.record import READ_NAMES
 from . import keys
 from .accounts import DEFAULT_LEDGER_RETENTION_S
 from .admission import LostReplies, TwoStepAdmission
 from .owed import OwedEffects
 from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_STORED_BYTES
 from .rate_counts import SyncedRateCounts
-from .record import READ_NAMES
 from .replication import NO_REPLICATION, ReplicatedWrites, Replication
 from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
 
-#: The record's fields every read takes, in this order (declared in ``record.py``).
+#: The record's fields every read takes, in this order (declared in ``requests/record.py``).
 _FIELDS = READ_NAMES
 #: Seconds an admission whose reply was lost is read back for, when the
 #: caller set no write deadline (the front door's is its wait).

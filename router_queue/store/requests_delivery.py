@@ -8,12 +8,12 @@ import time
 import redis
 
 from ..blobs.pointers import ResultPointer
+from ..requests.outcomes import Claim, Complete
+from ..requests.record import RequestRecord
+from ..requests.values import Lease
 from . import keys
 from .connect import queue_script
-from .outcomes import Claim, Complete
-from .record import RequestRecord
 from .requests_base import _FIELDS, RequestStoreBase, _text
-from .requests_values import Lease
 from .scripts import argv, explain, load_script
 
 #: Each script's ARGV by name (``load_script``, ``argv``), in order: the Lua
@@ -60,7 +60,7 @@ class DeliveryRequests(RequestStoreBase):
         return record, body
 
     def claim(self, record: RequestRecord, lease: Lease, now: float | None = None) -> Claim:
-        """Take the request to run it (see :class:`~router_queue.store.outcomes.Claim`)."""
+        """Take the request to run it (see :class:`~router_queue.requests.outcomes.Claim`)."""
         request_id, provider = record.id, record.provider
         now = now or time.time()
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)

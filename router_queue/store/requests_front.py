@@ -13,14 +13,14 @@ import redis
 
 from .. import states
 from ..blobs.pointers import ResultPointer
+from ..requests.outcomes import Admit, Cancel, Status
+from ..requests.record import RequestRecord, Submission, admitted_values
+from ..requests.values import Admission, HistoryPage, Pace, StatusView
 from . import budgets, keys
 from .admission import ADMIT_ARGS, counted_windows
 from .connect import UNREACHABLE, bounded
 from .ids import well_formed
-from .outcomes import Admit, Cancel, Status
-from .record import RequestRecord, Submission, admitted_values
 from .requests_base import _FIELDS, RequestStoreBase, _seconds, _text
-from .requests_values import Admission, HistoryPage, Pace, StatusView
 from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
@@ -407,7 +407,7 @@ class FrontDoorRequests(RequestStoreBase):
 
     def cancel(self, *, request_id: str, workspace: str, model: str, provider: str,
                by_deadline: bool = False) -> Cancel:
-        """What cancel.lua did (see :class:`~router_queue.store.outcomes.Cancel`).
+        """What cancel.lua did (see :class:`~router_queue.requests.outcomes.Cancel`).
         ``by_deadline``: the sweeper cancels for the caller's X-Comfy-Deadline."""
         now = time.time()
         (running, list_key), (cap, grant_until, template) = self._granting_args(provider, now)

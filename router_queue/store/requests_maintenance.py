@@ -8,11 +8,11 @@ import time
 
 import redis
 
+from ..requests.outcomes import ExpireQueued
+from ..requests.values import DeadlineDue, DeliveryTotals, QueuedRequest
 from . import keys
 from .connect import primaries_info
-from .outcomes import ExpireQueued
 from .requests_base import RequestStoreBase, _int, _maybe_text, _seconds, _text
-from .requests_values import DeadlineDue, DeliveryTotals, QueuedRequest
 from .scripts import argv, load_script
 
 #: complete.lua also counts, in rq:stats:{provider}, completions in windows

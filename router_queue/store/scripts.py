@@ -1,10 +1,11 @@
 """The Lua scripts, assembled for Redis: each script's text after its
 arguments' names and what it uses of the key layout (``keys.lua_layout``),
-the webhook id (``webhook_ids.lua_webhook_id``), the record's fields
-(``record.py``) and the shared definitions in ``lua/lib/*.lua``, each lib
-file naming the files it uses (``-- requires:``). Redis has no ``require``:
-this linker is it. A script error Redis answers names the source file and
-line (``lib/ledger.lua:57``), not the assembled text's."""
+the webhook id and the record's fields (``lua_declared.py``, from
+``webhooks/ids.py`` and ``requests/record.py``) and the shared definitions
+in ``lua/lib/*.lua``, each lib file naming the files it uses
+(``-- requires:``). Redis has no ``require``: this linker is it. A script
+error Redis answers names the source file and line (``lib/ledger.lua:57``),
+not the assembled text's."""
 
 from __future__ import annotations
 
@@ -20,8 +21,7 @@ from redis.commands.core import Script
 
 from . import keys
 from .cluster import SlotScript, register_script
-from .record import lua_admitted_fields, lua_webhook_listed
-from .webhook_ids import lua_webhook_id
+from .lua_declared import lua_admitted_fields, lua_webhook_id, lua_webhook_listed
 
 
 class LuaLinkError(Exception):
@@ -174,9 +174,9 @@ def _generated() -> tuple[tuple[str, str], ...]:
     """What Python generates for the scripts, as (text, what generated it);
     read at each load (a test may change a declaration)."""
     return ((keys.lua_layout(), "(generated: keys.lua_layout)"),
-            (lua_webhook_id(), "(generated: webhook_ids.lua_webhook_id)"),
-            (lua_admitted_fields(), "(generated: record.lua_admitted_fields)"),
-            (lua_webhook_listed(), "(generated: record.lua_webhook_listed)"))
+            (lua_webhook_id(), "(generated: lua_declared.lua_webhook_id)"),
+            (lua_admitted_fields(), "(generated: lua_declared.lua_admitted_fields)"),
+            (lua_webhook_listed(), "(generated: lua_declared.lua_webhook_listed)"))
 
 
 @functools.cache

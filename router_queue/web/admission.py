@@ -36,12 +36,12 @@ from ..errors import (
     StoredBytesFull,
     ValidationFailed,
 )
+from ..requests.outcomes import Admit
+from ..requests.record import Submission
+from ..requests.values import PRIORITIES, Admission
 from ..services import Services
 from ..store.apikeys import hash_key, is_legacy_namespace, key_id
 from ..store.connect import Unsent
-from ..store.outcomes import Admit
-from ..store.record import Submission
-from ..store.requests_values import PRIORITIES, Admission
 from ..validation import too_many_items, validate
 from ..webhooks import event as webhook_event, safety
 from . import pacing, stashed

@@ -23,9 +23,9 @@ from ..batches.drain import cancel_unrecorded
 from ..batches.finish import finish_if_done
 from ..batches.reading import CHUNK, line_views, summary
 from ..errors import BatchNotFound, ConcurrencyLimitExceeded, IdempotencyKeyConflict, InvalidInput, UnsupportedMediaType
+from ..requests.outcomes import Cancel
+from ..requests.record import iso
 from ..states import COMPLETED
-from ..store.outcomes import Cancel
-from ..store.record import iso
 from . import admission, paths
 from .batch_lines import BatchCall, Reading, TooLarge, read
 from .bodies import json_response, response_url

@@ -8,8 +8,8 @@ from typing import Any
 
 from flask import Response
 
+from ..requests.record import STATUS_LISTED, RequestRecord, iso
 from ..states import COMPLETED, IN_QUEUE
-from ..store.record import STATUS_LISTED, RequestRecord, iso
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ def request_urls(base: str, model_id: str, request_id: str) -> dict[str, str]:
 
 def status_body(record: RequestRecord, position: int | None, base: str, retention_s: int) -> dict[str, Any]:
     """A request's status body (and a history entry's, an event stream's
-    update): the fields ``store/record.py`` declares on status, those in a
+    update): the fields ``requests/record.py`` declares on status, those in a
     place of their own here, then those LISTED."""
     body: dict[str, Any] = {"request_id": record.id, "status": record.status}
     if record.status != COMPLETED:

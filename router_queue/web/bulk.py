@@ -28,10 +28,10 @@ from werkzeug.datastructures import MultiDict
 from ..broker.celery_app import BULK_TASK, MAINTENANCE_QUEUE
 from ..catalog import Catalog
 from ..errors import BulkNotFound, ConcurrencyLimitExceeded, IdempotencyKeyConflict, InvalidInput, ValidationFailed
+from ..requests.record import iso
 from ..services import Publisher, Services
 from ..states import COMPLETED
 from ..store.bulk import DONE, FAILED, SKIPPED, BulkFilter, Progress
-from ..store.record import iso
 from ..store.requests_front import HISTORY_EXAMINED_PER_ENTRY
 from ..validation import StrictSchema, validate
 from . import admission, paths

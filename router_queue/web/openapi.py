@@ -17,9 +17,9 @@ from apispec.ext.marshmallow.common import make_schema_key, resolve_schema_insta
 from marshmallow import Schema, fields
 
 from ..catalog import Catalog, ModelEntry
+from ..requests.record import STATUS_LISTED, Field
+from ..requests.values import PRIORITIES
 from ..states import ORDER, RESULT_STATUS
-from ..store.record import STATUS_LISTED, Field
-from ..store.requests_values import PRIORITIES
 from . import paths
 from .bulk import openapi_paths as bulk_openapi_paths
 from .openapi_batches import BATCH_EVENT, batch_paths
@@ -74,7 +74,7 @@ _JSON_FIELDS: dict[str, type[fields.Field]] = {"string": fields.String, "number"
 
 
 def _listed(field: Field) -> fields.Field:
-    """A field the status body lists (``store/record.py``), as its codec shows it."""
+    """A field the status body lists (``requests/record.py``), as its codec shows it."""
     metadata = {"format": field.codec.json_format} if field.codec.json_format else {}
     return _JSON_FIELDS[field.codec.json_type](metadata={**metadata, "description": field.doc})
 

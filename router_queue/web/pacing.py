@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 import time
 
+from ..requests.record import RequestRecord
+from ..requests.values import Pace
 from ..states import COMPLETED, IN_PROGRESS
-from ..store.record import RequestRecord
-from ..store.requests_values import Pace
 
 #: Assumed run time (s) for a provider that has not completed anything yet.
 DEFAULT_RUN_S = 2.0

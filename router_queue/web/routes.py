@@ -25,10 +25,10 @@ from ..errors import (
     ServiceUnavailable,
     Unauthorized,
 )
+from ..requests.outcomes import Cancel
+from ..requests.record import RequestRecord
+from ..requests.values import StatusView
 from ..states import COMPLETED, RESULT_STATUS
-from ..store.outcomes import Cancel
-from ..store.record import RequestRecord
-from ..store.requests_values import StatusView
 from . import admission, pacing, paths
 from .bodies import Answer, cost_headers, json_response, request_urls, response_url, status_body
 from .collect import collect, link as collect_link

@@ -23,9 +23,9 @@ from typing import Callable, Iterator
 import redis
 
 from ..errors import Unauthorized
+from ..requests.values import StatusView
 from ..states import COMPLETED, IN_QUEUE
 from ..store.requests_front import FrontDoorRequests, event_source, key_event_source
-from ..store.requests_values import StatusView
 from .auth import HeldKey
 from .bodies import status_body
 

@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from typing import Callable, Iterator
 
 from ..errors import HeldCallsFull
+from ..requests.values import StatusView
 from ..states import COMPLETED
 from ..store.held import HELD_RETRY_AFTER_S, HeldSlots
 from ..store.requests_front import FrontDoorRequests
-from ..store.requests_values import StatusView
 from .auth import HeldKey
 from .stream import EventHub
 

@@ -23,14 +23,14 @@ from urllib.parse import urlsplit
 
 from router_queue import logs, tracing
 from router_queue.store.secret_box import SecretsKeyError
-from router_queue.store.webhooks import WebhookEvent
+from router_queue.webhooks.values import WebhookEvent
 
 from ..urls import origin
 from . import event as webhook_event, retry_policy, safety
 
 if TYPE_CHECKING:
+    from router_queue.requests.record import RequestRecord
     from router_queue.services import Services
-    from router_queue.store.record import RequestRecord
 
 log = logging.getLogger(__name__)
 

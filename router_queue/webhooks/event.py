@@ -4,7 +4,7 @@ that specification's libraries and a secret.
 
 The events a caller chose (:func:`parse_events`), each body built from the
 snapshot taken in the step that owed it (the same bytes on every attempt);
-``webhook-id`` stable across an event's attempts (``store/webhook_ids.py``);
+``webhook-id`` stable across an event's attempts (``webhooks/ids.py``);
 ``webhook-timestamp`` the attempt's; ``webhook-signature`` one ``v1,`` HMAC
 per secret that signs. A secret is ``whsec_`` + base64 of 32 random bytes.
 Neither a secret nor a signature is ever logged. In full:
@@ -74,7 +74,7 @@ def event_body(*, request_id: str, model: str, status: str, error_type: str | No
     request as it was when the event was owed; ``progress`` on a progress
     event only; ``cost`` its ``{"credits", "state"}`` at that step (held, or as
     its completion settled it); ``listed``: the request's fields listed on
-    events (``store/record.py``), as shown."""
+    events (``requests/record.py``), as shown."""
     body: dict[str, Any] = {
         "type": f"request.{event}",
         "request_id": request_id,

@@ -20,8 +20,8 @@ from typing import Iterator
 import pytest
 import requests
 
+from router_queue.requests.record import Submission
 from router_queue.store import keys
-from router_queue.store.record import Submission
 from tests.redis_servers import PrivateRedis, SentinelGroup
 
 from .harness import (

@@ -12,8 +12,8 @@ import time
 
 from router_queue.broker.celery_app import make_celery
 from router_queue.broker.dispatch import Dispatcher
+from router_queue.requests.record import Submission
 from router_queue.services import Services
-from router_queue.store.record import Submission
 
 from .harness import FLUX, ApiClient, Stub, broker_drained, unique_prompt, wait_for
 

@@ -11,8 +11,8 @@ import pytest
 import requests
 from werkzeug.serving import make_server
 
+from router_queue.requests.record import Submission
 from router_queue.settings import Secret
-from router_queue.store.record import Submission
 from router_queue.web.admission import fingerprint
 from stub_provider import create_app as create_stub
 from workers.delivery import Execution, Later, deliver

@@ -6,9 +6,9 @@ import json
 import threading
 import time
 
+from router_queue.requests.values import Lease
 from router_queue.services import Services
 from router_queue.store.requests_base import GrantPublishing
-from router_queue.store.requests_values import Lease
 from tests.unit.route_support import FLUX
 from tests.unit.support import record_of
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import random
 from concurrent.futures import ThreadPoolExecutor
 
-from router_queue.store.record import Submission
-from router_queue.store.requests_values import Lease
+from router_queue.requests.record import Submission
+from router_queue.requests.values import Lease
 from tests.unit.support import record_of
 
 MODEL = "bfl/flux-2-pro"

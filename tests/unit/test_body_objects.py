@@ -14,9 +14,9 @@ import pytest
 from router_queue.blobs import pointers
 from router_queue.blobs.pointers import BodyPointer
 from router_queue.blobs.store import BlobUnavailable, open_blob_store
+from router_queue.requests.record import Submission
 from router_queue.services import Services
 from router_queue.store import keys
-from router_queue.store.record import Submission
 from router_queue.web.app import create_app
 from tests.unit import delivery_support
 from tests.unit.conftest import RecordingDispatcher

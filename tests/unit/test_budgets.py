@@ -12,12 +12,12 @@ import pytest
 
 from router_queue.batches import drain
 from router_queue.cli import main
+from router_queue.requests.outcomes import Admit
+from router_queue.requests.record import Submission
+from router_queue.requests.values import Admission
 from router_queue.services import Services
 from router_queue.store import budgets as budget_store
 from router_queue.store.budgets import period_start
-from router_queue.store.outcomes import Admit
-from router_queue.store.record import Submission
-from router_queue.store.requests_values import Admission
 from router_queue.web import usage as usage_route
 from router_queue.webhooks import budget_alerts
 from tests.unit.conftest import RecordingDispatcher

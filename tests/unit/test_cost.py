@@ -10,9 +10,9 @@ import json
 
 import pytest
 
+from router_queue.requests.record import Cost, Submission
+from router_queue.requests.values import Lease
 from router_queue.store import keys
-from router_queue.store.record import Cost, Submission
-from router_queue.store.requests_values import Lease
 from router_queue.webhooks import event as webhook_event
 from tests.unit.route_support import FLUX, assert_error, submit
 from tests.unit.support import record_of

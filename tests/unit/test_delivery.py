@@ -17,11 +17,11 @@ import requests
 
 from router_queue import metrics
 from router_queue.catalog import Catalog
+from router_queue.requests.values import Lease
 from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG, Settings
 from router_queue.states import COMPLETED
 from router_queue.store import keys
-from router_queue.store.requests_values import Lease
 from router_queue.web.app import create_app
 from tests.unit import delivery_support
 from tests.unit.conftest import RecordingDispatcher

@@ -11,9 +11,9 @@ from kombu import Connection
 
 from router_queue.broker.celery_app import DELIVER_TASK, make_celery
 from router_queue.broker.dispatch import Dispatcher
+from router_queue.requests.record import Submission
 from router_queue.services import Services
 from router_queue.store.accounts import Accounts
-from router_queue.store.record import Submission
 from router_queue.store.requests import RequestStore
 from router_queue.web.app import create_app
 from tests.unit.support import record_of

@@ -10,10 +10,10 @@ import uuid
 
 import pytest
 
+from router_queue.requests.record import Submission
+from router_queue.requests.values import Lease
 from router_queue.store import keys
-from router_queue.store.record import Submission
 from router_queue.store.requests_front import HISTORY_EXAMINED_PER_ENTRY
-from router_queue.store.requests_values import Lease
 from router_queue.web.history import decode_cursor, encode_cursor
 from tests.unit.route_support import FLUX, assert_error, submit
 from tests.unit.support import record_of

@@ -11,9 +11,9 @@ import time
 import fakeredis
 import pytest
 
+from router_queue.requests.outcomes import Claim
 from router_queue.services import Services
 from router_queue.store import keys
-from router_queue.store.outcomes import Claim
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.route_support import LEASE, assert_error, failed, retry, status_of, submit
 from tests.unit.support import record_of

@@ -8,8 +8,8 @@ import json
 import time
 
 from router_queue.cli import main
+from router_queue.requests.record import Submission
 from router_queue.store import keys
-from router_queue.store.record import Submission
 from tests.unit.support import ServicesCliRunner
 
 MODEL = "bfl/flux-2-pro"

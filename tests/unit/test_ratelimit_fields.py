@@ -11,8 +11,8 @@ import re
 import pytest
 from werkzeug.test import Client
 
+from router_queue.requests.record import Submission
 from router_queue.services import Services
-from router_queue.store.record import Submission
 from router_queue.web import ratelimit
 from tests.unit import route_support
 from tests.unit.conftest import RecordingDispatcher

@@ -1,4 +1,4 @@
-"""A request's fields, declared once (``store/record.py``): what admission
+"""A request's fields, declared once (``requests/record.py``): what admission
 writes is what was submitted, what the declaration shows on status is on the
 status body (and nothing it hides), what it lists on webhook events is in
 their bodies, and the Lua the scripts run names the same fields (fakeredis
@@ -11,9 +11,8 @@ import json
 
 import pytest
 
-from router_queue.store import record
-from router_queue.store.admission import ADMIT_ARGS, SPLIT_ADMIT_ARGS
-from router_queue.store.record import (
+from router_queue.requests import record
+from router_queue.requests.record import (
     ADMITTED,
     FIELDS,
     HIDDEN,
@@ -27,7 +26,8 @@ from router_queue.store.record import (
     Submission,
     iso,
 )
-from router_queue.store.requests_values import Lease
+from router_queue.requests.values import Lease
+from router_queue.store.admission import ADMIT_ARGS, SPLIT_ADMIT_ARGS
 from router_queue.store.scripts import lib_for
 from router_queue.web.bodies import status_body
 from router_queue.webhooks import event as webhook_event

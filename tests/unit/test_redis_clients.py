@@ -8,9 +8,9 @@ import redis
 from redis.sentinel import SentinelConnectionPool
 
 from router_queue.broker.celery_app import make_celery
+from router_queue.requests.record import Submission
 from router_queue.settings import Settings, SettingsError
 from router_queue.store.connect import ClusterAddress, RedisUrlError, SentinelAddress, bounded, celery_broker, connect
-from router_queue.store.record import Submission
 from router_queue.store.replication import Replication
 
 SENTINELS = "sentinel://:s3cret@10.0.0.1:26379;sentinel://10.0.0.2:26380;sentinel://10.0.0.3/2?master_name=rq"

@@ -21,12 +21,12 @@ import pytest
 import redis
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from router_queue.requests.record import Submission
+from router_queue.requests.values import Lease
 from router_queue.services import Services
 from router_queue.settings import Settings
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from router_queue.store import keys
-from router_queue.store.record import Submission
-from router_queue.store.requests_values import Lease
 from tests.unit.support import record_of
 
 MODEL = "vertexai/gemini-3.1-flash-image"

@@ -8,6 +8,7 @@ from importlib import resources
 
 import pytest
 
+from router_queue.requests.record import ADMITTED
 from router_queue.store import (
     accounts,
     admission,
@@ -26,7 +27,6 @@ from router_queue.store import (
     requests_maintenance,
     webhooks,
 )
-from router_queue.store.record import ADMITTED
 from router_queue.store.scripts import argv, lib_for, lua_arg_names
 
 #: Every script that takes its ARGV by name, with the names it declares.

@@ -15,14 +15,14 @@ import pytest
 import requests
 
 from router_queue.errors import RateLimited, StoreLost
+from router_queue.requests.record import Submission
+from router_queue.requests.values import Lease
 from router_queue.services import Services
 from router_queue.states import COMPLETED
 from router_queue.store import keys, migrate
 from router_queue.store.admission import ABANDON_AFTER_S, SPLIT_ADMIT_ARGS
 from router_queue.store.gauges import QueueGauges
 from router_queue.store.owed import RECONCILE_AFTER_S
-from router_queue.store.record import Submission
-from router_queue.store.requests_values import Lease
 from router_queue.store.scripts import argv
 from router_queue.store.webhooks import DeliveryLimits
 from router_queue.web import ratelimit
@@ -300,7 +300,7 @@ KILLED_BETWEEN_ADMISSION_STEPS = textwrap.dedent("""
     import redis
     from router_queue.services import Services
     from router_queue.settings import Settings
-    from router_queue.store.record import Submission
+    from router_queue.requests.record import Submission
     from tests.unit.conftest import RecordingDispatcher
 
     url, workspace, request_id = sys.argv[1], sys.argv[2], sys.argv[3]

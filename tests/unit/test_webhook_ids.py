@@ -1,4 +1,4 @@
-"""A webhook event's ``webhook-id`` is declared once (``store/webhook_ids.py``):
+"""A webhook event's ``webhook-id`` is declared once (``webhooks/ids.py``):
 the Lua the scripts build it with, run by a real script on fakeredis and on a
 real Redis, gives what the Python gives, for every kind of event."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from router_queue.store.scripts import lib_for
-from router_queue.store.webhook_ids import webhook_id
+from router_queue.webhooks.ids import webhook_id
 
 #: Each kind of event, as the scripts build its id (lib/webhooks.lua's owe_webhook,
 #: owe_started, owe_progress; webhook_record.lua's record without one).

@@ -23,7 +23,7 @@
 -- ARGV by name (ARGV[ARG_ID] and so on; admission.py, ADMIT_ARGS, whose order
 -- the generated ARG_* constants give):
 --   first, the fields admission carries from the submission into the record
---   (record.py declares them: id, workspace, model, provider, the caller's
+--   (requests/record.py declares them: id, workspace, model, provider, the caller's
 --   deadlines, retry_of, ...), each written when not "" (lib/admission.lua,
 --   place_admission, over the generated ADMITTED_FIELDS); then
 --   body                 JSON text; "" for a retry, whose body is the original's

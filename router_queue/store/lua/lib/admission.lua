@@ -211,7 +211,7 @@ local function place_admission(K, src, R)
   local seq = redis.call("INCR", K.seq)
   local record = {"status", "IN_QUEUE", "seq", seq, "created_at", ARGV[ARG_NOW], "hold", tonumber(ARGV[ARG_PRICE]),
     "body_bytes", src.bytes}
-  -- the fields carried from the submission (record.py declares them): ARGV[1..]
+  -- the fields carried from the submission (requests/record.py declares them): ARGV[1..]
   for i, name in ipairs(ADMITTED_FIELDS) do
     if ARGV[i] ~= "" then
       append(record, name, ARGV[i])

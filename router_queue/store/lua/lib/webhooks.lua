@@ -53,7 +53,7 @@ local function webhook_snapshot(req_key, request_id, kind, msg_id, now)
     -- as settle() left it (it runs before the completion's event)
     cost_credits = r[12] and (r[11] or "0") or (r[13] or "0"), cost_state = r[12] or "held",
     provider = r[14] or ""}
-  -- the fields record.py lists on webhook events (generated), those the record has
+  -- the fields requests/record.py lists on webhook events (generated), those the record has
   for i, name in ipairs(WEBHOOK_LISTED) do
     if r[14 + i] then
       event[SNAPSHOT_PREFIX .. name] = r[14 + i]
