@@ -28,13 +28,16 @@ log = logging.getLogger(__name__)
 REFUSED_CREDENTIAL = (401, 403)
 
 
-def take(services: Services, entry: ModelEntry, request_id: str, prefer: str = "") -> tuple[Member | None, float]:
+def take(services: Services, entry: ModelEntry, request_id: str, prefer: str = "",
+         per_model: bool = False) -> tuple[Member | None, float]:
     """The member to send the generation to, holding one of its slots, and
     else (None) the seconds to wait before asking again. ``prefer``: the
-    member holding the generation an earlier delivery submitted."""
+    member holding the generation an earlier delivery submitted.
+    ``per_model``: a 429's pause holds it only when it was this model's (a
+    request that named fallback models: the other model's quota is its own)."""
     pool = services.catalog.members(entry.provider)
     taken: Taken = services.members.take(entry.provider, pool, request_id, hold_s=entry.policy.hung_after_s,
-                                         prefer=prefer)
+                                         prefer=prefer, model=entry.id if per_model else "")
     if taken.member is None:
         return None, taken.wait_s
     services.metrics.member_event(entry.provider, taken.member, "taken")
@@ -47,7 +50,7 @@ def wait_after(services: Services, entry: ModelEntry, member: Member, failure: P
     when it was the request's (the call policy's retries apply)."""
     pool = services.catalog.members(entry.provider)
     if failure.http_status == 429:
-        cap = services.members.rate_limited(entry.provider, member, failure.retry_after_s)
+        cap = services.members.rate_limited(entry.provider, member, failure.retry_after_s, model=entry.id)
         services.metrics.member_event(entry.provider, member.name, "rate_limited")
         pause = failure.retry_after_s or DEFAULT_PAUSE_S
         log.warning("%s member %s answered 429: paused %.1f s, its learned cap now %d",

@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
@@ -67,9 +67,9 @@ class CostSchema(Schema):
 
 
 #: The marshmallow field of each JSON type a record field's codec shows.
-_JSON_FIELDS: dict[str, type[fields.Field]] = {"string": fields.String, "number": fields.Float,
-                                               "integer": fields.Integer, "boolean": fields.Boolean,
-                                               "object": fields.Dict}
+_JSON_FIELDS: dict[str, Callable[..., fields.Field]] = {
+    "string": fields.String, "number": fields.Float, "integer": fields.Integer, "boolean": fields.Boolean,
+    "object": fields.Dict, "array": lambda **kw: fields.List(fields.Dict(), **kw)}
 
 
 def _listed(field: Field) -> fields.Field:
