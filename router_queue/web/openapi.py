@@ -22,6 +22,7 @@ from ..store.record import STATUS_LISTED, Field
 from ..store.requests import PRIORITIES
 from . import paths
 from .bulk import openapi_paths as bulk_openapi_paths
+from .fallback_models import FALLBACK_HEADER, MAX_FALLBACK_MODELS
 from .openapi_batches import BATCH_EVENT, batch_paths
 
 OPENAPI_VERSION = "3.0.3"
@@ -59,7 +60,8 @@ class HandleSchema(Schema):
 
 
 class CostSchema(Schema):
-    credits = fields.Integer(required=True, metadata={"minimum": 0, "description": "the price held at admission"})
+    credits = fields.Integer(required=True, metadata={"minimum": 0, "description": (
+        "the price held at admission, which is the price of the model that ran (a fallback model costs the same)")})
     state = fields.String(required=True, metadata={
         "enum": ["held", "charged", "released"],
         "description": "held while pending, charged once succeeded (or a failure the provider bills), released "
@@ -332,7 +334,15 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                             "the caller's, and the request's delivery, provider calls, completion and webhook "
                             "attempts are spans of that trace. Ignored otherwise, and when malformed.",
              "schema": {"type": "string", "maxLength": 256}}
-    submit_headers = [idem, priority, webhook, events, start_deadline, deadline, trace]
+    fallback = {"name": FALLBACK_HEADER, "in": "header", "required": False,
+                "description": f"Up to {MAX_FALLBACK_MODELS} models (provider/model, comma-separated, in order) the "
+                               "caller accepts in place of this one. The request runs on the next only when every "
+                               "member of this model's provider pool kept it waiting (429s, refused credentials, "
+                               "failures) for FALLBACK_AFTER_SECONDS, or until its start deadline if sooner; "
+                               "model_ran and tried then show it. Each must take the same body (input schema), "
+                               "run on the same provider and cost the same; otherwise 400 invalid_input.",
+                "schema": {"type": "string", "maxLength": 1000}}
+    submit_headers = [idem, priority, webhook, events, start_deadline, deadline, fallback, trace]
     spec.path(path=paths.RUN.openapi(entry.id), operations={"post": {
         "summary": f"Run {entry.id} synchronously", "tags": [entry.id], "parameters": submit_headers,
         "requestBody": body,
