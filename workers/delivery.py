@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -236,8 +237,11 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
     started = time.monotonic()
     upstream_ref = _upstream_ref(record)
     started_at = record.started_at or time.time()
+    pinned = services.regions.of(record.workspace) if services.regions is not None else ()
     member, wait_s = members.take(services, entry, request_id, prefer=(upstream_ref or {}).get("member", ""),
-                                  per_model=bool(record.fallback_models))
+                                  per_model=bool(record.fallback_models), regions=pinned)
+    if member is None and wait_s == math.inf:
+        return fail(members.outside_pin(entry, record.workspace, pinned), started_at)
     if member is None:  # every member paused, out or full: the request waits, not charged an attempt
         turn = fallbacks.trouble(services, record, entry)
         if fallbacks.turned(turn, entry):

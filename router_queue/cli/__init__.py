@@ -1,7 +1,7 @@
 """The ``router-queue`` command: accounts, and the one-command demo.
 
     router-queue workspace create | enable-queue | set-credits | set-limits | list | ledger
-    router-queue workspace set-webhook | webhook-secret
+    router-queue workspace set-webhook | webhook-secret | set-regions
     router-queue key mint | mint-legacy | list | revoke | rotate | audit
     router-queue ops depths | inspect | cancel | requeue | drain | purge-expired | webhooks | migrate-keys
     router-queue dev                # the whole stack on this machine
@@ -31,6 +31,7 @@ from ..web.auth import CACHE_TTL_S
 from ..webhooks import event as webhook_event, safety
 from .context import services
 from .ops import ops, require_router_queue_data
+from .regions import set_regions
 
 
 def _accounts():
@@ -364,3 +365,4 @@ def _or_fail(action):
 
 main.add_command(dev)
 main.add_command(ops)
+workspace.add_command(set_regions)

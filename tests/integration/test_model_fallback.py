@@ -94,3 +94,34 @@ def test_without_the_header_a_request_waits_on_its_pool_and_never_changes_model(
         assert pooled.services.store.status_view(request_id, "vertexai").record.attempts == 0
         assert caller.cancel(NEW, request_id).status_code == 202
         assert caller.wait_status(NEW, request_id)["error_type"] == "cancelled"
+
+
+def by_location(running: RunningStack) -> dict[str, int]:
+    return {key.split(":", 1)[1]: n for key, n in running.stub.calls()["by_key"].items()
+            if key.startswith("vertex_generate:")}
+
+
+def test_a_pinned_workspace_never_touches_an_out_of_region_member(pooled: RunningStack) -> None:
+    """Pinned to europe-west4 (``workspace set-regions``): its requests, a
+    fallback's included, run there alone, and wait while it answers 429;
+    another workspace's go to both locations meanwhile."""
+    with pooled.caller("pinned") as pinned, pooled.caller("unpinned") as free:
+        assert pooled.services.regions is not None
+        pooled.services.regions.set(pinned.workspace, ("europe-west4",))
+        before = by_location(pooled)
+        ids = [pinned.submit_ok(NEW, gemini(unique_prompt("pinned", "[stub:latency=0.2]"))) for _ in range(6)]
+        ids.append(pinned.submit_ok(NEW, gemini(unique_prompt("pinned fallback", EVERYWHERE_429)),
+                                    headers={"X-Comfy-Fallback-Models": OLD}))
+        for request_id in ids:
+            assert pinned.wait_status(NEW, request_id, timeout_s=60).get("error_type") is None
+        during = {loc: n - before.get(loc, 0) for loc, n in by_location(pooled).items()}
+        assert during.get("us-central1", 0) == 0 and during["europe-west4"] >= len(ids), during
+        # europe-west4 rate-limited: the pinned request waits for it, the unpinned one runs in us-central1
+        waiting = pinned.submit_ok(NEW, gemini(unique_prompt("pinned waits", "[stub:429_key=europe-west4]")))
+        other = free.submit_ok(NEW, gemini(unique_prompt("free", "[stub:429_key=europe-west4]")))
+        assert free.wait_status(NEW, other, timeout_s=30).get("error_type") is None
+        time.sleep(2)
+        assert pinned.status_body(NEW, waiting)["status"] == "IN_PROGRESS"
+        assert by_location(pooled).get("us-central1", 0) - before.get("us-central1", 0) == 1  # the unpinned one
+        assert pinned.cancel(NEW, waiting).status_code == 202
+        pooled.services.regions.set(pinned.workspace, ())

@@ -20,6 +20,7 @@ from router_queue.store import (
     migrate,
     model_fallback,
     owed,
+    regions,
     requests,
     webhooks,
 )
@@ -44,7 +45,7 @@ NAMED = {
     "batch_finish": batches.FINISH_ARGS,
     "bulk_create": bulk.CREATE_ARGS, "bulk_note": bulk.NOTE_ARGS, "bulk_lease": bulk.LEASE_ARGS,
     "member_take": members.TAKE_ARGS, "member_release": members.RELEASE_ARGS, "member_limited": members.LIMITED_ARGS,
-    "fallback_turn": model_fallback.TURN_ARGS,
+    "fallback_turn": model_fallback.TURN_ARGS, "ws_regions": regions.SET_ARGS,
 }
 #: The scripts whose ARGV is one list of like items, not arguments: (calls or limit, window) pairs.
 LISTS = {"rate", "rate_add"}
