@@ -21,12 +21,14 @@ from ..services import Services
 from ..store.batches import error_outcome
 from . import admission, stashed
 from .bodies import response_url
+from .fallback_models import fallback_models
 
 #: What a line holds besides its body, at most, in bytes: a line may be this
 #: much longer than MAX_BODY_BYTES.
 LINE_OVERHEAD_BYTES = 16_384
 #: A line's fields; any other is refused.
-LINE_FIELDS = frozenset({"model", "body", "idempotency_key", "priority", "webhook_url", "metadata"})
+LINE_FIELDS = frozenset({"model", "body", "idempotency_key", "priority", "webhook_url", "metadata",
+                         "fallback_models"})
 #: A line's ``metadata``: at most this many keys, each key and value this many characters at most.
 MAX_METADATA_KEYS = 16
 MAX_METADATA_KEY = 64
@@ -171,14 +173,17 @@ class _LineChecker:
         rank = admission.priority(_text_or_none(line.get("priority"), "priority") or DEFAULT_PRIORITY)
         hook = self._hook(_text_or_none(line.get("webhook_url"), "webhook_url"))
         metadata = _metadata(line.get("metadata"))
+        fallback = _fallback_models(line.get("fallback_models"), entry, self.call.services)
         services = self.call.services
         request_id = services.ids.mint(self.call.workspace, entry.id)
         pointer = stashed.stash(services, request_id, raw_body)
         return json.dumps({
             "id": request_id, "m": entry.id, "p": entry.provider, "c": entry.price_credits,
             "b": pointer.text() if pointer else raw_body.decode(),
-            "f": admission.fingerprint(entry.id, body), "k": hashlib.sha256(key.encode()).hexdigest(),
+            "f": admission.fingerprint(f"{entry.id} or {fallback}" if fallback else entry.id, body),
+            "k": hashlib.sha256(key.encode()).hexdigest(),
             "q": rank, "w": hook, "md": metadata, "u": response_url(self.call.base_url, entry.id, request_id),
+            **({"fb": fallback} if fallback else {}),
         }, separators=(",", ":"))
 
     def _entry(self, model: Any) -> ModelEntry:
@@ -223,6 +228,15 @@ def _text_or_none(value: Any, name: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise admission.InvalidInput(f"{name} must be a string")
+
+
+def _fallback_models(value: Any, entry: ModelEntry, services: Services) -> str:
+    """A line's ``fallback_models``: a list of model ids, checked as X-Comfy-Fallback-Models is; "" when absent."""
+    if value is None:
+        return ""
+    if not isinstance(value, list) or not all(isinstance(item, str) and "," not in item for item in value):
+        raise admission.InvalidInput("fallback_models must be a list of model ids, \"provider/model\"")
+    return fallback_models(",".join(value), entry, services.catalog) if value else ""
 
 
 def _metadata(value: Any) -> dict[str, str] | None:

@@ -11,6 +11,7 @@ import time
 import pytest
 import requests
 
+from router_queue.batches.drain import drain
 from router_queue.catalog import Catalog
 from router_queue.settings import DEFAULT_CATALOG
 from router_queue.states import COMPLETED
@@ -166,3 +167,21 @@ def test_a_fallback_that_fails_too_ends_as_the_request_would(vertex_pool, worksp
     assert deliver_for(vertex_pool, request_id) not in (None, "completed")
     record = vertex_pool.store.status_view(request_id, "vertexai").record
     assert record.model_ran is None and record.error_type is not None  # a request's own failure: no fallback
+
+
+def test_a_batch_line_names_its_fallback_models_as_the_header_would(http, auth, services, workspace):
+    lines = [{"model": NEW, "body": gemini("a"), "fallback_models": [OLD]},
+             {"model": NEW, "body": gemini("b"), "fallback_models": ["bfl/flux-2-pro"]},
+             {"model": NEW, "body": gemini("c"), "fallback_models": OLD}]
+    sent = http.post("/v2/batches", data="".join(json.dumps(line) + "\n" for line in lines),
+                     headers={**auth, "Content-Type": "application/x-ndjson"})
+    assert sent.status_code == 201, sent.get_data(as_text=True)
+    assert sent.json["counts"] == {"lines": 3, "accepted": 1, "refused": 2}
+    batch_id = sent.json["batch_id"]
+    assert drain(services, workspace, batch_id).stopped == "done"
+    results = [json.loads(line) for line in
+               http.get(f"/v2/batches/{batch_id}/results", headers=auth).get_data(as_text=True).splitlines()]
+    assert [r.get("error_type") for r in results] == [None, "invalid_input", "invalid_input"]
+    assert "takes Flux2ProInput" in results[1]["detail"] and "a list of model ids" in results[2]["detail"]
+    record = services.store.status_view(results[0]["request_id"], "vertexai").record
+    assert record.fallback_models == OLD
