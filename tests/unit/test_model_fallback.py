@@ -18,21 +18,14 @@ from router_queue.states import COMPLETED
 from router_queue.store.members import MemberStore
 from router_queue.store.record import Submission
 from tests.unit import delivery_support
-from tests.unit.delivery_support import execution
+from tests.unit.fallback_support import NEW, OLD, deliver_for, gemini
 from tests.unit.route_support import assert_error, status_of, submit
-from tests.unit.support import context_of
-from workers.delivery import Later, deliver
 
 stub_origin, fresh_stub, worker_services = (delivery_support.stub_origin, delivery_support.fresh_stub,
                                             delivery_support.worker_services)
 
-NEW, OLD = "vertexai/gemini-3.1-flash-image", "vertexai/gemini-2.5-flash-image"
 NEW_PATH = f"/v2/models/{NEW}"
 LOCATIONS = ("us-central1", "europe-west4")
-
-
-def gemini(text: str) -> dict:
-    return {"contents": [{"role": "user", "parts": [{"text": text}]}]}
 
 
 @pytest.fixture
@@ -56,27 +49,6 @@ def admitted(services, workspace, text, fallback=""):
                                               fallback_models=fallback))
     assert outcome.outcome == "ADMITTED"
     return request_id
-
-
-def deliver_for(services, request_id, seconds=10_000.0):
-    """Deliver as Celery would, moving the pool's and the fallback's clocks on
-    by each retry's countdown; stops (None) once ``seconds`` have passed so."""
-    context, retries, passed = context_of(services), 0, [0.0]
-    clocks = (services.members, services.model_fallback)
-    real = [c.clock for c in clocks]
-    for c, clock in zip(clocks, real):
-        c.clock = lambda clock=clock: clock() + passed[0]
-    try:
-        while passed[0] < seconds:
-            try:
-                return deliver(context, request_id, execution("task-1", retries))
-            except Later as later:
-                retries += 1
-                passed[0] += max(later.countdown, 0.01)
-        return None
-    finally:
-        for c, clock in zip(clocks, real):
-            c.clock = clock
 
 
 def by_model(stub_origin):

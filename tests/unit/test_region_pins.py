@@ -15,8 +15,8 @@ from router_queue.cli import main
 from router_queue.settings import DEFAULT_CATALOG
 from router_queue.store.record import Submission
 from tests.unit import delivery_support
+from tests.unit.fallback_support import NEW, OLD, deliver_for, gemini
 from tests.unit.support import cli_runner
-from tests.unit.test_model_fallback import NEW, OLD, deliver_for, gemini
 
 stub_origin, fresh_stub, worker_services = (delivery_support.stub_origin, delivery_support.fresh_stub,
                                             delivery_support.worker_services)
