@@ -58,7 +58,7 @@ def cancel_all(services, request_ids: list[str], workspace: str, entry) -> None:
 
 def bench_lease():
     """A lease nothing reaps during a run."""
-    from router_queue.store.requests import Lease
+    from router_queue.store.requests_values import Lease
 
     return Lease(token=uuid.uuid4().hex, lease_s=10**6, queue_timeout_s=86400 * 365, max_takeovers=3,
                  resume_key=f"bench:{uuid.uuid4().hex}:0")

@@ -95,6 +95,14 @@ class InsufficientCredits(RouterError):
     error_type = "insufficient_credits"
 
 
+class BudgetExceeded(RouterError):
+    """A submit whose hold would take a budget (the workspace's or its key's,
+    per day, week or month) over its limit: nothing queued or held (402)."""
+
+    status = 402
+    error_type = "budget_exceeded"
+
+
 class NotEnabled(RouterError):
     status = 403
     error_type = "not_enabled"

@@ -61,6 +61,10 @@ WEBHOOK_DELIVERIES = Counter("router_queue_webhook_deliveries",
 WEBHOOK_SECONDS = Histogram("router_queue_webhook_delivery_seconds",
                             "Seconds one webhook attempt took, to the receiver's answer or failure.",
                             buckets=BUCKETS, registry=REGISTRY)
+BUDGET_ALERTS = Counter("router_queue_budget_alerts", "Budget thresholds crossed, by what became of the alert: "
+                        "delivered (the workspace's default webhook), audited (no webhook: the key audit log), "
+                        "given_up (its webhook kept failing).", ("period", "threshold", "outcome"),
+                        registry=REGISTRY)
 OBJECTS = Counter("router_queue_result_objects", "Results in the object store: puts, failed puts, sha256 "
                   "mismatches on collect, objects deleted (expired, orphaned).", ("event",), registry=REGISTRY)
 
@@ -141,6 +145,10 @@ class Recorder:
 
     def webhook_given_up(self) -> None:
         WEBHOOK_DELIVERIES.labels("given_up").inc()
+
+    def budget_alert(self, period: str, threshold: int, outcome: str) -> None:
+        """A budget threshold crossed and what became of its alert (:data:`BUDGET_ALERTS`)."""
+        BUDGET_ALERTS.labels(period, str(threshold), outcome).inc()
 
     def objects(self, event: str, count: int = 1) -> None:
         """Results and bodies in the object store: one of :data:`OBJECT_EVENTS`."""

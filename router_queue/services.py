@@ -26,7 +26,8 @@ from .store.members import MemberStore, PoolCapacity
 from .store.model_fallback import ModelFallback
 from .store.regions import WorkspaceRegions
 from .store.replication import Replication
-from .store.requests import GrantPublishing, RequestStore
+from .store.requests import RequestStore
+from .store.requests_base import GrantPublishing
 from .store.secret_box import SecretBox, require_key
 from .store.webhooks import DeliveryLimits, WebhookStore
 
@@ -47,6 +48,8 @@ class Publisher(Protocol):
     def publish_webhook(self, request_id: str) -> None: ...
 
     def publish_batch(self, workspace: str, batch_id: str) -> None: ...
+
+    def publish_batch_webhook(self, workspace: str, batch_id: str) -> None: ...
 
 
 @dataclass
@@ -110,6 +113,7 @@ class Services:
             split=split,
             ledger_retention_s=settings.ledger_retention_s,
             progress_event_every_s=settings.webhook_progress_every_s,
+            low_headroom_pct=settings.low_priority_headroom_pct,
         )
         box = secret_box(settings)
         accounts = Accounts(client, providers=tuple(catalog.providers()), box=box, split=split)

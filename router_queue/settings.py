@@ -50,6 +50,13 @@ def _float(name: str, raw: str) -> float:
     return value
 
 
+def _percent(name: str, raw: str) -> int:
+    value = _int(name, raw)
+    if value > 100:
+        raise SettingsError(f"{name} must be a percent (0 to 100), got {value}")
+    return value
+
+
 def _str(name: str, raw: str) -> str:
     return raw.strip()
 
@@ -187,6 +194,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "LEASE_SECONDS": ("lease_s", _float),
     "MAX_TAKEOVERS": ("max_takeovers", _int),
     "MAX_QUEUED_PER_WORKSPACE": ("max_queued", _int),
+    "LOW_PRIORITY_HEADROOM_PERCENT": ("low_priority_headroom_pct", _percent),
     "RETRY_MAX_PER_REQUEST": ("retry_max_per_request", _int),
     "MAX_BULK_REQUESTS": ("max_bulk_requests", _int),
     "MAX_BULK_ACTIONS_RUNNING": ("max_bulk_actions_running", _int),
@@ -352,6 +360,13 @@ class Settings:
     #: Requests a workspace may have waiting IN_QUEUE (a workspace's own limit,
     #: ``workspace set-limits --max-queued``, wins); past it, ``429 queue_backlog_full``.
     max_queued: int = 1000
+    #: Percent of each provider's cap (a pool's: its members' summed),
+    #: rounded up, that ``low``-priority work (batch lines, bulk retries)
+    #: never takes, so a normal or high request finds a slot free at once
+    #: however much low work waits. Never the whole cap (a cap of 1 keeps
+    #: none). The cost: low work alone runs on the rest (cap 16 at 10: 14
+    #: slots). 0 turns it off.
+    low_priority_headroom_pct: int = 10
     #: Retries a request's chain (it, its retries and theirs) may have all
     #: told, sharing its kept body; past it, ``409 retry_limit_reached``.
     retry_max_per_request: int = 10

@@ -21,7 +21,8 @@ from router_queue.metrics import Recorder
 from router_queue.provider_pools import Member
 from router_queue.store.connect import FULL, UNREACHABLE
 from router_queue.store.outcomes import Claim, Complete
-from router_queue.store.requests import WEBHOOK_DUE, Lease, RequestRecord
+from router_queue.store.record import RequestRecord
+from router_queue.store.requests_values import WEBHOOK_DUE, Lease
 from router_queue.webhooks import delivery as webhook_delivery
 
 from . import fallbacks, members

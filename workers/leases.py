@@ -15,13 +15,13 @@ import logging
 import threading
 import time
 
-from router_queue.store.requests import RequestStore
+from router_queue.store.requests_delivery import DeliveryRequests
 
 log = logging.getLogger(__name__)
 
 
 class LeaseKeeper:
-    def __init__(self, store: RequestStore, lease_s: float):
+    def __init__(self, store: DeliveryRequests, lease_s: float):
         self.store = store
         self.lease_s = lease_s
         #: request id -> (provider, token, renewed until: time.monotonic())

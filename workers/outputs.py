@@ -23,7 +23,7 @@ from router_queue.blobs.store import BlobStore, BlobUnavailable
 from router_queue.services import Services
 from router_queue.store.fallback import share
 from router_queue.store.outcomes import Complete
-from router_queue.store.requests import RequestRecord
+from router_queue.store.record import RequestRecord
 
 from .leases import LeaseKeeper
 

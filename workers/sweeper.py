@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from router_queue import states
 from router_queue.batches.sweep import sweep_batches
 from router_queue.store.outcomes import Cancel
+from router_queue.webhooks.budget_alerts import send_owed
 
 from .bulk import resume_overdue
 from .context import WorkerContext
@@ -87,6 +88,7 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
     resume_overdue(context, now)  # bulk actions whose step was lost with its worker
     objects_deleted, orphans_deleted = expire_objects(context, now)
     batches = _sweep_batches(context)
+    _send_budget_alerts(context)
     results_moved = move_fallback_results(context, now)  # last: a stalled store delays nothing else
     services.metrics.swept(republished=republished, reaped=reaped, timed_out=timed_out,
                            deadline_cancels=deadline_cancels)
@@ -101,10 +103,20 @@ def _sweep_batches(context: WorkerContext) -> int:
     """Batches' drains resumed, finished batches announced; a failure here
     is logged, never the sweep's."""
     try:
-        return sweep_batches(context.services, context.dispatcher.publish_batch)
+        return sweep_batches(context.services, context.dispatcher.publish_batch,
+                             context.dispatcher.publish_batch_webhook)
     except Exception:
         log.exception("sweeper: the batches' pass failed; the next sweep tries again")
         return 0
+
+
+def _send_budget_alerts(context: WorkerContext) -> None:
+    """Budget thresholds crossed, told (``webhooks/budget_alerts.py``); a
+    failure here is logged, never the sweep's."""
+    try:
+        send_owed(context.services)
+    except Exception:
+        log.exception("sweeper: the budget alerts' pass failed; the next sweep tries again")
 
 
 def _enforce_deadlines(context: WorkerContext, provider: str, now: float) -> tuple[int, int]:

@@ -12,7 +12,9 @@ from celery import shared_task
 from celery.signals import worker_ready, worker_shutting_down
 
 from router_queue.batches.drain import drain as drain_lines
+from router_queue.batches.finish import send_webhook as send_batch_webhook
 from router_queue.broker.celery_app import (
+    BATCH_WEBHOOK_TASK,
     BULK_TASK,
     DELIVER_TASK,
     DRAIN_BATCH_TASK,
@@ -60,6 +62,16 @@ def deliver_webhook(self, request_id: str) -> str:
     publishes it then."""
     context = context_for(self.app)
     return webhook_delivery.deliver(context.services, context.dispatcher, request_id)
+
+
+@shared_task(bind=True, name=BATCH_WEBHOOK_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+             max_retries=0)
+def deliver_batch_webhook(self, workspace: str, batch_id: str) -> str:
+    """One attempt at a batch's batch.completed webhook (router.webhooks).
+    Safe to run twice: one attempt holds it; the next, if owed, is the
+    sweeper's to publish."""
+    context = context_for(self.app)
+    return send_batch_webhook(context.services, workspace, batch_id)
 
 
 @shared_task(bind=True, name=DRAIN_BATCH_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True,

@@ -18,13 +18,13 @@ import time
 import uuid
 from dataclasses import dataclass
 
-from ..errors import IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, RouterError
+from ..errors import BudgetExceeded, IdempotencyKeyConflict, InsufficientCredits, InvalidInput, NotEnabled, RouterError
 from ..services import Services
 from ..store.batches import admitted_outcome, error_outcome
 from ..store.connect import UNREACHABLE, Unsent
-from ..store.outcomes import Admit
+from ..store.outcomes import Admit, Cancel
 from ..store.record import Submission
-from ..store.requests import Admission
+from ..store.requests_values import Admission
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,8 @@ WAITS = frozenset({Admit.BACKLOG_FULL, Admit.QUEUED_BYTES_FULL, Admit.STORED_BYT
 ENDS: dict[Admit, tuple[type[RouterError], str]] = {
     Admit.INSUFFICIENT_CREDITS: (InsufficientCredits, "the workspace had too few credits available to hold this "
                                                       "line's price; nothing was queued or charged for it"),
+    Admit.BUDGET_EXCEEDED: (BudgetExceeded, "this line's price would take a budget of the workspace over its "
+                                            "limit this period; nothing was queued or held for it"),
     Admit.NOT_ENABLED: (NotEnabled, "queued delivery is not switched on for this workspace"),
     Admit.NO_WEBHOOK: (InvalidInput, "webhook events were chosen, but there is no webhook to send them to"),
     Admit.NO_WEBHOOK_SECRET: (InvalidInput, "a webhook is named, but the workspace has no webhook signing secret "
@@ -176,3 +178,19 @@ def _cancel_admitted(services: Services, workspace: str, admitted: list[tuple[st
         entry = services.catalog.get(*model.split("/", 1))
         if entry is not None:
             services.store.cancel(request_id=request_id, workspace=workspace, model=model, provider=entry.provider)
+
+
+def cancel_unrecorded(services: Services, workspace: str, batch_id: str) -> list[Cancel]:
+    """Cancel what a drain that died mid-step admitted and never recorded: at most its one chunk
+    past the cursor, each line's request id minted when staged (MISSING: never admitted). For a
+    batch just marked cancelled, which no drain takes again; a live drain cancels its own step."""
+    store = services.batches
+    cursor = int((store.get(workspace, batch_id) or {}).get("cursor", 0))
+    texts = store.lines(workspace, batch_id, cursor, CHUNK_LINES)
+    done = []
+    for text, outcome in zip(texts, store.outcomes(workspace, batch_id, cursor + 1, len(texts))):
+        if text and outcome is None:
+            line = json.loads(text)
+            done.append(services.store.cancel(request_id=line["id"], workspace=workspace, model=line["m"],
+                                              provider=line["p"]))
+    return done

@@ -2,9 +2,10 @@
 whichever reader sees it first: a status read or the sweeper), then its one
 ``batch.completed`` webhook, signed as a request's events are (Standard
 Webhooks, ``webhooks/event.py``), with webhook-id ``batch_<batch_id>`` on
-every attempt. The sweeper makes one attempt a run, up to
-:data:`MAX_ATTEMPTS`, each through the same URL checks and POST as a
-request's event (``webhooks/safety.py``, ``webhooks/delivery.post``).
+every attempt. The sweeper publishes an attempt a run to the webhooks
+worker (``router.webhooks``), up to :data:`MAX_ATTEMPTS`, each in its
+workspace's turn and past its endpoint's circuit, as a request's event is
+(``store/webhooks.py``), and through the same URL checks and POST.
 """
 
 from __future__ import annotations
@@ -13,11 +14,14 @@ import http.client
 import json
 import logging
 import time
+import uuid
 from typing import Any
 
 from ..services import Services
 from ..states import COMPLETED
 from ..store.secret_box import SecretsKeyError
+from ..store.webhooks import HELD
+from ..urls import origin
 from ..webhooks import event as webhook_event, safety
 from ..webhooks.delivery import AttemptTimedOut, post
 from .reading import CHUNK, Summary, kept_counts, line_views, summary
@@ -70,13 +74,37 @@ def webhook_body(batch_id: str, found: Summary, results_url: str) -> bytes:
     return json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
 
 
-def send_webhook(services: Services, workspace: str, batch_id: str, batch: dict[str, str]) -> str:
-    """One attempt at the batch's webhook: "delivered", "failed" (tried
-    again next sweep) or "given_up"; its state is kept on the batch."""
+def send_webhook(services: Services, workspace: str, batch_id: str) -> str:
+    """One attempt at the batch's webhook (the webhooks worker's task):
+    "delivered", "failed" (tried again by a later sweep) or "given_up", its
+    state kept on the batch; or, nothing sent, "busy" (another attempt holds
+    it), "not_owed", or "waiting" (its workspace's turn full, or the
+    endpoint's circuit open: still owed, and no attempt counted). A failed
+    attempt keeps its lease (WEBHOOK_LEASE_SECONDS), so the next is that far off."""
+    settings, token, now = services.settings, uuid.uuid4().hex, time.time()
+    if not services.batches.take_webhook(workspace, batch_id, token, settings.webhook_lease_s):
+        return "busy"
+    outcome = "failed"  # until the attempt says otherwise: a failure keeps the lease, spacing the next
+    try:
+        outcome = _attempt(services, workspace, batch_id, token, now)
+        return outcome
+    finally:
+        if outcome != "failed":
+            services.batches.release_webhook(workspace, batch_id)
+
+
+def _attempt(services: Services, workspace: str, batch_id: str, token: str, now: float) -> str:
     settings = services.settings
-    attempts = int(batch.get("webhook_attempts", 0)) + 1
+    batch = services.batches.get(workspace, batch_id) or {}
+    if batch.get("webhook") != "owed":
+        return "not_owed"
     url = batch.get("webhook_url") or services.accounts.webhook_url(workspace) or ""
-    outcome = "failed"
+    endpoint = origin(url)
+    turn, _ = services.webhooks.turn(workspace, endpoint, now=now, lease_s=settings.webhook_lease_s, token=token)
+    if turn not in HELD:
+        return "waiting"
+    attempts = int(batch.get("webhook_attempts", 0)) + 1
+    outcome, status, error, began = "failed", None, "", time.monotonic()
     try:
         addresses = safety.check(url, allow_loopback_http=settings.webhook_allow_loopback_http,
                                  resolve_timeout_s=settings.webhook_resolve_timeout_s, holder=workspace)
@@ -89,7 +117,13 @@ def send_webhook(services: Services, workspace: str, batch_id: str, batch: dict[
         status = post(url, str(addresses[0]), body, headers, settings.webhook_timeout_s)
         outcome = "delivered" if 200 <= status < 300 or status == 410 else "failed"
     except ATTEMPT_FAILURES as exc:  # this attempt's; the next sweep tries again
-        log.warning("batch %s: its webhook attempt %d failed (%s)", batch_id, attempts, type(exc).__name__)
+        error = type(exc).__name__
+        log.warning("batch %s: its webhook attempt %d failed (%s)", batch_id, attempts, error)
+    entry = json.dumps({"at": now, "request_id": webhook_id(batch_id), "event": EVENT_TYPE, "origin": endpoint,
+                        "attempt": attempts, "outcome": outcome, "status": status, "error": error,
+                        "seconds": round(time.monotonic() - began, 3)}, separators=(",", ":"))
+    services.webhooks.end_turn(workspace, endpoint, token=token, now=time.time(), outcome=outcome,
+                               endpoint_failed=outcome == "failed", entry=entry, probe=turn == "PROBE")
     if outcome == "failed" and attempts >= MAX_ATTEMPTS:
         outcome = "given_up"
     services.batches.mark_webhook(workspace, batch_id, outcome if outcome != "failed" else "owed", attempts)

@@ -1,8 +1,8 @@
 """The sweeper's pass over batches not yet settled (``workers/sweeper.py``):
 each still draining has its drain published again (a drain that died, or
 whose lines waited for room); each whose lines have all ended is finished;
-each finished with its webhook owed gets an attempt. Safe to run twice: the
-drain's lease and the finish's one step decide."""
+each finished with its webhook owed has an attempt published. Safe to run
+twice: the drain's lease, the finish's one step and the webhook's lease decide."""
 
 from __future__ import annotations
 
@@ -10,14 +10,16 @@ from typing import Callable
 
 from ..services import Services
 from ..states import COMPLETED
-from .finish import finish_if_done, send_webhook
+from .finish import finish_if_done
 
 #: Batches looked at per sweep at most (the oldest first).
 BATCHES_PER_SWEEP = 100
 
 
-def sweep_batches(services: Services, publish_drain: Callable[[str, str], None]) -> int:
-    """One pass; the number of batches acted on."""
+def sweep_batches(services: Services, publish_drain: Callable[[str, str], None],
+                  publish_webhook: Callable[[str, str], None]) -> int:
+    """One pass; the number of batches acted on. A webhook owed is published
+    to the webhooks worker, never sent here: a slow receiver holds no sweep."""
     store = services.batches
     acted = 0
     for workspace, batch_id in store.unfinished(BATCHES_PER_SWEEP):
@@ -36,7 +38,7 @@ def sweep_batches(services: Services, publish_drain: Callable[[str, str], None])
         if batch.get("status") == COMPLETED:
             acted += 1
             if batch.get("webhook") == "owed":
-                send_webhook(services, workspace, batch_id, batch)
+                publish_webhook(workspace, batch_id)
             else:
                 store.settled(workspace, batch_id)
     return acted

@@ -17,8 +17,16 @@ import json
 
 from celery import Celery
 
-from ..store.requests import BrokerTemplate, GrantPublishing
-from .celery_app import DELIVER_TASK, DRAIN_BATCH_TASK, MAINTENANCE_QUEUE, WEBHOOK_TASK, WEBHOOKS_QUEUE, queue_name
+from ..store.requests_base import BrokerTemplate, GrantPublishing
+from .celery_app import (
+    BATCH_WEBHOOK_TASK,
+    DELIVER_TASK,
+    DRAIN_BATCH_TASK,
+    MAINTENANCE_QUEUE,
+    WEBHOOK_TASK,
+    WEBHOOKS_QUEUE,
+    queue_name,
+)
 
 #: Stand-ins for the per-grant values, as lib/schedule.lua's grant() replaces them
 #: (plain letters: they are Lua patterns too).
@@ -63,6 +71,10 @@ class Dispatcher:
     def publish_webhook(self, request_id: str) -> None:
         """Nudge a webhook worker to attempt the request's event now."""
         self.celery.send_task(WEBHOOK_TASK, args=[request_id], queue=WEBHOOKS_QUEUE)
+
+    def publish_batch_webhook(self, workspace: str, batch_id: str) -> None:
+        """Nudge a webhook worker to attempt the batch's batch.completed webhook."""
+        self.celery.send_task(BATCH_WEBHOOK_TASK, args=[workspace, batch_id], queue=WEBHOOKS_QUEUE)
 
     def publish_batch(self, workspace: str, batch_id: str) -> None:
         """Run (or resume) a batch's drain."""

@@ -1,8 +1,8 @@
 """The ``router-queue`` command: accounts, and the one-command demo.
 
     router-queue workspace create | enable-queue | set-credits | set-limits | list | ledger
-    router-queue workspace set-webhook | webhook-secret | set-regions
-    router-queue key mint | mint-legacy | list | revoke | rotate | audit
+    router-queue workspace set-webhook | webhook-secret | set-budget | budgets | set-regions
+    router-queue key mint | mint-legacy | list | revoke | rotate | audit | set-budget
     router-queue ops depths | inspect | cancel | requeue | drain | purge-expired | webhooks | migrate-keys
     router-queue dev                # the whole stack on this machine
 
@@ -29,6 +29,7 @@ from ..store import quotas
 from ..store.apikeys import DEFAULT_OVERLAP_S, NO_WORKSPACE
 from ..web.auth import CACHE_TTL_S
 from ..webhooks import event as webhook_event, safety
+from .budgets import set_key_budget, set_workspace_budget, show_budgets
 from .context import services
 from .ops import ops, require_router_queue_data
 from .regions import set_regions
@@ -363,6 +364,9 @@ def _or_fail(action):
         raise click.ClickException(str(exc)) from None
 
 
+workspace.add_command(set_workspace_budget)
+workspace.add_command(show_budgets)
+key.add_command(set_key_budget)
 main.add_command(dev)
 main.add_command(ops)
 workspace.add_command(set_regions)

@@ -14,6 +14,7 @@ import redis
 
 from . import keys
 from .apikeys import ApiKeys
+from .budgets import Budgets
 from .epoch import StoreEpoch
 from .scripts import argv, load_script
 from .secret_box import SecretBox, SecretsKeyError, open_stored
@@ -81,6 +82,9 @@ class LedgerEntry:
     balance: int
     held: int
     at: float
+    #: The request's model and its caller's key id ("" for entries written before they were kept).
+    model: str = ""
+    key: str = ""
 
 
 class Accounts:
@@ -97,6 +101,8 @@ class Accounts:
         self.providers = providers
         self._schedule_limits = load_script(client, "schedule_limits", LIMITS_ARGS)
         self.keys = ApiKeys(client)
+        #: Credit budgets, the workspace's and its keys' (``budgets.py``).
+        self.budgets = Budgets(client)
         self.epoch = StoreEpoch(client, split=split)
         self._webhook_secret = load_script(client, "webhook_secret", SECRET_ARGS)
 
@@ -244,6 +250,7 @@ class Accounts:
                 yield LedgerEntry(
                     id=entry_id.decode(), type=row["type"], request_id=row["request_id"], amount=int(row["amount"]),
                     balance=int(float(row["balance"])), held=int(row["held"]), at=float(row["at"]),
+                    model=row.get("model", ""), key=row.get("key", ""),
                 )
             if len(rows) < page:
                 return

@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 #: fields admission carries from the submission into the record, as
 #: ``record.py`` declares them, then what steers the admission.
 ADMIT_ARGS = (*(f.name for f in ADMITTED), "body", "now", "fingerprint", "idem_ttl", "require_enabled",
-              "grant_until", "price", "max_queued", "template", "cap", "write_deadline", "webhook_url",
-              "response_url", "max_queued_bytes", "max_pending_webhooks", "webhook_events", "retention",
+              "grant_until", "price", "max_queued", "template", "cap", "low_headroom_pct", "write_deadline",
+              "webhook_url", "response_url", "max_queued_bytes", "max_pending_webhooks", "webhook_events", "retention",
               "max_stored_bytes", "retry_max", "ledger_keep")
 #: The split steps' (admit_ws.lua, admit_place.lua): admit.lua's, and the
 #: body's bytes (the workspace's step is not sent the body), the workspace's
@@ -52,7 +52,7 @@ ABANDON_BATCH = 500
 #: admitted.lua's ARGV by name.
 ADMITTED_ARGS = ("id", "write_deadline")
 #: admit_undo.lua's ARGV by name.
-UNDO_ARGS = ("id", "price", "body_bytes", "now")
+UNDO_ARGS = ("id", "price", "body_bytes", "now", "key_id", "since")
 #: Reads of a lost admission's outcome at most, each waiting half the budget.
 LOST_REPLY_READS = 2
 #: Seconds between two of those reads after one failed at once (a refused connection).
@@ -167,7 +167,8 @@ class TwoStepAdmission:
         if not values["write_deadline"]:
             values = {**values, "write_deadline": repr(float(values["now"]) + DEFAULT_DEADLINE_S)}
         pending = json.dumps({"id": request_id, "ws": workspace, "price": int(values["price"]), "bytes": body_bytes,
-                              "idem": idem_key}, separators=(",", ":"))
+                              "idem": idem_key, "key": values["key_id"], "at": values["now"]},
+                             separators=(",", ":"))
         admitting = keys.admitting(provider)
         try:
             self.client.zadd(admitting, {pending: float(values["write_deadline"])})
@@ -240,7 +241,8 @@ class TwoStepAdmission:
         return int(self._undo(keys=[keys.workspace(workspace), keys.ledger(workspace), pending["idem"],
                                     keys.open_requests(workspace)],
                               args=argv(UNDO_ARGS, id=pending["id"], price=pending["price"],
-                                        body_bytes=pending["bytes"], now=repr(time.time()))))
+                                        body_bytes=pending["bytes"], now=repr(time.time()),
+                                        key_id=pending.get("key", ""), since=pending.get("at", ""))))
 
     def _body_bytes(self, values: dict[str, Any]) -> int:
         """The bytes the body will take: a retry's is its original's (kept

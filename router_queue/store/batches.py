@@ -188,6 +188,15 @@ class BatchStore:
         """A hint: the first ``lines`` lines have all ended (a lower bound, so two writers are both right)."""
         self.client.hset(keys.batch(workspace, batch_id), "ended", lines)
 
+    def take_webhook(self, workspace: str, batch_id: str, token: str, lease_s: float) -> bool:
+        """The batch's webhook for one attempt, for ``lease_s``: False while another attempt holds it."""
+        return bool(self.client.set(keys.batch_webhook_lease(workspace, batch_id), token, nx=True,
+                                    px=max(1, int(lease_s * 1000))))
+
+    def release_webhook(self, workspace: str, batch_id: str) -> None:
+        """The attempt's lease given back (by its holder, within it: WEBHOOK_TIMEOUT_SECONDS < the lease)."""
+        self.client.delete(keys.batch_webhook_lease(workspace, batch_id))
+
     def mark_webhook(self, workspace: str, batch_id: str, state: str, attempts: int) -> None:
         """The batch.completed webhook's state ("owed", "delivered", "failed") and attempts so far."""
         self.client.hset(keys.batch(workspace, batch_id), mapping={"webhook": state, "webhook_attempts": attempts})

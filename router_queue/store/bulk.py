@@ -22,7 +22,7 @@ import redis
 from .. import states
 from . import keys
 from .record import READ_NAMES, RequestRecord, iso
-from .requests import HISTORY_ARGS
+from .requests_front import HISTORY_ARGS
 from .scripts import argv, load_script
 
 #: Kinds of outcome a matched request is counted under (the hash's counters).

@@ -272,6 +272,11 @@ def key_audit(workspace_id: str) -> str:
     return f"{PREFIX}:keyaudit:{workspace_id}"
 
 
+def budgeted() -> str:
+    """The workspaces with a budget (theirs or a key's): whose crossings the sweeper sends (``budgets.py``)."""
+    return f"{PREFIX}:budgets"
+
+
 def keys_indexed() -> str:
     """Set once every key minted before the key index was indexed."""
     return f"{PREFIX}:config:keys-indexed"
@@ -397,6 +402,11 @@ def batch_lines(workspace_id: str, batch_id: str) -> str:
 def batch_results(workspace_id: str, batch_id: str) -> str:
     """A batch's lines' outcomes so far: line number → request id, or an error."""
     return f"{batch(workspace_id, batch_id)}:results"
+
+
+def batch_webhook_lease(workspace_id: str, batch_id: str) -> str:
+    """The token of the one attempt at a batch's batch.completed webhook under way (string, its lease's TTL)."""
+    return f"{batch(workspace_id, batch_id)}:webhook-lease"
 
 
 def batches(workspace_id: str) -> str:

@@ -24,6 +24,8 @@ class Admit(StrEnum):
     STORED_BYTES_FULL = "STORED_BYTES_FULL"
     PENDING_WEBHOOKS_FULL = "PENDING_WEBHOOKS_FULL"  #: the workspace has as many webhook events pending as it may
     INSUFFICIENT_CREDITS = "INSUFFICIENT_CREDITS"
+    #: its hold would take a budget of the workspace or of the caller's key over its limit this period
+    BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
     DRAINING = "DRAINING"  #: the provider admits nothing new
     #: a webhook is named (``source``: "header" or the workspace's "default")
     #: and the workspace has no signing secret to sign its event with

@@ -162,6 +162,8 @@ FIELDS: tuple[Field, ...] = (
 WRITTEN_ONLY: tuple[Field, ...] = (
     Field("priority", TEXT, admitted=True),
     Field("traceparent", TEXT, admitted=True),
+    # the caller's API key's id: its budgets (lib/budget.lua) and the ledger's entries
+    Field("key_id", TEXT, admitted=True),
 )
 
 #: The names every record read takes, in order (the ``HMGET``).
@@ -358,3 +360,5 @@ class Submission:
     bulk_id: str = ""
     #: The models it may run on instead (X-Comfy-Fallback-Models, checked), comma-separated; "" for none.
     fallback_models: str = ""
+    #: The caller's API key's id (``key_…``), or "": its budgets are checked too (``store/budgets.py``).
+    key_id: str = ""

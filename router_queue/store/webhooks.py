@@ -203,11 +203,7 @@ class WebhookStore:
         limits = self.limits
         turn, open_until = "", ""
         if state == "pending" and float(lease_until or 0) <= now and float(next_at or 0) <= now:
-            answer = [_text(v) for v in self._turn(
-                keys=[keys.webhook_in_flight(workspace), keys.webhook_circuit(workspace, endpoint)],
-                args=argv(TURN_ARGS, now=repr(now), lease_s=lease_s, token=token,
-                          max_in_flight=limits.max_in_flight_per_workspace, circuit_failures=limits.circuit_failures))]
-            turn, open_until = answer[0], answer[1] if len(answer) > 1 else ""
+            turn, open_until = self.turn(workspace, endpoint, now=now, lease_s=lease_s, token=token)
         ws_keys, split = self._workspace_target(provider, workspace)
         reply = self._take(
             keys=[keys.webhook_event(request_id), keys.webhooks_due(provider, request_id), *ws_keys],
@@ -217,7 +213,7 @@ class WebhookStore:
                       jitter=repr(self._rand.random()), split=split))
         outcome = _text(reply[0])
         if turn in HELD and outcome != "TAKEN":
-            self._after_event("a turn given back", lambda: self._end_turn(workspace, endpoint, token=token,
+            self._after_event("a turn given back", lambda: self.end_turn(workspace, endpoint, token=token,
                                                                           now=now, probe=turn == "PROBE"))
         if outcome == "GAVE_UP":
             self.effects.settle(provider, reply)
@@ -231,6 +227,17 @@ class WebhookStore:
         self._after_event("the attempts in flight", pipe.execute)
         flat = [_text(v) for v in reply[1:]]
         return Taken(outcome, WebhookEvent.from_fields(dict(zip(flat[::2], flat[1::2]))))
+
+    def turn(self, workspace: str, endpoint: str, *, now: float, lease_s: float, token: str) -> tuple[str, str]:
+        """``webhook_turn.lua``: a slot of the workspace's turn for one attempt
+        at ``endpoint`` (an origin) past its circuit: (answer, open until or
+        ""). HELD and PROBE hold the slot until :meth:`end_turn` or the lease's end."""
+        limits = self.limits
+        answer = [_text(v) for v in self._turn(
+            keys=[keys.webhook_in_flight(workspace), keys.webhook_circuit(workspace, endpoint)],
+            args=argv(TURN_ARGS, now=repr(now), lease_s=lease_s, token=token,
+                      max_in_flight=limits.max_in_flight_per_workspace, circuit_failures=limits.circuit_failures))]
+        return answer[0], answer[1] if len(answer) > 1 else ""
 
     def record(self, event: WebhookEvent, *, token: str, now: float, outcome: str, status: int | None,
                error: str, seconds: float, next_at: float | None, endpoint_failed: bool | None = None) -> str:
@@ -257,7 +264,7 @@ class WebhookStore:
         entry = json.dumps({"at": now, "request_id": event.request_id, "event": event.event, "origin": endpoint,
                             "attempt": event.attempt, "outcome": outcome, "status": status, "error": error[:300],
                             "seconds": round(seconds, 3)}, separators=(",", ":"))
-        self._after_event("the workspace's part of a record", lambda: self._end_turn(
+        self._after_event("the workspace's part of a record", lambda: self.end_turn(
             event.workspace, endpoint, token=token, now=now, outcome=outcome, endpoint_failed=endpoint_failed,
             entry="" if recorded == "MISSING" else entry))
         failing, member = keys.webhooks_failing(), f"{event.workspace}|{endpoint}"
@@ -284,7 +291,7 @@ class WebhookStore:
         except redis.RedisError as exc:
             log.warning("webhook attempt: %s not written (%s)", what, exc)
 
-    def _end_turn(self, workspace: str, endpoint: str, *, token: str, now: float, outcome: str = "",
+    def end_turn(self, workspace: str, endpoint: str, *, token: str, now: float, outcome: str = "",
                   endpoint_failed: bool = False, entry: str = "", probe: bool = False) -> None:
         """The workspace's part of an attempt's end (``webhook_turn_end.lua``),
         or, ``outcome`` "", of a turn given back unused (``probe``: it was to

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 from ..catalog import ModelEntry
 from ..errors import (
+    BudgetExceeded,
     ConcurrencyLimitExceeded,
     Gone,
     IdempotencyKeyConflict,
@@ -36,11 +37,11 @@ from ..errors import (
     ValidationFailed,
 )
 from ..services import Services
-from ..store.apikeys import is_legacy_namespace
+from ..store.apikeys import hash_key, is_legacy_namespace, key_id
 from ..store.connect import Unsent
 from ..store.outcomes import Admit
 from ..store.record import Submission
-from ..store.requests import PRIORITIES, Admission
+from ..store.requests_values import PRIORITIES, Admission
 from ..validation import too_many_items, validate
 from ..webhooks import event as webhook_event, safety
 from . import pacing, stashed
@@ -292,6 +293,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
             webhook_events=events,
             bulk_id=bulk_id,
             fallback_models=fallback,
+            key_id=caller_key_id(headers),
         ), rate=rate())
     except (RouterError, Unsent):  # refused (a rate window), or never sent: not admitted
         stashed.unstash(services, pointer, request_id)
@@ -345,6 +347,7 @@ REFUSALS: dict[Admit, Callable[[_Refused], Exception]] = {
     Admit.INSUFFICIENT_CREDITS: lambda r: InsufficientCredits(
         f"{r.entry.id} costs {r.entry.price_credits} credits and the workspace has {r.admission.available} "
         "available; nothing was queued or charged"),
+    Admit.BUDGET_EXCEEDED: lambda r: BudgetExceeded(budget_detail(r.entry.price_credits, r.admission.budget)),
     Admit.BACKLOG_FULL: lambda r: QueueBacklogFull(
         "this workspace already has as many requests waiting as it may; retry when some have started",
         retry_after=_backlog_hint(r)),
@@ -410,7 +413,7 @@ def _in_doubt(request_id: str, entry: ModelEntry, key: str | None, base_url: str
 COUNTED_REFUSALS = frozenset({Admit.DRAINING, Admit.NOT_ENABLED, Admit.NO_WEBHOOK, Admit.NO_WEBHOOK_SECRET,
                               Admit.BACKLOG_FULL, Admit.QUEUED_BYTES_FULL, Admit.STORED_BYTES_FULL,
                               Admit.PENDING_WEBHOOKS_FULL,
-                              Admit.INSUFFICIENT_CREDITS})
+                              Admit.INSUFFICIENT_CREDITS, Admit.BUDGET_EXCEEDED})
 
 
 def _count(services: Services, entry: ModelEntry, outcome: Admit) -> None:
@@ -418,6 +421,26 @@ def _count(services: Services, entry: ModelEntry, outcome: Admit) -> None:
         services.metrics.admitted(entry.provider, entry.id)
     elif outcome in COUNTED_REFUSALS:
         services.metrics.refused(entry.provider, entry.id, outcome.value)
+
+
+def caller_key_id(headers) -> str:
+    """The id of the API key a call presents (its budgets are checked), or ""."""
+    if headers is None:
+        return ""
+    key = headers.get("X-API-Key")
+    if key is None:
+        scheme, _, value = headers.get("Authorization", "").partition(" ")
+        key = value if scheme.lower() == "bearer" else None
+    key = (key or "").strip()
+    return key_id(hash_key(key)) if key else ""
+
+
+def budget_detail(price: int, budget) -> str:
+    """What a budget's refusal says: whose, which period, its limit and what is spent."""
+    whose = "the workspace's" if budget.scope == "workspace" else "this API key's"
+    every = {"day": "daily", "week": "weekly", "month": "monthly"}.get(budget.period, budget.period)
+    return (f"this request's {price} credits would take {whose} {every} budget of {budget.limit} credits "
+            f"over ({budget.spent} held or charged this {budget.period}); nothing was queued or held")
 
 
 def _not_retryable(request_id: str, status: str | None) -> str:

@@ -26,6 +26,7 @@ from .ratelimit import RateLimits
 from .readiness import READINESS, Readiness
 from .routes import queue
 from .stream import EventHub
+from .usage import usage
 
 
 def create_app(settings: Settings | None = None, *, services: Services | None = None) -> Flask:
@@ -48,6 +49,7 @@ def create_app(settings: Settings | None = None, *, services: Services | None = 
                                                   HeldSlots(services.redis))
     app.register_blueprint(queue)
     app.register_blueprint(history)
+    app.register_blueprint(usage)
     app.register_blueprint(bulk)
     app.register_blueprint(discovery)
     app.register_blueprint(batches)

@@ -19,6 +19,7 @@ from typing import Any, Iterator
 
 from flask import Blueprint, Response, request
 
+from ..batches.drain import cancel_unrecorded
 from ..batches.finish import finish_if_done
 from ..batches.reading import CHUNK, line_views, summary
 from ..errors import BatchNotFound, ConcurrencyLimitExceeded, IdempotencyKeyConflict, InvalidInput, UnsupportedMediaType
@@ -204,6 +205,9 @@ def cancel(batch_id: str) -> Response:
                                                  model=entry.id, provider=entry.provider)
                     cancelled += done is Cancel.CANCELLED
                     requested += done is Cancel.REQUESTED
+        for done in cancel_unrecorded(services, workspace, batch_id):
+            cancelled += done is Cancel.CANCELLED
+            requested += done is Cancel.REQUESTED
     body = {"batch_id": batch_id, "status": "ALREADY_COMPLETED" if outcome == "COMPLETED" else
             "CANCELLATION_REQUESTED", "cancelled": cancelled, "cancellation_requested": requested,
             **batch_urls(base_url(front, request), batch_id)}

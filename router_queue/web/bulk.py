@@ -32,7 +32,7 @@ from ..services import Publisher, Services
 from ..states import COMPLETED
 from ..store.bulk import DONE, FAILED, SKIPPED, BulkFilter, Progress
 from ..store.record import iso
-from ..store.requests import HISTORY_EXAMINED_PER_ENTRY
+from ..store.requests_front import HISTORY_EXAMINED_PER_ENTRY
 from ..validation import StrictSchema, validate
 from . import admission, paths
 from .bodies import json_response

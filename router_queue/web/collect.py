@@ -21,7 +21,7 @@ from ..blobs.pointers import ResultPointer
 from ..blobs.store import BlobMissing, BlobStore, BlobUnavailable
 from ..errors import Gone, RangeNotSatisfiable, ServiceUnavailable
 from ..metrics import Recorder
-from ..store.requests import RequestRecord
+from ..store.record import RequestRecord
 from .bodies import iso
 
 log = logging.getLogger(__name__)

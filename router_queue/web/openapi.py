@@ -19,11 +19,12 @@ from marshmallow import Schema, fields
 from ..catalog import Catalog, ModelEntry
 from ..states import ORDER, RESULT_STATUS
 from ..store.record import STATUS_LISTED, Field
-from ..store.requests import PRIORITIES
+from ..store.requests_values import PRIORITIES
 from . import paths
 from .bulk import openapi_paths as bulk_openapi_paths
 from .fallback_models import FALLBACK_HEADER, MAX_FALLBACK_MODELS
 from .openapi_batches import BATCH_EVENT, batch_paths
+from .openapi_usage import BUDGET_EVENT, usage_paths
 
 OPENAPI_VERSION = "3.0.3"
 #: X-Comfy-Start-Deadline and X-Comfy-Deadline: seconds, a plain decimal number (admission.py).
@@ -176,7 +177,8 @@ def _errors(*codes: int) -> dict[str, Any]:
         400: _error("invalid_input: not JSON, not an object, a bad header, a webhook named while the workspace "
                     "has no signing secret; content_policy_violation on a result"),
         401: _error("unauthorized: no key, or an unknown, revoked or rotated-out key"),
-        402: _error("insufficient_credits: nothing queued or charged"),
+        402: _error("insufficient_credits or budget_exceeded (a workspace's or key's budget this period): "
+                    "nothing queued or charged"),
         403: _error("not_enabled: queued delivery is off for this caller or model"),
         404: _error("model_not_found, request_not_found or batch_not_found"),
         405: _error("invalid_input: method not allowed"),
@@ -499,6 +501,7 @@ def api_document(catalog: Catalog) -> dict[str, Any]:
     spec.path(path=paths.HISTORY.openapi(), operations={"get": _history_operation(
         "This workspace's requests, newest first", "requests", _history_parameters(with_model=catalog.ids()))})
     bulk_openapi_paths(spec, _errors, _error)
+    usage_paths(spec, _errors)
     spec.path(path=paths.CATALOG.openapi(), operations={"get": {
         "summary": "The model catalog, a page at a time", "tags": ["catalog"],
         "parameters": [
@@ -527,6 +530,7 @@ def api_document(catalog: Catalog) -> dict[str, Any]:
     document["security"] = [{"apiKey": []}, {"bearer": []}]
     document["components"]["schemas"]["WebhookEvent"] = WEBHOOK_EVENT
     document["components"]["schemas"]["BatchCompletedEvent"] = BATCH_EVENT
+    document["components"]["schemas"]["BudgetThresholdCrossedEvent"] = BUDGET_EVENT
     return document
 
 

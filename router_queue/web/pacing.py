@@ -13,7 +13,8 @@ import math
 import time
 
 from ..states import COMPLETED, IN_PROGRESS
-from ..store.requests import Pace, RequestRecord
+from ..store.record import RequestRecord
+from ..store.requests_values import Pace
 
 #: Assumed run time (s) for a provider that has not completed anything yet.
 DEFAULT_RUN_S = 2.0

@@ -75,6 +75,7 @@ HISTORY = Route("history.requests", "GET", "/v2/requests", Rate.CARRIED)
 MODEL_HISTORY = Route("history.model_requests", "GET", REQUESTS, Rate.CARRIED)
 BULK = Route("bulk.create", "POST", "/v2/requests/bulk")
 BULK_PROGRESS = Route("bulk.progress", "GET", "/v2/requests/bulk/<bulk_id>")
+USAGE = Route("usage.workspace_usage", "GET", "/v2/usage")
 CATALOG = Route("discovery.list_models", "GET", "/v2/models")
 MODEL_OPENAPI = Route("discovery.model_schema", "GET", f"{MODEL}/openapi.json")
 API_OPENAPI = Route("discovery.openapi", "GET", "/v2/openapi.json")
@@ -98,7 +99,7 @@ BATCH_ROUTES = (BATCH_SUBMIT, BATCH_LIST, BATCH_STATUS, BATCH_RESULTS, BATCH_CAN
 ROUTES: tuple[Route, ...] = (
     SUBMIT, STATUS, EVENTS, RESULT, LINK, COST, RUN, RETRY, CANCEL, HISTORY, MODEL_HISTORY, CATALOG, MODEL_OPENAPI,
     API_OPENAPI, DOCS, HEALTHZ, READYZ, METRICS, OPS_SUMMARY, OPS_PAGE, *BATCH_ROUTES,
-    BULK, BULK_PROGRESS,
+    BULK, BULK_PROGRESS, USAGE,
 )
 
 

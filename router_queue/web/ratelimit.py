@@ -23,7 +23,7 @@ from flask import Request
 from limits import RateLimitItem, parse_many
 
 from ..errors import RateLimited, Unauthorized
-from ..store.requests import RequestStore, rate_window
+from ..store.requests_front import FrontDoorRequests, rate_window
 from . import paths
 from .auth import Caller, KeyResolver
 from .callers import TrustedProxies
@@ -130,7 +130,7 @@ def _allowance(bucket: str, spec: str) -> Allowance:
 
 
 class RateLimits:
-    def __init__(self, store: RequestStore, default_limit: str, keys: KeyResolver,
+    def __init__(self, store: FrontDoorRequests, default_limit: str, keys: KeyResolver,
                  proxies: TrustedProxies | None = None):
         _items(default_limit)  # a malformed default fails at start, not on the first call
         self.store = store

@@ -27,7 +27,8 @@ from ..errors import (
 )
 from ..states import COMPLETED, RESULT_STATUS
 from ..store.outcomes import Cancel
-from ..store.requests import RequestRecord, StatusView
+from ..store.record import RequestRecord
+from ..store.requests_values import StatusView
 from . import admission, pacing, paths
 from .bodies import Answer, cost_headers, json_response, request_urls, response_url, status_body
 from .collect import collect, link as collect_link

@@ -24,7 +24,8 @@ import redis
 
 from ..errors import Unauthorized
 from ..states import COMPLETED, IN_QUEUE
-from ..store.requests import RequestStore, StatusView, event_source, key_event_source
+from ..store.requests_front import FrontDoorRequests, event_source, key_event_source
+from ..store.requests_values import StatusView
 from .auth import HeldKey
 from .bodies import status_body
 
@@ -89,7 +90,7 @@ class EventHub:
     event streams and held synchronous calls that follow a request (or its
     provider). Started by the first follower, let go when the last one ends."""
 
-    def __init__(self, store: RequestStore):
+    def __init__(self, store: FrontDoorRequests):
         self.store = store
         self._lock = threading.Lock()
         self._by_request: dict[str, set[Follower]] = defaultdict(set)
@@ -214,7 +215,7 @@ def _frame(name: str, ident: str, body: dict) -> str:
     return f"id: {ident}\nevent: {name}\ndata: {json.dumps(body, separators=(',', ':'))}\n\n"
 
 
-def stream(store: RequestStore, hub: EventHub, view: StatusView, *, base: str, retention_s: int,
+def stream(store: FrontDoorRequests, hub: EventHub, view: StatusView, *, base: str, retention_s: int,
            last_event_id: str | None, key: HeldKey | None = None,
            clock: Callable[[], float] = time.monotonic) -> Iterator[str]:
     """The frames of one stream, from ``view`` (the request as this caller may

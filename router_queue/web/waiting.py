@@ -20,7 +20,8 @@ from typing import Callable, Iterator
 from ..errors import HeldCallsFull
 from ..states import COMPLETED
 from ..store.held import HELD_RETRY_AFTER_S, HeldSlots
-from ..store.requests import RequestStore, StatusView
+from ..store.requests_front import FrontDoorRequests
+from ..store.requests_values import StatusView
 from .auth import HeldKey
 from .stream import EventHub
 
@@ -28,7 +29,7 @@ from .stream import EventHub
 RECHECK_S = 5.0
 
 
-def wait_until_completed(store: RequestStore, hub: EventHub, request_id: str, provider: str,
+def wait_until_completed(store: FrontDoorRequests, hub: EventHub, request_id: str, provider: str,
                          hold_s: float, key: HeldKey | None = None) -> StatusView:
     """The request's view once COMPLETED, or as it stands when ``hold_s`` runs
     out; ``Unauthorized`` once ``key`` (the call's) stopped working."""

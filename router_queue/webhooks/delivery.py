@@ -30,7 +30,7 @@ from . import event as webhook_event, retry_policy, safety
 
 if TYPE_CHECKING:
     from router_queue.services import Services
-    from router_queue.store.requests import RequestRecord
+    from router_queue.store.record import RequestRecord
 
 log = logging.getLogger(__name__)
 

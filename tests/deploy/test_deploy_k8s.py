@@ -256,9 +256,16 @@ def test_web_service_selects_web_pods() -> None:
     assert service["spec"]["selector"].items() <= labels.items()
     port_names = {p["name"] for p in _sidecar(_deployments()["web"], "proxy")["ports"]}
     assert {p["targetPort"] for p in service["spec"]["ports"]} <= port_names, "callers come through nginx"
-    (ingress,) = [d.body for d in _of_kind("Ingress")]
-    paths = [p["path"] for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]]
-    assert paths == ["/v2"], "only the public API is routed; /metrics and /ops stay inside"
+    ingresses = {d.name: d.body for d in _of_kind("Ingress")}
+    paths = {name: [(p["path"], p["pathType"], p["backend"]["service"]["name"])
+                    for rule in i["spec"]["rules"] for p in rule["http"]["paths"]] for name, i in ingresses.items()}
+    assert paths == {"web": [("/v2", "Prefix", "web")], "web-batches": [("/v2/batches", "Exact", "web")]}, \
+        "only the public API is routed; /metrics and /ops stay inside"
+    # the batch route's Ingress differs from the API's in its body limit alone (test_deploy_nginx.py)
+    hosts = {name: ([r["host"] for r in i["spec"]["rules"]], i["spec"]["ingressClassName"],
+                    {k: v for k, v in i["metadata"]["annotations"].items() if not k.endswith("proxy-body-size")})
+             for name, i in ingresses.items()}
+    assert hosts["web-batches"] == hosts["web"]
 
 
 def test_beat_is_a_singleton() -> None:

@@ -221,6 +221,19 @@ def test_no_docstring_runs_to_an_essay():
     assert not offenders, f"docstrings over {DOCSTRING_LINES} lines (move the narrative to docs/): {offenders}"
 
 
+#: Lines a module of the service's packages may have: past it, a module holds more than one job.
+MODULE_LINES = 600
+
+
+def test_no_module_holds_more_than_one_job():
+    """A module over ``MODULE_LINES`` is split by who calls it (as the request store is)."""
+    sizes = {str(path.relative_to(ROOT)): len(path.read_text().splitlines())
+             for package in PACKAGES for path in (ROOT / package).rglob("*.py") if "__pycache__" not in path.parts}
+    assert sizes, "no modules found"
+    offenders = {path: lines for path, lines in sizes.items() if lines > MODULE_LINES}
+    assert not offenders, f"modules over {MODULE_LINES} lines (split them): {offenders}"
+
+
 def _key_pattern(function) -> str | None:
     """A regex for the key ``function`` builds, its family's tag left out and
     each parameter any ``{placeholder}`` (``keys.request``: ``:req:{id}``);

@@ -16,7 +16,7 @@ import redis
 
 from router_queue.services import Services
 from router_queue.settings import Secret, Settings
-from router_queue.store.requests import GrantPublishing
+from router_queue.store.requests_base import GrantPublishing
 from router_queue.web.app import create_app
 from tests.redis_servers import UNIT_DB, with_db
 
@@ -95,6 +95,9 @@ class RecordingDispatcher:
 
     def publish_batch(self, workspace: str, batch_id: str) -> None:
         self.published.append((batch_id, "batch"))
+
+    def publish_batch_webhook(self, workspace: str, batch_id: str) -> None:
+        self.published.append((batch_id, "batch_webhook"))
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import json
 import pytest
 from flask import request
 
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from tests.unit.support import record_of
 
 LEASE = Lease(token="t", lease_s=30, queue_timeout_s=3600, max_takeovers=3)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from router_queue.states import COMPLETED, IN_PROGRESS
 from router_queue.store import keys
 from router_queue.store.record import Submission
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from tests.unit.support import record_of
 
 MODEL = "vertexai/gemini-3.1-flash-image"

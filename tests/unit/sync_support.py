@@ -7,7 +7,8 @@ import threading
 import time
 
 from router_queue.services import Services
-from router_queue.store.requests import GrantPublishing, Lease
+from router_queue.store.requests_base import GrantPublishing
+from router_queue.store.requests_values import Lease
 from tests.unit.route_support import FLUX
 from tests.unit.support import record_of
 

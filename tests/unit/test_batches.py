@@ -191,7 +191,7 @@ def test_the_sweeper_resumes_a_waiting_drain_and_finishes_a_batch_once_its_lines
     batch_id = send(http, auth, ndjson(*[GOOD] * 3)).json["batch_id"]
     published: list[str] = []
     drain(services, workspace, batch_id)
-    sweep_batches(services, lambda ws, b: published.append(b))
+    sweep_batches(services, lambda ws, b: published.append(b), lambda ws, b: published.append(f"hook {b}"))
     assert published == [batch_id]  # a line still waits in it: its drain is published again
     services.store.max_queued = 10
     drain(services, workspace, batch_id)
@@ -199,11 +199,63 @@ def test_the_sweeper_resumes_a_waiting_drain_and_finishes_a_batch_once_its_lines
     for request_id in ids[:2]:
         services.store.claim(record_of(services, request_id, "bfl"), LEASE)
         services.store.complete(record_of(services, request_id, "bfl"), output=b"{}", content_type="application/json")
-    assert sweep_batches(services, published.append) == 0  # the third still waits
+    assert sweep_batches(services, published.append, published.append) == 0  # the third still waits
     assert services.batches.get(workspace, batch_id)["ended"] == "2"  # the next check starts at line 3
     services.store.cancel(request_id=ids[2], workspace=workspace, model="bfl/flux-2-pro", provider="bfl")
-    assert sweep_batches(services, published.append) == 1
+    assert sweep_batches(services, published.append, published.append) == 1
     final = http.get(f"/v2/batches/{batch_id}", headers=auth).json
     assert final["status"] == "COMPLETED" and final["counts"]["by_error_type"] == {"cancelled": 1}
     assert final["credits"]["charged"] > 0 and final["credits"]["held"] == 0
     assert services.batches.unfinished() == []  # settled: no webhook owed
+
+
+def test_a_step_admitted_by_a_drain_that_died_is_cancelled_with_its_batch(http, auth, services, workspace):
+    from router_queue.batches.drain import _admit_chunk
+
+    batch_id = send(http, auth, ndjson(*[GOOD] * 3)).json["batch_id"]
+    # the drain SIGKILLed mid-step: its admissions reached Redis, its progress never did
+    outcomes = _admit_chunk(services, workspace, batch_id, 0, services.batches.lines(workspace, batch_id, 0, 3))
+    ids = [o.split("|", 1)[0] for o in outcomes or []]
+    assert len(ids) == 3 and all(status_of(http, auth, i)["status"] == "IN_QUEUE" for i in ids)
+    assert http.put(f"/v2/batches/{batch_id}/cancel", headers=auth).status_code == 202
+    drain(services, workspace, batch_id)  # the sweeper's next drain
+    assert [status_of(http, auth, i).get("error_type") for i in ids] == ["cancelled"] * 3
+    assert [s.get("error_type") for s in results(http, auth, batch_id)] == ["cancelled"] * 3
+
+
+def test_a_batch_webhook_is_the_webhooks_workers_to_send_in_its_workspaces_turn(http, auth, services, workspace,
+                                                                               monkeypatch):
+    """Published by the sweeper to the webhooks worker, never POSTed in the sweep;
+    sent in the workspace's turn (its per-workspace cap, its endpoint's circuit),
+    as a request's events are, and logged with them; one attempt at a time."""
+    import dataclasses
+    import time
+
+    from router_queue.batches import finish
+    from router_queue.batches.sweep import sweep_batches
+    from router_queue.webhooks import event as webhook_event
+
+    services.accounts.webhook_secret(workspace, webhook_event.new_secret())
+    posted: list[dict] = []
+    monkeypatch.setattr(finish.safety, "check", lambda url, **_: ["127.0.0.1"])
+    monkeypatch.setattr(finish, "post", lambda url, address, body, headers, timeout: posted.append(json.loads(body))
+                        or 200)
+    hook = {"X-Comfy-Webhook-Url": "http://127.0.0.1:9/hook"}
+    batch_id = send(http, auth, ndjson({"model": "bfl/flux-9", "body": {}}), headers=hook).json["batch_id"]
+    drain(services, workspace, batch_id)
+    published: list[tuple[str, str]] = []
+    sweep_batches(services, lambda ws, b: published.append(("drain", b)), lambda ws, b: published.append(("hook", b)))
+    assert (published, posted) == ([("hook", batch_id)], [])  # the sweep itself sends nothing
+    services.webhooks.limits = dataclasses.replace(services.webhooks.limits, max_in_flight_per_workspace=1)
+    endpoint = "http://127.0.0.1:9"
+    assert services.webhooks.turn(workspace, endpoint, now=time.time(), lease_s=30, token="an-event")[0] == "HELD"
+    assert finish.send_webhook(services, workspace, batch_id) == "waiting"  # the workspace's one slot is taken
+    assert posted == [] and services.batches.get(workspace, batch_id)["webhook"] == "owed"
+    services.webhooks.end_turn(workspace, endpoint, token="an-event", now=time.time())
+    services.batches.take_webhook(workspace, batch_id, "another-attempt", 30)
+    assert finish.send_webhook(services, workspace, batch_id) == "busy"  # one attempt at a time
+    services.batches.release_webhook(workspace, batch_id)
+    assert finish.send_webhook(services, workspace, batch_id) == "delivered"
+    assert [p["type"] for p in posted] == ["batch.completed"]
+    assert [a.request_id for a in services.webhooks.attempts(workspace)] == [f"batch_{batch_id}"]
+    assert finish.send_webhook(services, workspace, batch_id) == "not_owed"

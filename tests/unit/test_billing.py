@@ -7,7 +7,7 @@ import random
 from concurrent.futures import ThreadPoolExecutor
 
 from router_queue.store.record import Submission
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from tests.unit.support import record_of
 
 MODEL = "bfl/flux-2-pro"

@@ -12,7 +12,7 @@ import pytest
 
 from router_queue.store import keys
 from router_queue.store.record import Cost, Submission
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from router_queue.webhooks import event as webhook_event
 from tests.unit.route_support import FLUX, assert_error, submit
 from tests.unit.support import record_of

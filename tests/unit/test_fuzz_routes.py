@@ -21,7 +21,7 @@ from werkzeug.routing import Rule
 from router_queue.services import Services
 from router_queue.settings import Settings
 from router_queue.states import COMPLETED
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from router_queue.web import routes
 from router_queue.web.app import create_app
 from tests.unit.conftest import RecordingDispatcher

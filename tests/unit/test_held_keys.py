@@ -12,7 +12,7 @@ import time
 import pytest
 
 from router_queue.errors import Unauthorized
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from router_queue.web.app import create_app
 from router_queue.web.auth import CACHE_TTL_S, HeldKey, KeyResolver
 from router_queue.web.front import EXTENSION

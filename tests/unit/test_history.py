@@ -12,7 +12,8 @@ import pytest
 
 from router_queue.store import keys
 from router_queue.store.record import Submission
-from router_queue.store.requests import HISTORY_EXAMINED_PER_ENTRY, Lease
+from router_queue.store.requests_front import HISTORY_EXAMINED_PER_ENTRY
+from router_queue.store.requests_values import Lease
 from router_queue.web.history import decode_cursor, encode_cursor
 from tests.unit.route_support import FLUX, assert_error, submit
 from tests.unit.support import record_of

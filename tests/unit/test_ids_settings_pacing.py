@@ -8,7 +8,8 @@ import pytest
 from router_queue.settings import Settings, SettingsError
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from router_queue.store.ids import RequestIds, well_formed
-from router_queue.store.requests import Pace, RequestRecord
+from router_queue.store.record import RequestRecord
+from router_queue.store.requests_values import Pace
 from router_queue.web.pacing import retry_after
 
 

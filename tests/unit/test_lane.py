@@ -14,7 +14,7 @@ import redis
 from werkzeug.test import Client
 
 from router_queue.store import keys
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from tests.unit import route_support
 from tests.unit.route_support import FLUX, assert_error, submit
 from tests.unit.support import record_of

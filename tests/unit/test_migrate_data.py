@@ -20,7 +20,7 @@ from router_queue.cli import main
 from router_queue.errors import StoreLost
 from router_queue.store import keys
 from router_queue.store.migrate import current_name
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from router_queue.web.app import create_app
 from router_queue.webhooks import event as webhook_event
 from tests import earlier_store as earlier

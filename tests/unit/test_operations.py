@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from router_queue import logs
 from router_queue.cli.ops import ops
 from router_queue.store import keys
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from tests.unit.support import cli_runner, record_of
 
 FLUX = "/v2/models/bfl/flux-2-pro"

@@ -18,7 +18,7 @@ from router_queue.store import keys
 from router_queue.store.held import HeldSlots
 from router_queue.store.quotas import DEFAULT_MAX_HELD, DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES
 from router_queue.store.record import Submission
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from router_queue.web import routes
 from router_queue.web.app import create_app
 from router_queue.web.front import EXTENSION

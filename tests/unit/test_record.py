@@ -27,7 +27,7 @@ from router_queue.store.record import (
     Submission,
     iso,
 )
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from router_queue.store.scripts import lib_for
 from router_queue.web.bodies import status_body
 from router_queue.webhooks import event as webhook_event
@@ -63,7 +63,7 @@ def test_every_field_admission_carries_is_on_the_record_as_submitted(services, w
                            start_deadline_at=1_900_000_000.25, deadline_at=1_900_000_100.5,
                            traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
                            batch_id="b-1", line=7, metadata={"sku": "A-17"}, bulk_id="b" * 24,
-                           fallback_models="bfl/flux-2-pro")
+                           key_id="key_0123456789abcdef", fallback_models="bfl/flux-2-pro")
     assert {f.attribute for f in ADMITTED} <= {f.name for f in dataclasses.fields(Submission)}
     assert all(getattr(submitted, f.attribute) not in ("", None) for f in ADMITTED)  # every one is set here
     assert services.store.admit(submitted).outcome == "ADMITTED"
@@ -77,7 +77,7 @@ def test_every_field_admission_carries_is_on_the_record_as_submitted(services, w
     plain = Submission(request_id=services.ids.mint(workspace, MODEL), workspace=workspace, model=MODEL,
                        provider=PROVIDER, body="{}")
     services.store.admit(plain)
-    assert not {"retry_of", "start_deadline_at", "deadline_at", "traceparent", "bulk_id"} & set(
+    assert not {"retry_of", "start_deadline_at", "deadline_at", "traceparent", "bulk_id", "key_id"} & set(
         services.store.dump(plain.request_id)[0])
 
 

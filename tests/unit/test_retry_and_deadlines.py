@@ -15,7 +15,7 @@ import requests
 from router_queue import metrics
 from router_queue.store import keys
 from router_queue.store.outcomes import Claim
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from tests.unit.route_support import FAILED_BODY, FLUX, assert_error, failed, retry, status_of, submit
 from tests.unit.support import record_of
 from workers.context import WorkerContext

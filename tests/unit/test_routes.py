@@ -10,7 +10,7 @@ from werkzeug.test import Client
 
 from router_queue.store import keys
 from router_queue.store.outcomes import Admit
-from router_queue.store.requests import Admission
+from router_queue.store.requests_values import Admission
 from tests.unit.route_support import FLUX, LEASE, assert_error, submit
 from tests.unit.support import record_of
 

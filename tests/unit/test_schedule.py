@@ -8,7 +8,7 @@ import pytest
 
 from router_queue.states import IN_QUEUE
 from router_queue.store import keys
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from tests.unit.schedule_support import MODEL, PROVIDER, Fleet
 from tests.unit.support import record_of
 

@@ -26,7 +26,7 @@ from router_queue.settings import Settings
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from router_queue.store import keys
 from router_queue.store.record import Submission
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from tests.unit.support import record_of
 
 MODEL = "vertexai/gemini-3.1-flash-image"
@@ -44,7 +44,8 @@ class ReferenceSchedule:
     QUANTUM // weight; a free slot goes to the lowest tag (then the older) among
     workspaces not at their own cap, and within the workspace to its first
     request by (priority, arrival); a request that leaves the queue unrun takes
-    its workspace's last tag with it.
+    its workspace's last tag with it. Once ``cap - reserve`` slots are taken,
+    the rest go only to workspaces whose first request is not low.
     """
 
     cap: int
@@ -58,6 +59,7 @@ class ReferenceSchedule:
     granted: list[str] = field(default_factory=list)
     running: list[str] = field(default_factory=list)
     owner: dict[str, str] = field(default_factory=dict)
+    reserve: int = 0
 
     def in_flight(self, ws: str) -> int:
         return sum(1 for i in self.granted + self.running if self.owner[i] == ws)
@@ -82,6 +84,8 @@ class ReferenceSchedule:
         while len(self.granted) + len(self.running) < self.cap:
             eligible = [ws for ws in self.waiting
                         if not (self.limits[ws] and self.in_flight(ws) >= self.limits[ws])]
+            if len(self.granted) + len(self.running) >= self.cap - self.reserve:
+                eligible = [ws for ws in eligible if self.waiting[ws][0][0] < BANDS["low"]]
             if not eligible:
                 return
             ws = min(eligible, key=lambda w: self.tags[w][0])
@@ -155,8 +159,9 @@ def empty_client(request) -> Callable[[], redis.Redis]:
     return emptied
 
 
-def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps) -> None:
-    settings = Settings(redis_url="redis://unused", default_rate_limit="1000/second", max_takeovers=1)
+def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps, headroom_pct: int = 0) -> None:
+    settings = Settings(redis_url="redis://unused", default_rate_limit="1000/second", max_takeovers=1,
+                        low_priority_headroom_pct=headroom_pct)
     services = Services.build(settings, empty_client())
     store = services.store
     store.max_in_flight = lambda provider: cap
@@ -165,7 +170,8 @@ def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps)
         ws = services.accounts.create_workspace(f"w{n}", queue_enabled=True, credits=10**9)
         services.accounts.set_limits(ws, max_queued=10**6, weight=weight, max_in_flight=limit)
         workspaces.append(ws)
-    model = ReferenceSchedule(cap, dict(zip(workspaces, weights)), dict(zip(workspaces, limits)))
+    model = ReferenceSchedule(cap, dict(zip(workspaces, weights)), dict(zip(workspaces, limits)),
+                              reserve=min(cap - 1, -(-cap * headroom_pct // 100)))
     ids: list[str] = []
     seen: dict[str, str] = {}
     seq = 0
@@ -251,10 +257,10 @@ def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps)
         assert store.queue_depth(PROVIDER) == len(waiting)  # nothing lost, nothing left behind
         assert {i for i in waiting if i not in model.granted} == {
             w[2] for queued in model.waiting.values() for w in queued}
-        if not any(model.limits.values()):
+        if not any(model.limits.values()) and not model.reserve:
             predicted = model.predicted_starts()
             assert {i: views[i].position for i in waiting} == {i: predicted.index(i) for i in waiting}
-        else:  # a workspace at its own cap waits for its own: positions are a distinct, ordered bound
+        else:  # a workspace at its own cap, or low work kept from the reserve: a distinct, ordered bound
             assert sorted(views[i].position for i in waiting) == list(range(len(waiting)))
 
     # every hold settled exactly once: a charge for each success, a release otherwise
@@ -284,6 +290,14 @@ def test_the_schedule_follows_the_reference_policy(empty_client, cap, weights, s
 def test_workspaces_at_their_own_cap_are_passed_as_the_reference_policy_says(empty_client, cap, weights, limits,
                                                                             steps):
     _drive(empty_client, cap, weights, limits[:len(weights)], steps)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cap=st.integers(2, 5), headroom_pct=st.sampled_from([10, 40, 100]),
+       weights=st.lists(st.integers(1, 3), min_size=2, max_size=4), steps=ops)
+def test_low_priority_work_leaves_the_reserve_as_the_reference_policy_says(empty_client, cap, headroom_pct, weights,
+                                                                          steps):
+    _drive(empty_client, cap, weights, [0] * len(weights), steps, headroom_pct)
 
 
 def test_the_reference_model_predicts_a_plain_round_robin():

@@ -20,7 +20,7 @@ from redis.crc import key_slot
 from router_queue.services import Services
 from router_queue.store import keys, scripts
 from router_queue.store.record import Submission
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from router_queue.web import ratelimit
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import record_of

@@ -22,7 +22,7 @@ from router_queue.store.admission import ABANDON_AFTER_S, SPLIT_ADMIT_ARGS
 from router_queue.store.gauges import QueueGauges
 from router_queue.store.owed import RECONCILE_AFTER_S
 from router_queue.store.record import Submission
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from router_queue.store.scripts import argv
 from router_queue.store.webhooks import DeliveryLimits
 from router_queue.web import ratelimit

@@ -10,7 +10,7 @@ import pytest
 from router_queue.states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from router_queue.store import keys
 from router_queue.store.record import Submission
-from router_queue.store.requests import Lease, Pace
+from router_queue.store.requests_values import Lease, Pace
 from tests.unit.support import record_of
 
 MODEL = "bfl/flux-2-pro"

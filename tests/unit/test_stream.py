@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from router_queue.store.requests import Lease
+from router_queue.store.requests_values import Lease
 from router_queue.web import stream
 from tests.unit.support import frames, record_of
 
@@ -131,7 +131,8 @@ def test_a_stream_reads_positions_on_the_replica_and_its_own_changes_on_the_prim
     """Its queue's moves are read on the read replica (REDIS_READ_URL); its own
     changes on the primary that announced them, so a lagging replica never
     shows it a status earlier than one it has shown."""
-    from router_queue.store.requests import Pace, RequestRecord, StatusView
+    from router_queue.store.record import RequestRecord
+    from router_queue.store.requests_values import Pace, StatusView
 
     def view(status: str, position: int | None = None) -> StatusView:
         record = RequestRecord("r", "ws", "bfl/flux-2-pro", "bfl", status, created_at=1.0)

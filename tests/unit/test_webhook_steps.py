@@ -16,7 +16,7 @@ from werkzeug.test import Client
 
 from router_queue.services import Services
 from router_queue.store import keys
-from router_queue.store.requests import WEBHOOK_DUE, Lease
+from router_queue.store.requests_values import WEBHOOK_DUE, Lease
 from router_queue.store.webhooks import DeliveryLimits, WebhookStore
 from router_queue.web.app import create_app
 from router_queue.webhooks import event as webhook_event

@@ -38,6 +38,8 @@
 --                        it sets its own max_queued
 --   template             the provider's Celery message template (lib/schedule.lua,
 --                        grant), or "" when the front door publishes grants
+--   low_headroom_pct     the cap's share kept from low priority (lib/schedule.lua,
+--                        low_reserve_of)
 --   cap                  the provider's cap on requests in flight
 --   write_deadline       Unix seconds (Redis's clock) past which nothing is
 --                        written: the front door has answered 503; "" for none
@@ -75,7 +77,7 @@
 --       | {"RETRY_LIMIT"} (its chain has had retry_max retries)
 -- Every reply but "RATE_LIMITED" and "EXPIRED" ends with one more element:
 -- {{count, ms left} per rate-window counter}, where the caller's windows stand
--- once counted (the RateLimit header field: ratelimit.py; requests.py takes it off).
+-- once counted (the RateLimit header field: ratelimit.py; requests_front.py takes it off).
 -- Admissions and refusals are counted by the front door (web/admission.py),
 -- in its own process, from what this returns.
 
@@ -101,10 +103,6 @@ end
 
 local reply = admission_opening(W) or admit_counted()
 if reply[1] ~= "RATE_LIMITED" then
-  local windows = {}
-  for i = W.rate, #KEYS do
-    windows[#windows + 1] = {tonumber(redis.call("GET", KEYS[i])), redis.call("PTTL", KEYS[i])}
-  end
-  reply[#reply + 1] = windows
+  reply[#reply + 1] = rate_windows(W.rate)
 end
 return reply

@@ -9,7 +9,8 @@
 -- KEYS[1] W:ws  KEYS[2] W:ledger  KEYS[3] W:idem:{keyhash}
 -- KEYS[4] W:open
 -- ARGV by name (admission.py, UNDO_ARGS): id (the request's)  price (its)
---   body_bytes (its body's)  now (s)
+--   body_bytes (its body's)  now (s)  key_id (its caller's key, or "")
+--   since (its admission's time, s; "" for now): its budgets' spend given back
 -- returns 1 when given back now, 0 when there was nothing to give back
 
 local open = redis.call("HGET", KEYS[4], ARGV[ARG_ID])
@@ -18,6 +19,7 @@ if not open or not string.find(open, "q", 1, true) or not string.find(open, "e",
 end
 local e = ws_effects(ARGV[ARG_ID], ARGV[ARG_NOW])
 e.queued, e.bytes, e.hold, e.how = 1, tonumber(ARGV[ARG_BODY_BYTES]), tonumber(ARGV[ARG_PRICE]), "release"
+e.key, e.since = ARGV[ARG_KEY_ID], tonumber(ARGV[ARG_SINCE]) or tonumber(ARGV[ARG_NOW])
 if string.find(open, "w", 1, true) then
   e.webhooks = 1
 end

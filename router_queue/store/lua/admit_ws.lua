@@ -32,10 +32,6 @@ end
 
 local reply = admission_opening(W) or reserve_counted()
 if reply[1] ~= "RATE_LIMITED" then
-  local windows = {}
-  for i = W.rate, #KEYS do
-    windows[#windows + 1] = {tonumber(redis.call("GET", KEYS[i])), redis.call("PTTL", KEYS[i])}
-  end
-  reply[#reply + 1] = windows
+  reply[#reply + 1] = rate_windows(W.rate)
 end
 return reply

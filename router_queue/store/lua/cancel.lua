@@ -12,9 +12,10 @@
 --         in both places, lib/ledger.lua's ws_target)
 -- KEYS[6] P:running:{provider}   KEYS[7] the broker's list for the provider
 -- KEYS[8] P:deadlines:{provider}  KEYS[9] P:body:{id}
--- ARGV by name (ARGV[ARG_ID] and so on; requests.py, CANCEL_ARGS):
+-- ARGV by name (ARGV[ARG_ID] and so on; requests_front.py, CANCEL_ARGS):
 --   id  workspace  model  now  retention (s)
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
+--   low_headroom_pct (the cap's share kept from low priority: grant.lua's)
 --   write_deadline (Unix seconds, Redis's clock) past which nothing changes; "" for none
 --   by: who cancels, "" the caller, "deadline" the caller's X-Comfy-Deadline
 --   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
@@ -43,7 +44,8 @@ if status == "IN_PROGRESS" then
     by_deadline and DEADLINE_DETAIL or "cancelled by the caller while running")
   return {"REQUESTED"}
 end
-local S = sched_ctx(KEYS[3], KEYS[6], KEYS[7], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
+local S = sched_ctx(KEYS[3], KEYS[6], KEYS[7], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE],
+  ARGV[ARG_LOW_HEADROOM_PCT])
 finish_unbilled(ws_target({req = KEYS[1], body = KEYS[9], queue = KEYS[2], deadlines = KEYS[8],
   ws_id = ARGV[ARG_WORKSPACE]}, KEYS[4], KEYS[5], ARGV[ARG_SPLIT]), S, ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION], true, "cancelled",
   by_deadline and DEADLINE_DETAIL or "cancelled by the caller while queued")

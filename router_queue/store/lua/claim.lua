@@ -26,12 +26,13 @@
 --         (split "1": P:owed:{provider} in both places, lib/ledger.lua's ws_target)
 -- KEYS[7] the broker's list for the provider  KEYS[8] P:deadlines:{provider}
 -- KEYS[9] P:body:{id}
--- ARGV by name (ARGV[ARG_ID] and so on; requests.py, CLAIM_ARGS):
+-- ARGV by name (ARGV[ARG_ID] and so on; requests_delivery.py, CLAIM_ARGS):
 --   id  now (s)  lease_s  cap (the provider's on requests in flight)
 --   queue_timeout_s  retention (s)  token: unique to this execution
 --   max_takeovers  resume_key: "{task id}:{retry number}" of this execution,
 --                  which matches the record's "successor" only for the retry a holder left
 --   grant_until (a grant's lease end, s)  template (the message template, or "")
+--   low_headroom_pct (the cap's share kept from low priority: grant.lua's)
 --   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 -- returns {code, granted ids to publish..., effects owed...}, code one of "CLAIMED" | "RESUMED"
 --       | "WAITING" | "LEASED" | "QUEUE_TIMEOUT" | "DEADLINE" | "EXHAUSTED" | "COMPLETED" | "MISSING"
@@ -46,7 +47,8 @@ end
 if status == "COMPLETED" then
   return {"COMPLETED"}
 end
-local S = sched_ctx(KEYS[3], KEYS[4], KEYS[7], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
+local S = sched_ctx(KEYS[3], KEYS[4], KEYS[7], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE],
+  ARGV[ARG_LOW_HEADROOM_PCT])
 
 -- Ends the request unrun (queue timeout) or given up (workers kept dying):
 -- the provider billed nothing we know of, so the hold is released, and its

@@ -14,12 +14,13 @@
 -- KEYS[9] the broker's list for the provider  KEYS[10] P:deadlines:{provider}
 -- KEYS[11] P:body:{id}  KEYS[12] P:objects:{provider}
 -- KEYS[13] P:fallback:{provider}  KEYS[14] P:fallback-bytes:{provider}
--- ARGV by name (ARGV[ARG_ID] and so on; requests.py, COMPLETE_ARGS):
+-- ARGV by name (ARGV[ARG_ID] and so on; requests_delivery.py, COMPLETE_ARGS):
 --   id  now (unix seconds)  retention (s)
 --   error_type ("" on success)  detail (a cancel's own reason, cancel.lua's
 --                               cancel_detail, wins over it for "cancelled")
 --   content_type  output (bytes)  billable ("1" when the provider bills this outcome)
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
+--   low_headroom_pct (the cap's share kept from low priority: grant.lua's)
 --   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 --   blob_key blob_size blob_sha256: the output is that object-store object, already
 --     written (blob_key "" : the output is ARGV output, kept in KEYS[2]); its record
@@ -53,7 +54,8 @@ if fallback then
 end
 
 local now = tonumber(ARGV[ARG_NOW])
-local S = sched_ctx(KEYS[5], KEYS[6], KEYS[9], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE])
+local S = sched_ctx(KEYS[5], KEYS[6], KEYS[9], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE],
+  ARGV[ARG_LOW_HEADROOM_PCT])
 local e = ws_effects(ARGV[ARG_ID], ARGV[ARG_NOW])  -- what the workspace gets back (lib/ledger.lua, ws_apply)
 if status == "IN_QUEUE" then
   e.queued = 1
@@ -101,7 +103,7 @@ announce_completed(ARGV[ARG_ID])
 -- the operations page's totals (RequestStore.delivery_totals): completions,
 -- those that ran and the seconds they waited, and completions per 10 s
 -- window in a ring of 6 fields "done|<window mod 6>" = "<window>:<count>"
--- (requests.py, COMPLETIONS_WINDOW_S and COMPLETIONS_RING).
+-- (requests_maintenance.py, COMPLETIONS_WINDOW_S and COMPLETIONS_RING).
 local window = math.floor(now / 10)
 local ring = "done|" .. (window % 6)
 local stats = redis.call("HMGET", KEYS[4], "avg_run_s", "last_completed_at", "avg_gap_s", "completed", "ran",

@@ -6,7 +6,7 @@
 -- request's lease is never shortened.
 --
 -- KEYS[1] P:running:{provider}  KEYS[2..] P:req:{id} of each grant
--- ARGV by name (requests.py, GRANT_UNSENT_ARGS): due_at (s); then, from
+-- ARGV by name (requests_base.py, GRANT_UNSENT_ARGS): due_at (s); then, from
 --   ARGV[ARG_REST], the ids, in the order of KEYS[2..]
 -- returns how many were made due
 

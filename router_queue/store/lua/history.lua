@@ -1,7 +1,7 @@
 -- history.lua: the entries one page of a workspace's history may list, newest
 -- first, with the call counted in the caller's rate windows first
 -- (ratelimit.py). Reads only the workspace's keys (its records are read
--- after, in their provider's slot: requests.py, RequestStore.history).
+-- after, in their provider's slot: requests_front.py, RequestStore.history).
 --
 -- A page costs the same at any depth of the history: the stream is entered at
 -- the cursor (O(log n)), and at most `examined` entries are examined.
@@ -10,7 +10,7 @@
 -- KEYS[2] W:history:{model} to list one model (its entries
 --         point into KEYS[1]), else KEYS[1] again
 -- KEYS[3..] the caller's rate-window counters
--- ARGV by name (requests.py, HISTORY_ARGS):
+-- ARGV by name (requests_front.py, HISTORY_ARGS):
 -- newest: the newest entry to list: "+", or "(" .. a stream id (exclusive:
 --         the cursor, or "{until ms}-0")
 -- oldest: "-" or "{since ms}-0" (inclusive)
@@ -29,11 +29,7 @@ local budget = tonumber(ARGV[ARG_EXAMINED])
 -- Up to budget + 1 entries: the one past the budget only tells whether there is more.
 local found = redis.call("XREVRANGE", KEYS[2], ARGV[ARG_NEWEST], ARGV[ARG_OLDEST], "COUNT", budget + 1)
 local by_model = KEYS[2] ~= KEYS[1]
-local windows = {}
-for i = 3, #KEYS do
-  windows[#windows + 1] = {tonumber(redis.call("GET", KEYS[i])), redis.call("PTTL", KEYS[i])}
-end
-local reply = {"OK", #found > budget and 1 or 0, windows}
+local reply = {"OK", #found > budget and 1 or 0, rate_windows(3)}
 for i = 1, math.min(#found, budget) do
   local entry = found[i]
   if by_model then

@@ -1,7 +1,7 @@
 -- positions.lua: the queue positions of one workspace's waiting requests of
 -- one provider (lib/schedule.lua, position), for a history page. Reads only.
 -- KEYS[1] P:sched:{provider}
--- ARGV by name (requests.py, POSITIONS_ARGS): workspace; then, from
+-- ARGV by name (requests_front.py, POSITIONS_ARGS): workspace; then, from
 --   ARGV[ARG_REST], the request ids
 -- returns each request's position, or false when it no longer waits
 

@@ -5,7 +5,7 @@
 -- one (lib/webhooks.lua, owe_progress: a new one at most every every_s seconds).
 --
 -- KEYS[1] P:req:{id}
--- ARGV by name (requests.py, PROGRESS_ARGS): id (the request's)  token (the
+-- ARGV by name (requests_delivery.py, PROGRESS_ARGS): id (the request's)  token (the
 --   execution's lease token)  progress (0..1)  now (s)
 --   every_s (seconds between a request's progress events)
 -- returns 0 when not recorded (not running, not the holder, not more), 1 when

@@ -8,8 +8,6 @@ local spent = spend_rate(1, 1)
 if spent then
   return spent
 end
-local windows = {0}
-for i = 1, #KEYS do
-  windows[i + 1] = {tonumber(redis.call("GET", KEYS[i])), redis.call("PTTL", KEYS[i])}
-end
+local windows = rate_windows(1)
+table.insert(windows, 1, 0)
 return windows

@@ -4,7 +4,7 @@
 -- because only members still past now are taken.
 --
 -- KEYS[1] P:running:{provider}
--- ARGV by name (requests.py, REAP_ARGS): now (s)  again_at (look again then, s)
+-- ARGV by name (requests_maintenance.py, REAP_ARGS): now (s)  again_at (look again then, s)
 --   limit (at most this many)
 -- returns {id, started, id, started, ...}; started "1": its worker died or
 -- hung (the request is IN_PROGRESS), "0": a grant whose message was lost

@@ -8,7 +8,7 @@
 -- A holder whose lease was taken over changes nothing.
 --
 -- KEYS[1] P:req:{id}   KEYS[2] P:running:{provider}
--- ARGV by name (requests.py, RENEW_ARGS): id  token  now (s)  lease_s
+-- ARGV by name (requests_delivery.py, RENEW_ARGS): id  token  now (s)  lease_s
 --   successor (a resume key, or "")  hand_back ("1" to hand back, or "")
 -- returns 1 when renewed, 0 when the token no longer holds the request
 

@@ -2,9 +2,9 @@
 -- call counted in the caller's rate windows first (ratelimit.py).
 -- KEYS[1] P:req:{id}  KEYS[2] P:sched:{provider}  KEYS[3] P:stats:{provider}
 -- KEYS[4..] the caller's rate-window counters
--- ARGV by name (requests.py, STATUS_ARGS): id  at_workspace, at_status (where
+-- ARGV by name (requests_front.py, STATUS_ARGS): id  at_workspace, at_status (where
 -- "workspace" and "status" are among the fields)  nfields (how many record
--- fields follow); from ARGV[ARG_REST] the fields (requests.py, _FIELDS), then a (limit, window
+-- fields follow); from ARGV[ARG_REST] the fields (requests_base.py, _FIELDS), then a (limit, window
 -- seconds) pair per rate-window counter
 -- returns {"RATE_LIMITED", window index, ms left}
 --       | {"OK", field values, ttl or false, position or false, {avg_run_s, avg_gap_s} or false,
@@ -34,8 +34,4 @@ elseif status then
   end
   pace = redis.call("HMGET", KEYS[3], "avg_run_s", "avg_gap_s")
 end
-local windows = {}
-for i = 4, #KEYS do
-  windows[#windows + 1] = {tonumber(redis.call("GET", KEYS[i])), redis.call("PTTL", KEYS[i])}
-end
-return {"OK", values, ttl, rank, pace, windows}
+return {"OK", values, ttl, rank, pace, rate_windows(4)}

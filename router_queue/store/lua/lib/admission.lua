@@ -1,7 +1,7 @@
 -- lib/admission.lua: admission's parts (admission_opening, admission_source,
 -- admission_checks, reserve_admission, place_admission), which admit.lua,
 -- admit_ws.lua and admit_place.lua put together.
--- requires: util, ledger, body, schedule, history
+-- requires: util, ledger, body, schedule, history, budget
 
 -- ---------------------------------------------------------------------------
 -- Admission: admit.lua in one step; on a store split into per-slot steps,
@@ -87,10 +87,14 @@ end
 -- are released from its stored bytes first (release_stored, K.stored).
 local function admission_checks(K, bytes)
   release_stored(K.stored, K.ws, ARGV[ARG_NOW])
-  local ws = redis.call("HMGET", K.ws, "queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url",
+  local names = {"queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url",
     "webhook_secret", "queued_bytes", "max_queued_bytes", "webhooks_pending", "max_pending_webhooks",
     "webhook_events", "weight", "max_in_flight", "history_until", "history_until|" .. ARGV[ARG_MODEL],
-    "stored_bytes", "max_stored_bytes")
+    "stored_bytes", "max_stored_bytes"}
+  local price = tonumber(ARGV[ARG_PRICE])
+  -- a priced request's budgets (lib/budget.lua), in the same read
+  local scopes = price > 0 and budget_names(names, ARGV[ARG_KEY_ID]) or nil
+  local ws = redis.call("HMGET", K.ws, unpack(names))
   if ARGV[ARG_REQUIRE_ENABLED] == "1" and ws[1] ~= "1" then
     return nil, {"NOT_ENABLED"}
   end
@@ -128,8 +132,18 @@ local function admission_checks(K, bytes)
     return nil, {"PENDING_WEBHOOKS_FULL"}
   end
   local available = tonumber(ws[4] or "0") - tonumber(ws[5] or "0")
-  if tonumber(ARGV[ARG_PRICE]) > 0 and available < tonumber(ARGV[ARG_PRICE]) then
+  if price > 0 and available < price then
     return nil, {"INSUFFICIENT_CREDITS", tostring(available)}
+  end
+  if scopes then
+    -- its hold within every budget of the workspace and of the caller's key
+    -- for the period now, else refused (a full budget's 100 % alert owed)
+    local plan, refusal, spent = budget_check(scopes, ws, 19, price, ARGV[ARG_NOW])
+    if not plan then
+      budget_refused(K.ws, spent)
+      return nil, refusal
+    end
+    ws.budget = plan
   end
   return ws
 end
@@ -155,7 +169,9 @@ local function reserve_admission(K, ws, bytes)
     -- trimmed here only, as the history is: a ledger grows by priced
     -- admissions (a hold each, settled once later), each of which trims it
     ledger_add(K.ledger, ARGV[ARG_NOW], ARGV[ARG_LEDGER_KEEP], "type", "hold", "request_id", ARGV[ARG_ID],
-      "amount", price, "balance", tonumber(ws[4] or "0"), "held", held, "at", ARGV[ARG_NOW])
+      "amount", price, "balance", tonumber(ws[4] or "0"), "held", held, "at", ARGV[ARG_NOW],
+      "model", ARGV[ARG_MODEL], "key", ARGV[ARG_KEY_ID])
+    budget_spend(K.ws, ws.budget, price, counts)
   end
   if webhook then
     append(counts, "webhooks_pending", tonumber(ws[10] or "0") + 1)
@@ -232,11 +248,11 @@ local function place_admission(K, src, R)
     append(record, "open", 1)  -- its workspace effects are owed through its open entry (owe_ws)
   end
   local S = sched_ctx(K.sched, K.running, K.list, ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL],
-    ARGV[ARG_TEMPLATE])
+    ARGV[ARG_TEMPLATE], ARGV[ARG_LOW_HEADROOM_PCT])
   S.limits[ARGV[ARG_WORKSPACE]] = R.limits
   -- Nobody waiting ahead and a slot free: granted at once (grant_directly),
   -- its granted_at written with the record.
-  local granted, rank = grant_directly(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID], record)
+  local granted, rank = grant_directly(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID], record, ARGV[ARG_PRIORITY])
   -- The record before grant(): it reads the status of the request it grants.
   redis.call("HSET", K.req, unpack(record))
   if not granted then

@@ -2,7 +2,7 @@
 -- ws_apply, owe_ws, ws_target), its kept bytes (keep_stored, keep_result,
 -- release_stored), its ledger (ledger_add), the settling of a hold (settle)
 -- and a script's answer with what it owed (with_granted).
--- requires: util
+-- requires: util, budget
 
 -- ---------------------------------------------------------------------------
 -- What a request gives back to its workspace when it starts (it no longer
@@ -176,9 +176,13 @@ local function ws_apply(ws_key, ledger_key, e)
       append(fields, "credits", credits)
     end
     ledger_add(ledger_key, e.at, nil, "type", e.how, "request_id", e.request_id, "amount", hold,
-      "balance", credits, "held", held, "at", e.at)
+      "balance", credits, "held", held, "at", e.at, "model", e.model or "", "key", e.key or "")
   end
   redis.call("HSET", ws_key, unpack(fields))
+  if hold > 0 then
+    -- what the hold did not charge leaves the spend of its admission's periods
+    budget_refund(ws_key, e.how == "charge" and hold - (e.charged or hold) or hold, e.since, e.key)
+  end
 end
 
 -- Where a step's workspace effects go (owe_ws), set in `k`, the step's keys:
@@ -242,6 +246,8 @@ local function settle(e, how, rec, fields)
     append(fields, "charged", hold)
   end
   e.hold, e.how = hold, how
+  -- its model, key and admission for the ledger's entry and its budgets (budget_refund)
+  e.model, e.key, e.since = rec.model or nil, rec.key_id or nil, tonumber(rec.created_at or "")
 end
 
 -- {code, ids..., owed...}: a script's answer with the granted ids its caller

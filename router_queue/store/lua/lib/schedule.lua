@@ -50,9 +50,22 @@ local function workspace_of_slot(member)
   return string.sub(member, 17)  -- "%015d|{ws}"
 end
 
-local function sched_ctx(base, running, list, cap, now, grant_until, template)
-  return {base = base, running = running, list = list, cap = tonumber(cap), now = now,
-          grant_until = grant_until, template = template, limits = {}}
+-- The provider's last slots kept from `low` work (a batch), so a normal or high request
+-- finds one free at once: headroom_pct % of the cap rounded up, never all (cap 1: none).
+local function low_reserve_of(cap, headroom_pct)
+  return math.max(0, math.min(cap - 1, math.ceil(cap * (tonumber(headroom_pct) or 0) / 100)))
+end
+
+local function sched_ctx(base, running, list, cap, now, grant_until, template, headroom_pct)
+  return {base = base, running = running, list = list, cap = tonumber(cap), now = now, grant_until = grant_until,
+          template = template, limits = {}, low_reserve = low_reserve_of(tonumber(cap), headroom_pct)}
+end
+
+-- `urgent` counts the requests waiting that are not low: reserve_pick's one read.
+local function count_urgent(S, score, by)
+  if score and tonumber(score) < BANDS.low * BAND_SPAN then
+    redis.call("HINCRBY", S.base, "urgent", by)
+  end
 end
 
 -- A workspace's weight (>= 1) and its own cap on requests in flight per
@@ -122,8 +135,10 @@ local function enqueue(S, ws, request_id, seq, priority)
   if redis.call("ZCARD", base .. ":wslots:" .. ws) == 1 and redis.call("HEXISTS", base, "parked|" .. ws) == 0 then
     redis.call("ZADD", base .. ":heads", num(tag), member)
   end
-  redis.call("ZADD", base .. ":ws:" .. ws, num((BANDS[priority] or 1) * BAND_SPAN + seq), request_id)
+  local score = (BANDS[priority] or 1) * BAND_SPAN + seq
+  redis.call("ZADD", base .. ":ws:" .. ws, num(score), request_id)
   redis.call("ZINCRBY", base .. ":depths", 1, ws)
+  count_urgent(S, score, 1)
 end
 
 -- A workspace with nothing left waiting keeps no tag; once no workspace
@@ -134,7 +149,7 @@ local function forget_workspace_if_idle(S, ws)
     redis.call("ZREM", S.base .. ":depths", ws)
     redis.call("HDEL", S.base, "f|" .. ws, "parked|" .. ws, "lim|" .. ws)
     if redis.call("ZCARD", S.base .. ":depths") == 0 then
-      redis.call("HDEL", S.base, "vtime")
+      redis.call("HDEL", S.base, "vtime", "urgent")
     end
   end
 end
@@ -142,9 +157,12 @@ end
 -- A waiting (not granted) request leaves the schedule: cancelled or timed out.
 -- Its workspace gives back its last slot, so the requests behind it move up.
 local function dequeue_waiting(S, ws, request_id)
-  if redis.call("ZREM", S.base .. ":ws:" .. ws, request_id) == 0 then
+  local score = redis.call("ZSCORE", S.base .. ":ws:" .. ws, request_id)
+  if not score then
     return false
   end
+  redis.call("ZREM", S.base .. ":ws:" .. ws, request_id)
+  count_urgent(S, score, -1)
   local wslots = S.base .. ":wslots:" .. ws
   local last = redis.call("ZPOPMAX", wslots)
   if #last > 0 then
@@ -222,6 +240,30 @@ local function give_slot(S, ws, request_id, granted, record)
   return added
 end
 
+local function low_first(S, ws)
+  local first = redis.call("ZRANGE", S.base .. ":ws:" .. ws, 0, 0, "WITHSCORES")
+  return first[2] ~= nil and tonumber(first[2]) >= BANDS.low * BAND_SPAN
+end
+
+-- grant()'s pick once only the reserve is free: `head` unless its workspace's first request
+-- is low, else the first head in tag order whose is not, or nil (`urgent` counts those
+-- waiting: none costs one read). A low head passed over keeps its tag, so comes first again.
+local function reserve_pick(S, head)
+  if not low_first(S, workspace_of_slot(head[1])) then
+    return head
+  end
+  if tonumber(redis.call("HGET", S.base, "urgent") or "0") <= 0 then
+    return nil
+  end
+  local heads = redis.call("ZRANGE", S.base .. ":heads", 1, -1, "WITHSCORES")
+  for i = 1, #heads, 2 do
+    if not low_first(S, workspace_of_slot(heads[i])) then
+      return {heads[i], heads[i + 1]}
+    end
+  end
+  return nil
+end
+
 -- Give every free slot to the request the schedule names next; returns the
 -- ids granted that the caller must publish (none when S.template pushed them).
 -- The provider's count in flight (ZCARD P:running) is read once: given by
@@ -246,6 +288,12 @@ local function grant(S)
         break
       end
     end
+    if in_flight >= S.cap - S.low_reserve then
+      head = reserve_pick(S, head)
+      if not head then
+        break
+      end
+    end
     local member, tag = head[1], tonumber(head[2])
     local ws = workspace_of_slot(member)
     local _, limit = ws_limits(S, ws)
@@ -263,6 +311,7 @@ local function grant(S)
         redis.call("HSET", base, "vtime", num(tag))
       end
       local popped = redis.call("ZPOPMIN", base .. ":ws:" .. ws)
+      count_urgent(S, popped[2], -1)
       forget_workspace_if_idle(S, ws)
       local request_id = popped[1]
       if request_id and redis.call("HGET", key_request(request_id), "status") == "IN_QUEUE" then
@@ -306,10 +355,11 @@ end
 -- stream shows anything later than it did.
 -- When it does not apply, S.in_flight keeps the count in flight it read (if
 -- it did), for the grant() that follows in the same step.
-local function grant_directly(S, ws, request_id, record)
+local function grant_directly(S, ws, request_id, record, priority)
   local in_flight = redis.call("ZCARD", S.running)
   local _, limit = ws_limits(S, ws)
-  if in_flight >= S.cap or redis.call("ZCARD", S.base .. ":depths") > 0
+  local free = S.cap - (priority == "low" and S.low_reserve or 0)
+  if in_flight >= free or redis.call("ZCARD", S.base .. ":depths") > 0
       or (limit > 0 and tonumber(redis.call("HGET", S.base, "run|" .. ws) or "0") >= limit) then
     S.in_flight = in_flight
     return nil
@@ -331,7 +381,8 @@ end
 --                          its workspace gives it (rank i takes the i-th slot)
 -- Exact while no workspace is held at its own max_in_flight. When one is, its
 -- slots still count in tag order, as if its running request ended now: its
--- own positions are a lower bound, and those behind its slots an upper one.
+-- own positions are a lower bound, and those behind its slots an upper one
+-- (as are positions when low work is passed over for the reserve: reserve_pick).
 -- Each step is a ZRANK, ZRANGE by index or ZCARD: O(log n) at any depth.
 local function position(base, ws, request_id)
   local granted_rank = redis.call("ZRANK", base .. ":granted", request_id)

@@ -59,6 +59,17 @@ local function past_deadline(deadline)
   return tonumber(t[1]) + tonumber(t[2]) / 1000000 > tonumber(deadline)
 end
 
+-- Where the caller's rate windows stand, for its RateLimit field
+-- (ratelimit.Meter): {count, ms left} of each of KEYS[first_key] onwards, read
+-- in the round trip that counted the call.
+local function rate_windows(first_key)
+  local windows = {}
+  for i = first_key, #KEYS do
+    windows[#windows + 1] = {tonumber(redis.call("GET", KEYS[i])), redis.call("PTTL", KEYS[i])}
+  end
+  return windows
+end
+
 -- Count this call in the caller's fixed rate windows (ratelimit.py): the
 -- counters are KEYS[first_key] onwards, each one's (limit, window seconds) a
 -- pair in ARGV from first_arg. Every window counts the call until one is

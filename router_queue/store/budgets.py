@@ -1,0 +1,204 @@
+"""Credit budgets: a workspace's, and each API key's, per UTC day, ISO week
+and calendar month, with alert thresholds. Limits, spend and the alerts owed
+live in the workspace's hash, so admission checks them in the read it makes
+anyway and writes them in its one write (``lua/lib/budget.lua``): no extra
+round trip, no check-then-act. This module writes the limits, shows them,
+and reads and ends the crossings owed (``webhooks/budget_alerts.py`` sends them).
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+
+from . import keys
+from .apikeys import AUDIT_KEPT
+from .scripts import argv, load_script
+
+#: The periods by their name on the wire and their letter in the hash's fields.
+PERIODS = {"day": "d", "week": "w", "month": "m"}
+PERIOD_NAMES = {letter: name for name, letter in PERIODS.items()}
+#: The workspace's own scope in the fields (a key's is its id).
+WORKSPACE = "ws"
+#: Thresholds (per cent of each limit) alerted unless set otherwise.
+DEFAULT_ALERT_AT = (80, 100)
+#: budget_sent.lua's ARGV by name.
+SENT_ARGS = ("crossing", "ended")
+_EPOCH = datetime.date(1970, 1, 1)
+
+
+def period_start(period: str, at: float) -> datetime.date:
+    """The first day (UTC) of the period ("day", "week", "month") holding Unix
+    seconds ``at``: the day, the ISO week's Monday, the month's first. As
+    ``lib/budget.lua``'s ``period_start``, which counts in Unix days."""
+    day = datetime.datetime.fromtimestamp(at, datetime.timezone.utc).date()
+    if period == "week":
+        return day - datetime.timedelta(days=day.weekday())
+    if period == "month":
+        return day.replace(day=1)
+    return day
+
+
+def unix_day(day: datetime.date) -> int:
+    return (day - _EPOCH).days
+
+
+def day_of(unix_days: int) -> datetime.date:
+    return _EPOCH + datetime.timedelta(days=unix_days)
+
+
+def parse_alert_at(text: str) -> tuple[int, ...]:
+    """"50,80,100" as sorted distinct per cents, each 1..1000; ValueError otherwise."""
+    found = sorted({int(part) for part in text.split(",") if part.strip()})
+    if not found or any(not 1 <= t <= 1000 for t in found):
+        raise ValueError("thresholds are per cents of the budget from 1 to 1000, e.g. 50,80,100")
+    return tuple(found)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """The budget that refused a hold: whose ("workspace" or "key"), its period, limit and spend so far."""
+
+    scope: str
+    period: str
+    limit: int
+    spent: int
+
+    @classmethod
+    def of(cls, reply: list[Any]) -> "Refusal":
+        text = [v.decode() if isinstance(v, bytes) else str(v) for v in reply[:4]]
+        return cls(text[0], text[1], int(float(text[2])), int(float(text[3])))
+
+
+@dataclass(frozen=True)
+class Crossing:
+    """A threshold crossed, owed its alert: once per scope, period and threshold."""
+
+    workspace: str
+    scope: str  # "ws" or a key id
+    period: str  # "day" | "week" | "month"
+    start: datetime.date
+    budget: int
+    threshold: int
+    spent: int
+    at: float
+    attempts: int = 0
+
+    @property
+    def ident(self) -> str:
+        """What budget_sent.lua finds it by."""
+        return f"{self.scope}|{PERIODS[self.period]}|{unix_day(self.start)}|{self.threshold}"
+
+    @property
+    def webhook_id(self) -> str:
+        """The webhook-id of every attempt at its alert: the same for a repeat, so a receiver dedupes."""
+        whose = self.workspace if self.scope == WORKSPACE else f"{self.workspace}_{self.scope}"
+        return f"budget_{whose}_{self.period}_{self.start.isoformat()}_{self.threshold}"
+
+    def body(self) -> dict[str, Any]:
+        found = {"type": "budget.threshold_crossed", "workspace": self.workspace, "period": self.period,
+                 "period_start": self.start.isoformat(), "budget": self.budget, "threshold": self.threshold,
+                 "spent": self.spent}
+        if self.scope != WORKSPACE:
+            found["key_id"] = self.scope
+        return found
+
+
+@dataclass(frozen=True)
+class Budget:
+    """One scope's limits (credits per period; 0: none), thresholds and spend this period."""
+
+    scope: str
+    limits: dict[str, int]
+    alert_at: tuple[int, ...]
+    spent: dict[str, int]
+
+
+class Budgets:
+    def __init__(self, client: redis.Redis):
+        self.client = client
+        self._sent = load_script(client, "budget_sent", SENT_ARGS)
+
+    def set(self, workspace: str, scope: str, limits: dict[str, int | None],
+            alert_at: tuple[int, ...] | None = None) -> None:
+        """Set the limits named (0 clears one; None leaves it) and the thresholds."""
+        ws_key = keys.workspace(workspace)
+        fields: dict[str, Any] = {}
+        cleared = []
+        for period, limit in limits.items():
+            if limit is None:
+                continue
+            name = f"budget|{scope}|{PERIODS[period]}"
+            if limit > 0:
+                fields[name] = limit
+            else:
+                cleared.append(name)
+        if alert_at is not None:
+            fields[f"budget|{scope}|alert_at"] = ",".join(map(str, alert_at))
+        elif not self.client.hexists(ws_key, f"budget|{scope}|alert_at"):
+            fields[f"budget|{scope}|alert_at"] = ",".join(map(str, DEFAULT_ALERT_AT))
+        pipe = self.client.pipeline(transaction=False)
+        if fields:
+            pipe.hset(ws_key, mapping=fields)
+        if cleared:
+            pipe.hdel(ws_key, *cleared)
+        pipe.sadd(keys.budgeted(), workspace)
+        pipe.execute()
+
+    def clear(self, workspace: str, scope: str) -> None:
+        """Every limit of the scope gone (its spend stays: it keeps counting)."""
+        self.client.hdel(keys.workspace(workspace), *(f"budget|{scope}|{p}" for p in PERIODS.values()),
+                         f"budget|{scope}|alert_at")
+
+    def show(self, workspace: str, now: float | None = None) -> list[Budget]:
+        """The workspace's budgets (and spend, always kept) and its keys' with a limit: the workspace's first."""
+        now = time.time() if now is None else now
+        fields = {k.decode(): v.decode() for k, v in self.client.hgetall(keys.workspace(workspace)).items()
+                  if k.startswith((b"budget|", b"spent|"))}
+        scopes = sorted({WORKSPACE, *(name.split("|")[1] for name in fields if name.startswith("budget|"))},
+                        key=lambda s: (s != WORKSPACE, s))
+        found = []
+        for scope in scopes:
+            limits = {p: int(fields.get(f"budget|{scope}|{letter}", 0)) for p, letter in PERIODS.items()}
+            alert_at = tuple(int(t) for t in fields.get(f"budget|{scope}|alert_at", "").split(",") if t)
+            spent = {}
+            for period, letter in PERIODS.items():
+                start, _, amount = fields.get(f"spent|{scope}|{letter}", "").partition("|")
+                current = start and int(float(start)) == unix_day(period_start(period, now))
+                spent[period] = int(float(amount)) if current else 0
+            found.append(Budget(scope, limits, alert_at, spent))
+        return found
+
+    def alerting(self) -> list[str]:
+        """The workspaces with a budget, whose crossings may be owed."""
+        return sorted(m.decode() for m in self.client.smembers(keys.budgeted()))
+
+    def owed(self, workspaces: list[str]) -> list[Crossing]:
+        """The crossings owed, of these workspaces: one pipelined read."""
+        pipe = self.client.pipeline(transaction=False)
+        for workspace in workspaces:
+            pipe.hget(keys.workspace(workspace), "budget_owed")
+        found = []
+        for workspace, text in zip(workspaces, pipe.execute()):
+            for c in json.loads(text) if text else []:
+                found.append(Crossing(workspace, c["scope"], PERIOD_NAMES[c["period"]], day_of(int(c["start"])),
+                                      int(c["budget"]), int(c["threshold"]), int(c["spent"]), float(c["at"]),
+                                      int(c.get("attempts", 0))))
+        return found
+
+    def audit(self, crossing: Crossing, line: dict[str, Any]) -> None:
+        """A crossing (``line``) in its workspace's audit log (``key audit``), newest first, kept as key changes are."""
+        pipe = self.client.pipeline(transaction=False)
+        pipe.lpush(keys.key_audit(crossing.workspace), json.dumps(line, separators=(",", ":")))
+        pipe.ltrim(keys.key_audit(crossing.workspace), 0, AUDIT_KEPT - 1)
+        pipe.execute()
+
+    def sent(self, crossing: Crossing, *, ended: bool) -> int:
+        """An attempt made: the crossing ended (taken off) or its attempts counted; its attempts now."""
+        return int(self._sent(keys=[keys.workspace(crossing.workspace)],
+                              args=argv(SENT_ARGS, crossing=crossing.ident, ended="1" if ended else "0")))
