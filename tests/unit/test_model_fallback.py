@@ -112,7 +112,7 @@ def test_a_model_429_everywhere_falls_back_after_the_wait_and_bills_once(vertex_
     calls = by_model(stub_origin)
     assert calls["gemini-2.5-flash-image"] == 1 and calls["gemini-3.1-flash-image"] >= 2  # both members asked
     charges = [e for e in vertex_pool.accounts.ledger(workspace) if e.type == "charge"]
-    assert [(e.request_id, e.amount) for e in charges] == [(request_id, 39)]
+    assert [(e.request_id, e.amount, e.model) for e in charges] == [(request_id, 39, OLD)]  # the model that ran
 
 
 def test_without_the_header_a_model_429_everywhere_waits_as_before(vertex_pool, workspace, stub_origin):
