@@ -28,10 +28,12 @@ from ..store.requests_values import Admission
 
 log = logging.getLogger(__name__)
 
-#: Outcomes that leave a line waiting in its batch, tried again later: never a refusal.
+#: Outcomes that leave a line waiting in its batch, tried again later: never a refusal. A line of a
+#: batch cancelled first waits too: the step then finds the batch cancelled and stops, and a read
+#: shows every line past the cursor cancelled.
 WAITS = frozenset({Admit.BACKLOG_FULL, Admit.QUEUED_BYTES_FULL, Admit.STORED_BYTES_FULL,
                    Admit.PENDING_WEBHOOKS_FULL, Admit.DRAINING, Admit.EXPIRED, Admit.IN_DOUBT, Admit.ADMITTING,
-                   Admit.RATE_LIMITED})
+                   Admit.RATE_LIMITED, Admit.BATCH_CANCELLED})
 #: Outcomes that end a line with an error: (its error type, its detail).
 ENDS: dict[Admit, tuple[type[RouterError], str]] = {
     Admit.INSUFFICIENT_CREDITS: (InsufficientCredits, "the workspace had too few credits available to hold this "
