@@ -51,6 +51,8 @@ class BatchCall:
     #: The call's Idempotency-Key, or None: each line's key defaults to "{key}:{line}".
     key: str | None
     base_url: str
+    #: The id of the API key the call presents ("" for none): each line is checked against its budgets.
+    key_id: str = ""
 
 
 @dataclass
@@ -183,7 +185,7 @@ class _LineChecker:
             "f": admission.fingerprint(f"{entry.id} or {fallback}" if fallback else entry.id, body),
             "k": hashlib.sha256(key.encode()).hexdigest(),
             "q": rank, "w": hook, "md": metadata, "u": response_url(self.call.base_url, entry.id, request_id),
-            **({"fb": fallback} if fallback else {}),
+            **({"fb": fallback} if fallback else {}), **({"ki": self.call.key_id} if self.call.key_id else {}),
         }, separators=(",", ":"))
 
     def _entry(self, model: Any) -> ModelEntry:
