@@ -11,6 +11,7 @@ another line is an error line. Over ``MAX_BATCH_LINES`` lines or
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterator
@@ -75,9 +76,17 @@ class Reading:
     refused: int = 0
 
 
+#: Bytes read from the body at a time (its lines are split from them).
+READ_BUFFER_BYTES = 65_536
+
+
 def _raw_lines(stream: IO[bytes], limit: int, reading: Reading, max_bytes: int) -> Iterator[bytes | None]:
     """Each physical line without its newline; None for one over ``limit``
-    bytes (the rest of it read and dropped)."""
+    bytes (the rest of it read and dropped). A raw stream (werkzeug's
+    LimitedStream, the body with a Content-Length) is read through a buffer:
+    its own ``readline`` reads one byte a call, half a 10,000-line batch's time."""
+    if isinstance(stream, io.RawIOBase):
+        stream = io.BufferedReader(stream, READ_BUFFER_BYTES)
     while True:
         raw = stream.readline(limit + 1)
         if not raw:
