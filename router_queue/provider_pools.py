@@ -50,6 +50,10 @@ class Member:
     #: Serves a workspace pinned to any region (a member without one, marked so by the operator).
     any_region: bool = False
 
+    def serves(self, regions: tuple[str, ...]) -> bool:
+        """Whether it may run a workspace's generations pinned to ``regions`` (none: any workspace's)."""
+        return not regions or self.any_region or self.region in regions
+
     def upstream(self, url: str) -> str:
         """``url`` (the model's) sent to this member's project and location,
         on that location's host; unchanged for a member that names none."""

@@ -23,6 +23,8 @@ from .store.failures import FailureCounts
 from .store.fleet import Fleet
 from .store.ids import RequestIds
 from .store.members import MemberStore, PoolCapacity
+from .store.model_fallback import ModelFallback
+from .store.regions import WorkspaceRegions
 from .store.replication import Replication
 from .store.requests import RequestStore
 from .store.requests_base import GrantPublishing
@@ -74,6 +76,10 @@ class Services:
     #: Bulk actions' state (``store/bulk.py``) and the fleet's recent failures (``store/failures.py``).
     bulk: BulkActions | None = None
     failures: FailureCounts | None = None
+    #: A request's turn to a model it named in X-Comfy-Fallback-Models (``store/model_fallback.py``).
+    model_fallback: ModelFallback | None = None
+    #: The workspaces' region pins (``store/regions.py``).
+    regions: WorkspaceRegions | None = None
 
     @classmethod
     def build(cls, settings: Settings, client: redis.Redis | None = None, *, celery: Celery | None = None,
@@ -125,6 +131,8 @@ class Services:
                                   providers=tuple(catalog.providers()), effects=store.effects),
             fleet=Fleet(client, heartbeat_s=settings.worker_heartbeat_s),
             members=MemberStore(client, grow_every_s=settings.member_grow_s),
+            model_fallback=ModelFallback(client, after_s=settings.fallback_after_s),
+            regions=WorkspaceRegions(client),
             batches=BatchStore(client, retention_s=settings.result_retention_s,
                                idempotency_ttl_s=settings.idempotency_ttl_s),
             dispatcher=dispatcher,

@@ -185,6 +185,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "MAX_BODY_BYTES": ("max_body_bytes", _int),
     "CATALOG_PATH": ("catalog_path", _str),
     "MEMBER_GROW_SECONDS": ("member_grow_s", _float),
+    "FALLBACK_AFTER_SECONDS": ("fallback_after_s", _float),
     "PROVIDER_ORIGIN_OVERRIDE": ("provider_origin_override", _url),
     "REPUBLISH_AFTER_SECONDS": ("republish_after_s", _float),
     "SWEEP_INTERVAL_SECONDS": ("sweep_interval_s", _float),
@@ -318,6 +319,10 @@ class Settings:
     #: Seconds without a 429 after which a provider pool's member's learned cap
     #: (halved at each 429) grows back by one, up to its catalog cap (docs/POOLS.md).
     member_grow_s: float = 10.0
+    #: Seconds a request that named X-Comfy-Fallback-Models waits on its model's
+    #: pool (every member paused, out or failing) before it runs on the next
+    #: model it named; sooner when its start deadline comes first (docs/POOLS.md).
+    fallback_after_s: float = 30.0
     #: Replaces the scheme and host of every upstream URL (the stub provider
     #: in tests and the demo). Empty in production.
     provider_origin_override: str = ""

@@ -39,6 +39,7 @@ class Directives:
     size: int | None = None  # bytes of the generated file (Vertex's image decoded, OpenAI's audio)
     rate_limit_key: str | None = None  # every call made with this key answers 429 (a pool member paused)
     refuse_key: str | None = None  # every call made with this key answers 401 (a member's key revoked)
+    rate_limit_model: str | None = None  # every Vertex call to this model answers 429, in every location
 
 
 @dataclass(frozen=True)
@@ -103,6 +104,8 @@ def parse(text: Any) -> Directives:
             found["rate_limit_key"] = value
         elif name == "401_key" and value:
             found["refuse_key"] = value
+        elif name == "429_model" and value:
+            found["rate_limit_model"] = value
     if rate_limit_seen:
         found.setdefault("retry_after", DEFAULT_RETRY_AFTER_S)
         found.setdefault("rate_limit_times", 1)
@@ -119,6 +122,15 @@ def key_fault(directives: Directives, key: str | None) -> Fault | None:
     if directives.refuse_key == key:
         return Fault(401)
     if directives.rate_limit_key == key:
+        return Fault(429, format_seconds(directives.retry_after or DEFAULT_RETRY_AFTER_S))
+    return None
+
+
+def model_fault(directives: Directives, model: str) -> Fault | None:
+    """``429_model``: every call to that model answers 429 (Retry-After as
+    ``429=`` says, else 1 s), whatever its member: a model's quota spent
+    everywhere, for a fallback to another model (docs/POOLS.md)."""
+    if directives.rate_limit_model is not None and directives.rate_limit_model == model:
         return Fault(429, format_seconds(directives.retry_after or DEFAULT_RETRY_AFTER_S))
     return None
 

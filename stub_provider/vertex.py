@@ -76,8 +76,9 @@ def generate(project: str, location: str, model_action: str) -> Response:
     text = _input_text(body)
     wanted = directives.parse(text)
     st.record_key("vertex_generate", location)  # a Vertex AI pool's members are its locations
-    fault = directives.key_fault(wanted, location) or directives.decide_fault(
-        wanted, st.next_attempt("vertex_generate", body_digest))
+    st.record_key("vertex_model", model)
+    fault = (directives.key_fault(wanted, location) or directives.model_fault(wanted, model)
+             or directives.decide_fault(wanted, st.next_attempt("vertex_generate", body_digest)))
     if fault is not None:
         return _error(fault.status, headers=retry_after_headers(fault.retry_after))
     if wanted.reject:

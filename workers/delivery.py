@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import random
 import time
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ from router_queue.requests.values import WEBHOOK_DUE, Lease
 from router_queue.store.connect import FULL, UNREACHABLE
 from router_queue.webhooks import delivery as webhook_delivery
 
-from . import members
+from . import fallbacks, members
 from .bodies import STORE_AWAY_RETRY_S, BodyLost, BodyUnavailable, native_body
 from .context import WorkerContext
 from .outputs import keep_output
@@ -111,9 +112,10 @@ def _deliver(context: WorkerContext, request_id: str, execution: Execution) -> s
     if record is None:
         log.warning("request %s has no record (expired or never admitted); dropping", request_id)
         return "missing"
-    entry = services.catalog.by_id(record.model)
+    entry = services.catalog.by_id(record.model_ran or record.model)  # the model it fell back to, if it did
     if entry is None:
-        store.complete(record, error_type=states.INTERNAL_ERROR, detail=f"model {record.model} left the catalog")
+        store.complete(record, error_type=states.INTERNAL_ERROR,
+                       detail=f"model {record.model_ran or record.model} left the catalog")
         return "internal_error"
     try:
         body = native_body(services.blobs, services.metrics, request_id, body)
@@ -236,12 +238,19 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
     started = time.monotonic()
     upstream_ref = _upstream_ref(record)
     started_at = record.started_at or time.time()
-    member, wait_s = members.take(services, entry, request_id, prefer=(upstream_ref or {}).get("member", ""))
+    pinned = services.regions.of(record.workspace) if services.regions is not None else ()
+    member, wait_s = members.take(services, entry, request_id, prefer=(upstream_ref or {}).get("member", ""),
+                                  per_model=bool(record.fallback_models), regions=pinned)
+    if member is None and wait_s == math.inf:
+        return fail(members.outside_pin(entry, record.workspace, pinned), started_at)
     if member is None:  # every member paused, out or full: the request waits, not charged an attempt
+        turn = fallbacks.trouble(services, record, entry)
+        if fallbacks.turned(turn, entry):
+            raise later(0.0, f"{entry.id}'s pool kept it waiting: it falls back to {turn and turn.model}")
         ended = members.past_longest_run(entry, started_at)
         if ended is not None:
             return fail(ended, started_at)
-        raise later(wait_s, f"every member of {entry.provider}'s pool is paused or full")
+        raise later(fallbacks.wait_s(turn, wait_s), f"every member of {entry.provider}'s pool is paused or full")
     try:
         return _call(context, record, body, entry, execution, metrics, flag_unread_until, member, upstream_ref,
                      started_at, complete=complete, remember=remember, progressed=progressed, fail=fail,
@@ -291,14 +300,22 @@ def _call(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mod
     except ProviderFailure as failure:
         pool_wait = members.wait_after(services, entry, member, failure)
         if pool_wait is not None and members.past_longest_run(entry, call.started_at) is None:
+            turn = fallbacks.trouble(services, record, entry, member.name,
+                                     fallbacks.MEMBER_TROUBLE.get(failure.http_status or 0, failure.error_type))
+            if fallbacks.turned(turn, entry):
+                raise later(0.0, f"falls back to {turn and turn.model}") from failure
+            pool_wait = fallbacks.wait_s(turn, pool_wait)
             log.info("request %s: %s member %s answered %s; trying the pool again in %.1f s (no attempt counted)",
                      request_id, entry.provider, member.name, failure.http_status, pool_wait)
             raise later(pool_wait, failure.detail) from failure
         if failure.retryable:
             attempts = store.record_attempt(request_id)
             if attempts < entry.policy.max_attempts:
+                turn = fallbacks.trouble(services, record, entry, member.name, failure.error_type)
+                if fallbacks.turned(turn, entry):
+                    raise later(0.0, f"falls back to {turn and turn.model}") from failure
                 metrics.retried(entry.provider, entry.id)
-                countdown = backoff(entry.policy, attempts, failure.retry_after_s)
+                countdown = fallbacks.wait_s(turn, backoff(entry.policy, attempts, failure.retry_after_s))
                 log.info("request %s attempt %d failed (%s); retrying in %.1f s",
                          request_id, attempts, failure.detail, countdown)
                 raise later(countdown, failure.detail) from failure

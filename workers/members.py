@@ -12,6 +12,7 @@ longest run, as a hung provider's would. ``docs/POOLS.md``.
 from __future__ import annotations
 
 import logging
+import math
 import time
 
 from router_queue import states
@@ -28,13 +29,22 @@ log = logging.getLogger(__name__)
 REFUSED_CREDENTIAL = (401, 403)
 
 
-def take(services: Services, entry: ModelEntry, request_id: str, prefer: str = "") -> tuple[Member | None, float]:
+def take(services: Services, entry: ModelEntry, request_id: str, prefer: str = "",
+         per_model: bool = False, regions: tuple[str, ...] = ()) -> tuple[Member | None, float]:
     """The member to send the generation to, holding one of its slots, and
-    else (None) the seconds to wait before asking again. ``prefer``: the
-    member holding the generation an earlier delivery submitted."""
+    else (None) the seconds to wait before asking again (inf: no member
+    serves ``regions``). ``prefer``: the member holding the generation an
+    earlier delivery submitted (kept whatever the pin: it runs there).
+    ``per_model``: a 429's pause holds it only when it was this model's (a
+    request that named fallback models: the other model's quota is its own).
+    ``regions``: its workspace's pin; only members serving it are asked."""
     pool = services.catalog.members(entry.provider)
+    if regions:
+        pool = tuple(member for member in pool if member.serves(regions) or member.name == prefer)
+        if not pool:
+            return None, math.inf
     taken: Taken = services.members.take(entry.provider, pool, request_id, hold_s=entry.policy.hung_after_s,
-                                         prefer=prefer)
+                                         prefer=prefer, model=entry.id if per_model else "")
     if taken.member is None:
         return None, taken.wait_s
     services.metrics.member_event(entry.provider, taken.member, "taken")
@@ -47,7 +57,7 @@ def wait_after(services: Services, entry: ModelEntry, member: Member, failure: P
     when it was the request's (the call policy's retries apply)."""
     pool = services.catalog.members(entry.provider)
     if failure.http_status == 429:
-        cap = services.members.rate_limited(entry.provider, member, failure.retry_after_s)
+        cap = services.members.rate_limited(entry.provider, member, failure.retry_after_s, model=entry.id)
         services.metrics.member_event(entry.provider, member.name, "rate_limited")
         pause = failure.retry_after_s or DEFAULT_PAUSE_S
         log.warning("%s member %s answered 429: paused %.1f s, its learned cap now %d",
@@ -60,6 +70,14 @@ def wait_after(services: Services, entry: ModelEntry, member: Member, failure: P
                   entry.provider, member.name, failure.http_status, extra={"member": member.name})
         return 0.0
     return None
+
+
+def outside_pin(entry: ModelEntry, workspace: str, regions: tuple[str, ...]) -> ProviderFailure:
+    """The failure a request ends with, unbilled, when no member of its
+    provider's pool serves its workspace's region pin."""
+    return ProviderFailure(states.PROVIDER_ERROR, f"no member of {entry.provider}'s pool serves workspace "
+                                                  f"{workspace}'s regions ({', '.join(regions)}); nothing was "
+                                                  "sent outside them")
 
 
 def past_longest_run(entry: ModelEntry, started_at: float) -> ProviderFailure | None:

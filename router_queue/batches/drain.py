@@ -28,10 +28,12 @@ from ..store.connect import UNREACHABLE, Unsent
 
 log = logging.getLogger(__name__)
 
-#: Outcomes that leave a line waiting in its batch, tried again later: never a refusal.
+#: Outcomes that leave a line waiting in its batch, tried again later: never a refusal. A line of a
+#: batch cancelled first waits too: the step then finds the batch cancelled and stops, and a read
+#: shows every line past the cursor cancelled.
 WAITS = frozenset({Admit.BACKLOG_FULL, Admit.QUEUED_BYTES_FULL, Admit.STORED_BYTES_FULL,
                    Admit.PENDING_WEBHOOKS_FULL, Admit.DRAINING, Admit.EXPIRED, Admit.IN_DOUBT, Admit.ADMITTING,
-                   Admit.RATE_LIMITED})
+                   Admit.RATE_LIMITED, Admit.BATCH_CANCELLED})
 #: Outcomes that end a line with an error: (its error type, its detail).
 ENDS: dict[Admit, tuple[type[RouterError], str]] = {
     Admit.INSUFFICIENT_CREDITS: (InsufficientCredits, "the workspace had too few credits available to hold this "
@@ -128,6 +130,7 @@ def _submission(workspace: str, batch_id: str, number: int, line: dict) -> Submi
         fingerprint=line["f"], idempotency_key_hash=line["k"], price=int(line["c"]), priority=line["q"],
         webhook_url=line["w"], response_url=line["u"],
         batch_id=batch_id, line=number, metadata=line.get("md"), now=time.time(),
+        fallback_models=line.get("fb", ""), key_id=line.get("ki", ""),
     )
 
 

@@ -1,7 +1,7 @@
 """The ``router-queue`` command: accounts, and the one-command demo.
 
     router-queue workspace create | enable-queue | set-credits | set-limits | list | ledger
-    router-queue workspace set-webhook | webhook-secret | set-budget | budgets
+    router-queue workspace set-webhook | webhook-secret | set-budget | budgets | set-regions
     router-queue key mint | mint-legacy | list | revoke | rotate | audit | set-budget
     router-queue ops depths | inspect | cancel | requeue | drain | purge-expired | webhooks | migrate-keys
     router-queue dev                # the whole stack on this machine
@@ -32,6 +32,7 @@ from ..webhooks import event as webhook_event, safety
 from .budgets import set_key_budget, set_workspace_budget, show_budgets
 from .context import services
 from .ops import ops, require_router_queue_data
+from .regions import set_regions
 
 
 def _accounts():
@@ -368,3 +369,4 @@ workspace.add_command(show_budgets)
 key.add_command(set_key_budget)
 main.add_command(dev)
 main.add_command(ops)
+workspace.add_command(set_regions)

@@ -27,6 +27,8 @@ class Admit(StrEnum):
     #: its hold would take a budget of the workspace or of the caller's key over its limit this period
     BUDGET_EXCEEDED = "BUDGET_EXCEEDED"
     DRAINING = "DRAINING"  #: the provider admits nothing new
+    #: a batch's line whose batch was cancelled first (batch_cancel.lua): changed nothing
+    BATCH_CANCELLED = "BATCH_CANCELLED"
     #: a webhook is named (``source``: "header" or the workspace's "default")
     #: and the workspace has no signing secret to sign its event with
     NO_WEBHOOK_SECRET = "NO_WEBHOOK_SECRET"

@@ -64,6 +64,9 @@ OPTIONAL_INT = Codec(decode=lambda v: int(v) if v else None, encode=lambda v: ""
 #: A flat map of text (JSON in the record) or None; an empty map is written as nothing.
 TEXT_MAP = Codec(decode=lambda v: json.loads(v) if v else None,
                  encode=lambda v: json.dumps(v, separators=(",", ":")) if v else "", json_type="object")
+#: A list of objects (JSON in the record) or None.
+OBJECT_LIST = Codec(decode=lambda v: json.loads(v) if v else None,
+                    encode=lambda v: json.dumps(v, separators=(",", ":")) if v else "", json_type="array")
 #: Present or not.
 FLAG = Codec(decode=bool, encode=lambda v: "1" if v else "", json_type="boolean")
 #: A count (0 when missing).
@@ -141,6 +144,15 @@ FIELDS: tuple[Field, ...] = (
     # -- bulk actions (web/bulk.py) --
     Field("bulk_id", OPTIONAL_TEXT, status=LISTED, admitted=True, doc=(
         "the bulk action that submitted this retry (POST /v2/requests/bulk); absent otherwise")),
+    # -- fallback between models (issue 36: workers/fallbacks.py, docs/POOLS.md) --
+    Field("fallback_models", OPTIONAL_TEXT, admitted=True),
+    Field("model_ran", OPTIONAL_TEXT, status=LISTED, doc=(
+        "the model it runs on (provider/model) once its own model's pool kept it waiting past "
+        "FALLBACK_AFTER_SECONDS and it fell back to one it named in X-Comfy-Fallback-Models; absent otherwise")),
+    Field("tried", OBJECT_LIST, status=LISTED, doc=(
+        "the models it left, in order, each {model, member, error_type}: the member and the trouble last seen "
+        "there (rate_limited, credential_refused, pool_unavailable, or a provider error type); absent "
+        "until it falls back")),
     Field("price", RAW, status=OWN_PLACE, webhook=OWN_PLACE, into="cost"),
     Field("cost_state", RAW, status=OWN_PLACE, webhook=OWN_PLACE, into="cost"),
     Field("hold", RAW, status=OWN_PLACE, webhook=OWN_PLACE, into="cost"),
@@ -252,6 +264,11 @@ class RequestRecord:
     metadata: dict[str, str] | None = None
     #: The bulk action whose retry this is (``web/bulk.py``).
     bulk_id: str | None = None
+    #: X-Comfy-Fallback-Models, comma-separated model ids; None when not named.
+    fallback_models: str | None = None
+    #: The model it fell back to, and the models it left ({model, member, error_type} each).
+    model_ran: str | None = None
+    tried: list[dict[str, Any]] | None = None
     #: Seconds until Redis drops the record (set once COMPLETED), else None.
     ttl_s: int | None = None
     #: Its credits, held, charged or released (agrees with the ledger).
@@ -318,5 +335,7 @@ class Submission:
     metadata: dict[str, str] | None = None
     #: The bulk action this retry is part of (``web/bulk.py``), or "".
     bulk_id: str = ""
+    #: The models it may run on instead (X-Comfy-Fallback-Models, checked), comma-separated; "" for none.
+    fallback_models: str = ""
     #: The caller's API key's id (``key_…``), or "": its budgets are checked too (``store/budgets.py``).
     key_id: str = ""

@@ -175,7 +175,7 @@ class TwoStepAdmission:
             reserved = self._reserve(
                 keys=[keys.workspace(workspace), idem_key, keys.ledger(workspace), keys.history(workspace),
                       keys.model_history(workspace, values["model"]), keys.open_requests(workspace),
-                      keys.stored(workspace), *rate_keys],
+                      keys.stored(workspace), keys.batch(workspace, values["batch_id"] or "-"), *rate_keys],
                 args=[*argv(SPLIT_ADMIT_ARGS, **{**values, "body": "", "body_bytes": body_bytes, "reserved": "",
                                                  "admitting": ""}), *rate_args])
             if reserved[0] != b"RESERVED":

@@ -26,9 +26,9 @@ from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
 
-TAKE_ARGS = ("now", "request_id", "lease_until", "prefer", "grow_every", "full_wait")
+TAKE_ARGS = ("now", "request_id", "lease_until", "prefer", "grow_every", "full_wait", "model")
 RELEASE_ARGS = ("member", "request_id")
-LIMITED_ARGS = ("member", "what", "until", "cap", "now")
+LIMITED_ARGS = ("member", "what", "until", "cap", "now", "model")
 #: Seconds a request waits before it asks again when every member is full
 #: (rare: the schedule grants no more than the pool has room for, ``PoolCapacity``).
 FULL_WAIT_S = 0.25
@@ -77,16 +77,18 @@ class MemberStore:
         self._limited = load_script(client, "member_limited", LIMITED_ARGS)
 
     def take(self, provider: str, members: tuple[Member, ...], request_id: str, *, hold_s: float,
-             prefer: str = "") -> Taken:
+             prefer: str = "", model: str = "") -> Taken:
         """A slot on the member of ``members`` with the most headroom (on
         ``prefer``, the member that holds the request's generation, if it is
-        still one), held for at most ``hold_s`` unless released."""
+        still one), held for at most ``hold_s`` unless released. ``model``:
+        a 429's pause counts for that model alone ("": any model's)."""
         now = self.clock()
         pairs = [value for member in members for value in (member.name, member.max_in_flight)]
         reply = self._take(keys=[keys.member_state(provider), keys.member_leases(provider)],
                            args=[*argv(TAKE_ARGS, now=repr(now), request_id=request_id,
                                        lease_until=repr(now + hold_s), prefer=prefer,
-                                       grow_every=repr(self.grow_every_s), full_wait=repr(FULL_WAIT_S)), *pairs])
+                                       grow_every=repr(self.grow_every_s), full_wait=repr(FULL_WAIT_S),
+                                       model=model), *pairs])
         if reply[0] == b"TAKEN":
             return Taken(reply[1].decode())
         return Taken(None, float(reply[1]))
@@ -96,21 +98,21 @@ class MemberStore:
         return bool(self._release(keys=[keys.member_state(provider), keys.member_leases(provider)],
                                   args=argv(RELEASE_ARGS, member=member, request_id=request_id)))
 
-    def rate_limited(self, provider: str, member: Member, retry_after_s: float | None) -> int:
-        """``member`` answered 429: paused for its Retry-After (or
-        :data:`DEFAULT_PAUSE_S`), its learned cap halved; returns that cap."""
-        return self._mark(provider, member, "rate_limited", retry_after_s or DEFAULT_PAUSE_S)
+    def rate_limited(self, provider: str, member: Member, retry_after_s: float | None, model: str = "") -> int:
+        """``member`` answered 429 (to ``model``): paused for its Retry-After
+        (or :data:`DEFAULT_PAUSE_S`), its learned cap halved; returns that cap."""
+        return self._mark(provider, member, "rate_limited", retry_after_s or DEFAULT_PAUSE_S, model)
 
     def revoked(self, provider: str, member: Member) -> None:
         """``member``'s credential was refused upstream: left out for
         :data:`REVOKED_PAUSE_S` (then tried again: a key put right comes back)."""
         self._mark(provider, member, "revoked", REVOKED_PAUSE_S)
 
-    def _mark(self, provider: str, member: Member, what: str, for_s: float) -> int:
+    def _mark(self, provider: str, member: Member, what: str, for_s: float, model: str = "") -> int:
         now = self.clock()
         return int(self._limited(keys=[keys.member_state(provider)],
                                  args=argv(LIMITED_ARGS, member=member.name, what=what, until=repr(now + for_s),
-                                           cap=member.max_in_flight, now=repr(now))))
+                                           cap=member.max_in_flight, now=repr(now), model=model)))
 
     def states(self, provider: str, members: tuple[Member, ...]) -> list[MemberState]:
         """Each of ``members`` as the pool holds it now (one read)."""

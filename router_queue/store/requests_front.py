@@ -189,7 +189,7 @@ class FrontDoorRequests(RequestStoreBase):
             keys.schedule(provider), keys.workspace(workspace), idem_key, keys.ledger(workspace),
             keys.running(provider), list_key, keys.request(original), keys.body(original),
             keys.deadlines(provider), keys.history(workspace), keys.model_history(workspace, model),
-            keys.body(request_id), keys.stored(workspace),
+            keys.body(request_id), keys.stored(workspace), keys.batch(workspace, submission.batch_id or "-"),
         ]
         return values, idem_key, provider_keys, one_step_keys
 

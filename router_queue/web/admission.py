@@ -46,6 +46,7 @@ from ..validation import too_many_items, validate
 from ..webhooks import event as webhook_event, safety
 from . import pacing, stashed
 from .bodies import request_urls, response_url
+from .fallback_models import FALLBACK_HEADER, fallback_models
 from .refusals import NOT_FOUND, key_in_doubt
 
 #: Longest Idempotency-Key accepted, in characters.
@@ -259,12 +260,15 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     events = webhook_events(headers.get(WEBHOOK_EVENTS_HEADER) if headers is not None else None)
     now = time.time()
     due = deadlines(headers, entry, now) if headers is not None else Deadlines()
+    fallback = fallback_models(headers.get(FALLBACK_HEADER) if headers is not None else None, entry,
+                               services.catalog)
+    bound_model = f"{entry.id} or {fallback}" if fallback else entry.id  # the key is bound to the models it accepts
     if retry_of:
-        bound_to = retry_fingerprint(entry.id, retry_of) if key else ""
+        bound_to = retry_fingerprint(bound_model, retry_of) if key else ""
     else:
         body = parse_body(raw_body)
         validate_body(entry, body)
-        bound_to = fingerprint(entry.id, body) if key else ""
+        bound_to = fingerprint(bound_model, body) if key else ""
     request_id = services.ids.mint(workspace, entry.id)
     pointer = None if retry_of else stashed.stash(services, request_id, raw_body)
     try:
@@ -288,6 +292,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
             traceparent=traceparent,
             webhook_events=events,
             bulk_id=bulk_id,
+            fallback_models=fallback,
             key_id=caller_key_id(headers),
         ), rate=rate())
     except (RouterError, Unsent):  # refused (a rate window), or never sent: not admitted

@@ -11,6 +11,7 @@ another line is an error line. Over ``MAX_BATCH_LINES`` lines or
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 from dataclasses import dataclass, field
 from typing import IO, Any, Iterator
@@ -21,12 +22,14 @@ from ..services import Services
 from ..store.batches import error_outcome
 from . import admission, stashed
 from .bodies import response_url
+from .fallback_models import fallback_models
 
 #: What a line holds besides its body, at most, in bytes: a line may be this
 #: much longer than MAX_BODY_BYTES.
 LINE_OVERHEAD_BYTES = 16_384
 #: A line's fields; any other is refused.
-LINE_FIELDS = frozenset({"model", "body", "idempotency_key", "priority", "webhook_url", "metadata"})
+LINE_FIELDS = frozenset({"model", "body", "idempotency_key", "priority", "webhook_url", "metadata",
+                         "fallback_models"})
 #: A line's ``metadata``: at most this many keys, each key and value this many characters at most.
 MAX_METADATA_KEYS = 16
 MAX_METADATA_KEY = 64
@@ -49,6 +52,8 @@ class BatchCall:
     #: The call's Idempotency-Key, or None: each line's key defaults to "{key}:{line}".
     key: str | None
     base_url: str
+    #: The id of the API key the call presents ("" for none): each line is checked against its budgets.
+    key_id: str = ""
 
 
 @dataclass
@@ -71,9 +76,17 @@ class Reading:
     refused: int = 0
 
 
+#: Bytes read from the body at a time (its lines are split from them).
+READ_BUFFER_BYTES = 65_536
+
+
 def _raw_lines(stream: IO[bytes], limit: int, reading: Reading, max_bytes: int) -> Iterator[bytes | None]:
     """Each physical line without its newline; None for one over ``limit``
-    bytes (the rest of it read and dropped)."""
+    bytes (the rest of it read and dropped). A raw stream (werkzeug's
+    LimitedStream, the body with a Content-Length) is read through a buffer:
+    its own ``readline`` reads one byte a call, half a 10,000-line batch's time."""
+    if isinstance(stream, io.RawIOBase):
+        stream = io.BufferedReader(stream, READ_BUFFER_BYTES)
     while True:
         raw = stream.readline(limit + 1)
         if not raw:
@@ -171,14 +184,17 @@ class _LineChecker:
         rank = admission.priority(_text_or_none(line.get("priority"), "priority") or DEFAULT_PRIORITY)
         hook = self._hook(_text_or_none(line.get("webhook_url"), "webhook_url"))
         metadata = _metadata(line.get("metadata"))
+        fallback = _fallback_models(line.get("fallback_models"), entry, self.call.services)
         services = self.call.services
         request_id = services.ids.mint(self.call.workspace, entry.id)
         pointer = stashed.stash(services, request_id, raw_body)
         return json.dumps({
             "id": request_id, "m": entry.id, "p": entry.provider, "c": entry.price_credits,
             "b": pointer.text() if pointer else raw_body.decode(),
-            "f": admission.fingerprint(entry.id, body), "k": hashlib.sha256(key.encode()).hexdigest(),
+            "f": admission.fingerprint(f"{entry.id} or {fallback}" if fallback else entry.id, body),
+            "k": hashlib.sha256(key.encode()).hexdigest(),
             "q": rank, "w": hook, "md": metadata, "u": response_url(self.call.base_url, entry.id, request_id),
+            **({"fb": fallback} if fallback else {}), **({"ki": self.call.key_id} if self.call.key_id else {}),
         }, separators=(",", ":"))
 
     def _entry(self, model: Any) -> ModelEntry:
@@ -223,6 +239,15 @@ def _text_or_none(value: Any, name: str) -> str | None:
     if value is None or isinstance(value, str):
         return value
     raise admission.InvalidInput(f"{name} must be a string")
+
+
+def _fallback_models(value: Any, entry: ModelEntry, services: Services) -> str:
+    """A line's ``fallback_models``: a list of model ids, checked as X-Comfy-Fallback-Models is; "" when absent."""
+    if value is None:
+        return ""
+    if not isinstance(value, list) or not all(isinstance(item, str) and "," not in item for item in value):
+        raise admission.InvalidInput("fallback_models must be a list of model ids, \"provider/model\"")
+    return fallback_models(",".join(value), entry, services.catalog) if value else ""
 
 
 def _metadata(value: Any) -> dict[str, str] | None:

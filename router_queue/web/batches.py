@@ -73,7 +73,7 @@ def submit() -> Response:
                        "nothing was queued")
     request.max_content_length = settings.max_batch_bytes
     batch_id = fresh_call_id()
-    call = BatchCall(services, workspace, batch_id, key, base)
+    call = BatchCall(services, workspace, batch_id, key, base, admission.caller_key_id(request.headers))
     reading = Reading()
     try:
         for chunk in read(call, request.stream, reading):

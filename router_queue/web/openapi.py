@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 from functools import lru_cache
-from typing import Any
+from typing import Any, Callable
 
 from apispec import APISpec
 from apispec.ext.marshmallow import MarshmallowPlugin
@@ -22,6 +22,7 @@ from ..requests.values import PRIORITIES
 from ..states import ORDER, RESULT_STATUS
 from . import paths
 from .bulk import openapi_paths as bulk_openapi_paths
+from .fallback_models import FALLBACK_HEADER, MAX_FALLBACK_MODELS
 from .openapi_batches import BATCH_EVENT, batch_paths
 from .openapi_usage import BUDGET_EVENT, usage_paths
 
@@ -60,7 +61,8 @@ class HandleSchema(Schema):
 
 
 class CostSchema(Schema):
-    credits = fields.Integer(required=True, metadata={"minimum": 0, "description": "the price held at admission"})
+    credits = fields.Integer(required=True, metadata={"minimum": 0, "description": (
+        "the price held at admission, which is the price of the model that ran (a fallback model costs the same)")})
     state = fields.String(required=True, metadata={
         "enum": ["held", "charged", "released"],
         "description": "held while pending, charged once succeeded (or a failure the provider bills), released "
@@ -68,9 +70,9 @@ class CostSchema(Schema):
 
 
 #: The marshmallow field of each JSON type a record field's codec shows.
-_JSON_FIELDS: dict[str, type[fields.Field]] = {"string": fields.String, "number": fields.Float,
-                                               "integer": fields.Integer, "boolean": fields.Boolean,
-                                               "object": fields.Dict}
+_JSON_FIELDS: dict[str, Callable[..., fields.Field]] = {
+    "string": fields.String, "number": fields.Float, "integer": fields.Integer, "boolean": fields.Boolean,
+    "object": fields.Dict, "array": lambda **kw: fields.List(fields.Dict(), **kw)}
 
 
 def _listed(field: Field) -> fields.Field:
@@ -334,7 +336,15 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                             "the caller's, and the request's delivery, provider calls, completion and webhook "
                             "attempts are spans of that trace. Ignored otherwise, and when malformed.",
              "schema": {"type": "string", "maxLength": 256}}
-    submit_headers = [idem, priority, webhook, events, start_deadline, deadline, trace]
+    fallback = {"name": FALLBACK_HEADER, "in": "header", "required": False,
+                "description": f"Up to {MAX_FALLBACK_MODELS} models (provider/model, comma-separated, in order) the "
+                               "caller accepts in place of this one. The request runs on the next only when every "
+                               "member of this model's provider pool kept it waiting (429s, refused credentials, "
+                               "failures) for FALLBACK_AFTER_SECONDS, or until its start deadline if sooner; "
+                               "model_ran and tried then show it. Each must take the same body (input schema), "
+                               "run on the same provider and cost the same; otherwise 400 invalid_input.",
+                "schema": {"type": "string", "maxLength": 1000}}
+    submit_headers = [idem, priority, webhook, events, start_deadline, deadline, fallback, trace]
     spec.path(path=paths.RUN.openapi(entry.id), operations={"post": {
         "summary": f"Run {entry.id} synchronously", "tags": [entry.id], "parameters": submit_headers,
         "requestBody": body,

@@ -10,6 +10,7 @@ from apispec import APISpec
 
 from . import paths
 from .batch_lines import MAX_METADATA_KEY, MAX_METADATA_KEYS, MAX_METADATA_VALUE
+from .fallback_models import MAX_FALLBACK_MODELS
 
 NDJSON = "application/x-ndjson"
 _STATUS = {"type": "string", "enum": ["IN_QUEUE", "IN_PROGRESS", "COMPLETED"]}
@@ -24,6 +25,9 @@ BATCH_LINE = {
                             "description": "default <the batch's Idempotency-Key>:<line>"},
         "priority": {"type": "string", "enum": ["high", "normal", "low"], "default": "low"},
         "webhook_url": {"type": "string", "format": "uri", "description": "as X-Comfy-Webhook-Url on a submit"},
+        "fallback_models": {"type": "array", "items": {"type": "string"}, "maxItems": MAX_FALLBACK_MODELS,
+                            "description": "as X-Comfy-Fallback-Models on a submit: the models it may run on "
+                                           "instead, in order"},
         "metadata": {"type": "object", "maxProperties": MAX_METADATA_KEYS,
                      "additionalProperties": {"type": "string", "maxLength": MAX_METADATA_VALUE},
                      "description": f"shown on the line's status and history; keys 1 to {MAX_METADATA_KEY} "

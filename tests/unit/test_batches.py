@@ -223,6 +223,26 @@ def test_a_step_admitted_by_a_drain_that_died_is_cancelled_with_its_batch(http, 
     assert [s.get("error_type") for s in results(http, auth, batch_id)] == ["cancelled"] * 3
 
 
+def test_a_drains_step_that_lands_after_the_cancel_admits_nothing(http, auth, services, workspace):
+    """A live drain read its chunk, then the cancel answered, then the step's admissions reached
+    Redis: each is refused in admission's own step (the batch's "cancelled"), so no request of the
+    batch exists that the cancel's answer did not cover, and every line reads cancelled."""
+    from router_queue.batches.drain import _admit_chunk
+
+    batch_id = send(http, auth, ndjson(*[GOOD] * 3)).json["batch_id"]
+    texts = services.batches.lines(workspace, batch_id, 0, 3)  # the drain's chunk, read before the cancel
+    before = services.accounts.get(workspace)
+    assert http.put(f"/v2/batches/{batch_id}/cancel", headers=auth).status_code == 202
+    assert _admit_chunk(services, workspace, batch_id, 0, texts) == [None, None, None]  # each waits: not admitted
+    for text in texts:
+        assert http.get(f"/v2/models/bfl/flux-2-pro/requests/{json.loads(text)['id']}/status",
+                        headers=auth).status_code == 410  # its id genuine (minted at staging), never admitted
+    after = services.accounts.get(workspace)
+    assert (after.held, after.queued) == (before.held, before.queued) == (0, 0)  # nothing held, nothing queued
+    drain(services, workspace, batch_id)  # the sweeper's next drain: the batch is cancelled, it admits nothing
+    assert [s.get("error_type") for s in results(http, auth, batch_id)] == ["cancelled"] * 3
+
+
 def test_a_batch_webhook_is_the_webhooks_workers_to_send_in_its_workspaces_turn(http, auth, services, workspace,
                                                                                monkeypatch):
     """Published by the sweeper to the webhooks worker, never POSTed in the sweep;

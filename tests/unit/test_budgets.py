@@ -163,6 +163,23 @@ def test_the_submit_route_answers_402_budget_exceeded(http, services, workspace,
     assert services.accounts.get(workspace).held == price
 
 
+def test_a_keys_budget_holds_for_the_lines_of_a_batch_it_sends(http, services, workspace, api_key, auth):
+    """A batch's lines are admitted later, by its drain, but as the key that sent the batch: one
+    line fits the key's daily budget, the second ends budget_exceeded in the results."""
+    price = services.catalog.by_id(MODEL).price_credits
+    services.accounts.budgets.set(workspace, services.accounts.keys.find(api_key).id, {"day": price})
+    line = json.dumps({"model": MODEL, "body": BODY})
+    sent = http.post("/v2/batches", data=f"{line}\n{line}\n",
+                     headers={**auth, "Content-Type": "application/x-ndjson"})
+    assert sent.status_code == 201, sent.get_data(as_text=True)
+    batch_id = sent.json["batch_id"]
+    drain.drain(services, workspace, batch_id)
+    results = [json.loads(text) for text in
+               http.get(f"/v2/batches/{batch_id}/results", headers=auth).get_data(as_text=True).splitlines()]
+    assert [r.get("error_type") for r in results] == [None, "budget_exceeded"]
+    assert services.accounts.get(workspace).held == price
+
+
 def test_the_cli_sets_shows_and_clears_budgets(services, workspace, api_key):
     runner = ServicesCliRunner(services)
     done = runner.invoke(main, ["workspace", "set-budget", workspace, "--daily", "100", "--monthly", "2000",

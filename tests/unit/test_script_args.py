@@ -20,7 +20,9 @@ from router_queue.store import (
     held,
     members,
     migrate,
+    model_fallback,
     owed,
+    regions,
     requests_base,
     requests_delivery,
     requests_front,
@@ -48,6 +50,7 @@ NAMED = {
     "bulk_create": bulk.CREATE_ARGS, "bulk_note": bulk.NOTE_ARGS, "bulk_lease": bulk.LEASE_ARGS,
     "budget_sent": budgets.SENT_ARGS,
     "member_take": members.TAKE_ARGS, "member_release": members.RELEASE_ARGS, "member_limited": members.LIMITED_ARGS,
+    "fallback_turn": model_fallback.TURN_ARGS, "ws_regions": regions.SET_ARGS,
 }
 #: The scripts whose ARGV is one list of like items, not arguments: (calls or limit, window) pairs.
 LISTS = {"rate", "rate_add"}

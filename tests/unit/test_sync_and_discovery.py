@@ -109,7 +109,7 @@ def test_a_models_openapi_document_carries_its_schema_with_an_etag(http):
     submit = document["paths"]["/v2/models/bfl/flux-2-pro/requests"]["post"]
     assert {p["name"] for p in submit["parameters"] if p["in"] == "header"} == {
         "Idempotency-Key", "X-Comfy-Priority", "X-Comfy-Webhook-Url", "X-Comfy-Webhook-Events",
-        "X-Comfy-Start-Deadline", "X-Comfy-Deadline", "traceparent"}
+        "X-Comfy-Start-Deadline", "X-Comfy-Deadline", "X-Comfy-Fallback-Models", "traceparent"}
 
 
 def test_an_unknown_models_document_is_404_with_suggestions(http):

@@ -17,7 +17,8 @@
 -- KEYS[12] P:deadlines:{provider} (lib/ending.lua: the caller's deadlines)
 -- KEYS[13] W:history  KEYS[14] W:history:{model} (lib/history.lua, history_add)
 -- KEYS[15] P:body:{id}  KEYS[16] W:stored (lib/ledger.lua, release_stored)
--- KEYS[17..] the caller's rate-window counters, with a (limit, window
+-- KEYS[17] W:batch:{batch_id}, its line's batch (W:batch:- for no batch: not read)
+-- KEYS[18..] the caller's rate-window counters, with a (limit, window
 --          seconds) pair each in ARGV from ARG_REST, after the named ones
 --          (ratelimit.py): counted first
 -- ARGV by name (ARGV[ARG_ID] and so on; admission.py, ADMIT_ARGS, whose order
@@ -70,6 +71,7 @@
 --       | {"QUEUED_BYTES_FULL"} | {"STORED_BYTES_FULL", seconds until room}
 --       | {"PENDING_WEBHOOKS_FULL"}
 --       | {"INSUFFICIENT_CREDITS", available} | {"DRAINING"}
+--       | {"BATCH_CANCELLED"} (a batch line whose batch was cancelled)
 --       | {"RATE_LIMITED", window index, ms left} | {"EXPIRED"}
 --       | {"RETRY_MISSING"} (no such request of this caller and model)
 --       | {"NOT_RETRYABLE", its status} (not COMPLETED with an error_type)
@@ -84,7 +86,7 @@
 if past_deadline(ARGV[ARG_WRITE_DEADLINE]) then
   return {"EXPIRED"}
 end
-local W = {rate = 17, stored = KEYS[16], ws = KEYS[5], idem = KEYS[6], ledger = KEYS[7], history = KEYS[13], model_history = KEYS[14]}
+local W = {rate = 18, batch = KEYS[17], stored = KEYS[16], ws = KEYS[5], idem = KEYS[6], ledger = KEYS[7], history = KEYS[13], model_history = KEYS[14]}
 local P = {req = KEYS[1], queue = KEYS[2], seq = KEYS[3], sched = KEYS[4], running = KEYS[8], list = KEYS[9],
   original = KEYS[10], original_body = KEYS[11], deadlines = KEYS[12], body = KEYS[15]}
 -- What follows the count: the admission, or the refusal that ends it.

@@ -8,7 +8,8 @@
 --
 -- KEYS[1] W:ws  KEYS[2] W:idem:{keyhash}  KEYS[3] W:ledger
 -- KEYS[4] W:history  KEYS[5] W:history:{model}  KEYS[6] W:open
--- KEYS[7] W:stored  KEYS[8..] the caller's rate-window counters (as admit.lua's)
+-- KEYS[7] W:stored  KEYS[8] W:batch:{batch_id} (as admit.lua's KEYS[17])
+-- KEYS[9..] the caller's rate-window counters (as admit.lua's)
 -- ARGV: admit.lua's (admission.py, ADMIT_ARGS); body "", body_bytes its length
 -- returns {"RESERVED", what admit_place.lua records (JSON: reserve_admission)}
 --       | admit.lua's refusals of the workspace's part, and {"EXPIRED"}
@@ -19,7 +20,7 @@ if past_deadline(ARGV[ARG_WRITE_DEADLINE]) then
   return {"EXPIRED"}
 end
 local W = {ws = KEYS[1], idem = KEYS[2], ledger = KEYS[3], history = KEYS[4], model_history = KEYS[5],
-  open = KEYS[6], stored = KEYS[7], rate = 8}
+  open = KEYS[6], stored = KEYS[7], batch = KEYS[8], rate = 9}
 -- What follows the count: the reservation, or the refusal that ends it.
 local function reserve_counted()
   local bytes = tonumber(ARGV[ARG_BODY_BYTES])

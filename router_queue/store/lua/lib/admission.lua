@@ -86,6 +86,12 @@ end
 -- or nil and the refusal. bytes: the body's. The kept bodies expired by now
 -- are released from its stored bytes first (release_stored, K.stored).
 local function admission_checks(K, bytes)
+  -- A batch's line is admitted only while its batch is not cancelled
+  -- (batch_cancel.lua): a drain's step landing after the cancel answered
+  -- admits nothing, so the cancel's answer covers every line.
+  if ARGV[ARG_BATCH_ID] ~= "" and redis.call("HGET", K.batch, "cancelled") == "1" then
+    return nil, {"BATCH_CANCELLED"}
+  end
   release_stored(K.stored, K.ws, ARGV[ARG_NOW])
   local names = {"queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url",
     "webhook_secret", "queued_bytes", "max_queued_bytes", "webhooks_pending", "max_pending_webhooks",

@@ -246,8 +246,9 @@ local function settle(e, how, rec, fields)
     append(fields, "charged", hold)
   end
   e.hold, e.how = hold, how
-  -- its model, key and admission for the ledger's entry and its budgets (budget_refund)
-  e.model, e.key, e.since = rec.model or nil, rec.key_id or nil, tonumber(rec.created_at or "")
+  -- its model (the one it fell back to, if it did: model_ran), key and admission for the
+  -- ledger's entry and its budgets (budget_refund)
+  e.model, e.key, e.since = rec.model_ran or rec.model or nil, rec.key_id or nil, tonumber(rec.created_at or "")
 end
 
 -- {code, ids..., owed...}: a script's answer with the granted ids its caller
