@@ -14,9 +14,9 @@ from __future__ import annotations
 import logging
 
 from router_queue.catalog import ModelEntry
+from router_queue.requests.record import RequestRecord
 from router_queue.services import Services
 from router_queue.store.model_fallback import Turn, next_model
-from router_queue.store.record import RequestRecord
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,8 @@ from typing import Callable
 
 import redis
 
+from ..requests.record import RequestRecord
 from . import keys
-from .record import RequestRecord
 from .scripts import argv, load_script
 
 TURN_ARGS = ("now", "after", "model", "next", "member", "error_type")

@@ -13,10 +13,10 @@ import requests
 
 from router_queue.batches.drain import drain
 from router_queue.catalog import Catalog
+from router_queue.requests.record import Submission
 from router_queue.settings import DEFAULT_CATALOG
 from router_queue.states import COMPLETED
 from router_queue.store.members import MemberStore
-from router_queue.store.record import Submission
 from tests.unit import delivery_support
 from tests.unit.fallback_support import NEW, OLD, deliver_for, gemini
 from tests.unit.route_support import assert_error, status_of, submit

@@ -12,8 +12,8 @@ import requests
 
 from router_queue.catalog import Catalog
 from router_queue.cli import main
+from router_queue.requests.record import Submission
 from router_queue.settings import DEFAULT_CATALOG
-from router_queue.store.record import Submission
 from tests.unit import delivery_support
 from tests.unit.fallback_support import NEW, OLD, deliver_for, gemini
 from tests.unit.support import cli_runner
