@@ -45,6 +45,7 @@ from ..store.connect import Unsent
 from ..validation import too_many_items, validate
 from ..webhooks import event as webhook_event, safety
 from . import pacing, stashed
+from .auth import key_in
 from .bodies import request_urls, response_url
 from .fallback_models import FALLBACK_HEADER, fallback_models
 from .refusals import NOT_FOUND, key_in_doubt
@@ -425,13 +426,7 @@ def _count(services: Services, entry: ModelEntry, outcome: Admit) -> None:
 
 def caller_key_id(headers) -> str:
     """The id of the API key a call presents (its budgets are checked), or ""."""
-    if headers is None:
-        return ""
-    key = headers.get("X-API-Key")
-    if key is None:
-        scheme, _, value = headers.get("Authorization", "").partition(" ")
-        key = value if scheme.lower() == "bearer" else None
-    key = (key or "").strip()
+    key = key_in(headers) if headers is not None else None
     return key_id(hash_key(key)) if key else ""
 
 

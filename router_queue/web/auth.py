@@ -38,9 +38,14 @@ HELD_RECHECK_MIN_S = 0.1
 
 
 def presented_key(request: Request) -> str | None:
-    key = request.headers.get("X-API-Key")
+    return key_in(request.headers)
+
+
+def key_in(headers) -> str | None:
+    """The API key ``headers`` present (X-API-Key, else a Bearer token), or None."""
+    key = headers.get("X-API-Key")
     if key is None:
-        scheme, _, value = request.headers.get("Authorization", "").partition(" ")
+        scheme, _, value = headers.get("Authorization", "").partition(" ")
         if scheme.lower() == "bearer":
             key = value
     key = (key or "").strip()
