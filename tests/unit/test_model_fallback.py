@@ -14,10 +14,12 @@ import requests
 from router_queue.batches.drain import drain
 from router_queue.catalog import Catalog
 from router_queue.requests.record import Submission
+from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG
 from router_queue.states import COMPLETED
 from router_queue.store.members import MemberStore
 from tests.unit import delivery_support
+from tests.unit.conftest import RecordingDispatcher
 from tests.unit.fallback_support import NEW, OLD, deliver_for, gemini
 from tests.unit.route_support import assert_error, status_of, submit
 
@@ -107,6 +109,21 @@ def test_a_cheaper_fallback_that_ran_is_charged_its_own_price(vertex_pool, works
     assert record.model_ran == OLD and record.cost.as_json() == {"credits": 20, "state": "charged"}
     assert charges(vertex_pool, workspace) == [(request_id, 20, OLD)]
     after = vertex_pool.accounts.get(workspace)
+    assert (after.credits, after.held) == (1000 - 20, 0)
+
+
+def test_a_split_store_charges_the_model_that_ran_and_gives_the_rest_back(client, vertex_pool, tmp_path):
+    """On a Redis Cluster the workspace's side is its own step (ws_settle.lua): the same amounts."""
+    split = Services.build(vertex_pool.settings, client, dispatcher=RecordingDispatcher(), split=True)
+    split.catalog = catalog_with(tmp_path, pool=True, prices={OLD: 20})
+    split.model_fallback.after_s = 5.0
+    workspace = split.accounts.create_workspace("split", queue_enabled=True, credits=1000)
+    request_id = admitted(split, workspace, "cat [stub:429_model=gemini-3.1-flash-image]", fallback=OLD)
+    assert split.accounts.get(workspace).held == 39
+    assert deliver_for(split, request_id) == "completed"
+    assert split.store.status_view(request_id, "vertexai").record.cost.as_json() == {"credits": 20, "state": "charged"}
+    assert charges(split, workspace) == [(request_id, 20, OLD)]
+    after = split.accounts.get(workspace)
     assert (after.credits, after.held) == (1000 - 20, 0)
 
 
