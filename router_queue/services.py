@@ -51,6 +51,8 @@ class Publisher(Protocol):
 
     def publish_batch_webhook(self, workspace: str, batch_id: str) -> None: ...
 
+    def publish_budget_alert(self, workspace: str, crossing: str) -> None: ...
+
 
 @dataclass
 class Services:
