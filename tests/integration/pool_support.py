@@ -1,0 +1,35 @@
+"""A provider pool as the pool and fallback tests build it (``test_pools.py``,
+``test_model_fallback.py``): the shipped catalog with one provider's
+``members`` given, and a stack of its own on that catalog. Plain code, no
+fixtures; it builds on ``harness.py``.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Iterator
+
+from router_queue.settings import DEFAULT_CATALOG
+
+from .harness import RunningStack, private_stack
+
+
+def pool_catalog(directory: Path, provider: str, members: list[dict[str, Any]]) -> Path:
+    """The shipped catalog with ``provider`` a pool of ``members``, written in ``directory``."""
+    raw = json.loads(Path(DEFAULT_CATALOG).read_text())
+    raw["providers"][provider] = {"members": members}
+    path = directory / f"{provider}-pool.json"
+    path.write_text(json.dumps(raw))
+    return path
+
+
+@contextmanager
+def pooled_stack(tmp_path_factory: Any, name: str, provider: str, members: list[dict[str, Any]],
+                 **settings: str) -> Iterator[RunningStack]:
+    """A stack on a redis-server of its own whose catalog makes ``provider``
+    a pool of ``members``; ``settings`` go into its environment."""
+    catalog = pool_catalog(tmp_path_factory.mktemp(name), provider, members)
+    with private_stack(tmp_path_factory, name, {"catalog": str(catalog), **settings}) as running:
+        yield running
