@@ -51,6 +51,8 @@ class Publisher(Protocol):
 
     def publish_batch_webhook(self, workspace: str, batch_id: str) -> None: ...
 
+    def publish_budget_alert(self, workspace: str, crossing: str) -> None: ...
+
 
 @dataclass
 class Services:
@@ -132,7 +134,7 @@ class Services:
             fleet=Fleet(client, heartbeat_s=settings.worker_heartbeat_s),
             members=MemberStore(client, grow_every_s=settings.member_grow_s),
             model_fallback=ModelFallback(client, after_s=settings.fallback_after_s),
-            regions=WorkspaceRegions(client),
+            regions=WorkspaceRegions(client, cache_s=settings.region_pin_cache_s),
             batches=BatchStore(client, retention_s=settings.result_retention_s,
                                idempotency_ttl_s=settings.idempotency_ttl_s),
             dispatcher=dispatcher,

@@ -186,6 +186,7 @@ _ENV: dict[str, tuple[str, Callable[[str, str], Any]]] = {
     "CATALOG_PATH": ("catalog_path", _str),
     "MEMBER_GROW_SECONDS": ("member_grow_s", _float),
     "FALLBACK_AFTER_SECONDS": ("fallback_after_s", _float),
+    "REGION_PIN_CACHE_SECONDS": ("region_pin_cache_s", _float),
     "PROVIDER_ORIGIN_OVERRIDE": ("provider_origin_override", _url),
     "REPUBLISH_AFTER_SECONDS": ("republish_after_s", _float),
     "SWEEP_INTERVAL_SECONDS": ("sweep_interval_s", _float),
@@ -323,6 +324,10 @@ class Settings:
     #: pool (every member paused, out or failing) before it runs on the next
     #: model it named; sooner when its start deadline comes first (docs/POOLS.md).
     fallback_after_s: float = 30.0
+    #: Seconds each worker process reuses a workspace's region pin read at a
+    #: delivery, so a pin set or cleared applies within that many seconds
+    #: (0: read at every delivery; docs/POOLS.md, "Region pins").
+    region_pin_cache_s: float = 5.0
     #: Replaces the scheme and host of every upstream URL (the stub provider
     #: in tests and the demo). Empty in production.
     provider_origin_override: str = ""

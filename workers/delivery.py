@@ -244,13 +244,11 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
     if member is None and wait_s == math.inf:
         return fail(members.outside_pin(entry, record.workspace, pinned), started_at)
     if member is None:  # every member paused, out or full: the request waits, not charged an attempt
-        turn = fallbacks.trouble(services, record, entry)
-        if fallbacks.turned(turn, entry):
-            raise later(0.0, f"{entry.id}'s pool kept it waiting: it falls back to {turn and turn.model}")
+        wait_s = fallbacks.wait_or_turn(services, record, entry, wait_s, later)
         ended = members.past_longest_run(entry, started_at)
         if ended is not None:
             return fail(ended, started_at)
-        raise later(fallbacks.wait_s(turn, wait_s), f"every member of {entry.provider}'s pool is paused or full")
+        raise later(wait_s, f"every member of {entry.provider}'s pool is paused or full")
     try:
         return _call(context, record, body, entry, execution, metrics, flag_unread_until, member, upstream_ref,
                      started_at, complete=complete, remember=remember, progressed=progressed, fail=fail,
@@ -300,22 +298,19 @@ def _call(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mod
     except ProviderFailure as failure:
         pool_wait = members.wait_after(services, entry, member, failure)
         if pool_wait is not None and members.past_longest_run(entry, call.started_at) is None:
-            turn = fallbacks.trouble(services, record, entry, member.name,
-                                     fallbacks.MEMBER_TROUBLE.get(failure.http_status or 0, failure.error_type))
-            if fallbacks.turned(turn, entry):
-                raise later(0.0, f"falls back to {turn and turn.model}") from failure
-            pool_wait = fallbacks.wait_s(turn, pool_wait)
+            pool_wait = fallbacks.wait_or_turn(
+                services, record, entry, pool_wait, later, member.name,
+                fallbacks.MEMBER_TROUBLE.get(failure.http_status or 0, failure.error_type))
             log.info("request %s: %s member %s answered %s; trying the pool again in %.1f s (no attempt counted)",
                      request_id, entry.provider, member.name, failure.http_status, pool_wait)
             raise later(pool_wait, failure.detail) from failure
         if failure.retryable:
             attempts = store.record_attempt(request_id)
             if attempts < entry.policy.max_attempts:
-                turn = fallbacks.trouble(services, record, entry, member.name, failure.error_type)
-                if fallbacks.turned(turn, entry):
-                    raise later(0.0, f"falls back to {turn and turn.model}") from failure
+                countdown = fallbacks.wait_or_turn(services, record, entry,
+                                                   backoff(entry.policy, attempts, failure.retry_after_s), later,
+                                                   member.name, failure.error_type)
                 metrics.retried(entry.provider, entry.id)
-                countdown = fallbacks.wait_s(turn, backoff(entry.policy, attempts, failure.retry_after_s))
                 log.info("request %s attempt %d failed (%s); retrying in %.1f s",
                          request_id, attempts, failure.detail, countdown)
                 raise later(countdown, failure.detail) from failure

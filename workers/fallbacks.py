@@ -12,6 +12,7 @@ provider's pool and slot, its URL, its output. ``docs/POOLS.md``.
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from router_queue.catalog import ModelEntry
 from router_queue.requests.record import RequestRecord
@@ -38,6 +39,20 @@ def trouble(services: Services, record: RequestRecord, entry: ModelEntry, member
         log.warning("request %s: %s could not run it for %.0f s; it falls back to %s", record.id, entry.id,
                     services.model_fallback.after_s, turn.model, extra={"model_ran": turn.model})
     return turn
+
+
+def wait_or_turn(services: Services, record: RequestRecord, entry: ModelEntry, wait: float,
+                 later: Callable[[float, str], Exception], member: str = "", error_type: str = "") -> float:
+    """``entry`` could not run ``record``: the trouble noted (:func:`trouble`);
+    when the request now runs on another model, ``later(0.0, …)`` is raised
+    (delivered again at once, on that model); else ``wait``, cut short to
+    when its turn is due. The one step each of the worker's waits takes."""
+    turn = trouble(services, record, entry, member, error_type)
+    model = turned(turn, entry)
+    if model:
+        raise later(0.0, f"{entry.id} could not run it ({error_type or 'its pool kept it waiting'}): "
+                         f"it falls back to {model}")
+    return wait_s(turn, wait)
 
 
 def turned(turn: Turn | None, entry: ModelEntry) -> str:

@@ -5,7 +5,7 @@ out are published again; requests past their queue timeout or the caller's
 start deadline end ``queue_timeout``, those past ``X-Comfy-Deadline`` are
 cancelled (``cancel.lua``); free slots are granted; on a split store, owed
 workspace effects are given and abandoned admissions undone; webhook events
-due are published to ``router.webhooks``; results in the object store whose
+due, batches' and budget alerts' included, are published to ``router.webhooks``; results in the object store whose
 records expired are deleted (``object_expiry.py``), those kept in Redis while it
 was away moved to it (``result_moves.py``). Every action is safe to repeat: the
 claim lets one delivery run a request. Each in full: ``docs/ARCHITECTURE.md``.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from router_queue import states
 from router_queue.batches.sweep import sweep_batches
 from router_queue.requests.outcomes import Cancel
-from router_queue.webhooks.budget_alerts import send_owed
+from router_queue.webhooks.budget_alerts import publish_owed as publish_budget_alerts
 
 from .bulk import resume_overdue
 from .context import WorkerContext
@@ -88,7 +88,7 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
     resume_overdue(context, now)  # bulk actions whose step was lost with its worker
     objects_deleted, orphans_deleted = expire_objects(context, now)
     batches = _sweep_batches(context)
-    _send_budget_alerts(context)
+    _publish_budget_alerts(context, now)
     results_moved = move_fallback_results(context, now)  # last: a stalled store delays nothing else
     services.metrics.swept(republished=republished, reaped=reaped, timed_out=timed_out,
                            deadline_cancels=deadline_cancels)
@@ -110,11 +110,11 @@ def _sweep_batches(context: WorkerContext) -> int:
         return 0
 
 
-def _send_budget_alerts(context: WorkerContext) -> None:
-    """Budget thresholds crossed, told (``webhooks/budget_alerts.py``); a
-    failure here is logged, never the sweep's."""
+def _publish_budget_alerts(context: WorkerContext, now: float) -> None:
+    """Budget thresholds crossed, published to the webhooks worker to tell
+    (``webhooks/budget_alerts.py``); a failure here is logged, never the sweep's."""
     try:
-        send_owed(context.services)
+        publish_budget_alerts(context.services, context.dispatcher.publish_budget_alert, now)
     except Exception:
         log.exception("sweeper: the budget alerts' pass failed; the next sweep tries again")
 

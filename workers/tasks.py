@@ -15,6 +15,7 @@ from router_queue.batches.drain import drain as drain_lines
 from router_queue.batches.finish import send_webhook as send_batch_webhook
 from router_queue.broker.celery_app import (
     BATCH_WEBHOOK_TASK,
+    BUDGET_ALERT_TASK,
     BULK_TASK,
     DELIVER_TASK,
     DRAIN_BATCH_TASK,
@@ -23,7 +24,7 @@ from router_queue.broker.celery_app import (
     queue_name,
 )
 from router_queue.catalog import Catalog
-from router_queue.webhooks import delivery as webhook_delivery
+from router_queue.webhooks import budget_alerts, delivery as webhook_delivery
 
 from . import bulk as bulk_actions
 from .context import begin_shutdown, context_for
@@ -72,6 +73,16 @@ def deliver_batch_webhook(self, workspace: str, batch_id: str) -> str:
     sweeper's to publish."""
     context = context_for(self.app)
     return send_batch_webhook(context.services, workspace, batch_id)
+
+
+@shared_task(bind=True, name=BUDGET_ALERT_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True,
+             max_retries=0)
+def deliver_budget_alert(self, workspace: str, crossing: str) -> str:
+    """One attempt at a budget crossing's alert (router.webhooks). Safe to
+    run twice: a lease on the crossing lets one attempt hold it; the next,
+    if owed, is the sweeper's to publish once its backoff ends."""
+    context = context_for(self.app)
+    return budget_alerts.send(context.services, workspace, crossing)
 
 
 @shared_task(bind=True, name=DRAIN_BATCH_TASK, acks_late=True, reject_on_worker_lost=True, ignore_result=True,

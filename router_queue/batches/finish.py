@@ -5,12 +5,11 @@ Webhooks, ``webhooks/event.py``), with webhook-id ``batch_<batch_id>`` on
 every attempt. The sweeper publishes an attempt a run to the webhooks
 worker (``router.webhooks``), up to :data:`MAX_ATTEMPTS`, each in its
 workspace's turn and past its endpoint's circuit, as a request's event is
-(``store/webhooks.py``), and through the same URL checks and POST.
+(``webhooks/workspace_events.py``), and through the same URL checks and POST.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import time
@@ -19,19 +18,12 @@ from typing import Any
 
 from ..services import Services
 from ..states import COMPLETED
-from ..store.secret_box import SecretsKeyError
-from ..store.webhooks import HELD
-from ..urls import origin
-from ..webhooks import event as webhook_event, safety
-from ..webhooks.delivery import AttemptTimedOut, post
+from ..webhooks.workspace_events import attempt_in_turn
 from .reading import CHUNK, Summary, kept_counts, line_views, summary
 
 log = logging.getLogger(__name__)
 
 EVENT_TYPE = "batch.completed"
-#: What ends one attempt: the URL refused or unresolved, no secret, the POST's faults.
-ATTEMPT_FAILURES = (ValueError, safety.LookupsBusy, SecretsKeyError, AttemptTimedOut, OSError,
-                    http.client.HTTPException)
 #: Attempts at a batch's webhook, one per sweep at most, before it is given up.
 MAX_ATTEMPTS = 10
 
@@ -81,49 +73,32 @@ def send_webhook(services: Services, workspace: str, batch_id: str) -> str:
     it), "not_owed", or "waiting" (its workspace's turn full, or the
     endpoint's circuit open: still owed, and no attempt counted). A failed
     attempt keeps its lease (WEBHOOK_LEASE_SECONDS), so the next is that far off."""
-    settings, token, now = services.settings, uuid.uuid4().hex, time.time()
-    if not services.batches.take_webhook(workspace, batch_id, token, settings.webhook_lease_s):
+    token = uuid.uuid4().hex
+    if not services.batches.take_webhook(workspace, batch_id, token, services.settings.webhook_lease_s):
         return "busy"
     outcome = "failed"  # until the attempt says otherwise: a failure keeps the lease, spacing the next
     try:
-        outcome = _attempt(services, workspace, batch_id, token, now)
+        outcome = _attempt(services, workspace, batch_id, token)
         return outcome
     finally:
         if outcome != "failed":
             services.batches.release_webhook(workspace, batch_id)
 
 
-def _attempt(services: Services, workspace: str, batch_id: str, token: str, now: float) -> str:
-    settings = services.settings
+def _attempt(services: Services, workspace: str, batch_id: str, token: str) -> str:
     batch = services.batches.get(workspace, batch_id) or {}
     if batch.get("webhook") != "owed":
         return "not_owed"
     url = batch.get("webhook_url") or services.accounts.webhook_url(workspace) or ""
-    endpoint = origin(url)
-    turn, _ = services.webhooks.turn(workspace, endpoint, now=now, lease_s=settings.webhook_lease_s, token=token)
-    if turn not in HELD:
-        return "waiting"
     attempts = int(batch.get("webhook_attempts", 0)) + 1
-    outcome, status, error, began = "failed", None, "", time.monotonic()
-    try:
-        addresses = safety.check(url, allow_loopback_http=settings.webhook_allow_loopback_http,
-                                 resolve_timeout_s=settings.webhook_resolve_timeout_s, holder=workspace)
-        signing = services.accounts.signing_secrets(workspace)
-        if not signing:
-            raise ValueError("the workspace has no webhook signing secret")
+
+    def body() -> bytes:
         found = summary(services, workspace, batch_id, batch)
-        body = webhook_body(batch_id, found, f"{batch.get('base_url', '')}/v2/batches/{batch_id}/results")
-        headers = webhook_event.signed_headers(webhook_id(batch_id), body, signing, int(time.time()))
-        status = post(url, str(addresses[0]), body, headers, settings.webhook_timeout_s)
-        outcome = "delivered" if 200 <= status < 300 or status == 410 else "failed"
-    except ATTEMPT_FAILURES as exc:  # this attempt's; the next sweep tries again
-        error = type(exc).__name__
-        log.warning("batch %s: its webhook attempt %d failed (%s)", batch_id, attempts, error)
-    entry = json.dumps({"at": now, "request_id": webhook_id(batch_id), "event": EVENT_TYPE, "origin": endpoint,
-                        "attempt": attempts, "outcome": outcome, "status": status, "error": error,
-                        "seconds": round(time.monotonic() - began, 3)}, separators=(",", ":"))
-    services.webhooks.end_turn(workspace, endpoint, token=token, now=time.time(), outcome=outcome,
-                               endpoint_failed=outcome == "failed", entry=entry, probe=turn == "PROBE")
+        return webhook_body(batch_id, found, f"{batch.get('base_url', '')}/v2/batches/{batch_id}/results")
+    outcome = attempt_in_turn(services, workspace=workspace, url=url, webhook_id=webhook_id(batch_id),
+                              event=EVENT_TYPE, attempt=attempts, token=token, body=body)
+    if outcome == "waiting":
+        return outcome
     if outcome == "failed" and attempts >= MAX_ATTEMPTS:
         outcome = "given_up"
     services.batches.mark_webhook(workspace, batch_id, outcome if outcome != "failed" else "owed", attempts)

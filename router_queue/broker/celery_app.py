@@ -34,6 +34,8 @@ WEBHOOK_TASK = "workers.tasks.deliver_webhook"
 WEBHOOKS_QUEUE = "router.webhooks"
 #: A batch's batch.completed webhook (``batches/finish.py``): on the same queue and worker.
 BATCH_WEBHOOK_TASK = "workers.tasks.deliver_batch_webhook"
+#: A budget threshold's budget.threshold_crossed alert (``webhooks/budget_alerts.py``): the same queue and worker.
+BUDGET_ALERT_TASK = "workers.tasks.deliver_budget_alert"
 #: A batch's drain (``batches/drain.py``): on the maintenance queue, which
 #: every worker deployment consumes, so a batch needs no worker of its own;
 #: each message names a batch whose state is in Redis, and the sweeper

@@ -20,6 +20,7 @@ from celery import Celery
 from ..store.requests_base import BrokerTemplate, GrantPublishing
 from .celery_app import (
     BATCH_WEBHOOK_TASK,
+    BUDGET_ALERT_TASK,
     DELIVER_TASK,
     DRAIN_BATCH_TASK,
     MAINTENANCE_QUEUE,
@@ -75,6 +76,10 @@ class Dispatcher:
     def publish_batch_webhook(self, workspace: str, batch_id: str) -> None:
         """Nudge a webhook worker to attempt the batch's batch.completed webhook."""
         self.celery.send_task(BATCH_WEBHOOK_TASK, args=[workspace, batch_id], queue=WEBHOOKS_QUEUE)
+
+    def publish_budget_alert(self, workspace: str, crossing: str) -> None:
+        """Nudge a webhook worker to attempt a budget crossing's alert (``Crossing.ident``)."""
+        self.celery.send_task(BUDGET_ALERT_TASK, args=[workspace, crossing], queue=WEBHOOKS_QUEUE)
 
     def publish_batch(self, workspace: str, batch_id: str) -> None:
         """Run (or resume) a batch's drain."""

@@ -3,7 +3,8 @@ and calendar month, with alert thresholds. Limits, spend and the alerts owed
 live in the workspace's hash, so admission checks them in the read it makes
 anyway and writes them in its one write (``lua/lib/budget.lua``): no extra
 round trip, no check-then-act. This module writes the limits, shows them,
-and reads and ends the crossings owed (``webhooks/budget_alerts.py`` sends them).
+and reads, leases and ends the crossings owed (``webhooks/budget_alerts.py``
+sends them).
 """
 
 from __future__ import annotations
@@ -27,8 +28,9 @@ PERIOD_NAMES = {letter: name for name, letter in PERIODS.items()}
 WORKSPACE = "ws"
 #: Thresholds (per cent of each limit) alerted unless set otherwise.
 DEFAULT_ALERT_AT = (80, 100)
-#: budget_sent.lua's ARGV by name.
-SENT_ARGS = ("crossing", "ended")
+#: budget_take.lua's and budget_sent.lua's ARGV by name.
+TAKE_ARGS = ("crossing", "token", "now", "lease_until")
+SENT_ARGS = ("crossing", "token", "outcome", "again_at")
 _EPOCH = datetime.date(1970, 1, 1)
 
 
@@ -88,6 +90,8 @@ class Crossing:
     spent: int
     at: float
     attempts: int = 0
+    #: Until when an attempt holds it, or a failed one's backoff runs (0: due now).
+    due: float = 0.0
 
     @property
     def ident(self) -> str:
@@ -122,6 +126,7 @@ class Budget:
 class Budgets:
     def __init__(self, client: redis.Redis):
         self.client = client
+        self._take = load_script(client, "budget_take", TAKE_ARGS)
         self._sent = load_script(client, "budget_sent", SENT_ARGS)
 
     def set(self, workspace: str, scope: str, limits: dict[str, int | None],
@@ -174,6 +179,12 @@ class Budgets:
             found.append(Budget(scope, limits, alert_at, spent))
         return found
 
+    @staticmethod
+    def _crossing(workspace: str, c: dict[str, Any]) -> Crossing:
+        return Crossing(workspace, c["scope"], PERIOD_NAMES[c["period"]], day_of(int(c["start"])), int(c["budget"]),
+                        int(c["threshold"]), int(c["spent"]), float(c["at"]), int(c.get("attempts", 0)),
+                        float(c.get("due", 0)))
+
     def alerting(self) -> list[str]:
         """The workspaces with a budget, whose crossings may be owed."""
         return sorted(m.decode() for m in self.client.smembers(keys.budgeted()))
@@ -183,12 +194,9 @@ class Budgets:
         pipe = self.client.pipeline(transaction=False)
         for workspace in workspaces:
             pipe.hget(keys.workspace(workspace), "budget_owed")
-        found = []
+        found: list[Crossing] = []
         for workspace, text in zip(workspaces, pipe.execute()):
-            for c in json.loads(text) if text else []:
-                found.append(Crossing(workspace, c["scope"], PERIOD_NAMES[c["period"]], day_of(int(c["start"])),
-                                      int(c["budget"]), int(c["threshold"]), int(c["spent"]), float(c["at"]),
-                                      int(c.get("attempts", 0))))
+            found.extend(self._crossing(workspace, c) for c in (json.loads(text) if text else []))
         return found
 
     def audit(self, crossing: Crossing, line: dict[str, Any]) -> None:
@@ -198,7 +206,23 @@ class Budgets:
         pipe.ltrim(keys.key_audit(crossing.workspace), 0, AUDIT_KEPT - 1)
         pipe.execute()
 
-    def sent(self, crossing: Crossing, *, ended: bool) -> int:
-        """An attempt made: the crossing ended (taken off) or its attempts counted; its attempts now."""
+    def take(self, workspace: str, ident: str, *, token: str, now: float, lease_s: float) -> Crossing | str:
+        """``budget_take.lua``: the crossing ``ident`` held for one attempt
+        (``token``) until ``now + lease_s``; else "busy" (another attempt
+        holds it, or its backoff runs) or "not_owed"."""
+        reply = self._take(keys=[keys.workspace(workspace)],
+                           args=argv(TAKE_ARGS, crossing=ident, token=token, now=repr(now),
+                                     lease_until=repr(now + lease_s)))
+        answer = [v.decode() if isinstance(v, bytes) else str(v) for v in reply]
+        if answer[0] != "TAKEN":
+            return answer[0].lower()
+        return self._crossing(workspace, json.loads(answer[1]))
+
+    def sent(self, crossing: Crossing, *, token: str, outcome: str, again_at: float = 0.0) -> int:
+        """``budget_sent.lua``: the attempt ``token`` ended: "ended" (taken
+        off), "failed" (an attempt counted, due again at ``again_at``) or
+        "released" (not counted, due now). Its attempts now; -1 no longer
+        owed, -2 another attempt holds it."""
         return int(self._sent(keys=[keys.workspace(crossing.workspace)],
-                              args=argv(SENT_ARGS, crossing=crossing.ident, ended="1" if ended else "0")))
+                              args=argv(SENT_ARGS, crossing=crossing.ident, token=token, outcome=outcome,
+                                        again_at=repr(again_at))))

@@ -1,79 +1,95 @@
 """A budget threshold crossed (``store/budgets.py``) told once: a signed
 ``budget.threshold_crossed`` webhook to the workspace's default webhook
-(Standard Webhooks, the same signing and POST as a request's event, its
-webhook-id fixed per threshold and period so a receiver dedupes a repeat),
-tried once per sweep up to :data:`MAX_ATTEMPTS`; without a default webhook,
-a line in the workspace's audit log (``router-queue key audit``) and a log
-line. Each ends counted in ``router_queue_budget_alerts``.
+(Standard Webhooks, its webhook-id fixed per threshold and period so a
+receiver dedupes a repeat); without a default webhook, a line in the
+workspace's audit log (``router-queue key audit``) and a log line.
+The sweeper only publishes the crossings due (:func:`publish_owed`, bounded
+per sweep); the webhooks worker sends each (:func:`send`), as a batch's
+``batch.completed`` is: under a lease on the crossing (two workers never send
+it at once), in the workspace's turn and past the endpoint's circuit
+(``workspace_events.py``), a failure due again after the webhook retry delays,
+given up (and audited) at :data:`MAX_ATTEMPTS`. Each ends counted in ``router_queue_budget_alerts``.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import logging
 import time
+import uuid
+from typing import Callable
 
 from ..services import Services
 from ..store.budgets import Crossing
-from ..store.secret_box import SecretsKeyError
-from . import event as webhook_event, safety
-from .delivery import AttemptTimedOut, post
+from . import retry_policy
+from .workspace_events import attempt_in_turn
 
 log = logging.getLogger(__name__)
 
 EVENT_TYPE = "budget.threshold_crossed"
-#: Attempts at one alert, one per sweep at most, before it is given up (and audited).
+#: Attempts at one alert before it is given up (and audited).
 MAX_ATTEMPTS = 10
 #: Workspaces with a budget read per sweep at most.
 WORKSPACES_PER_SWEEP = 1000
-ATTEMPT_FAILURES = (ValueError, safety.LookupsBusy, SecretsKeyError, AttemptTimedOut, OSError,
-                    http.client.HTTPException)
+#: Crossings published per sweep at most (the rest: the next sweep).
+CROSSINGS_PER_SWEEP = 500
 
 
 def body_of(crossing: Crossing) -> bytes:
     return json.dumps(crossing.body(), sort_keys=True, separators=(",", ":")).encode()
 
 
-def send_owed(services: Services) -> int:
-    """One pass over the crossings owed: each alert attempted once; how many ended."""
+def publish_owed(services: Services, publish: Callable[[str, str], None], now: float | None = None) -> int:
+    """The sweeper's part: each crossing owed and due (not held by an
+    attempt, its backoff over) published as (workspace, crossing) to the
+    webhooks worker; nothing is sent here, so no receiver holds a sweep. How
+    many were published."""
+    now = time.time() if now is None else now
     budgets = services.accounts.budgets
-    ended = 0
+    published = 0
     for crossing in budgets.owed(budgets.alerting()[:WORKSPACES_PER_SWEEP]):
-        outcome = _attempt(services, crossing)
-        if outcome == "failed":
-            if budgets.sent(crossing, ended=False) < MAX_ATTEMPTS:
-                continue
-            outcome = "given_up"
-            audit(services, crossing, outcome)
-        if outcome != "failed":
-            budgets.sent(crossing, ended=True)
-            services.metrics.budget_alert(crossing.period, crossing.threshold, outcome)
-            ended += 1
-    return ended
+        if published >= CROSSINGS_PER_SWEEP:
+            break
+        if crossing.due <= now:
+            publish(crossing.workspace, crossing.ident)
+            published += 1
+    return published
 
 
-def _attempt(services: Services, crossing: Crossing) -> str:
-    """"delivered", "audited" (no default webhook) or "failed"."""
-    settings = services.settings
-    url = services.accounts.webhook_url(crossing.workspace)
+def send(services: Services, workspace: str, ident: str) -> str:
+    """One attempt at the crossing ``ident`` (the webhooks worker's task):
+    "delivered", "audited" (no default webhook), "failed" (due again after
+    the retry delay) or "given_up" (audited); or, nothing sent, "busy"
+    (another attempt holds it, or its backoff runs), "not_owed", or
+    "waiting" (the workspace's turn full, the endpoint's circuit open: due
+    at the next sweep, no attempt counted). A worker that dies mid-attempt
+    leaves it held until WEBHOOK_LEASE_SECONDS pass."""
+    settings, token = services.settings, uuid.uuid4().hex
+    budgets = services.accounts.budgets
+    taken = budgets.take(workspace, ident, token=token, now=time.time(), lease_s=settings.webhook_lease_s)
+    if isinstance(taken, str):
+        return taken
+    crossing, attempt = taken, taken.attempts + 1
+    url = services.accounts.webhook_url(workspace)
     if not url:
-        audit(services, crossing, "audited")
-        return "audited"
-    try:
-        addresses = safety.check(url, allow_loopback_http=settings.webhook_allow_loopback_http,
-                                 resolve_timeout_s=settings.webhook_resolve_timeout_s, holder=crossing.workspace)
-        signing = services.accounts.signing_secrets(crossing.workspace)
-        if not signing:
-            raise ValueError("the workspace has no webhook signing secret")
-        body = body_of(crossing)
-        headers = webhook_event.signed_headers(crossing.webhook_id, body, signing, int(time.time()))
-        status = post(url, str(addresses[0]), body, headers, settings.webhook_timeout_s)
-        return "delivered" if 200 <= status < 300 or status == 410 else "failed"
-    except ATTEMPT_FAILURES as exc:  # this attempt's; the next sweep tries again
-        log.warning("budget alert %s: attempt failed (%s)", crossing.webhook_id, type(exc).__name__,
-                    extra={"workspace": crossing.workspace})
-        return "failed"
+        outcome = "audited"
+        audit(services, crossing, outcome)
+    else:
+        outcome = attempt_in_turn(services, workspace=workspace, url=url, webhook_id=crossing.webhook_id,
+                                  event=EVENT_TYPE, attempt=attempt, token=token, body=lambda: body_of(crossing))
+    if outcome == "waiting":
+        budgets.sent(crossing, token=token, outcome="released")
+        return outcome
+    if outcome == "failed" and attempt < MAX_ATTEMPTS:
+        delay = retry_policy.delay_after(attempt, settings.webhook_retry_schedule_s)
+        budgets.sent(crossing, token=token, outcome="failed", again_at=time.time() + delay)
+        return outcome
+    if outcome == "failed":
+        outcome = "given_up"
+        audit(services, crossing, outcome)
+    budgets.sent(crossing, token=token, outcome="ended")
+    services.metrics.budget_alert(crossing.period, crossing.threshold, outcome)
+    return outcome
 
 
 def audit(services: Services, crossing: Crossing, outcome: str) -> None:

@@ -105,34 +105,22 @@ def _attempt_span(services: Services, event: WebhookEvent):
 def attempt(services: Services, event: WebhookEvent) -> tuple[str, int | None, str, bool]:
     """POST the event once: (outcome, HTTP status or None, error or "",
     whether the endpoint failed: not when the attempt never reached it)."""
-    settings = services.settings
-    timeout = settings.webhook_timeout_s
-    started = time.monotonic()  # the lookup is inside the attempt's whole time
+    timeout = services.settings.webhook_timeout_s
+    body = webhook_event.event_body(request_id=event.request_id, model=event.model, status=event.status,
+                                    error_type=event.error_type, response_url=event.response_url,
+                                    created_at=event.created_at, started_at=event.started_at,
+                                    completed_at=event.completed_at, event=event.event, progress=event.progress,
+                                    cost=event.cost, listed=event.listed)
     try:
-        addresses = safety.check(event.url, allow_loopback_http=settings.webhook_allow_loopback_http,
-                                 resolve_timeout_s=min(settings.webhook_resolve_timeout_s, timeout),
-                                 holder=event.workspace)
+        status = send_signed(services, url=event.url, workspace=event.workspace, webhook_id=event.msg_id, body=body)
     except safety.UnresolvedInTime as exc:
         return "failed", None, f"the URL {exc}", True
     except safety.LookupsBusy:
         return "failed", None, "too many webhook host lookups under way in this worker; not attempted", False
     except safety.UnsafeWebhookUrl as exc:
         return "refused", None, f"the URL {exc}", False
-    try:
-        signing = services.accounts.signing_secrets(event.workspace)
-    except SecretsKeyError as exc:
+    except (SecretsKeyError, NoSigningSecret) as exc:
         return "failed", None, str(exc), False
-    if not signing:
-        return "failed", None, "the workspace has no webhook secret (router-queue workspace webhook-secret WS)", False
-    body = webhook_event.event_body(request_id=event.request_id, model=event.model, status=event.status,
-                                    error_type=event.error_type, response_url=event.response_url,
-                                    created_at=event.created_at, started_at=event.started_at,
-                                    completed_at=event.completed_at, event=event.event, progress=event.progress,
-                                    cost=event.cost, listed=event.listed)
-    headers = webhook_event.signed_headers(event.msg_id, body, signing, int(time.time()))
-    left_s = max(0.001, timeout - (time.monotonic() - started))
-    try:
-        status = post(event.url, str(addresses[0]), body, headers, left_s)
     except ConnectTimedOut:
         return "failed", None, f"no connection within {timeout:g} s", True
     except AttemptTimedOut:
@@ -163,6 +151,34 @@ class AttemptTimedOut(Exception):
 
 class ConnectTimedOut(AttemptTimedOut):
     """The attempt's whole time ran out before the connection was made."""
+
+
+class NoSigningSecret(ValueError):
+    """The workspace has no secret to sign with: nothing is sent unsigned."""
+
+
+#: What ends one :func:`send_signed` without an answer: the URL refused or
+#: unresolved, no secret, the POST's faults (timeouts included).
+SEND_FAILURES = (ValueError, safety.LookupsBusy, SecretsKeyError, AttemptTimedOut, OSError, http.client.HTTPException)
+
+
+def send_signed(services: Services, *, url: str, workspace: str, webhook_id: str, body: bytes) -> int:
+    """Sign ``body`` (Standard Webhooks, with every secret that signs for
+    ``workspace`` now) and POST it once to ``url``, checked again here (DNS
+    may have changed): the answer's status. The one way every event is sent
+    (a request's, ``batch.completed``, ``budget.threshold_crossed``), so each
+    gets the same checks and one whole-attempt bound, the lookup included.
+    Raises one of :data:`SEND_FAILURES` when there is no answer."""
+    settings = services.settings
+    timeout = settings.webhook_timeout_s
+    started = time.monotonic()  # the lookup is inside the attempt's whole time
+    addresses = safety.check(url, allow_loopback_http=settings.webhook_allow_loopback_http,
+                             resolve_timeout_s=min(settings.webhook_resolve_timeout_s, timeout), holder=workspace)
+    signing = services.accounts.signing_secrets(workspace)
+    if not signing:
+        raise NoSigningSecret("the workspace has no webhook secret (router-queue workspace webhook-secret WS)")
+    headers = webhook_event.signed_headers(webhook_id, body, signing, int(time.time()))
+    return post(url, str(addresses[0]), body, headers, max(0.001, timeout - (time.monotonic() - started)))
 
 
 def post(url: str, address: str, body: bytes, headers: dict[str, str], timeout_s: float) -> int:

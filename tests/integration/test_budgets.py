@@ -9,6 +9,11 @@ are admitted, 10 answer ``402 budget_exceeded``, the credits held and
 charged never pass the line, and the receiver gets exactly one
 ``budget.threshold_crossed`` per threshold (50, 80, 100), each under its
 fixed webhook-id. ``GET /v2/usage`` then shows what was charged, by key.
+
+A receiver that never answers, the default webhook of one workspace, holds
+no sweep (the sweeper publishes alerts; the webhooks worker sends them), and
+another workspace's alert still reaches its receiver once, verified, though
+its crossing is published ten times at once to two webhooks workers.
 """
 
 from __future__ import annotations
@@ -21,17 +26,27 @@ from typing import Iterator
 
 import pytest
 
+from router_queue.broker.celery_app import make_celery
+from router_queue.services import Services
+from workers.context import WorkerContext
+from workers.sweeper import sweep
+
 from .harness import FLUX, START_CREDITS, RunningStack, private_stack, unique_prompt, wait_for
 from .webhook_support import Receiver, cli_ok, workspace_with_secret
 
 THREADS = 20
 FITS = 10
 SETTINGS = {"WEBHOOK_ALLOW_LOOPBACK_HTTP": "1", "WEBHOOK_TIMEOUT_SECONDS": "2"}
+SECOND_WEBHOOKS = "webhooks-2"
+#: Seconds a sweep may take while an alert's receiver never answers (its webhook timeout is 2 s).
+PROMPT_SWEEP_S = 1.0
 
 
 @pytest.fixture(scope="module")
 def budget_stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
     with private_stack(tmp_path_factory, "budget", SETTINGS, webhooks=True) as running:
+        running.stack.start_webhooks(SECOND_WEBHOOKS, concurrency=8)  # two workers to race for one alert
+        running.wait_ready([SECOND_WEBHOOKS], serving=False)
         yield running
 
 
@@ -92,3 +107,55 @@ def test_a_budget_crossed_by_concurrent_submits_is_never_overshot_and_alerts_onc
         assert usage.status_code == 200, usage.text
         charged = sum(g["credits"] for g in usage.json()["groups"])
         assert charged <= FITS * price and usage.json()["groups"][0]["key_id"].startswith("key_")
+
+
+def _crossed(stack: RunningStack, caller, url: str) -> str:
+    """``caller``'s workspace with ``url`` its default webhook and a daily budget of one request,
+    alerting at 100 %; one request submitted: the crossing its admission owes, by ident ("" once told)."""
+    price = stack.services.catalog.by_id(FLUX).price_credits
+    cli_ok(stack.env, "workspace", "set-webhook", caller.workspace, url)
+    cli_ok(stack.env, "workspace", "set-budget", caller.workspace, "--daily", str(price), "--alert-at", "100")
+    caller.submit_ok(FLUX, {"prompt": unique_prompt("budget alert")})
+    owed = stack.services.accounts.budgets.owed([caller.workspace])
+    return owed[0].ident if owed else ""
+
+
+def test_a_silent_receiver_holds_no_sweep_and_a_raced_alert_is_delivered_once(
+        budget_stack: RunningStack, receiver: Receiver) -> None:
+    silent, silent_secret = workspace_with_secret(budget_stack, "budget-silent")
+    working, working_secret = workspace_with_secret(budget_stack, "budget-working")
+    silent_name, working_name = f"silent-{silent.workspace}", f"working-{working.workspace}"
+    celery = make_celery(budget_stack.settings)
+    services = Services.build(budget_stack.settings, celery=celery)
+    try:
+        with silent, working:
+            _crossed(budget_stack, silent,
+                     receiver.configure(silent_name, secrets={"current": silent_secret}, plan=["hang:30"]))
+            wait_for(lambda: [a for a in receiver.attempts(silent_name) if a["webhook_id"].startswith("budget_")]
+                     or None, timeout_s=20, interval_s=0.2, what="the silent receiver's first alert, under way")
+            context = WorkerContext.build(celery, services)
+            for _ in range(3):  # while an attempt at the silent receiver hangs, and once it failed
+                started = time.monotonic()
+                sweep(context)
+                assert time.monotonic() - started < PROMPT_SWEEP_S
+            assert budget_stack.services.accounts.budgets.owed([silent.workspace]) != []  # still owed: retried later
+
+            url = receiver.configure(working_name, secrets={"current": working_secret}, plan=["204"])
+            ident = _crossed(budget_stack, working, url)
+            if ident:  # not yet sent by the stack's own sweep: race ten messages for it over two workers
+                for _ in range(10):
+                    services.dispatcher.publish_budget_alert(working.workspace, ident)
+            wait_for(lambda: [a for a in receiver.attempts(working_name) if a["webhook_id"].startswith("budget_")]
+                     or None, timeout_s=20, interval_s=0.2, what="the working receiver's alert")
+            time.sleep(3)  # three more sweeps and every raced message consumed: nothing is sent twice
+            got = [a for a in receiver.attempts(working_name) if a["webhook_id"].startswith("budget_")]
+            day = datetime.now(timezone.utc).date().isoformat()
+            assert [a["webhook_id"] for a in got] == [f"budget_{working.workspace}_day_{day}_100"]
+            assert got[0]["verified"], got[0]["errors"]
+            assert budget_stack.services.accounts.budgets.owed([working.workspace]) == []
+            logged = [a for a in budget_stack.services.webhooks.attempts(working.workspace)
+                      if a.request_id.startswith("budget_")]  # beside its request's own event
+            assert [(a.request_id, a.outcome) for a in logged] == [(got[0]["webhook_id"], "delivered")]
+    finally:
+        services.redis.close()
+        celery.close()

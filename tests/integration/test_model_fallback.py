@@ -7,16 +7,13 @@ none waits on its pool."""
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from router_queue.settings import DEFAULT_CATALOG
-from tests.integration.harness import RunningStack, free_port, stack_env, unique_prompt, wait_for
-from tests.redis_servers import PrivateRedis
+from tests.integration.harness import RunningStack, unique_prompt, wait_for
+from tests.integration.pool_support import pooled_stack
 
 NEW, OLD = "vertexai/gemini-3.1-flash-image", "vertexai/gemini-2.5-flash-image"
 LOCATIONS = ("us-central1", "europe-west4")
@@ -26,29 +23,13 @@ EVERYWHERE_429 = "[stub:429_model=gemini-3.1-flash-image]"
 OLD_PRICE = 20
 
 
-def vertex_pool_catalog(directory: Path) -> Path:
-    raw = json.loads(Path(DEFAULT_CATALOG).read_text())
-    raw["providers"]["vertexai"] = {"members": [
-        {"name": loc, "max_in_flight": 4, "credentials": {"kind": "google", "env": "VERTEXAI_ACCESS_TOKEN"},
-         "project": "comfy-router", "location": loc} for loc in LOCATIONS]}
-    raw["models"][OLD]["price_credits"] = OLD_PRICE
-    path = directory / "vertex-pool.json"
-    path.write_text(json.dumps(raw))
-    return path
-
-
 @pytest.fixture(scope="module")
 def pooled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    server = PrivateRedis(tmp_path_factory.mktemp("fallback-redis"), persist=False)
-    server.start()
-    try:
-        env = stack_env(server.url, stub_port=free_port(),
-                        catalog=vertex_pool_catalog(tmp_path_factory.mktemp("fallback")),
-                        MEMBER_GROW_SECONDS="1", FALLBACK_AFTER_SECONDS=str(AFTER_S))
-        with RunningStack.start(env, tmp_path_factory.mktemp("fallback-logs"), label="fallback stack") as running:
-            yield running
-    finally:
-        server.stop()
+    members = [{"name": loc, "max_in_flight": 4, "credentials": {"kind": "google", "env": "VERTEXAI_ACCESS_TOKEN"},
+                "project": "comfy-router", "location": loc} for loc in LOCATIONS]
+    with pooled_stack(tmp_path_factory, "fallback", "vertexai", members, prices={OLD: OLD_PRICE},
+                      MEMBER_GROW_SECONDS="1", FALLBACK_AFTER_SECONDS=str(AFTER_S)) as running:
+        yield running
 
 
 def gemini(text: str) -> dict:

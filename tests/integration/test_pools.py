@@ -4,41 +4,24 @@ and key-b, each of its own cap, and the stub answering one key alone with
 
 from __future__ import annotations
 
-import json
 import time
-from pathlib import Path
 from typing import Iterator
 
 import pytest
 
-from router_queue.settings import DEFAULT_CATALOG
-from tests.integration.harness import FLUX, RunningStack, free_port, stack_env, unique_prompt, wait_for
-from tests.redis_servers import PrivateRedis
+from tests.integration.harness import FLUX, RunningStack, unique_prompt, wait_for
+from tests.integration.pool_support import pooled_stack
 
 KEYS = {"key-a": "BFL_KEY_A", "key-b": "BFL_KEY_B"}
 
 
-def pool_catalog(directory: Path) -> Path:
-    raw = json.loads(Path(DEFAULT_CATALOG).read_text())
-    raw["providers"]["bfl"] = {"members": [
-        {"name": name, "max_in_flight": 4, "credentials": {"kind": "api_key", "env": variable}}
-        for name, variable in KEYS.items()]}
-    path = directory / "pool.json"
-    path.write_text(json.dumps(raw))
-    return path
-
-
 @pytest.fixture(scope="module")
 def pooled(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningStack]:
-    server = PrivateRedis(tmp_path_factory.mktemp("pool-redis"), persist=False)
-    server.start()
-    try:
-        env = stack_env(server.url, stub_port=free_port(), catalog=pool_catalog(tmp_path_factory.mktemp("pool")),
-                        MEMBER_GROW_SECONDS="1", **{variable: name for name, variable in KEYS.items()})
-        with RunningStack.start(env, tmp_path_factory.mktemp("pool-logs"), label="pool stack") as running:
-            yield running
-    finally:
-        server.stop()
+    members = [{"name": name, "max_in_flight": 4, "credentials": {"kind": "api_key", "env": variable}}
+               for name, variable in KEYS.items()]
+    with pooled_stack(tmp_path_factory, "pool", "bfl", members, MEMBER_GROW_SECONDS="1",
+                      **{variable: name for name, variable in KEYS.items()}) as running:
+        yield running
 
 
 def by_key(running: RunningStack) -> dict[str, int]:

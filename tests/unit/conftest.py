@@ -99,6 +99,9 @@ class RecordingDispatcher:
     def publish_batch_webhook(self, workspace: str, batch_id: str) -> None:
         self.published.append((batch_id, "batch_webhook"))
 
+    def publish_budget_alert(self, workspace: str, crossing: str) -> None:
+        self.published.append((f"{workspace}|{crossing}", "budget_alert"))
+
 
 @pytest.fixture
 def dispatcher(services) -> RecordingDispatcher:

@@ -257,8 +257,10 @@ def test_a_batch_webhook_is_the_webhooks_workers_to_send_in_its_workspaces_turn(
 
     services.accounts.webhook_secret(workspace, webhook_event.new_secret())
     posted: list[dict] = []
-    monkeypatch.setattr(finish.safety, "check", lambda url, **_: ["127.0.0.1"])
-    monkeypatch.setattr(finish, "post", lambda url, address, body, headers, timeout: posted.append(json.loads(body))
+    from router_queue.webhooks import delivery
+
+    monkeypatch.setattr(delivery.safety, "check", lambda url, **_: ["127.0.0.1"])
+    monkeypatch.setattr(delivery, "post", lambda url, address, body, headers, timeout: posted.append(json.loads(body))
                         or 200)
     hook = {"X-Comfy-Webhook-Url": "http://127.0.0.1:9/hook"}
     batch_id = send(http, auth, ndjson({"model": "bfl/flux-9", "body": {}}), headers=hook).json["batch_id"]

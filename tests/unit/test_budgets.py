@@ -5,6 +5,7 @@ period, what a hold did not charge given back; the CLI; GET /v2/usage."""
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 
@@ -131,27 +132,101 @@ def test_each_threshold_is_owed_once_per_period(services):
         ("day", "2030-03-18", 50)]
 
 
+def _publish(services) -> list[str]:
+    """The sweeper's part: the crossings it publishes to the webhooks worker, as (workspace|crossing)."""
+    published: list[str] = []
+    budget_alerts.publish_owed(services, lambda ws, ident: published.append(f"{ws}|{ident}"))
+    return published
+
+
+def _send_published(services) -> list[str]:
+    """What the webhooks worker makes of each crossing the sweeper publishes now."""
+    return [budget_alerts.send(services, *p.split("|", 1)) for p in _publish(services)]
+
+
 def test_an_owed_alert_without_a_default_webhook_is_audited_once(services):
     ws = services.accounts.create_workspace("a", queue_enabled=True, credits=10_000)
     services.accounts.budgets.set(ws, "ws", {"day": 10}, (100,))
     admit(services, ws, 10)
-    assert budget_alerts.send_owed(services) == 1
-    assert budget_alerts.send_owed(services) == 0
+    published = _publish(services)
+    assert len(published) == 1 and services.accounts.keys.audit(ws) == []  # the sweep itself tells nobody
+    assert budget_alerts.send(services, *published[0].split("|", 1)) == "audited"
+    assert budget_alerts.send(services, *published[0].split("|", 1)) == "not_owed"
+    assert _publish(services) == []
     lines = services.accounts.keys.audit(ws)
     assert [(line["action"], line["threshold"], line["period"], line["outcome"]) for line in lines] == [
         ("budget.threshold_crossed", 100, "day", "audited")]
     assert services.accounts.budgets.owed([ws]) == []
 
 
-def test_a_failed_alert_is_tried_again_then_given_up(services, monkeypatch):
+def _failing(services, monkeypatch, ws: str) -> list[str]:
+    """Every attempt at ``ws``'s default webhook fails (its turn and circuit are still taken)."""
+    from router_queue.webhooks import delivery, event as webhook_event
+
+    services.accounts.webhook_secret(ws, webhook_event.new_secret())
+    services.accounts.set_webhook_url(ws, "https://hooks.example/budget")
+    posted: list[str] = []
+    monkeypatch.setattr(delivery.safety, "check", lambda url, **_: ["127.0.0.1"])
+    monkeypatch.setattr(delivery, "post", lambda url, address, body, headers, timeout:
+                        posted.append(headers["webhook-id"]) or 503)
+    return posted
+
+
+def test_a_failed_alert_waits_out_its_backoff_then_is_given_up_and_audited(services, monkeypatch):
     ws = services.accounts.create_workspace("f", queue_enabled=True, credits=10_000)
     services.accounts.budgets.set(ws, "ws", {"day": 10}, (100,))
     admit(services, ws, 10)
-    monkeypatch.setattr(budget_alerts, "_attempt", lambda s, c: "failed")
-    for _ in range(budget_alerts.MAX_ATTEMPTS - 1):
-        assert budget_alerts.send_owed(services) == 0
-    assert budget_alerts.send_owed(services) == 1
+    posted = _failing(services, monkeypatch, ws)
+    assert _send_published(services) == ["failed"]
+    assert _publish(services) == []  # its backoff (WEBHOOK_RETRY_SCHEDULE's first delay) runs
+    (crossing,) = services.accounts.budgets.owed([ws])
+    assert crossing.attempts == 1 and crossing.due > datetime.datetime.now().timestamp() + 3
+    assert budget_alerts.send(services, ws, crossing.ident) == "busy"  # a stray message sends nothing either
+    services.settings = dataclasses.replace(services.settings, webhook_retry_schedule_s=(0.0,))
+    services.webhooks.limits = dataclasses.replace(services.webhooks.limits, circuit_failures=100)  # never open
+    later = crossing.due + 1  # its backoff over: an attempt then, given back, leaves it due
+    assert isinstance(services.accounts.budgets.take(ws, crossing.ident, token="t", now=later, lease_s=0),
+                      budget_store.Crossing)
+    assert services.accounts.budgets.sent(crossing, token="t", outcome="released") == 1
+    outcomes = [_send_published(services) for _ in range(budget_alerts.MAX_ATTEMPTS)]
+    assert outcomes[:-2] == [["failed"]] * (budget_alerts.MAX_ATTEMPTS - 2)
+    assert outcomes[-2:] == [["given_up"], []]
+    assert len(posted) == budget_alerts.MAX_ATTEMPTS and set(posted) == {crossing.webhook_id}
     assert services.accounts.keys.audit(ws)[0]["outcome"] == "given_up"
+    assert services.accounts.budgets.owed([ws]) == []
+    logged = services.webhooks.attempts(ws)  # beside the workspace's request events
+    assert {a.request_id for a in logged} == {crossing.webhook_id}
+
+
+def test_one_attempt_holds_a_crossing_and_a_full_turn_waits_uncounted(services, monkeypatch):
+    ws = services.accounts.create_workspace("l", queue_enabled=True, credits=10_000)
+    services.accounts.budgets.set(ws, "ws", {"day": 10}, (100,))
+    admit(services, ws, 10)
+    posted = _failing(services, monkeypatch, ws)
+    (crossing,) = services.accounts.budgets.owed([ws])
+    now = datetime.datetime.now().timestamp()
+    held = services.accounts.budgets.take(ws, crossing.ident, token="another-worker", now=now, lease_s=30)
+    assert isinstance(held, budget_store.Crossing)
+    assert budget_alerts.send(services, ws, crossing.ident) == "busy" and posted == []  # never two at once
+    assert _publish(services) == []  # held: not published again while its lease runs
+    assert services.accounts.budgets.sent(crossing, token="not-the-holder", outcome="ended") == -2
+    assert services.accounts.budgets.sent(crossing, token="another-worker", outcome="released") == 0
+    services.webhooks.limits = dataclasses.replace(services.webhooks.limits, max_in_flight_per_workspace=1)
+    endpoint = "https://hooks.example"
+    assert services.webhooks.turn(ws, endpoint, now=now, lease_s=30, token="an-event")[0] == "HELD"
+    assert _send_published(services) == ["waiting"] and posted == []  # the workspace's one slot is taken
+    assert services.accounts.budgets.owed([ws])[0].attempts == 0  # waiting is no attempt
+    services.webhooks.end_turn(ws, endpoint, token="an-event", now=now)
+    assert _send_published(services) == ["failed"] and posted == [crossing.webhook_id]
+
+
+def test_the_sweep_publishes_at_most_its_bound_of_crossings(services, monkeypatch):
+    monkeypatch.setattr(budget_alerts, "CROSSINGS_PER_SWEEP", 2)
+    ws = services.accounts.create_workspace("b", queue_enabled=True, credits=10_000)
+    services.accounts.budgets.set(ws, "ws", {"day": 10}, (50, 80, 100))
+    admit(services, ws, 10)
+    assert len(services.accounts.budgets.owed([ws])) == 3
+    assert len(_publish(services)) == 2
 
 
 def test_a_refused_batch_line_names_budget_exceeded(services):

@@ -118,3 +118,41 @@ def test_a_fallback_never_crosses_the_pin(pool_of, workspace, stub_origin):
     record = services.store.status_view(request_id, "vertexai").record
     assert record.model_ran == OLD and record.tried[0]["member"] == EU
     assert set(by_location(stub_origin)) == {EU}
+
+
+def test_a_pin_is_read_once_per_cache_lifetime_and_the_cli_sets_it_at_once(services, workspace, monkeypatch):
+    """Every delivery asks for its workspace's pin: within REGION_PIN_CACHE_SECONDS a second
+    ask makes no Redis call; past it the pin is read again, a change made by another process
+    seen then; set-regions in this process applies at once."""
+    from router_queue.store import regions as pins
+    from tests.unit.support import Clock, ServicesCliRunner
+
+    clock = Clock()
+    services.regions = pins.WorkspaceRegions(services.redis, cache_s=services.settings.region_pin_cache_s,
+                                             clock=clock)
+    elsewhere = pins.WorkspaceRegions(services.redis)  # another process: the CLI on another host
+    reads: list[str] = []
+    real_hget = services.redis.hget
+    monkeypatch.setattr(services.redis, "hget", lambda key, field: reads.append(field) or real_hget(key, field))
+    elsewhere.set(workspace, (EU,))
+    assert services.regions.of(workspace) == (EU,) and reads == ["regions"]
+    elsewhere.set(workspace, (US,))
+    clock.now += services.settings.region_pin_cache_s - 0.1
+    assert services.regions.of(workspace) == (EU,) and reads == ["regions"]  # reused: no round trip
+    clock.now += 0.2
+    assert services.regions.of(workspace) == (US,) and len(reads) == 2  # its lifetime over: read again
+    assert ServicesCliRunner(services).invoke(main, ["workspace", "set-regions", workspace, "--clear"]).exit_code == 0
+    assert services.regions.of(workspace) == () and len(reads) == 3  # this process's own set: at once
+
+
+def test_the_pin_cache_is_bounded_and_off_at_zero(services, monkeypatch):
+    from router_queue.store import regions as pins
+
+    monkeypatch.setattr(pins, "CACHE_MAX_ENTRIES", 2)
+    cached = pins.WorkspaceRegions(services.redis, cache_s=5.0)
+    for n in range(5):
+        cached.of(f"ws_{n}")
+        assert len(cached._cache) <= 2
+    uncached = pins.WorkspaceRegions(services.redis, cache_s=0.0)
+    uncached.of("ws_0")
+    assert uncached._cache == {}
