@@ -92,3 +92,14 @@ def test_with_no_model_paused_the_grant_reads_nothing_more(pool, workspace):
     assert granted(pool) == [request_id]
     pause_everywhere(pool, OLD)
     assert pool.store._granting("vertexai", 0.0)[2] == f"2;{OLD}=0"
+    direct = pool.store.admit(Submission(request_id=pool.ids.mint(workspace, NEW), workspace=workspace, model=NEW,
+                                         provider="vertexai", body="{}"))
+    assert direct.position == 1 and len(granted(pool)) == 2  # its model has room: granted in its admission
+    old = submit(pool, workspace, model=OLD)
+    assert old not in granted(pool)
+
+
+def test_a_request_whose_model_has_no_room_is_not_granted_in_its_admission(pool, workspace):
+    pause_everywhere(pool, NEW)
+    held = submit(pool, workspace)
+    assert granted(pool) == [] and pool.store.status_view(held, "vertexai").position == 0

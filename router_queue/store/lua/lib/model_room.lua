@@ -49,14 +49,31 @@ local function first_head(S, heads)
   return {}
 end
 
--- The most room any model `request_id` may run on has.
-local function room_of(S, request_id)
-  local f = redis.call("HMGET", key_request(request_id), "model", "fallback_models")
-  local room = S.model_caps[f[1] or ""] or S.cap
-  for model in string.gmatch(f[2] or "", "[^,]+") do
-    room = math.max(room, S.model_caps[model] or S.cap)
+-- The most room any model a request may run on has: `model`, or one of `fallbacks` ("a,b").
+local function room_of_models(S, model, fallbacks)
+  local room = S.model_caps[model or ""] or S.cap
+  for named in string.gmatch(fallbacks or "", "[^,]+") do
+    room = math.max(room, S.model_caps[named] or S.cap)
   end
   return room
+end
+
+local function room_of(S, request_id)
+  local f = redis.call("HMGET", key_request(request_id), "model", "fallback_models")
+  return room_of_models(S, f[1], f[2])
+end
+
+-- grant_directly's: the room of the request whose fields `record` is about to write
+-- (a flat list, as append builds it), read from them; the pool's cap without model caps.
+local function room_for(S, record)
+  if not S.model_caps or not record then
+    return S.cap
+  end
+  local f = {}
+  for i = 1, #record - 1, 2 do
+    f[record[i]] = record[i + 1]
+  end
+  return room_of_models(S, f.model, f.fallback_models)
 end
 
 -- Whether workspace `ws` has a request that may be granted now, with

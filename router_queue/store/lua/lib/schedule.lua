@@ -332,7 +332,7 @@ end
 -- publish, as grant() does, or nil when the request must take the slow path
 -- (enqueue, then grant). It applies when no workspace has a request waiting
 -- ({base}:depths is empty: a parked workspace's waiting requests are counted
--- there too), the provider has a free slot, no model is below its cap (model_room) and
+-- there too), the provider has a free slot, its models have room (model_room) and
 -- the workspace is under its own max_in_flight. There, enqueue() then grant() would give the request a
 -- slot tagged max(vtime, f|ws) + QUANTUM / weight and take it straight back:
 -- the request is the only head, so it is granted, and its workspace, now
@@ -360,7 +360,7 @@ local function grant_directly(S, ws, request_id, record, priority)
   local in_flight = redis.call("ZCARD", S.running)
   local _, limit = ws_limits(S, ws)
   local free = S.cap - (priority == "low" and S.low_reserve or 0)
-  if S.model_caps or in_flight >= free or redis.call("ZCARD", S.base .. ":depths") > 0
+  if in_flight >= free or in_flight >= room_for(S, record) or redis.call("ZCARD", S.base .. ":depths") > 0
       or (limit > 0 and tonumber(redis.call("HGET", S.base, "run|" .. ws) or "0") >= limit) then
     S.in_flight = in_flight
     return nil
