@@ -2,7 +2,7 @@
 member's own failures do to the request: nothing it is charged for.
 
 A 429 is the member's pace, not the request's failure: it pauses that
-member (``store/members.py``) and the request goes to another member at
+member for the model (``store/members.py``) and the request goes to another member at
 once, or waits for the first pause to end, without counting an attempt. A
 refused credential (401, 403) takes its member out while another remains,
 and the operator is told in the log. Either wait ends at the model's

@@ -3,8 +3,9 @@ each member's 429s and refused credentials have taught us.
 
 The fair schedule grants a provider's slots up to its members' caps summed
 (``catalog.max_in_flight``); a granted generation then takes a slot on the
-member with the most headroom (``member_take.lua``). A 429 pauses that
-member for the time it names and halves its learned cap; the cap grows back
+member with the most headroom (``member_take.lua``). A 429 pauses the model
+it answered on that member (quotas are per model) for the time it names, and
+halves the member's learned cap; the cap grows back
 by one every ``grow_every_s`` without one (AIMD). All of a provider's pool
 sits in its own slot's keys (``keys.member_state``), so each step is one
 script on a Redis Cluster too. ``docs/POOLS.md``.
