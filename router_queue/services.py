@@ -105,11 +105,12 @@ class Services:
             dispatcher = Dispatcher(celery, providers=tuple(catalog.providers()),
                                     broker_is_store=settings.effective_broker_url == settings.redis_url)
         split = settings.store_is_cluster if split is None else split
+        capacity = PoolCapacity(client, catalog.members)
         store = RequestStore(
             client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
             republish_after_s=settings.republish_after_s, max_queued=settings.max_queued,
             retry_max=settings.retry_max_per_request,
-            max_in_flight=PoolCapacity(client, catalog.members), write_deadline_s=write_deadline_s,
+            max_in_flight=capacity, model_caps=capacity.model_caps, write_deadline_s=write_deadline_s,
             replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
             grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
             split=split,

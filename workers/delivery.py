@@ -240,7 +240,7 @@ def _run(context: WorkerContext, record: RequestRecord, body: bytes, entry: Mode
     started_at = record.started_at or time.time()
     pinned = services.regions.of(record.workspace) if services.regions is not None else ()
     member, wait_s = members.take(services, entry, request_id, prefer=(upstream_ref or {}).get("member", ""),
-                                  per_model=bool(record.fallback_models), regions=pinned)
+                                  regions=pinned)
     if member is None and wait_s == math.inf:
         return fail(members.outside_pin(entry, record.workspace, pinned), started_at)
     if member is None:  # every member paused, out or full: the request waits, not charged an attempt

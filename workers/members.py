@@ -2,7 +2,7 @@
 member's own failures do to the request: nothing it is charged for.
 
 A 429 is the member's pace, not the request's failure: it pauses that
-member (``store/members.py``) and the request goes to another member at
+member for the model (``store/members.py``) and the request goes to another member at
 once, or waits for the first pause to end, without counting an attempt. A
 refused credential (401, 403) takes its member out while another remains,
 and the operator is told in the log. Either wait ends at the model's
@@ -30,21 +30,20 @@ REFUSED_CREDENTIAL = (401, 403)
 
 
 def take(services: Services, entry: ModelEntry, request_id: str, prefer: str = "",
-         per_model: bool = False, regions: tuple[str, ...] = ()) -> tuple[Member | None, float]:
+         regions: tuple[str, ...] = ()) -> tuple[Member | None, float]:
     """The member to send the generation to, holding one of its slots, and
     else (None) the seconds to wait before asking again (inf: no member
     serves ``regions``). ``prefer``: the member holding the generation an
-    earlier delivery submitted (kept whatever the pin: it runs there).
-    ``per_model``: a 429's pause holds it only when it was this model's (a
-    request that named fallback models: the other model's quota is its own).
-    ``regions``: its workspace's pin; only members serving it are asked."""
+    earlier delivery submitted (kept whatever the pin: it runs there). A
+    429's pause holds it only when it was this model's (another model's
+    quota is its own). ``regions``: its workspace's pin; only members serving it are asked."""
     pool = services.catalog.members(entry.provider)
     if regions:
         pool = tuple(member for member in pool if member.serves(regions) or member.name == prefer)
         if not pool:
             return None, math.inf
     taken: Taken = services.members.take(entry.provider, pool, request_id, hold_s=entry.policy.hung_after_s,
-                                         prefer=prefer, model=entry.id if per_model else "")
+                                         prefer=prefer, model=entry.id)
     if taken.member is None:
         return None, taken.wait_s
     services.metrics.member_event(entry.provider, taken.member, "taken")

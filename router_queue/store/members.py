@@ -3,8 +3,9 @@ each member's 429s and refused credentials have taught us.
 
 The fair schedule grants a provider's slots up to its members' caps summed
 (``catalog.max_in_flight``); a granted generation then takes a slot on the
-member with the most headroom (``member_take.lua``). A 429 pauses that
-member for the time it names and halves its learned cap; the cap grows back
+member with the most headroom (``member_take.lua``). A 429 pauses the model
+it answered on that member (quotas are per model) for the time it names, and
+halves the member's learned cap; the cap grows back
 by one every ``grow_every_s`` without one (AIMD). All of a provider's pool
 sits in its own slot's keys (``keys.member_state``), so each step is one
 script on a Redis Cluster too. ``docs/POOLS.md``.
@@ -58,11 +59,20 @@ class MemberState:
     cap: int
     learned_cap: int
     in_flight: int
+    #: When its last pause ends, for every model or for one (shown: ``ops members``).
     paused_until: float
     revoked_until: float
     taken: int
     rate_limited: int
     revoked: int
+    #: The pause for every model (a 429 naming none), and each model's (its 429s).
+    paused_all_until: float = 0.0
+    paused_models: tuple[tuple[str, float], ...] = ()
+
+    def out_until(self, model: str = "") -> float:
+        """Until when it serves no generation of ``model`` ("": of any model)."""
+        scoped = max((until for name, until in self.paused_models if name == model), default=0.0)
+        return max(self.paused_all_until, self.revoked_until, scoped)
 
 
 class MemberStore:
@@ -127,18 +137,41 @@ def read_states(client: redis.Redis, provider: str, members: tuple[Member, ...])
     def number(member: Member, field: str, default: float = 0.0) -> float:
         return float(raw.get(f"{member.name}:{field}", default))
 
-    return [MemberState(provider, m.name, m.max_in_flight,
-                        min(m.max_in_flight, int(number(m, "cap", m.max_in_flight))),
-                        int(number(m, "in_flight")), number(m, "paused_until"), number(m, "revoked_until"),
-                        int(number(m, "taken")), int(number(m, "rate_limited")), int(number(m, "revoked")))
-            for m in members]
+    def models_paused(member: Member) -> tuple[tuple[str, float], ...]:
+        prefix = f"{member.name}:paused_until|"
+        return tuple((field[len(prefix):], float(value)) for field, value in raw.items() if field.startswith(prefix))
+
+    states = []
+    for m in members:
+        scoped = models_paused(m)
+        paused_all = number(m, "paused_until")
+        states.append(MemberState(provider, m.name, m.max_in_flight,
+                                  min(m.max_in_flight, int(number(m, "cap", m.max_in_flight))),
+                                  int(number(m, "in_flight")), max([paused_all, *(u for _, u in scoped)]),
+                                  number(m, "revoked_until"), int(number(m, "taken")), int(number(m, "rate_limited")),
+                                  int(number(m, "revoked")), paused_all, scoped))
+    return states
+
+
+def capacities(states: list[MemberState], now: float) -> tuple[int, str]:
+    """The pool's capacity, and the models whose own is below it: the learned
+    caps of the members serving any model now, summed; then, for each model
+    paused on one of them, that sum less those members ("model=cap,..."; ""
+    when none). The schedule grants a request against the most any of its
+    models has (``lib/model_room.lua``)."""
+    serving = [s for s in states if s.out_until() <= now]
+    total = sum(s.learned_cap for s in serving)
+    paused = sorted({name for s in serving for name, until in s.paused_models if until > now})
+    below = [f"{model}={total - sum(s.learned_cap for s in serving if s.out_until(model) > now)}" for model in paused]
+    return total, ",".join(below)
 
 
 class PoolCapacity:
     """How many generations the provider's schedule may grant now: its
     members' learned caps summed, a paused or taken-out member's left out, so
     a granted request finds a member with room instead of holding a provider
-    slot while it asks again. Never a Redis wait on the caller's path (a
+    slot while it asks again; and per model (:meth:`model_caps`), since a 429
+    pauses one model on its member. Never a Redis wait on the caller's path (a
     submit's answer is bounded): the last figure read, refreshed in the
     background once ``ttl_s`` old (one read per provider and process at a
     time); the catalog's caps summed before the first read, and kept while
@@ -152,6 +185,7 @@ class PoolCapacity:
         self.clock = clock
         self.wait = wait
         self._read: dict[str, tuple[int, float]] = {}
+        self._models: dict[str, str] = {}
         self._refreshing: set[str] = set()
         self._lock = threading.Lock()
 
@@ -163,6 +197,12 @@ class PoolCapacity:
             self._refresh_soon(provider)
         return cached[0] if cached is not None else self._configured(provider)
 
+    def model_caps(self, provider: str) -> str:
+        """The models whose capacity is below the pool's now ("model=cap,...",
+        "" when none: the schedule's grants then read nothing more), as last read."""
+        self(provider)
+        return self._models.get(provider, "")
+
     def refresh(self, provider: str) -> int:
         """Read ``provider``'s pool now; its capacity (kept as it was if Redis does not answer)."""
         try:
@@ -173,8 +213,7 @@ class PoolCapacity:
             previous = self._read.get(provider)
             capacity = previous[0] if previous is not None else self._configured(provider)
         else:
-            now = self.clock()
-            capacity = sum(0 if max(s.paused_until, s.revoked_until) > now else s.learned_cap for s in states)
+            capacity, self._models[provider] = capacities(states, self.clock())
         self._read[provider] = (capacity, self.clock() + self.ttl_s)
         return capacity
 

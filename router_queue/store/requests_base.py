@@ -76,6 +76,7 @@ class RequestStoreBase:
     def __init__(self, client: redis.Redis, *, retention_s: int, idempotency_ttl_s: int,
                  republish_after_s: float = 30.0, max_queued: int = 1000,
                  max_in_flight: Callable[[str], int] = lambda provider: 100,
+                 model_caps: Callable[[str], str] = lambda provider: "",
                  write_deadline_s: float | None = None, replication: Replication = NO_REPLICATION,
                  max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
                  max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS, grants: GrantPublishing | None = None,
@@ -122,6 +123,9 @@ class RequestStoreBase:
         self.republish_after_s = republish_after_s
         #: A provider's fleet-wide cap on requests in flight (the catalog's).
         self.max_in_flight = max_in_flight
+        #: The models whose capacity is below that cap now ("model=cap,...": a
+        #: pool's per-model pauses, ``PoolCapacity.model_caps``), "" for none.
+        self.model_caps = model_caps
         #: Percent of that cap (rounded up, never all of it) low-priority work
         #: leaves free for normal and high (lib/schedule.lua, low_reserve_of).
         self.low_headroom_pct = low_headroom_pct
@@ -142,13 +146,16 @@ class RequestStoreBase:
         return self.acknowledged.unreplicated
 
     # -- the schedule's grants -------------------------------------------------
-    def _granting(self, provider: str, now: float) -> tuple[str, str, int, str]:
+    def _granting(self, provider: str, now: float) -> tuple[str, str, int | str, str]:
         """What a script that may grant a slot needs: the broker list and
-        message template ("" when published from here), the provider's cap,
+        message template ("" when published from here), the provider's cap
+        (with the models below it: "cap;model=cap,...", lib/model_room.lua),
         and until when a grant waits for its worker."""
         template = self.grants.templates.get(provider)
+        cap: int | str = self.max_in_flight(provider)
+        below = self.model_caps(provider)
         return (template.list_key if template else keys.schedule(provider), template.text if template else "",
-                self.max_in_flight(provider), repr(now + self.republish_after_s))
+                f"{cap};{below}" if below else cap, repr(now + self.republish_after_s))
 
     def _publish_granted(self, provider: str, granted: list[Any]) -> None:
         """Publish what a script granted. The grant is already written, so a

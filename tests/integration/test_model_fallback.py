@@ -12,6 +12,7 @@ from typing import Iterator
 
 import pytest
 
+from router_queue.store.members import read_states
 from tests.integration.harness import RunningStack, unique_prompt, wait_for
 from tests.integration.pool_support import pooled_stack
 
@@ -113,3 +114,35 @@ def test_a_pinned_workspace_never_touches_an_out_of_region_member(pooled: Runnin
         assert by_location(pooled).get("us-central1", 0) - before.get("us-central1", 0) == 1  # the unpinned one
         assert pinned.cancel(NEW, waiting).status_code == 202
         pooled.services.regions.set(pinned.workspace, ())
+
+
+def test_a_pool_paused_by_one_models_429s_still_grants_the_other_model_and_fallbacks(pooled: RunningStack) -> None:
+    """Last in this file: it leaves gemini-3.1-flash-image paused for 20 s.
+    A request naming no fallback takes the 429s in both locations (Retry-After
+    20 s), so the pool's members are paused for that model alone: a request
+    naming a fallback is granted at once and completes on it within
+    FALLBACK_AFTER_SECONDS and a few, and a request of the other model is
+    not held at all (both waited IN_QUEUE for the pause before)."""
+    members = pooled.services.catalog.members("vertexai")
+    with pooled.caller("model-room") as caller:
+        keeper = caller.submit_ok(NEW, gemini(unique_prompt("keeper", f"{EVERYWHERE_429} [stub:429=20]")))
+
+        def paused_everywhere() -> bool:
+            states = read_states(pooled.services.redis, "vertexai", members)
+            return all(s.out_until(NEW) > time.time() + 5 for s in states)
+        wait_for(paused_everywhere, timeout_s=15, what=f"{NEW} paused in both locations")
+        started = time.monotonic()
+        falls_back = caller.submit_ok(NEW, gemini(unique_prompt("falls back", EVERYWHERE_429)),
+                                      headers={"X-Comfy-Fallback-Models": OLD})
+        other = caller.submit_ok(OLD, gemini(unique_prompt("other model")))
+        other_final = caller.wait_status(OLD, other, timeout_s=30)
+        other_took = time.monotonic() - started
+        final = caller.wait_status(NEW, falls_back, timeout_s=30)
+        took = time.monotonic() - started
+        assert other_final.get("error_type") is None and final.get("error_type") is None, (other_final, final)
+        assert final["model_ran"] == OLD and final["tried"][0]["model"] == NEW
+        assert other_took < 5, other_took
+        assert AFTER_S <= took < AFTER_S + 5, took
+        assert caller.cancel(NEW, keeper).status_code == 202
+    print(f"model room: {NEW} paused in both locations for 20 s; a request of {OLD} completed in "
+          f"{other_took:.1f} s, one naming it as its fallback in {took:.1f} s (FALLBACK_AFTER_SECONDS={AFTER_S:g})")

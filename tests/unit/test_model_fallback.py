@@ -146,13 +146,14 @@ def test_an_accepted_header_is_kept_and_shows_nothing_until_a_fallback(http, aut
     assert "model_ran" not in body and "tried" not in body
 
 
-def test_a_429_pauses_a_member_for_its_model_and_for_a_request_that_names_none(client):
+def test_a_429_pauses_a_member_for_its_model_alone(client):
     pool = Catalog.load(DEFAULT_CATALOG).members("bfl")
     members = MemberStore(client)
     members.rate_limited("bfl", pool[0], retry_after_s=30, model=NEW)
     assert members.take("bfl", pool, "r1", hold_s=60, model=NEW).member is None
-    assert members.take("bfl", pool, "r2", hold_s=60).member is None  # the member's own pause, as before
     assert members.take("bfl", pool, "r3", hold_s=60, model=OLD).member == "default"  # another model's quota
+    members.rate_limited("bfl", pool[0], retry_after_s=30)  # a 429 naming no model pauses every one
+    assert members.take("bfl", pool, "r4", hold_s=60, model=OLD).member is None
 
 
 def test_a_model_429_everywhere_falls_back_after_the_wait_and_bills_once(vertex_pool, workspace, stub_origin):

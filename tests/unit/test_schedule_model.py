@@ -30,6 +30,11 @@ from router_queue.store import keys
 from tests.unit.support import record_of
 
 MODEL = "vertexai/gemini-3.1-flash-image"
+OTHER = "vertexai/gemini-2.5-flash-image"  # the same body: a fallback of MODEL
+#: A request's models by kind: the path's, then those it names in X-Comfy-Fallback-Models.
+KINDS = {"model": (MODEL,), "other": (OTHER,), "fallback": (MODEL, OTHER)}
+#: How many of a workspace's first requests a grant asks about (lib/model_room.lua).
+LOOKAHEAD = 8
 PROVIDER = "vertexai"
 QUANTUM = 720720
 BANDS = {"high": 0, "normal": 1, "low": 2}
@@ -46,6 +51,12 @@ class ReferenceSchedule:
     request by (priority, arrival); a request that leaves the queue unrun takes
     its workspace's last tag with it. Once ``cap - reserve`` slots are taken,
     the rest go only to workspaces whose first request is not low.
+
+    With ``model_caps`` (a model's room below the cap: its 429s paused it on
+    some members), a request may start only while fewer than the most room
+    any of its models has are in flight; a workspace's slot then goes to the
+    first of its first LOOKAHEAD requests that may (not a low one once only
+    the reserve is left), and a workspace with none is passed over.
     """
 
     cap: int
@@ -60,6 +71,19 @@ class ReferenceSchedule:
     running: list[str] = field(default_factory=list)
     owner: dict[str, str] = field(default_factory=dict)
     reserve: int = 0
+    model_caps: dict[str, int] = field(default_factory=dict)
+    models: dict[str, tuple[str, ...]] = field(default_factory=dict)
+
+    def room(self, request_id: str) -> int:
+        return max(self.model_caps.get(m, self.cap) for m in self.models.get(request_id, (MODEL,)))
+
+    def _fitting(self, ws: str, taken: int, urgent_only: bool) -> str | None:
+        for band, _, request_id in self.waiting[ws][:LOOKAHEAD]:
+            if urgent_only and band >= BANDS["low"]:
+                return None
+            if taken < self.room(request_id):
+                return request_id
+        return None
 
     def in_flight(self, ws: str) -> int:
         return sum(1 for i in self.granted + self.running if self.owner[i] == ws)
@@ -81,17 +105,20 @@ class ReferenceSchedule:
             self.last_tag.pop(ws, None)
 
     def grant(self) -> None:
-        while len(self.granted) + len(self.running) < self.cap:
+        while (taken := len(self.granted) + len(self.running)) < self.cap:
             eligible = [ws for ws in self.waiting
                         if not (self.limits[ws] and self.in_flight(ws) >= self.limits[ws])]
-            if len(self.granted) + len(self.running) >= self.cap - self.reserve:
+            urgent_only = taken >= self.cap - self.reserve
+            if urgent_only:
                 eligible = [ws for ws in eligible if self.waiting[ws][0][0] < BANDS["low"]]
-            if not eligible:
+            fits = {ws: r for ws in eligible if (r := self._fitting(ws, taken, urgent_only)) is not None}
+            if not fits:
                 return
-            ws = min(eligible, key=lambda w: self.tags[w][0])
+            ws = min(fits, key=lambda w: self.tags[w][0])
             tag, _ = self.tags[ws].pop(0)
             self.vtime = max(self.vtime, tag)
-            _, _, request_id = self.waiting[ws].pop(0)
+            request_id = fits[ws]
+            self.waiting[ws] = [w for w in self.waiting[ws] if w[2] != request_id]
             self._forget_if_idle(ws)
             self.granted.append(request_id)
 
@@ -129,8 +156,7 @@ class ReferenceSchedule:
 
 
 #: Arrivals and starts are drawn most often, so queues build up and drain.
-ops = st.lists(
-    st.one_of(
+_steps = (
         st.tuples(st.just("admit"), st.integers(0, 3), st.sampled_from(list(BANDS))),
         st.tuples(st.just("admit"), st.integers(0, 3), st.just("normal")),
         st.tuples(st.just("start"), st.integers(0, 50), st.just("")),
@@ -140,9 +166,12 @@ ops = st.lists(
         st.tuples(st.just("timeout"), st.integers(0, 50), st.just("")),
         st.tuples(st.just("lost_worker"), st.integers(0, 50), st.just("")),
         st.tuples(st.just("grant_lease_expired"), st.integers(0, 50), st.just("")),
-    ),
-    min_size=20, max_size=80,
 )
+ops = st.lists(st.one_of(*_steps), min_size=20, max_size=80)
+#: ... and arrivals of either model, or of one naming the other as its fallback.
+model_ops = st.lists(st.one_of(*_steps, st.tuples(st.just("admit_as"), st.integers(0, 3), st.sampled_from(list(KINDS))),
+                               st.tuples(st.just("admit_as"), st.integers(0, 3), st.sampled_from(list(KINDS)))),
+                     min_size=20, max_size=80)
 
 
 @pytest.fixture(params=["fakeredis", "redis"])
@@ -159,19 +188,21 @@ def empty_client(request) -> Callable[[], redis.Redis]:
     return emptied
 
 
-def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps, headroom_pct: int = 0) -> None:
+def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps, headroom_pct: int = 0,
+           model_caps: dict[str, int] | None = None) -> None:
     settings = Settings(redis_url="redis://unused", default_rate_limit="1000/second", max_takeovers=1,
                         low_priority_headroom_pct=headroom_pct)
     services = Services.build(settings, empty_client())
     store = services.store
     store.max_in_flight = lambda provider: cap
+    store.model_caps = lambda provider: ",".join(f"{m}={c}" for m, c in (model_caps or {}).items())
     workspaces = []
     for n, (weight, limit) in enumerate(zip(weights, limits)):
         ws = services.accounts.create_workspace(f"w{n}", queue_enabled=True, credits=10**9)
         services.accounts.set_limits(ws, max_queued=10**6, weight=weight, max_in_flight=limit)
         workspaces.append(ws)
     model = ReferenceSchedule(cap, dict(zip(workspaces, weights)), dict(zip(workspaces, limits)),
-                              reserve=min(cap - 1, -(-cap * headroom_pct // 100)))
+                              reserve=min(cap - 1, -(-cap * headroom_pct // 100)), model_caps=dict(model_caps or {}))
     ids: list[str] = []
     seen: dict[str, str] = {}
     seq = 0
@@ -184,14 +215,18 @@ def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps,
         return live[n % len(live)] if live else None
 
     for op, n, arg in steps:
-        if op == "admit":
+        if op in ("admit", "admit_as"):
             ws = workspaces[n % len(workspaces)]
             request_id = services.ids.mint(ws, MODEL)
-            assert store.admit(Submission(request_id=request_id, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
-                               price=7, priority=arg)).outcome == "ADMITTED"
+            named = KINDS[arg] if op == "admit_as" else (MODEL,)
+            priority = "normal" if op == "admit_as" else arg
+            assert store.admit(Submission(request_id=request_id, workspace=ws, model=named[0], provider=PROVIDER,
+                                          body="{}", price=7, priority=priority,
+                                          fallback_models=",".join(named[1:]))).outcome == "ADMITTED"
             seq += 1
             ids.append(request_id)
-            model.admit(ws, request_id, BANDS[arg], seq)
+            model.models[request_id] = named
+            model.admit(ws, request_id, BANDS[priority], seq)
         elif op == "start":
             request_id = pick(n, {IN_QUEUE}, granted=True)
             if request_id is None:
@@ -210,7 +245,7 @@ def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps,
             if request_id is None:
                 continue
             record = record_of(services, request_id, PROVIDER)
-            assert store.cancel(request_id=request_id, workspace=record.workspace, model=MODEL,
+            assert store.cancel(request_id=request_id, workspace=record.workspace, model=record.model,
                                 provider=PROVIDER) == "CANCELLED"
             model.end(request_id)
         elif op == "timeout":
@@ -257,10 +292,10 @@ def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps,
         assert store.queue_depth(PROVIDER) == len(waiting)  # nothing lost, nothing left behind
         assert {i for i in waiting if i not in model.granted} == {
             w[2] for queued in model.waiting.values() for w in queued}
-        if not any(model.limits.values()) and not model.reserve:
+        if not any(model.limits.values()) and not model.reserve and not model.model_caps:
             predicted = model.predicted_starts()
             assert {i: views[i].position for i in waiting} == {i: predicted.index(i) for i in waiting}
-        else:  # a workspace at its own cap, or low work kept from the reserve: a distinct, ordered bound
+        else:  # a workspace at its own cap, low work kept from the reserve, a model's room: a distinct, ordered bound
             assert sorted(views[i].position for i in waiting) == list(range(len(waiting)))
 
     # every hold settled exactly once: a charge for each success, a release otherwise
@@ -298,6 +333,15 @@ def test_workspaces_at_their_own_cap_are_passed_as_the_reference_policy_says(emp
 def test_low_priority_work_leaves_the_reserve_as_the_reference_policy_says(empty_client, cap, headroom_pct, weights,
                                                                           steps):
     _drive(empty_client, cap, weights, [0] * len(weights), steps, headroom_pct)
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(cap=st.integers(1, 4), headroom_pct=st.sampled_from([0, 40]),
+       weights=st.lists(st.integers(1, 3), min_size=1, max_size=3),
+       model_caps=st.sampled_from([{MODEL: 0}, {MODEL: 1}, {MODEL: 0, OTHER: 1}, {OTHER: 2}]), steps=model_ops)
+def test_a_models_room_is_granted_as_the_reference_policy_says(empty_client, cap, headroom_pct, weights, model_caps,
+                                                              steps):
+    _drive(empty_client, cap, weights, [0] * len(weights), steps, headroom_pct, model_caps)
 
 
 def test_the_reference_model_predicts_a_plain_round_robin():

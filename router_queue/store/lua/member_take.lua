@@ -3,16 +3,17 @@
 -- headroom (its learned cap less its slots held) that is neither paused by a
 -- 429 nor taken out; a request resumed with the member that holds its
 -- generation (``prefer``) keeps it whatever its headroom. Slots whose lease
--- ran out (their worker died) are given back first, a few per call. With
--- ``model``, a 429's pause is that model's on the member (another model's
--- quota is its own: a fallback runs there); without, the member's.
+-- ran out (their worker died) are given back first, a few per call. A
+-- member paused for ``model`` (its 429s: member_limited) is passed over, as
+-- one paused for every model or taken out is; another model's pause is not
+-- this request's (its quota is its own).
 -- KEYS: the pool's state hash, its slot leases (zset "member|request id" -> until)
 -- ARGV: named (below), then (member, cap) pairs in the catalog's order
 -- returns {"TAKEN", member} or {"WAIT", seconds until one may have room}
 local state, leases = KEYS[1], KEYS[2]
 local now = tonumber(ARGV[ARG_NOW])
 local request_id, prefer = ARGV[ARG_REQUEST_ID], ARGV[ARG_PREFER]
-local paused_field = ARGV[ARG_MODEL] == "" and ":paused_until" or ":paused_until|" .. ARGV[ARG_MODEL]
+local model_paused = ":paused_until|" .. ARGV[ARG_MODEL]
 
 for _, held in ipairs(redis.call("ZRANGEBYSCORE", leases, "-inf", now, "LIMIT", 0, 20)) do
   redis.call("ZREM", leases, held)
@@ -34,9 +35,10 @@ end
 local best, best_room, soonest, full = nil, 0, nil, false
 for i = ARG_REST, #ARGV, 2 do
   local member, cap = ARGV[i], tonumber(ARGV[i + 1])
-  local fields = redis.call("HMGET", state, member .. ":in_flight", member .. paused_field,
-                            member .. ":cap", member .. ":grown_at", member .. ":revoked_until")
-  local paused_until = math.max(tonumber(fields[2] or 0), tonumber(fields[5] or 0))
+  local fields = redis.call("HMGET", state, member .. ":in_flight", member .. ":paused_until",
+                            member .. ":cap", member .. ":grown_at", member .. ":revoked_until",
+                            member .. model_paused)
+  local paused_until = math.max(tonumber(fields[2] or 0), tonumber(fields[5] or 0), tonumber(fields[6] or 0))
   if member == prefer then
     return take(member)
   end

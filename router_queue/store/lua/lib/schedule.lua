@@ -1,6 +1,6 @@
 -- lib/schedule.lua: the fair schedule behind each provider's cap (enqueue, grant,
 -- grant_directly, release_slot, position).
--- requires: util
+-- requires: util, model_room
 
 -- ---------------------------------------------------------------------------
 -- The schedule behind a provider's cap (keys.py, "P:sched:{provider}").
@@ -29,7 +29,7 @@
 -- and unparking are O(log n): the slots themselves stay where they are.
 --
 -- S, the scheduler's context: base ("P:sched:{provider}"), running
--- (P:running:{provider}), cap, now, grant_until (lease of a grant not yet
+-- (P:running:{provider}), cap (model_caps: lib/model_room.lua), now, grant_until (lease of a grant not yet
 -- claimed: the reaper publishes it again after that), list (the broker's
 -- list for the provider) and template (its Celery message with RQTPLREQ,
 -- RQTPLTASK and RQTPLTAG standing for the request id, task id and delivery
@@ -56,9 +56,10 @@ local function low_reserve_of(cap, headroom_pct)
   return math.max(0, math.min(cap - 1, math.ceil(cap * (tonumber(headroom_pct) or 0) / 100)))
 end
 
-local function sched_ctx(base, running, list, cap, now, grant_until, template, headroom_pct)
-  return {base = base, running = running, list = list, cap = tonumber(cap), now = now, grant_until = grant_until,
-          template = template, limits = {}, low_reserve = low_reserve_of(tonumber(cap), headroom_pct)}
+local function sched_ctx(base, running, list, cap_arg, now, grant_until, template, headroom_pct)
+  local cap, model_caps = cap_of(cap_arg)
+  return {base = base, running = running, list = list, cap = cap, now = now, grant_until = grant_until,
+          template = template, limits = {}, low_reserve = low_reserve_of(cap, headroom_pct), model_caps = model_caps}
 end
 
 -- `urgent` counts the requests waiting that are not low: reserve_pick's one read.
@@ -257,7 +258,7 @@ local function reserve_pick(S, head)
   end
   local heads = redis.call("ZRANGE", S.base .. ":heads", 1, -1, "WITHSCORES")
   for i = 1, #heads, 2 do
-    if not low_first(S, workspace_of_slot(heads[i])) then
+    if not (S.blocked and S.blocked[workspace_of_slot(heads[i])]) and not low_first(S, workspace_of_slot(heads[i])) then
       return {heads[i], heads[i + 1]}
     end
   end
@@ -278,7 +279,7 @@ local function grant(S)
   local in_flight = S.in_flight
   S.in_flight = nil
   while in_flight == nil or in_flight < S.cap do
-    local head = redis.call("ZRANGE", heads, 0, 0, "WITHSCORES")
+    local head = first_head(S, heads)
     if #head == 0 then
       break
     end
@@ -299,7 +300,7 @@ local function grant(S)
     local _, limit = ws_limits(S, ws)
     if limit > 0 and tonumber(redis.call("HGET", base, "run|" .. ws) or "0") >= limit then
       park(S, ws)
-    else
+    elseif room_in(S, ws, in_flight, in_flight >= S.cap - S.low_reserve) then  -- else left for this step
       redis.call("ZREM", heads, member)
       redis.call("ZREM", base .. ":slots", member)
       redis.call("ZREM", base .. ":wslots:" .. ws, member)
@@ -310,7 +311,7 @@ local function grant(S)
       if tag > tonumber(redis.call("HGET", base, "vtime") or "0") then
         redis.call("HSET", base, "vtime", num(tag))
       end
-      local popped = redis.call("ZPOPMIN", base .. ":ws:" .. ws)
+      local popped = take_picked(S, ws)
       count_urgent(S, popped[2], -1)
       forget_workspace_if_idle(S, ws)
       local request_id = popped[1]
@@ -331,8 +332,8 @@ end
 -- publish, as grant() does, or nil when the request must take the slow path
 -- (enqueue, then grant). It applies when no workspace has a request waiting
 -- ({base}:depths is empty: a parked workspace's waiting requests are counted
--- there too), the provider has a free slot and the workspace is under its
--- own max_in_flight. There, enqueue() then grant() would give the request a
+-- there too), the provider has a free slot, its models have room (model_room) and
+-- the workspace is under its own max_in_flight. There, enqueue() then grant() would give the request a
 -- slot tagged max(vtime, f|ws) + QUANTUM / weight and take it straight back:
 -- the request is the only head, so it is granted, and its workspace, now
 -- idle, drops its f|ws and, no one waiting, vtime (both absent before: no
@@ -359,7 +360,7 @@ local function grant_directly(S, ws, request_id, record, priority)
   local in_flight = redis.call("ZCARD", S.running)
   local _, limit = ws_limits(S, ws)
   local free = S.cap - (priority == "low" and S.low_reserve or 0)
-  if in_flight >= free or redis.call("ZCARD", S.base .. ":depths") > 0
+  if in_flight >= free or in_flight >= room_for(S, record) or redis.call("ZCARD", S.base .. ":depths") > 0
       or (limit > 0 and tonumber(redis.call("HGET", S.base, "run|" .. ws) or "0") >= limit) then
     S.in_flight = in_flight
     return nil
