@@ -3,7 +3,10 @@ arguments' names and what it uses of the key layout (``keys.lua_layout``),
 the webhook id and the record's fields (``lua_declared.py``, from
 ``webhooks/ids.py`` and ``requests/record.py``) and the shared definitions
 in ``lua/lib/*.lua``, each lib file naming the files it uses
-(``-- requires:``). Redis has no ``require``: this linker is it. A script
+(``-- requires:``), and, for a script that owes workspace effects, where
+they go: ``lua/effects/*.lua``, the one the store's consistency model names
+(``effects.py``), so the script is handed a target, not a flag. Redis has no
+``require``: this linker is it. A script
 error Redis answers names the source file and line (``lib/ledger.lua:57``),
 not the assembled text's."""
 
@@ -29,10 +32,11 @@ class LuaLinkError(Exception):
     nowhere, a lib file using another it does not require, a requires cycle."""
 
 
-def load_script(client: redis.Redis, name: str, args: tuple[str, ...] = ()):
+def load_script(client: redis.Redis, name: str, args: tuple[str, ...] = (), target: str = ""):
     """Register ``lua/{name}.lua`` assembled (:func:`assemble`) with its
-    arguments' names (``lua_arg_names``); its errors name their source line."""
-    assembled = assemble(name, args)
+    arguments' names (``lua_arg_names``) and ``lua/effects/{target}.lua``,
+    if named; its errors name their source line."""
+    assembled = assemble(name, args, target)
     script = register_script(client, assembled.text)
     explained = _EXPLAINED.get(type(script))
     if explained is not None:  # (a test's stand-in stays as it is)
@@ -221,14 +225,25 @@ def _uses_of(body: str, chunks: tuple[Definition, ...]) -> tuple[Definition, ...
     return tuple(d for d in chunks if d.name in wanted)
 
 
-def assemble(name: str, args: tuple[str, ...] = ()) -> Assembled:
+def assemble(name: str, args: tuple[str, ...] = (), target: str = "") -> Assembled:
     """:func:`_assemble`, for what Python generates now."""
-    return _assemble(name, args, _generated())
+    return _assemble(name, args, _generated(), target)
 
 
 @functools.cache
-def _assemble(name: str, args: tuple[str, ...], generated: tuple[tuple[str, str], ...]) -> Assembled:
-    return link(name, _lua(f"{name}.lua"), args, _definitions_after(generated))
+def _assemble(name: str, args: tuple[str, ...], generated: tuple[tuple[str, str], ...], target: str) -> Assembled:
+    return link(name, _lua(f"{name}.lua"), args, _definitions_after(generated) + target_definitions(target))
+
+
+@functools.cache
+def target_definitions(target: str) -> tuple[Definition, ...]:
+    """``lua/effects/{target}.lua``'s definitions (none for ""): where a
+    step's workspace effects go (``ws_target``), linked after the lib files,
+    whose names they may use, and before the script, which calls them."""
+    if not target:
+        return ()
+    path = f"effects/{target}.lua"
+    return _definitions(_lua(path), path)
 
 
 def link(name: str, body: str, args: tuple[str, ...], definitions: tuple[Definition, ...]) -> Assembled:
