@@ -1,17 +1,12 @@
 """The store's consistency model, chosen once per process (``Services.build``)
-from where the store lives, and handed to the stores, which ask it what to
-do rather than test a flag.
+and handed to the stores, which ask it what to do rather than test a flag.
 
 One Redis (:class:`OneStep`): a script may touch any key, so each change is
-one atomic step: an admission is ``admit.lua``, a request's start and end
-apply their workspace effects in the step, a status poll counts its rate in
-its own script. Split, a single Redis pays 1.59x the admission's latency and
-1.30x Redis's CPU (``bench/strategies.py``), so it keeps this path.
-
-A Redis Cluster (:class:`SplitSteps`): a script's keys share one slot, and a
-request's provider and its workspace are in different ones, so a change is
-split into per-slot steps: admission takes three (``admission.py``), the
-effects are owed and given in the workspace's own step (``owed.py``), a
+one atomic step. Split, one Redis would pay 1.59x the admission's latency and
+1.30x Redis's CPU (``bench/strategies.py``), so it keeps this path. A Redis
+Cluster (:class:`SplitSteps`): a request's provider and its workspace are in
+different slots, so a change is split into per-slot steps: admission takes
+three (``admission.py``), effects are owed and given apart (``owed.py``), a
 poll's rate is counted apart. ``docs/ARCHITECTURE.md``, "Redis Cluster".
 """
 
