@@ -28,9 +28,12 @@ def trouble(services: Services, record: RequestRecord, entry: ModelEntry, member
             error_type: str = "") -> Turn | None:
     """Note that ``entry`` could not run ``record`` now; None when there is
     nothing to fall back to (no model named, or every one tried)."""
-    if not record.fallback_models or services.model_fallback is None or not next_model(record, entry.id):
+    upcoming = next_model(record, entry.id) if record.fallback_models else ""
+    if not upcoming or services.model_fallback is None:
         return None
-    turn = services.model_fallback.trouble(record, entry.id, member, error_type)
+    following = services.catalog.by_id(upcoming)  # its price is what the request is charged once it turns
+    turn = services.model_fallback.trouble(record, entry.id, member, error_type,
+                                           next_price=following.price_credits if following else None)
     if turn.model and turn.model != entry.id:
         log.warning("request %s: %s could not run it for %.0f s; it falls back to %s", record.id, entry.id,
                     services.model_fallback.after_s, turn.model, extra={"model_ran": turn.model})

@@ -130,7 +130,7 @@ def _submission(workspace: str, batch_id: str, number: int, line: dict) -> Submi
         fingerprint=line["f"], idempotency_key_hash=line["k"], price=int(line["c"]), priority=line["q"],
         webhook_url=line["w"], response_url=line["u"],
         batch_id=batch_id, line=number, metadata=line.get("md"), now=time.time(),
-        fallback_models=line.get("fb", ""), key_id=line.get("ki", ""),
+        fallback_models=line.get("fb", ""), model_price=line.get("mp"), key_id=line.get("ki", ""),
     )
 
 

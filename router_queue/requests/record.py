@@ -146,6 +146,9 @@ FIELDS: tuple[Field, ...] = (
         "the bulk action that submitted this retry (POST /v2/requests/bulk); absent otherwise")),
     # -- fallback between models (issue 36: workers/fallbacks.py, docs/POOLS.md) --
     Field("fallback_models", OPTIONAL_TEXT, admitted=True),
+    # the price of the model it runs on, kept only when it differs from its hold (the dearest model it
+    # named): the path model's at admission, the model it turned to after (lib/ledger.lua, settle)
+    Field("model_price", OPTIONAL_INT, admitted=True),
     Field("model_ran", OPTIONAL_TEXT, status=LISTED, doc=(
         "the model it runs on (provider/model) once its own model's pool kept it waiting past "
         "FALLBACK_AFTER_SECONDS and it fell back to one it named in X-Comfy-Fallback-Models; absent otherwise")),
@@ -266,6 +269,8 @@ class RequestRecord:
     bulk_id: str | None = None
     #: X-Comfy-Fallback-Models, comma-separated model ids; None when not named.
     fallback_models: str | None = None
+    #: Its model's price, when less than its hold (a dearer fallback named); None otherwise.
+    model_price: int | None = None
     #: The model it fell back to, and the models it left ({model, member, error_type} each).
     model_ran: str | None = None
     tried: list[dict[str, Any]] | None = None
@@ -311,8 +316,10 @@ class Submission:
     idempotency_key_hash: str = ""
     #: Whether the workspace must have queued delivery on (not on the synchronous route).
     require_enabled: bool = True
-    #: Credits held until the request is charged or released.
+    #: Credits held until the request is charged or released: the dearest model it may run on.
     price: int = 0
+    #: Its model's price when that is less than ``price`` (it named a dearer fallback); None otherwise.
+    model_price: int | None = None
     #: When it was submitted (Unix s): the write deadline runs from it; None: now.
     now: float | None = None
     priority: str = "normal"

@@ -21,7 +21,7 @@ from ..requests.record import RequestRecord
 from . import keys
 from .scripts import argv, load_script
 
-TURN_ARGS = ("now", "after", "model", "next", "member", "error_type")
+TURN_ARGS = ("now", "after", "model", "next", "next_price", "member", "error_type")
 
 
 @dataclass(frozen=True)
@@ -53,12 +53,16 @@ class ModelFallback:
         self.clock = clock
         self._turn = load_script(client, "fallback_turn", TURN_ARGS)
 
-    def trouble(self, record: RequestRecord, current: str, member: str = "", error_type: str = "") -> Turn:
+    def trouble(self, record: RequestRecord, current: str, member: str = "", error_type: str = "", *,
+                next_price: int | None = None) -> Turn:
         """``record``'s model ``current`` could not run (``member`` and
-        ``error_type`` say why, "" when its pool had no member to give)."""
+        ``error_type`` say why, "" when its pool had no member to give).
+        ``next_price``: the next model's, which a turn makes its price."""
+        upcoming = next_model(record, current)
         reply = self._turn(keys=[keys.request(record.id)],
                            args=argv(TURN_ARGS, now=repr(self.clock()), after=repr(self.after_s), model=current,
-                                     next=next_model(record, current), member=member, error_type=error_type))
+                                     next=upcoming, next_price="" if next_price is None else next_price, member=member,
+                                     error_type=error_type))
         if reply[0] == b"GONE":
             return Turn(gone=True)
         if reply[0] == b"TURNED":

@@ -47,7 +47,7 @@ from ..webhooks import event as webhook_event, safety
 from . import pacing, stashed
 from .auth import key_in
 from .bodies import request_urls, response_url
-from .fallback_models import FALLBACK_HEADER, fallback_models
+from .fallback_models import FALLBACK_HEADER, fallback_models, held_price
 from .refusals import NOT_FOUND, key_in_doubt
 
 #: Longest Idempotency-Key accepted, in characters.
@@ -264,6 +264,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
     fallback = fallback_models(headers.get(FALLBACK_HEADER) if headers is not None else None, entry,
                                services.catalog)
     bound_model = f"{entry.id} or {fallback}" if fallback else entry.id  # the key is bound to the models it accepts
+    hold, model_price = held_price(entry, fallback, services.catalog)
     if retry_of:
         bound_to = retry_fingerprint(bound_model, retry_of) if key else ""
     else:
@@ -281,7 +282,8 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
             body=pointer.text() if pointer else "" if retry_of else raw_body.decode(),
             fingerprint=bound_to,
             idempotency_key_hash=hashlib.sha256(key.encode()).hexdigest() if key else "",
-            price=entry.price_credits,
+            price=hold,
+            model_price=model_price,
             require_enabled=queued,
             priority=rank,
             webhook_url=hook,
@@ -301,7 +303,7 @@ def admit(services: Services, *, workspace: str, entry: ModelEntry, raw_body: by
         raise
     if admission.outcome not in (Admit.ADMITTED, Admit.IN_DOUBT):  # refused: its body's object goes at once
         stashed.unstash(services, pointer, request_id)
-    return _answer(services, admission, request_id, workspace, entry, raw_body, key, base_url, retry_of)
+    return _answer(services, admission, request_id, workspace, entry, raw_body, key, base_url, retry_of, hold)
 
 
 @dataclass(frozen=True)
@@ -317,12 +319,20 @@ class _Refused:
     key: str | None
     base_url: str
     retry_of: str
+    #: The credits it would have held (the dearest model it may run on).
+    hold: int
 
 
 def _retry_missing(r: _Refused) -> RouterError:
     if r.services.ids.is_ours(r.retry_of, r.workspace, r.entry.id):
         return Gone(f"request {r.retry_of} finished more than its retention window ago")
     return RequestNotFound(NOT_FOUND)
+
+
+def _holds(r: _Refused) -> str:
+    if r.hold == r.entry.price_credits:
+        return f"{r.entry.id} costs {r.hold} credits"
+    return f"this request holds {r.hold} credits (the dearest model it named in {FALLBACK_HEADER})"
 
 
 def _backlog_hint(r: _Refused) -> int:
@@ -346,9 +356,8 @@ REFUSALS: dict[Admit, Callable[[_Refused], Exception]] = {
         f"request {r.retry_of}'s chain (the request it first retried, its retries and theirs) has had "
         f"{r.services.store.retry_max} retries, as many as it may; submit its body anew"),
     Admit.INSUFFICIENT_CREDITS: lambda r: InsufficientCredits(
-        f"{r.entry.id} costs {r.entry.price_credits} credits and the workspace has {r.admission.available} "
-        "available; nothing was queued or charged"),
-    Admit.BUDGET_EXCEEDED: lambda r: BudgetExceeded(budget_detail(r.entry.price_credits, r.admission.budget)),
+        f"{_holds(r)} and the workspace has {r.admission.available} available; nothing was queued or charged"),
+    Admit.BUDGET_EXCEEDED: lambda r: BudgetExceeded(budget_detail(r.hold, r.admission.budget)),
     Admit.BACKLOG_FULL: lambda r: QueueBacklogFull(
         "this workspace already has as many requests waiting as it may; retry when some have started",
         retry_after=_backlog_hint(r)),
@@ -377,13 +386,14 @@ REFUSALS: dict[Admit, Callable[[_Refused], Exception]] = {
 
 
 def _answer(services: Services, admission: Admission, request_id: str, workspace: str, entry: ModelEntry,
-            raw_body: bytes, key: str | None, base_url: str, retry_of: str) -> Admitted:
+            raw_body: bytes, key: str | None, base_url: str, retry_of: str, hold: int) -> Admitted:
     """What the admission's outcome answers: the admitted request (or the one
     an Idempotency-Key replays), or its refusal raised (:data:`REFUSALS`)."""
     _count(services, entry, admission.outcome)
     refusal = REFUSALS.get(admission.outcome)
     if refusal is not None:
-        raise refusal(_Refused(services, admission, request_id, workspace, entry, raw_body, key, base_url, retry_of))
+        raise refusal(_Refused(services, admission, request_id, workspace, entry, raw_body, key, base_url, retry_of,
+                               hold))
     if admission.outcome is Admit.REPLAY:
         assert admission.request_id is not None  # a replay names the request it replays
         return Admitted(admission.request_id, True, None)

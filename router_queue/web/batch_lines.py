@@ -22,7 +22,7 @@ from ..services import Services
 from ..store.batches import error_outcome
 from . import admission, stashed
 from .bodies import response_url
-from .fallback_models import fallback_models
+from .fallback_models import fallback_models, held_price
 
 #: What a line holds besides its body, at most, in bytes: a line may be this
 #: much longer than MAX_BODY_BYTES.
@@ -188,13 +188,15 @@ class _LineChecker:
         services = self.call.services
         request_id = services.ids.mint(self.call.workspace, entry.id)
         pointer = stashed.stash(services, request_id, raw_body)
+        hold, model_price = held_price(entry, fallback, services.catalog)
         return json.dumps({
-            "id": request_id, "m": entry.id, "p": entry.provider, "c": entry.price_credits,
+            "id": request_id, "m": entry.id, "p": entry.provider, "c": hold,
             "b": pointer.text() if pointer else raw_body.decode(),
             "f": admission.fingerprint(f"{entry.id} or {fallback}" if fallback else entry.id, body),
             "k": hashlib.sha256(key.encode()).hexdigest(),
             "q": rank, "w": hook, "md": metadata, "u": response_url(self.call.base_url, entry.id, request_id),
-            **({"fb": fallback} if fallback else {}), **({"ki": self.call.key_id} if self.call.key_id else {}),
+            **({"fb": fallback} if fallback else {}), **({"mp": model_price} if model_price is not None else {}),
+            **({"ki": self.call.key_id} if self.call.key_id else {}),
         }, separators=(",", ":"))
 
     def _entry(self, model: Any) -> ModelEntry:

@@ -4,11 +4,10 @@ fallback could not honour.
 
 Each must be a catalog model of the same input schema (it takes the same
 body), on the same provider (its pool and fair queue: a fallback keeps the
-request's place and slot), at the same price (the hold is the path model's
-and is settled whole, so the model that ran is never charged more or less
-than its own price), and not the path's model itself; at most
-:data:`MAX_FALLBACK_MODELS`. A submit without the header pays one lookup.
-``docs/API.md`` and ``docs/POOLS.md``.
+request's place and slot), and not the path's model itself; at most
+:data:`MAX_FALLBACK_MODELS`. Prices may differ: the hold is the dearest
+model's (:func:`held_price`), the charge the price of the model that ran.
+A submit without the header pays one lookup. ``docs/API.md``, ``docs/POOLS.md``.
 """
 
 from __future__ import annotations
@@ -37,6 +36,14 @@ def fallback_models(raw: str | None, entry: ModelEntry, catalog: Catalog) -> str
     return ",".join(names)
 
 
+def held_price(entry: ModelEntry, fallback: str, catalog: Catalog) -> tuple[int, int | None]:
+    """(credits to hold, the path model's price when it is less): the hold
+    covers the dearest model the request may run on (``fallback``, checked)."""
+    prices = [catalog.by_id(name).price_credits for name in fallback.split(",") if name]  # type: ignore[union-attr]
+    hold = max([entry.price_credits, *prices])
+    return hold, entry.price_credits if hold != entry.price_credits else None
+
+
 def _check(name: str, entry: ModelEntry, catalog: Catalog) -> None:
     other = catalog.by_id(name)
     if other is None:
@@ -51,8 +58,5 @@ def _check(name: str, entry: ModelEntry, catalog: Catalog) -> None:
     if other.provider != entry.provider:
         raise InvalidInput(f"{FALLBACK_HEADER}: {name} runs on provider {other.provider}, not {entry.provider}; "
                            "a fallback runs on the same provider's pool")
-    if other.price_credits != entry.price_credits:
-        raise InvalidInput(f"{FALLBACK_HEADER}: {name} costs {other.price_credits} credits, {entry.id} "
-                           f"{entry.price_credits}; a fallback costs what the request's model costs")
     if not other.queueable:
         raise InvalidInput(f"{FALLBACK_HEADER}: {name} cannot be queued")

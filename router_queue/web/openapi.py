@@ -342,7 +342,8 @@ def _model_paths(spec: APISpec, entry: ModelEntry, *, queue_routes: bool) -> Non
                                "member of this model's provider pool kept it waiting (429s, refused credentials, "
                                "failures) for FALLBACK_AFTER_SECONDS, or until its start deadline if sooner; "
                                "model_ran and tried then show it. Each must take the same body (input schema), "
-                               "run on the same provider and cost the same; otherwise 400 invalid_input.",
+                               "run on the same provider; otherwise 400 invalid_input. The hold is the dearest "
+                               "model's price; the charge is the price of the model that ran.",
                 "schema": {"type": "string", "maxLength": 1000}}
     submit_headers = [idem, priority, webhook, events, start_deadline, deadline, fallback, trace]
     spec.path(path=paths.RUN.openapi(entry.id), operations={"post": {

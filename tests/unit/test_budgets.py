@@ -105,6 +105,16 @@ def test_a_keys_budget_refuses_that_key_only(services):
     assert spent(services, ws, datetime.datetime.now().timestamp())["month"] == 80  # the workspace counts both
 
 
+def test_a_keys_budget_set_mid_period_counts_what_the_key_spent_before_it(services):
+    ws = services.accounts.create_workspace("m", queue_enabled=True, credits=10_000)
+    assert admit(services, ws, 40, key="key_a").outcome is Admit.ADMITTED  # no budget yet
+    services.accounts.budgets.set(ws, "key_a", {"day": 50})
+    assert spent(services, ws, datetime.datetime.now().timestamp(), scope="key_a")["day"] == 40
+    refused = admit(services, ws, 20, key="key_a")
+    assert refused.outcome is Admit.BUDGET_EXCEEDED and (refused.budget.limit, refused.budget.spent) == (50, 40)
+    assert admit(services, ws, 10, key="key_a").outcome is Admit.ADMITTED  # up to the line
+
+
 def test_each_threshold_is_owed_once_per_period(services):
     ws = services.accounts.create_workspace("t", queue_enabled=True, credits=10_000)
     services.accounts.budgets.set(ws, "ws", {"day": 100, "week": 1000}, (50, 80, 100))

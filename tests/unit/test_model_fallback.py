@@ -14,10 +14,12 @@ import requests
 from router_queue.batches.drain import drain
 from router_queue.catalog import Catalog
 from router_queue.requests.record import Submission
+from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG
 from router_queue.states import COMPLETED
 from router_queue.store.members import MemberStore
 from tests.unit import delivery_support
+from tests.unit.conftest import RecordingDispatcher
 from tests.unit.fallback_support import NEW, OLD, deliver_for, gemini
 from tests.unit.route_support import assert_error, status_of, submit
 
@@ -28,16 +30,25 @@ NEW_PATH = f"/v2/models/{NEW}"
 LOCATIONS = ("us-central1", "europe-west4")
 
 
+def catalog_with(tmp_path, *, pool: bool, prices: dict[str, int] | None = None) -> Catalog:
+    """The shipped catalog, Vertex AI as a pool of two locations if ``pool``,
+    with these models' prices."""
+    raw = json.loads(DEFAULT_CATALOG.read_text())
+    if pool:
+        raw["providers"]["vertexai"] = {"members": [
+            {"name": loc, "max_in_flight": 4, "credentials": {"kind": "google", "env": "VERTEXAI_ACCESS_TOKEN"},
+             "project": "p", "location": loc} for loc in LOCATIONS]}
+    for model, credits in (prices or {}).items():
+        raw["models"][model]["price_credits"] = credits
+    path = tmp_path / f"catalog-{len(list(tmp_path.iterdir()))}.json"
+    path.write_text(json.dumps(raw))
+    return Catalog.load(path)
+
+
 @pytest.fixture
 def vertex_pool(worker_services, tmp_path):
     """Vertex AI as a pool of two locations, fallbacks due after 5 s."""
-    raw = json.loads(DEFAULT_CATALOG.read_text())
-    raw["providers"]["vertexai"] = {"members": [
-        {"name": loc, "max_in_flight": 4, "credentials": {"kind": "google", "env": "VERTEXAI_ACCESS_TOKEN"},
-         "project": "p", "location": loc} for loc in LOCATIONS]}
-    path = tmp_path / "catalog.json"
-    path.write_text(json.dumps(raw))
-    worker_services.catalog = Catalog.load(path)
+    worker_services.catalog = catalog_with(tmp_path, pool=True)
     worker_services.model_fallback.after_s = 5.0
     return worker_services
 
@@ -72,15 +83,58 @@ def test_a_fallback_header_that_cannot_be_honoured_is_invalid_input_and_admits_n
     assert services.store.queue_depth("vertexai") == 0
 
 
-def test_a_fallback_of_another_price_is_refused(http, auth, services, tmp_path):
-    raw = json.loads(DEFAULT_CATALOG.read_text())
-    raw["models"][OLD]["price_credits"] = 20
-    path = tmp_path / "catalog.json"
-    path.write_text(json.dumps(raw))
-    services.catalog = Catalog.load(path)
+def charges(services, workspace):
+    return [(e.request_id, e.amount, e.model) for e in services.accounts.ledger(workspace) if e.type == "charge"]
+
+
+def test_a_dearer_fallback_is_held_and_the_model_that_ran_is_charged(http, auth, vertex_pool, workspace, tmp_path):
+    vertex_pool.catalog = catalog_with(tmp_path, pool=True, prices={OLD: 60})  # dearer than the path's model (39)
+    accepted = submit(http, auth, gemini("x"), path=NEW_PATH, headers={"X-Comfy-Fallback-Models": OLD})
+    assert accepted.status_code == 201, accepted.get_data(as_text=True)
+    request_id = accepted.json["request_id"]
+    assert status_of(http, auth, request_id, path=NEW_PATH)["cost"] == {"credits": 60, "state": "held"}
+    assert vertex_pool.accounts.get(workspace).held == 60
+    assert deliver_for(vertex_pool, request_id) == "completed"  # on its own model: no trouble
+    assert status_of(http, auth, request_id, path=NEW_PATH)["cost"] == {"credits": 39, "state": "charged"}
+    assert charges(vertex_pool, workspace) == [(request_id, 39, NEW)]
+    after = vertex_pool.accounts.get(workspace)
+    assert (after.credits, after.held) == (1000 - 39, 0)  # the rest of the hold went back
+
+
+def test_a_cheaper_fallback_that_ran_is_charged_its_own_price(vertex_pool, workspace, tmp_path):
+    vertex_pool.catalog = catalog_with(tmp_path, pool=True, prices={OLD: 20})
+    request_id = admitted(vertex_pool, workspace, "cat [stub:429_model=gemini-3.1-flash-image]", fallback=OLD)
+    assert deliver_for(vertex_pool, request_id) == "completed"
+    record = vertex_pool.store.status_view(request_id, "vertexai").record
+    assert record.model_ran == OLD and record.cost.as_json() == {"credits": 20, "state": "charged"}
+    assert charges(vertex_pool, workspace) == [(request_id, 20, OLD)]
+    after = vertex_pool.accounts.get(workspace)
+    assert (after.credits, after.held) == (1000 - 20, 0)
+
+
+def test_a_split_store_charges_the_model_that_ran_and_gives_the_rest_back(client, vertex_pool, tmp_path):
+    """On a Redis Cluster the workspace's side is its own step (ws_settle.lua): the same amounts."""
+    split = Services.build(vertex_pool.settings, client, dispatcher=RecordingDispatcher(), split=True)
+    split.catalog = catalog_with(tmp_path, pool=True, prices={OLD: 20})
+    split.model_fallback.after_s = 5.0
+    workspace = split.accounts.create_workspace("split", queue_enabled=True, credits=1000)
+    request_id = admitted(split, workspace, "cat [stub:429_model=gemini-3.1-flash-image]", fallback=OLD)
+    assert split.accounts.get(workspace).held == 39
+    assert deliver_for(split, request_id) == "completed"
+    assert split.store.status_view(request_id, "vertexai").record.cost.as_json() == {"credits": 20, "state": "charged"}
+    assert charges(split, workspace) == [(request_id, 20, OLD)]
+    after = split.accounts.get(workspace)
+    assert (after.credits, after.held) == (1000 - 20, 0)
+
+
+def test_a_hold_the_workspace_cannot_cover_names_the_dearer_fallback(http, auth, services, workspace, tmp_path):
+    services.catalog = catalog_with(tmp_path, pool=False, prices={OLD: 60})
+    services.accounts.set_credits(workspace, 50)  # enough for the path's model (39), not for its fallback
     refused = submit(http, auth, gemini("x"), path=NEW_PATH, headers={"X-Comfy-Fallback-Models": OLD})
-    assert_error(refused, 400, "invalid_input")
-    assert "costs 20 credits" in refused.json["detail"]
+    assert_error(refused, 402, "insufficient_credits")
+    assert "holds 60 credits" in refused.json["detail"]
+    assert services.store.queue_depth("vertexai") == 0
+    assert submit(http, auth, gemini("x"), path=NEW_PATH).status_code == 201  # without it, 39 fits
 
 
 def test_an_accepted_header_is_kept_and_shows_nothing_until_a_fallback(http, auth, services):
@@ -157,3 +211,15 @@ def test_a_batch_line_names_its_fallback_models_as_the_header_would(http, auth, 
     assert "takes Flux2ProInput" in results[1]["detail"] and "a list of model ids" in results[2]["detail"]
     record = services.store.status_view(results[0]["request_id"], "vertexai").record
     assert record.fallback_models == OLD
+
+
+def test_a_batch_line_with_a_dearer_fallback_holds_it_and_keeps_its_model_price(http, auth, services, workspace,
+                                                                             tmp_path):
+    services.catalog = catalog_with(tmp_path, pool=False, prices={OLD: 60})
+    line = {"model": NEW, "body": gemini("a"), "fallback_models": [OLD]}
+    sent = http.post("/v2/batches", data=json.dumps(line) + "\n", headers={**auth, "Content-Type": "application/x-ndjson"})
+    assert sent.status_code == 201, sent.get_data(as_text=True)
+    assert drain(services, workspace, sent.json["batch_id"]).stopped == "done"
+    results = http.get(f"/v2/batches/{sent.json['batch_id']}/results", headers=auth).get_data(as_text=True)
+    record = services.store.status_view(json.loads(results)["request_id"], "vertexai").record
+    assert (record.model_price, record.cost.as_json()) == (39, {"credits": 60, "state": "held"})

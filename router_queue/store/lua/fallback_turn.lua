@@ -4,9 +4,10 @@
 -- (store/model_fallback.py). The first trouble starts its clock
 -- (fallback_since); once the trouble has lasted ``after`` seconds (or its
 -- start deadline has come, if sooner) it turns to ``next``: model_ran names
--- it, tried gains {model, member, error_type} for the model it leaves, and
--- the clock starts again. Guarded by ``model`` (the one the caller runs on):
--- two deliveries never turn twice. A generation its provider accepted
+-- it, model_price its price (lib/ledger.lua, settle, charges that, never
+-- more than the hold), tried gains {model, member, error_type} for the model
+-- it leaves, and the clock starts again. Guarded by ``model`` (the one the
+-- caller runs on): two deliveries never turn twice. A generation its provider accepted
 -- (upstream_ref) is followed to its end, never left for another model.
 -- KEYS: P:req:{id}   ARGV: named (below)
 -- returns {"TURNED", model now run} | {"WAIT", seconds until the turn is due, -1: never} | {"GONE"}
@@ -55,6 +56,6 @@ if last then
 end
 local tried = f[6] and cjson.decode(f[6]) or {}
 tried[#tried + 1] = {model = current, member = seen_member, error_type = seen_error}
-redis.call("HSET", req, "model_ran", ARGV[ARG_NEXT], "tried", cjson.encode(tried))
+redis.call("HSET", req, "model_ran", ARGV[ARG_NEXT], "tried", cjson.encode(tried), "model_price", ARGV[ARG_NEXT_PRICE])
 redis.call("HDEL", req, "fallback_since", "fallback_last")
 return {"TURNED", ARGV[ARG_NEXT]}

@@ -10,7 +10,9 @@
 --   spent|{scope}|{d|w|m}   "{period's first Unix day}|{credits held or charged}"
 --   alerted|{scope}|{d|w|m} "{period's first Unix day}|{thresholds alerted, comma-separated}"
 --   budget_owed             JSON list of crossings whose alert is still owed
--- A key's spend is kept only while it has a limit; the workspace's always.
+-- Every scope's spend is kept, budgeted or not (three fields per key that
+-- submits, in the HSET admission makes anyway): a budget set mid-period
+-- counts what was already spent in it.
 -- requires: util
 
 --: The periods, by their field letter: a UTC day, an ISO week, a calendar month.
@@ -125,14 +127,12 @@ local function budget_check(scopes, v, at, price, now)
   local names = {d = "day", w = "week", m = "month"}
   for i, s in ipairs(scopes) do
     local base = at + (i - 1) * 10
-    plan["budgeted|" .. s] = s == "ws"
     for j, p in ipairs(BUDGET_PERIODS) do
       local c = {s = s, p = p, start = period_start(p, now), limit = tonumber(v[base + 3 * j - 2] or "0") or 0,
         now = now, alert_at = v[base], alerted_field = v[base + 3 * j]}
       local spent_at, spent = budget_pair(v[base + 3 * j - 1])
       c.spent = spent_at == c.start and tonumber(spent) or 0
       if c.limit > 0 then
-        plan["budgeted|" .. s] = true
         c.over = c.spent + price > c.limit
         if c.over and not refusal then
           refusal = {"BUDGET_EXCEEDED", s == "ws" and "workspace" or "key", names[p], c.limit, c.spent}
@@ -178,13 +178,11 @@ local function owe_crossings(ws_key, plan, fields)
 end
 
 -- The admission's budget fields (appended to `fields`, written with its
--- counts): each period's spend grown by `price` (a key's only while it has
--- a limit), the alerted thresholds, the crossings owed.
+-- counts): each period's spend grown by `price`, the alerted thresholds,
+-- the crossings owed.
 local function budget_spend(ws_key, plan, price, fields)
   for _, c in ipairs(plan) do
-    if plan["budgeted|" .. c.s] then
-      append(fields, "spent|" .. c.s .. "|" .. c.p, c.start .. "|" .. (c.spent + price))
-    end
+    append(fields, "spent|" .. c.s .. "|" .. c.p, c.start .. "|" .. (c.spent + price))
   end
   for _, f in ipairs(plan.fields) do
     fields[#fields + 1] = f

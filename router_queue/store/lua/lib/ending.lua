@@ -8,7 +8,7 @@
 --: forget_deadlines, owe_webhook), read once by whatever ends it.
 local ENDING_FIELDS = {"hold", "cost_state", "price", "body_bytes", "start_deadline_at", "deadline_at",
   "webhook_url", "webhook_events", "webhook_counted", "webhook_final", "body_of", "provider",
-  "created_at", "model", "key_id", "model_ran"}
+  "created_at", "model", "key_id", "model_ran", "model_price"}
 
 -- The caller's deadlines (admit.lua records them): X-Comfy-Start-Deadline
 -- ends a request not started by then queue_timeout (claim.lua at once,

@@ -18,6 +18,8 @@
 --   queued     its requests that left the queue (1)
 --   bytes      body bytes given back to its queued_bytes quota
 --   hold, how  credits held for the request, settled: "charge" | "release"
+--   charged    what a charge takes of the hold (its model's price; the rest
+--              is released with it)
 --   webhooks   its requests whose last webhook event ended (1)
 --   kept       a body kept past its request's end, counted in its stored
 --              bytes until it expires (drop_body, keep_stored)
@@ -172,11 +174,12 @@ local function ws_apply(ws_key, ledger_key, e)
     local held = tonumber(v[counts + 1] or "0") - hold
     local credits = tonumber(v[counts + 2] or "0")
     append(fields, "held", held)
+    local amount = e.how == "charge" and (e.charged or hold) or hold
     if e.how == "charge" then
-      credits = credits - hold
+      credits = credits - amount
       append(fields, "credits", credits)
     end
-    ledger_add(ledger_key, e.at, nil, "type", e.how, "request_id", e.request_id, "amount", hold,
+    ledger_add(ledger_key, e.at, nil, "type", e.how, "request_id", e.request_id, "amount", amount,
       "balance", credits, "held", held, "at", e.at, "model", e.model or "", "key", e.key or "")
   end
   redis.call("HSET", ws_key, unpack(fields))
@@ -211,17 +214,21 @@ end
 -- so retries, duplicate deliveries and racing completions can never settle
 -- twice. The caller's "cost" is held while the record has no cost_state
 -- (nothing is written for it at admission: a waiting request costs no more
--- memory); here it becomes "charged" or "released", with the price the hold
--- was, in the same step as the ledger's entry, so the two always agree; a
+-- memory); here it becomes "charged" or "released", with its price (the
+-- hold's, or its model's when less: a dearer fallback named, or one it fell
+-- back to; a charge takes that and releases the rest of the hold), in the
+-- same step as the ledger's entry, so the two always agree; a
 -- free request (price 0) settles too, with no ledger entry. rec: the
 -- record's ENDING_FIELDS; its fields to write are appended to `fields`,
 -- which the caller writes in the same step (one HSET with its own).
 local function settle(e, how, rec, fields)
   local hold = tonumber(rec.hold or "0")
+  -- its model's price: the hold's, unless it named a dearer fallback than the model it ran
+  local price = math.min(tonumber(rec.model_price or "") or hold, hold)
   if rec.cost_state ~= "charged" and rec.cost_state ~= "released" then
     append(fields, "cost_state", how == "charge" and "charged" or "released")
-    if not rec.price then  -- admitted before the price was kept: what it held is its price
-      append(fields, "price", hold)
+    if not rec.price then
+      append(fields, "price", price)
     end
   end
   if hold <= 0 then
@@ -229,7 +236,8 @@ local function settle(e, how, rec, fields)
   end
   append(fields, "hold", 0)
   if how == "charge" then
-    append(fields, "charged", hold)
+    append(fields, "charged", price)
+    e.charged = price  -- the rest of the hold goes back (ws_apply)
   end
   e.hold, e.how = hold, how
   -- its model (the one it fell back to, if it did: model_ran), key and admission for the
