@@ -63,7 +63,7 @@ def test_every_field_admission_carries_is_on_the_record_as_submitted(services, w
                            start_deadline_at=1_900_000_000.25, deadline_at=1_900_000_100.5,
                            traceparent="00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01",
                            batch_id="b-1", line=7, metadata={"sku": "A-17"}, bulk_id="b" * 24,
-                           key_id="key_0123456789abcdef", fallback_models="bfl/flux-2-pro")
+                           key_id="key_0123456789abcdef", fallback_models="bfl/flux-2-pro", model_price=39)
     assert {f.attribute for f in ADMITTED} <= {f.name for f in dataclasses.fields(Submission)}
     assert all(getattr(submitted, f.attribute) not in ("", None) for f in ADMITTED)  # every one is set here
     assert services.store.admit(submitted).outcome == "ADMITTED"
@@ -89,7 +89,7 @@ def _every_field_set() -> RequestRecord:
         content_type="application/json", cancel_requested=True, attempts=2, upstream_ref='{"id": "u"}', ttl_s=60,
         progress=0.5, webhook_url="https://hooks.example.com/secret-path", start_deadline_at=1_700_000_100.0,
         deadline_at=1_700_000_200.0, retry_of="r0", batch_id="b-1", line=3, metadata={"sku": "A-17"}, bulk_id="bk1",
-        fallback_models="bfl/flux-2-pro", model_ran="bfl/flux-2-pro",
+        fallback_models="bfl/flux-2-pro", model_price=39, model_ran="bfl/flux-2-pro",
         tried=[{"model": MODEL, "member": "default", "error_type": "rate_limited"}], cost=Cost(60, "released"))
 
 
