@@ -4,11 +4,10 @@ the webhook id and the record's fields (``lua_declared.py``, from
 ``webhooks/ids.py`` and ``requests/record.py``) and the shared definitions
 in ``lua/lib/*.lua``, each lib file naming the files it uses
 (``-- requires:``), and, for a script that owes workspace effects, where
-they go: ``lua/effects/*.lua``, the one the store's consistency model names
-(``effects.py``), so the script is handed a target, not a flag. Redis has no
-``require``: this linker is it. A script
-error Redis answers names the source file and line (``lib/ledger.lua:57``),
-not the assembled text's."""
+they go: the ``lua/effects/*.lua`` its consistency model names
+(``effects.py``), so the script is handed a target, not a flag. Redis has
+no ``require``: this linker is it. A script error Redis answers names the
+source file and line (``lib/ledger.lua:57``), not the assembled text's."""
 
 from __future__ import annotations
 
@@ -288,7 +287,8 @@ def _check_defined(assembled: Assembled) -> None:
         for name in _CALLED.findall(line) + re.findall(r"\bARG_[A-Z0-9_]+\b", line):
             if name not in declared and name not in _LUA_KEYWORDS:
                 raise LuaLinkError(f"{assembled.source_of(number)}: {name} is used by {assembled.name}.lua but "
-                                   "defined nowhere (not in lua/lib/, the generated definitions or its arguments)")
+                                   "defined nowhere (not in lua/lib/, the generated definitions, its arguments or "
+                                   "its effects' target, lua/effects/)")
 
 
 def lua_arg_names(args: tuple[str, ...]) -> str:
