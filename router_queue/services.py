@@ -19,6 +19,7 @@ from .store.accounts import Accounts
 from .store.batches import BatchStore
 from .store.bulk import BulkActions
 from .store.connect import UNREACHABLE, connect
+from .store.consistency import ONE_STEP, SPLIT_STEPS, Consistency
 from .store.failures import FailureCounts
 from .store.fleet import Fleet
 from .store.ids import RequestIds
@@ -82,6 +83,9 @@ class Services:
     model_fallback: ModelFallback | None = None
     #: The workspaces' region pins (``store/regions.py``).
     regions: WorkspaceRegions | None = None
+    #: How the store keeps a request's provider and its workspace consistent
+    #: (``store/consistency.py``): chosen once here, handed to the stores.
+    consistency: Consistency = ONE_STEP
 
     @classmethod
     def build(cls, settings: Settings, client: redis.Redis | None = None, *, celery: Celery | None = None,
@@ -93,8 +97,9 @@ class Services:
         ``dispatcher``), and the store publishes its grants through it.
         ``write_deadline_s``: admissions and cancels that do not reach Redis
         within it change nothing (the front door's, inside its wait).
-        ``split``: the store's steps run split per slot (``store/owed.py``,
-        ``store/admission.py``); by default when the store is a Redis Cluster."""
+        ``split``: the store's steps run split per slot (``store/consistency.py``,
+        ``SplitSteps``); by default when the store is a Redis Cluster. The one
+        place the model is chosen: every store is handed it."""
         if client is None:
             client = connect(settings.redis_url, wait_s=wait_s, connect_s=min(2.0, wait_s))
         reads = None
@@ -106,6 +111,7 @@ class Services:
                                     broker_is_store=settings.effective_broker_url == settings.redis_url)
         split = settings.store_is_cluster if split is None else split
         capacity = PoolCapacity(client, catalog.members)
+        consistency = SPLIT_STEPS if split else ONE_STEP
         store = RequestStore(
             client, retention_s=settings.result_retention_s, idempotency_ttl_s=settings.idempotency_ttl_s,
             republish_after_s=settings.republish_after_s, max_queued=settings.max_queued,
@@ -113,13 +119,13 @@ class Services:
             max_in_flight=capacity, model_caps=capacity.model_caps, write_deadline_s=write_deadline_s,
             replication=Replication(settings.wait_replicas, settings.wait_timeout_ms),
             grants=dispatcher.grants if dispatcher is not None else None, reads=reads,
-            split=split,
+            consistency=consistency,
             ledger_retention_s=settings.ledger_retention_s,
             progress_event_every_s=settings.webhook_progress_every_s,
             low_headroom_pct=settings.low_priority_headroom_pct,
         )
         box = secret_box(settings)
-        accounts = Accounts(client, providers=tuple(catalog.providers()), box=box, split=split)
+        accounts = Accounts(client, providers=tuple(catalog.providers()), box=box, consistency=consistency)
         require_secrets_key(client, box)
         failures = FailureCounts(client)
         return cls(
@@ -143,6 +149,7 @@ class Services:
             bulk=BulkActions(client, keep_s=settings.result_retention_s,
                              max_running=settings.max_bulk_actions_running),
             failures=failures,
+            consistency=consistency,
         )
 
 

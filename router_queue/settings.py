@@ -530,7 +530,8 @@ class Settings:
 
     @property
     def store_is_cluster(self) -> bool:
-        """A Redis Cluster holds the store: its steps run split per slot (``store/owed.py``)."""
+        """A Redis Cluster holds the store: its steps run split per slot
+        (``store/consistency.py``, chosen by ``Services.build``)."""
         return self.redis_url.startswith(f"{CLUSTER_SCHEME}://")
 
     @property

@@ -23,7 +23,7 @@ def require_router_queue_data() -> None:
     "no request" from the wrong server read like a healthy empty queue."""
     services = _services()
     where = without_password(services.settings.redis_url)
-    if legacy_keys_present(services.redis, split=services.store.effects.split):
+    if legacy_keys_present(services.redis, consistency=services.consistency):
         raise click.ClickException(
             f"the Redis at {where} holds router-queue data in an earlier key layout: "
             "stop the service and run `router-queue ops migrate-keys`")
@@ -209,7 +209,7 @@ def migrate_keys(drop_version_8: bool) -> None:
     WEBHOOK_SECRETS_KEY (plaintext ones, and those of an older key: safe
     while the service runs, and rerun after each key rotation)."""
     services = _services()
-    done = migrate(services.redis, split=services.store.effects.split, drop_version_8=drop_version_8)
+    done = migrate(services.redis, consistency=services.consistency, drop_version_8=drop_version_8)
     click.echo(f"moved {done.renamed} keys to today's layout")
     old = done.version_8
     if old.dropped:
@@ -219,7 +219,7 @@ def migrate_keys(drop_version_8: bool) -> None:
     click.echo(f"rewrote {rewritten.draining} draining marks, {rewritten.due} due webhook events, "
                f"{rewritten.records} completed records' costs and {rewritten.events} webhook events "
                "an earlier version wrote")
-    if services.store.effects.split:
+    if rewritten.opened is not None:
         click.echo(f"opened {rewritten.opened} requests admitted before the store was split")
     box = services.accounts.box
     if box is None:

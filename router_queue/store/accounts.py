@@ -15,6 +15,7 @@ import redis
 from . import keys
 from .apikeys import ApiKeys
 from .budgets import Budgets
+from .consistency import ONE_STEP, Consistency
 from .epoch import StoreEpoch
 from .scripts import argv, load_script
 from .secret_box import SecretBox, SecretsKeyError, open_stored
@@ -89,10 +90,10 @@ class LedgerEntry:
 
 class Accounts:
     def __init__(self, client: redis.Redis, providers: tuple[str, ...] = (), box: SecretBox | None = None,
-                 *, split: bool = False):
+                 *, consistency: Consistency = ONE_STEP):
         self.client = client
-        #: Whether the store is served split into per-slot steps (``owed.py``).
-        self.split = split
+        #: The store's consistency model: a new store is marked for it (``consistency.py``).
+        self.consistency = consistency
         #: Seals the webhook signing secrets (``WEBHOOK_SECRETS_KEY``); None:
         #: none set, and plaintext ones are stored until a sealed one exists.
         self.box = box
@@ -103,7 +104,7 @@ class Accounts:
         self.keys = ApiKeys(client)
         #: Credit budgets, the workspace's and its keys' (``budgets.py``).
         self.budgets = Budgets(client)
-        self.epoch = StoreEpoch(client, split=split)
+        self.epoch = StoreEpoch(client, consistency=consistency)
         self._webhook_secret = load_script(client, "webhook_secret", SECRET_ARGS)
 
     def create_workspace(self, name: str, *, queue_enabled: bool = False, credits: int = 0) -> str:
@@ -112,8 +113,7 @@ class Accounts:
             # A new store is written in today's layout; one that holds workspaces and no
             # marker is an earlier layout's, refused until migrated (store/migrate.py).
             self.client.set(keys.layout(), keys.LAYOUT, nx=True)
-            if self.split:
-                self.client.set(keys.split_steps(), 1, nx=True)
+            self.consistency.mark_store(self.client)
         self.client.hset(
             keys.workspace(workspace_id),
             mapping={

@@ -20,16 +20,17 @@ import redis
 
 from ..errors import StoreLost
 from . import keys
+from .consistency import ONE_STEP, Consistency
 from .migrate import legacy_keys_present
 
 log = logging.getLogger(__name__)
 
 
 class StoreEpoch:
-    def __init__(self, client: redis.Redis, *, split: bool = False):
+    def __init__(self, client: redis.Redis, *, consistency: Consistency = ONE_STEP):
         self.client = client
-        #: Whether this process serves the store split into per-slot steps.
-        self.split = split
+        #: The store's consistency model, whose needs a store must meet (``consistency.py``).
+        self.consistency = consistency
         #: The marker this process adopted; None until it first read one.
         self.known: bytes | None = None
 
@@ -48,7 +49,7 @@ class StoreEpoch:
     def check(self) -> None:
         """Adopt the marker, or raise ``StoreLost`` if the adopted one is gone or replaced."""
         current = self.client.get(keys.epoch())
-        if self.known is None and legacy_keys_present(self.client, split=self.split):
+        if self.known is None and legacy_keys_present(self.client, consistency=self.consistency):
             log.critical("the store holds keys of an earlier layout (or of one Redis, now served split); stop "
                          "the service and run `router-queue ops migrate-keys`")
             raise StoreLost("the request store holds data in an earlier key layout; nothing is served until an "

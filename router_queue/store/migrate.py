@@ -18,6 +18,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from . import keys
+from .consistency import ONE_STEP, Consistency
 from .migrate_data import Rewritten, Version8, primaries, rewrite, version_8
 from .scripts import argv, load_script
 from .secret_box import SecretBox
@@ -78,17 +79,17 @@ def _version_8(request_id: str) -> bool:
     return request_id[14:15] == "8"
 
 
-def legacy_keys_present(client: redis.Redis, *, split: bool = False) -> bool:
+def legacy_keys_present(client: redis.Redis, *, consistency: Consistency = ONE_STEP) -> bool:
     """Whether the store may still hold an earlier version's data: the
     workspace index from before the tag, or an index without today's layout
-    marker; served ``split``, without the mark that each request has its open
-    entry (a store served by one Redis until now). A few commands, never a scan."""
+    marker; or without what ``consistency`` needs of it (split: each request's
+    open entry, on a store served by one Redis until now). A few commands, never a scan."""
     old = keys.UNTAGGED_PREFIX
     if client.exists(f"{old}:workspaces", f"{old}:config:epoch"):
         return True
     if not client.exists(keys.workspaces()):
         return False
-    return client.get(keys.layout()) != keys.LAYOUT.encode() or (split and not client.exists(keys.split_steps()))
+    return client.get(keys.layout()) != keys.LAYOUT.encode() or consistency.unprepared(client)
 
 
 @dataclass
@@ -102,23 +103,23 @@ class Migration:
     version_8: Version8 = field(default_factory=Version8)
 
 
-def migrate(client: redis.Redis, batch: int = 1000, *, split: bool = False,
+def migrate(client: redis.Redis, batch: int = 1000, *, consistency: Consistency = ONE_STEP,
             drop_version_8: bool = False) -> Migration:
     """Move every key of an earlier layout to its name in today's, a SCAN
     page's worth per round trip, count (with ``drop_version_8``, delete) the
     version-8 requests' keys, rewrite what only an earlier version read, then,
-    unless version-8 keys are left, mark the store's layout (and, to be served
-    ``split``, that each request has its open entry)."""
+    unless version-8 keys are left, mark the store's layout (and that it has
+    what ``consistency`` needs: split, each request's open entry)."""
     done = Migration()
     for match in LEGACY_MATCHES:
         for node_client in primaries(client):
             _migrate_matching(client, node_client, match, batch, done)
     done.version_8 = version_8(client, batch, drop=drop_version_8)
-    done.rewritten = rewrite(client, batch, split=split)
+    done.rewritten = rewrite(client, batch)
+    done.rewritten.opened = consistency.prepare(client, batch)
     if client.exists(keys.workspaces()) and not done.version_8.left:
         client.set(keys.layout(), keys.LAYOUT)
-        if split:
-            client.set(keys.split_steps(), 1)
+        consistency.mark_store(client)
     return done
 
 

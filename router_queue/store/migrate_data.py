@@ -54,8 +54,9 @@ class Rewritten:
     records: int = 0
     #: Webhook events (being delivered or queued) given a provider or a cost.
     events: int = 0
-    #: Requests admitted before the store was split, given their open entry.
-    opened: int = 0
+    #: Requests admitted before the store was split, given their open entry
+    #: (``consistency.SplitSteps.prepare``); None for a model that keeps none.
+    opened: int | None = None
 
 
 @dataclass
@@ -111,19 +112,23 @@ def _count_version_8(node: redis.Redis, page: list[bytes], found: Version8, ids:
             found.last_expiry = max(found.last_expiry or expiry, expiry)
 
 
-def rewrite(client: redis.Redis, batch: int = 1000, *, split: bool = False) -> Rewritten:
+def rewrite(client: redis.Redis, batch: int = 1000) -> Rewritten:
     """Every step above, in order: records before the events that take
-    their cost, events named before they move; open entries last, from the
-    records and the effects still owed."""
+    their cost, events named before they move."""
     done = Rewritten(draining=_adopt_draining(client))
     done.records = _scan(client, RECORDS, batch, lambda key: _give_cost(client, key))
     done.events = _scan(client, WEBHOOK_EVENTS, batch, lambda key: _complete_event(client, key))
     done.due = _move_shared_due_set(client)
-    if split:
-        owing: dict[str, str] = {}
-        _scan(client, OWED, batch, lambda key: _mark_owed(client, key, owing))
-        done.opened = _scan(client, RECORDS, batch, lambda key: _open(client, key, owing))
     return done
+
+
+def open_requests(client: redis.Redis, batch: int = 1000) -> int:
+    """Give each request its open entry, from its record and the effects
+    still owed (a store split into per-slot steps, after :func:`rewrite`);
+    returns how many were opened."""
+    owing: dict[str, str] = {}
+    _scan(client, OWED, batch, lambda key: _mark_owed(client, key, owing))
+    return _scan(client, RECORDS, batch, lambda key: _open(client, key, owing))
 
 
 def _adopt_draining(client: redis.Redis) -> int:

@@ -7,8 +7,8 @@ what it owes the workspace into the provider's owed set in the same step
 (``lua/lib/ledger.lua``, ``owe_ws``); its caller applies each in the workspace's own
 step (``ws_settle.lua``) and drops it, and the sweeper applies what waited
 longer than :data:`RECONCILE_AFTER_S`. The request's open entry
-(``keys.open_requests``) makes each count once. On one Redis nothing is owed.
-``docs/ARCHITECTURE.md``, "Redis Cluster".
+(``keys.open_requests``) makes each count once. On one Redis nothing is owed
+(``effects.py``, ``AppliedEffects``). ``docs/ARCHITECTURE.md``, "Redis Cluster".
 """
 
 from __future__ import annotations
@@ -34,26 +34,27 @@ SETTLE_ARGS = ("effect",)
 
 
 class OwedEffects:
-    def __init__(self, client: redis.Redis, *, split: bool):
+    """A store split into per-slot steps (``effects.WorkspaceEffects``): each
+    step owes its workspace effects into its provider's owed set."""
+
+    #: The Lua file under ``lua/effects/`` that says so (``ws_target``).
+    TARGET = "owed"
+
+    def __init__(self, client: redis.Redis):
         self.client = client
-        #: Whether the store runs split into per-slot steps (a cluster).
-        self.split = split
         #: Called between a provider's step and its workspace's (tests kill
         #: the process there); None in service.
         self.between_steps: Callable[[], None] | None = None
         self._settle = load_script(client, "ws_settle", SETTLE_ARGS)
 
-    def workspace_keys(self, provider: str, workspace: str) -> list[str]:
-        """The two KEYS a step that owes effects takes where the workspace's
-        hash and ledger go (``lua/lib/ledger.lua``, ``ws_target``)."""
-        if self.split:
-            return [keys.owed(provider), keys.owed(provider)]
-        return [keys.workspace(workspace), keys.ledger(workspace)]
+    def load_script(self, client: redis.Redis, name: str, args: tuple[str, ...]) -> Any:
+        """A script that owes workspace effects, linked to owe them (``lua/effects/owed.lua``)."""
+        return load_script(client, name, args, self.TARGET)
 
-    @property
-    def flag(self) -> str:
-        """The steps' ``split`` argument."""
-        return "1" if self.split else ""
+    def workspace_keys(self, provider: str, workspace: str) -> list[str]:
+        """The provider's owed set, in both places a step takes its workspace's
+        hash and ledger on one Redis (``ws_target``: it writes the one key)."""
+        return [keys.owed(provider), keys.owed(provider)]
 
     def settle(self, provider: str, reply: list[Any]) -> list[Any]:
         """Apply the effects a step's reply owes (its JSON members, after the
@@ -74,8 +75,6 @@ class OwedEffects:
         """Apply the provider's effects owed longer than
         :data:`RECONCILE_AFTER_S` (their caller died between the steps);
         returns how many were applied now (not already applied)."""
-        if not self.split:
-            return 0
         owed = self.client.zrangebyscore(keys.owed(provider), "-inf", now - RECONCILE_AFTER_S,
                                          start=0, num=RECONCILE_BATCH)
         return self._apply(provider, owed)

@@ -14,8 +14,8 @@ import redis
 from ..requests.record import READ_NAMES
 from . import keys
 from .accounts import DEFAULT_LEDGER_RETENTION_S
-from .admission import LostReplies, TwoStepAdmission
-from .owed import OwedEffects
+from .admission import LostReplies
+from .consistency import ONE_STEP, Consistency
 from .quotas import DEFAULT_MAX_PENDING_WEBHOOKS, DEFAULT_MAX_QUEUED_BYTES, DEFAULT_MAX_STORED_BYTES
 from .rate_counts import SyncedRateCounts
 from .replication import NO_REPLICATION, ReplicatedWrites, Replication
@@ -80,22 +80,25 @@ class RequestStoreBase:
                  write_deadline_s: float | None = None, replication: Replication = NO_REPLICATION,
                  max_queued_bytes: int = DEFAULT_MAX_QUEUED_BYTES,
                  max_pending_webhooks: int = DEFAULT_MAX_PENDING_WEBHOOKS, grants: GrantPublishing | None = None,
-                 reads: redis.Redis | None = None, split: bool = False,
+                 reads: redis.Redis | None = None, consistency: Consistency = ONE_STEP,
                  max_stored_bytes: int = DEFAULT_MAX_STORED_BYTES, retry_max: int = 10,
                  ledger_retention_s: int = DEFAULT_LEDGER_RETENTION_S, progress_event_every_s: float,
                  low_headroom_pct: int = 0):
         self.client = client
         #: Seconds between a request's progress events at least (WEBHOOK_PROGRESS_EVERY_SECONDS).
         self.progress_event_every_s = progress_event_every_s
-        #: What starts and ends owe workspaces, applied in the step (one
-        #: Redis) or by a step of their own (split: a cluster; ``owed.py``).
-        self.effects = OwedEffects(client, split=split)
+        #: How the store keeps a request's provider and its workspace
+        #: consistent: one Redis or a cluster's per-slot steps (``consistency.py``).
+        self.consistency = consistency
+        #: Where starts and ends put what they owe workspaces: applied in the
+        #: step, or owed and given in a step of their own (``effects.py``).
+        self.effects = consistency.effects(client)
         #: Reads back an admission whose reply was lost, within the front door's wait.
         self.lost_replies = LostReplies(client, write_deadline_s or LOST_REPLY_BUDGET_S)
         #: The writes a caller is told about, held for ``replication``'s replicas.
         self.acknowledged = ReplicatedWrites(client, replication)
-        #: Split, admission's steps (``admission.py``); None: one step.
-        self.two_step = TwoStepAdmission(client, self.lost_replies, self.acknowledged) if split else None
+        #: Admission's steps on a cluster (``admission.py``); None: one step, ``admit.lua``.
+        self.two_step = consistency.admission(client, self.lost_replies, self.acknowledged)
         #: A replica that serves status polls and event streams' position
         #: reads (``REDIS_READ_URL``), or None: the primary serves them.
         self.reads = reads

@@ -19,9 +19,9 @@ from .scripts import argv, explain, load_script
 #: Each script's ARGV by name (``load_script``, ``argv``), in order: the Lua
 #: reads ``ARGV[ARG_ID]`` and so on; the script's header says what each holds.
 CLAIM_ARGS = ("id", "now", "lease_s", "cap", "low_headroom_pct", "queue_timeout_s", "retention", "token",
-              "max_takeovers", "resume_key", "grant_until", "template", "split")
+              "max_takeovers", "resume_key", "grant_until", "template")
 COMPLETE_ARGS = ("id", "now", "retention", "error_type", "detail", "content_type", "output", "billable", "cap",
-                 "low_headroom_pct", "grant_until", "template", "split", "blob_key", "blob_size", "blob_sha256",
+                 "low_headroom_pct", "grant_until", "template", "blob_key", "blob_size", "blob_sha256",
                  "fallback_max")
 RENEW_ARGS = ("id", "token", "now", "lease_s", "successor", "hand_back")
 PROGRESS_ARGS = ("id", "token", "progress", "now", "every_s")
@@ -32,9 +32,9 @@ class DeliveryRequests(RequestStoreBase):
 
     def _load_scripts(self, client: redis.Redis) -> None:
         super()._load_scripts(client)
-        self._claim = load_script(client, "claim", CLAIM_ARGS)
+        self._claim = self.effects.load_script(client, "claim", CLAIM_ARGS)
         self._renew = load_script(client, "renew", RENEW_ARGS)
-        self._complete = load_script(client, "complete", COMPLETE_ARGS)
+        self._complete = self.effects.load_script(client, "complete", COMPLETE_ARGS)
         self._progress = load_script(client, "progress", PROGRESS_ARGS)
 
     def traceparent(self, request_id: str) -> str:
@@ -72,7 +72,7 @@ class DeliveryRequests(RequestStoreBase):
                       low_headroom_pct=self.low_headroom_pct,
                       queue_timeout_s=lease.queue_timeout_s, retention=self.retention_s, token=lease.token,
                       max_takeovers=lease.max_takeovers, resume_key=lease.resume_key, grant_until=grant_until,
-                      template=template, split=self.effects.flag),
+                      template=template),
         )
         reply = self.effects.settle(provider, reply)
         self._publish_granted(provider, reply[1:])
@@ -157,7 +157,7 @@ class DeliveryRequests(RequestStoreBase):
                       detail=detail, content_type=pointer.content_type if pointer else content_type, output=output,
                       billable="1" if billable else "0", cap=cap,
                       low_headroom_pct=self.low_headroom_pct, grant_until=grant_until, template=template,
-                      split=self.effects.flag, blob_key=pointer.key if pointer else "",
+                      blob_key=pointer.key if pointer else "",
                       blob_size=pointer.size if pointer else 0, blob_sha256=pointer.sha256 if pointer else "",
                       fallback_max="" if fallback_max is None else fallback_max),
         )

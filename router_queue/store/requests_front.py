@@ -53,7 +53,7 @@ HISTORY_EXAMINED_PER_ENTRY = 5
 #: reads ``ARGV[ARG_ID]`` and so on; the script's header says what each holds
 #: (admission's: ``admission.py``).
 CANCEL_ARGS = ("id", "workspace", "model", "now", "retention", "cap", "low_headroom_pct", "grant_until", "template",
-               "write_deadline", "by", "split")
+               "write_deadline", "by")
 HISTORY_ARGS = ("newest", "oldest", "examined")  # then the rate windows' pairs
 POSITIONS_ARGS = ("workspace",)  # then the request ids
 
@@ -102,7 +102,7 @@ class FrontDoorRequests(RequestStoreBase):
     def _load_scripts(self, client: redis.Redis) -> None:
         super()._load_scripts(client)
         self._admit = load_script(client, "admit", ADMIT_ARGS)
-        self._cancel = load_script(client, "cancel", CANCEL_ARGS)
+        self._cancel = self.effects.load_script(client, "cancel", CANCEL_ARGS)
         self._status = load_script(client, "status", STATUS_ARGS)
         self._history = load_script(client, "history", HISTORY_ARGS)
         self._positions_of = load_script(client, "positions", POSITIONS_ARGS)
@@ -247,9 +247,7 @@ class FrontDoorRequests(RequestStoreBase):
             if view is not None:
                 return view
             rate = None  # counted already
-        if rate is not None and self.effects.split:
-            self.count_apart(rate)
-            rate = None
+        rate = self.consistency.rate_in_step(rate, self.count_apart)
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
         reply = self._status(keys=[*request_keys, *rate_keys], args=[request_id, *_STATUS_FIELD_ARGS, *rate_args])
         if reply[0] == _RATE_LIMITED:
@@ -419,8 +417,7 @@ class FrontDoorRequests(RequestStoreBase):
             args=argv(CANCEL_ARGS, id=request_id, workspace=workspace, model=model, now=repr(now),
                       retention=self.retention_s, cap=cap,
                       low_headroom_pct=self.low_headroom_pct, grant_until=grant_until, template=template,
-                      write_deadline=self._deadline(now), by="deadline" if by_deadline else "",
-                      split=self.effects.flag),
+                      write_deadline=self._deadline(now), by="deadline" if by_deadline else ""),
         )
         reply = self.effects.settle(provider, reply)
         self._publish_granted(provider, reply[1:])

@@ -26,7 +26,7 @@ _TOTALS_FIELDS = ("completed", "ran", "waited_s", *(f"done|{slot}" for slot in r
 #: Each script's ARGV by name (``load_script``, ``argv``), in order: the Lua
 #: reads ``ARGV[ARG_ID]`` and so on; the script's header says what each holds.
 EXPIRE_QUEUED_ARGS = ("id", "now", "queue_timeout_s", "retention", "workspace", "cap", "low_headroom_pct",
-                      "grant_until", "template", "split")
+                      "grant_until", "template")
 GRANT_ARGS = ("cap", "low_headroom_pct", "now", "grant_until", "template")
 REAP_ARGS = ("now", "again_at", "limit")
 
@@ -37,7 +37,7 @@ class MaintenanceRequests(RequestStoreBase):
     def _load_scripts(self, client: redis.Redis) -> None:
         super()._load_scripts(client)
         self._grant = load_script(client, "grant", GRANT_ARGS)
-        self._expire_queued = load_script(client, "expire_queued", EXPIRE_QUEUED_ARGS)
+        self._expire_queued = self.effects.load_script(client, "expire_queued", EXPIRE_QUEUED_ARGS)
         self._reap = load_script(client, "reap", REAP_ARGS)
         self._purge = load_script(client, "purge")
 
@@ -129,7 +129,7 @@ class MaintenanceRequests(RequestStoreBase):
             args=argv(EXPIRE_QUEUED_ARGS, id=request_id, now=repr(now), queue_timeout_s=queue_timeout_s,
                       retention=self.retention_s, workspace=workspace, cap=cap,
                       low_headroom_pct=self.low_headroom_pct, grant_until=grant_until,
-                      template=template, split=self.effects.flag),
+                      template=template),
         )
         reply = self.effects.settle(provider, reply)
         self._publish_granted(provider, reply[1:])

@@ -3,9 +3,11 @@ arguments' names and what it uses of the key layout (``keys.lua_layout``),
 the webhook id and the record's fields (``lua_declared.py``, from
 ``webhooks/ids.py`` and ``requests/record.py``) and the shared definitions
 in ``lua/lib/*.lua``, each lib file naming the files it uses
-(``-- requires:``). Redis has no ``require``: this linker is it. A script
-error Redis answers names the source file and line (``lib/ledger.lua:57``),
-not the assembled text's."""
+(``-- requires:``), and, for a script that owes workspace effects, where
+they go: the ``lua/effects/*.lua`` its consistency model names
+(``effects.py``), so the script is handed a target, not a flag. Redis has
+no ``require``: this linker is it. A script error Redis answers names the
+source file and line (``lib/ledger.lua:57``), not the assembled text's."""
 
 from __future__ import annotations
 
@@ -29,10 +31,11 @@ class LuaLinkError(Exception):
     nowhere, a lib file using another it does not require, a requires cycle."""
 
 
-def load_script(client: redis.Redis, name: str, args: tuple[str, ...] = ()):
+def load_script(client: redis.Redis, name: str, args: tuple[str, ...] = (), target: str = ""):
     """Register ``lua/{name}.lua`` assembled (:func:`assemble`) with its
-    arguments' names (``lua_arg_names``); its errors name their source line."""
-    assembled = assemble(name, args)
+    arguments' names (``lua_arg_names``) and ``lua/effects/{target}.lua``,
+    if named; its errors name their source line."""
+    assembled = assemble(name, args, target)
     script = register_script(client, assembled.text)
     explained = _EXPLAINED.get(type(script))
     if explained is not None:  # (a test's stand-in stays as it is)
@@ -221,14 +224,25 @@ def _uses_of(body: str, chunks: tuple[Definition, ...]) -> tuple[Definition, ...
     return tuple(d for d in chunks if d.name in wanted)
 
 
-def assemble(name: str, args: tuple[str, ...] = ()) -> Assembled:
+def assemble(name: str, args: tuple[str, ...] = (), target: str = "") -> Assembled:
     """:func:`_assemble`, for what Python generates now."""
-    return _assemble(name, args, _generated())
+    return _assemble(name, args, _generated(), target)
 
 
 @functools.cache
-def _assemble(name: str, args: tuple[str, ...], generated: tuple[tuple[str, str], ...]) -> Assembled:
-    return link(name, _lua(f"{name}.lua"), args, _definitions_after(generated))
+def _assemble(name: str, args: tuple[str, ...], generated: tuple[tuple[str, str], ...], target: str) -> Assembled:
+    return link(name, _lua(f"{name}.lua"), args, _definitions_after(generated) + target_definitions(target))
+
+
+@functools.cache
+def target_definitions(target: str) -> tuple[Definition, ...]:
+    """``lua/effects/{target}.lua``'s definitions (none for ""): where a
+    step's workspace effects go (``ws_target``), linked after the lib files,
+    whose names they may use, and before the script, which calls them."""
+    if not target:
+        return ()
+    path = f"effects/{target}.lua"
+    return _definitions(_lua(path), path)
 
 
 def link(name: str, body: str, args: tuple[str, ...], definitions: tuple[Definition, ...]) -> Assembled:
@@ -273,7 +287,8 @@ def _check_defined(assembled: Assembled) -> None:
         for name in _CALLED.findall(line) + re.findall(r"\bARG_[A-Z0-9_]+\b", line):
             if name not in declared and name not in _LUA_KEYWORDS:
                 raise LuaLinkError(f"{assembled.source_of(number)}: {name} is used by {assembled.name}.lua but "
-                                   "defined nowhere (not in lua/lib/, the generated definitions or its arguments)")
+                                   "defined nowhere (not in lua/lib/, the generated definitions, its arguments or "
+                                   "its effects' target, lua/effects/)")
 
 
 def lua_arg_names(args: tuple[str, ...]) -> str:

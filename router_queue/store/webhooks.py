@@ -24,7 +24,7 @@ import redis
 from ..urls import origin
 from ..webhooks.values import WebhookEvent
 from . import keys
-from .owed import OwedEffects
+from .effects import AppliedEffects, WorkspaceEffects
 from .scripts import argv, load_script
 
 log = logging.getLogger(__name__)
@@ -37,11 +37,11 @@ FAILING_KEPT = 1000
 TURN_ARGS = ("now", "lease_s", "token", "max_in_flight", "circuit_failures")
 #: webhook_take.lua's ARGV by name (``scripts.argv``), in order.
 TAKE_ARGS = ("request_id", "now", "lease_s", "token", "turn", "open_until", "wait_s", "window_s", "keep_s",
-             "circuit_cooling_s", "jitter", "split")
+             "circuit_cooling_s", "jitter")
 #: webhook_turn.lua's answers that hold a slot of the workspace's turn.
 HELD = ("HELD", "PROBE")
 #: webhook_record.lua's ARGV by name (``scripts.argv``), in order.
-RECORD_ARGS = ("request_id", "token", "now", "outcome", "status", "error", "next_at", "keep_s", "msg_id", "split")
+RECORD_ARGS = ("request_id", "token", "now", "outcome", "status", "error", "next_at", "keep_s", "msg_id")
 #: webhook_turn_end.lua's ARGV by name (``scripts.argv``), in order.
 TURN_END_ARGS = ("token", "now", "outcome", "endpoint_failed", "circuit_failures", "circuit_cooling_s",
                  "failing_window_s", "entry", "log_length", "probe")
@@ -114,11 +114,11 @@ class Attempt:
 class WebhookStore:
     def __init__(self, client: redis.Redis, *, keep_s: int, limits: DeliveryLimits = DeliveryLimits(),
                  rand: random.Random | None = None, providers: tuple[str, ...] = (),
-                 effects: OwedEffects | None = None):
+                 effects: WorkspaceEffects | None = None):
         self.client = client
         #: Where an ended event gives back its workspace's pending count: in
-        #: the step, or owed on a split store (the request store's).
-        self.effects = effects or OwedEffects(client, split=False)
+        #: the step, or owed on a split store (the request store's: ``effects.py``).
+        self.effects: WorkspaceEffects = effects or AppliedEffects()
         #: The catalog's providers: each keeps its requests' pending events.
         self.providers = providers
         #: Seconds an event is kept once delivered or given up.
@@ -126,8 +126,8 @@ class WebhookStore:
         self.limits = limits
         self._rand = rand or random.Random()
         self._turn = load_script(client, "webhook_turn", TURN_ARGS)
-        self._take = load_script(client, "webhook_take", TAKE_ARGS)
-        self._record = load_script(client, "webhook_record", RECORD_ARGS)
+        self._take = self.effects.load_script(client, "webhook_take", TAKE_ARGS)
+        self._record = self.effects.load_script(client, "webhook_record", RECORD_ARGS)
         self._turn_end = load_script(client, "webhook_turn_end", TURN_END_ARGS)
         self._due = load_script(client, "webhook_due", DUE_ARGS)
 
@@ -151,13 +151,13 @@ class WebhookStore:
         turn, open_until = "", ""
         if state == "pending" and float(lease_until or 0) <= now and float(next_at or 0) <= now:
             turn, open_until = self.turn(workspace, endpoint, now=now, lease_s=lease_s, token=token)
-        ws_keys, split = self._workspace_target(provider, workspace)
         reply = self._take(
-            keys=[keys.webhook_event(request_id), keys.webhooks_due(provider, request_id), *ws_keys],
+            keys=[keys.webhook_event(request_id), keys.webhooks_due(provider, request_id),
+                  *self._workspace_keys(provider, workspace)],
             args=argv(TAKE_ARGS, request_id=request_id, now=repr(now), lease_s=lease_s, token=token, turn=turn,
                       open_until=open_until, wait_s=repr(limits.wait_s), window_s=repr(limits.window_s),
                       keep_s=self.keep_s, circuit_cooling_s=repr(limits.circuit_cooling_s),
-                      jitter=repr(self._rand.random()), split=split))
+                      jitter=repr(self._rand.random())))
         outcome = _text(reply[0])
         if turn in HELD and outcome != "TAKEN":
             self._after_event("a turn given back", lambda: self.end_turn(workspace, endpoint, token=token,
@@ -200,13 +200,12 @@ class WebhookStore:
         if endpoint_failed is None:
             endpoint_failed = outcome == "failed"
         endpoint = origin(event.url)
-        ws_keys, split = self._workspace_target(event.provider, event.workspace)
         reply = self._record(
-            keys=[keys.webhook_event(event.request_id), keys.webhooks_due(event.provider, event.request_id), *ws_keys],
+            keys=[keys.webhook_event(event.request_id), keys.webhooks_due(event.provider, event.request_id),
+                  *self._workspace_keys(event.provider, event.workspace)],
             args=argv(RECORD_ARGS, request_id=event.request_id, token=token, now=repr(now), outcome=outcome,
                       status="" if status is None else status, error=error[:300],
-                      next_at="" if next_at is None else repr(next_at), keep_s=self.keep_s, msg_id=event.msg_id,
-                      split=split))
+                      next_at="" if next_at is None else repr(next_at), keep_s=self.keep_s, msg_id=event.msg_id))
         recorded = _text(self.effects.settle(event.provider, reply)[0])
         entry = json.dumps({"at": now, "request_id": event.request_id, "event": event.event, "origin": endpoint,
                             "attempt": event.attempt, "outcome": outcome, "status": status, "error": error[:300],
@@ -252,15 +251,13 @@ class WebhookStore:
                       circuit_cooling_s=repr(limits.circuit_cooling_s), failing_window_s=int(limits.window_s),
                       entry=entry, log_length=LOG_LENGTH, probe="1" if probe else ""))
 
-    def _workspace_target(self, provider: str, workspace: str) -> tuple[list[str], str]:
-        """The KEYS and ``split`` argument of where an ended event's step
-        gives back its workspace's pending count (``lua/lib/webhooks.lua``,
-        ``ws_target``): owed to the provider's owed set on a split store;
-        else, and for an event gone (no provider read), the workspace's hash
-        in the step."""
-        if provider and self.effects.split:
-            return self.effects.workspace_keys(provider, workspace), self.effects.flag
-        return [keys.workspace(workspace), keys.ledger(workspace)], ""
+    def _workspace_keys(self, provider: str, workspace: str) -> list[str]:
+        """The KEYS where an ended event's step gives back its workspace's
+        pending count (``effects``' target). An event gone (no provider read)
+        ends nowhere: its step answers MISSING before it could reach them."""
+        if provider:
+            return self.effects.workspace_keys(provider, workspace)
+        return [keys.workspace(workspace), keys.ledger(workspace)]
 
     def due(self, *, now: float, again_at: float, limit: int = 500) -> list[str]:
         """The events to publish now, each pushed back to ``again_at``

@@ -25,14 +25,22 @@ def _args(text: str) -> tuple[str, ...]:
     return tuple(sorted({name.lower() for name in re.findall(r"\bARG_([A-Z0-9_]+)\b", text)} - {"rest"}))
 
 
+#: Where a step's workspace effects go (lua/effects/): a script that owes them is linked with one.
+TARGETS = sorted(p.name[:-4] for p in LUA.joinpath("effects").iterdir() if p.name.endswith(".lua"))
+
+
 def _assembled() -> list[scripts.Assembled]:
-    """Every script as Redis runs it, and a stand-in script using every lib definition."""
+    """Every script as Redis runs it (one that owes workspace effects, once
+    per target), and a stand-in script using every lib definition."""
     definitions = scripts.all_definitions()
     found = []
     for entry in sorted(LUA.iterdir(), key=lambda e: e.name):
         if entry.name.endswith(".lua"):
             body = entry.read_text()
-            found.append(scripts.link(entry.name[:-4], body, _args(body + scripts.lib_for(body)), definitions))
+            targets = TARGETS if re.search(r"\bws_target\b", body) else [""]
+            for target in targets:
+                found.append(scripts.link(entry.name[:-4], body, _args(body + scripts.lib_for(body)),
+                                          definitions + scripts.target_definitions(target)))
     every = "return {\n" + "".join(f"  {d.name},\n" for d in definitions) + "}\n"
     found.append(scripts.link("(every lib definition)", every, _args(scripts.lib_for(every)), definitions))
     return found

@@ -204,7 +204,7 @@ def _split_after(services, client, settings) -> Services:
     split = Services.build(settings, client, dispatcher=RecordingDispatcher(), split=True)
     with pytest.raises(StoreLost, match="router-queue ops migrate-keys"):
         split.accounts.epoch.check()
-    migrate.migrate(client, split=True)
+    migrate.migrate(client, consistency=split.consistency)
     split.accounts.epoch.check()
     return split
 

@@ -8,8 +8,8 @@
 -- and its member of the deadline index gone whatever it found.
 --
 -- KEYS[1] P:req:{id}   KEYS[2] P:queue:{provider}   KEYS[3] P:sched:{provider}
--- KEYS[4] W:ws   KEYS[5] W:ledger (split "1": P:owed:{provider}
---         in both places, lib/ledger.lua's ws_target)
+-- KEYS[4] W:ws   KEYS[5] W:ledger (or P:owed:{provider} in both places: ws_target,
+--         which the store's consistency model links in, lua/effects/)
 -- KEYS[6] P:running:{provider}   KEYS[7] the broker's list for the provider
 -- KEYS[8] P:deadlines:{provider}  KEYS[9] P:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests_front.py, CANCEL_ARGS):
@@ -18,7 +18,6 @@
 --   low_headroom_pct (the cap's share kept from low priority: grant.lua's)
 --   write_deadline (Unix seconds, Redis's clock) past which nothing changes; "" for none
 --   by: who cancels, "" the caller, "deadline" the caller's X-Comfy-Deadline
---   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 -- returns {"CANCELLED", granted ids to publish..., effects owed...} | {"REQUESTED"}
 --       | {"ALREADY_COMPLETED"} | {"MISSING"} | {"EXPIRED"}
 
@@ -47,6 +46,6 @@ end
 local S = sched_ctx(KEYS[3], KEYS[6], KEYS[7], ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL], ARGV[ARG_TEMPLATE],
   ARGV[ARG_LOW_HEADROOM_PCT])
 finish_unbilled(ws_target({req = KEYS[1], body = KEYS[9], queue = KEYS[2], deadlines = KEYS[8],
-  ws_id = ARGV[ARG_WORKSPACE]}, KEYS[4], KEYS[5], ARGV[ARG_SPLIT]), S, ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION], true, "cancelled",
+  ws_id = ARGV[ARG_WORKSPACE]}, KEYS[4], KEYS[5]), S, ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION], true, "cancelled",
   by_deadline and DEADLINE_DETAIL or "cancelled by the caller while queued")
 return with_granted("CANCELLED", grant(S))

@@ -23,7 +23,8 @@
 --
 -- KEYS[1] P:req:{id}  KEYS[2] P:queue:{provider}  KEYS[3] P:sched:{provider}
 -- KEYS[4] P:running:{provider}  KEYS[5] W:ws  KEYS[6] W:ledger
---         (split "1": P:owed:{provider} in both places, lib/ledger.lua's ws_target)
+--         (or P:owed:{provider} in both places: ws_target, which the store's
+--         consistency model links in, lua/effects/)
 -- KEYS[7] the broker's list for the provider  KEYS[8] P:deadlines:{provider}
 -- KEYS[9] P:body:{id}
 -- ARGV by name (ARGV[ARG_ID] and so on; requests_delivery.py, CLAIM_ARGS):
@@ -33,7 +34,6 @@
 --                  which matches the record's "successor" only for the retry a holder left
 --   grant_until (a grant's lease end, s)  template (the message template, or "")
 --   low_headroom_pct (the cap's share kept from low priority: grant.lua's)
---   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 -- returns {code, granted ids to publish..., effects owed...}, code one of "CLAIMED" | "RESUMED"
 --       | "WAITING" | "LEASED" | "QUEUE_TIMEOUT" | "DEADLINE" | "EXHAUSTED" | "COMPLETED" | "MISSING"
 
@@ -55,7 +55,7 @@ local S = sched_ctx(KEYS[3], KEYS[4], KEYS[7], ARGV[ARG_CAP], ARGV[ARG_NOW], ARG
 -- slot goes to the next in the schedule.
 local function finish(code, error_type, detail)
   finish_unbilled(ws_target({req = KEYS[1], body = KEYS[9], queue = KEYS[2], deadlines = KEYS[8], ws_id = rec.workspace},
-    KEYS[5], KEYS[6], ARGV[ARG_SPLIT]), S,
+    KEYS[5], KEYS[6]), S,
     ARGV[ARG_ID], ARGV[ARG_NOW], ARGV[ARG_RETENTION], status == "IN_QUEUE", error_type, detail)
   return with_granted(code, grant(S))
 end
@@ -97,7 +97,7 @@ if status == "IN_QUEUE" then
   end
   local e = ws_effects(ARGV[ARG_ID], ARGV[ARG_NOW])
   e.queued = 1  -- it no longer waits (lib/ledger.lua)
-  owe_ws(ws_target({ws_id = rec.workspace}, KEYS[5], KEYS[6], ARGV[ARG_SPLIT]), e, "start")
+  owe_ws(ws_target({ws_id = rec.workspace}, KEYS[5], KEYS[6]), e, "start")
   redis.call("ZREM", KEYS[2], ARGV[ARG_ID])
   redis.call("ZREM", S.base .. ":granted", ARGV[ARG_ID])
   lease({"status", "IN_PROGRESS", "started_at", ARGV[ARG_NOW]})

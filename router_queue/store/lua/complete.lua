@@ -9,8 +9,8 @@
 --
 -- KEYS[1] P:req:{id}   KEYS[2] P:result:{id}   KEYS[3] P:queue:{provider}
 -- KEYS[4] P:stats:{provider}   KEYS[5] P:sched:{provider}   KEYS[6] P:running:{provider}
--- KEYS[7] W:ws     KEYS[8] W:ledger (split "1": P:owed:{provider}
---         in both places, lib/ledger.lua's ws_target)
+-- KEYS[7] W:ws     KEYS[8] W:ledger (or P:owed:{provider} in both places: ws_target,
+--         which the store's consistency model links in, lua/effects/)
 -- KEYS[9] the broker's list for the provider  KEYS[10] P:deadlines:{provider}
 -- KEYS[11] P:body:{id}  KEYS[12] P:objects:{provider}
 -- KEYS[13] P:fallback:{provider}  KEYS[14] P:fallback-bytes:{provider}
@@ -21,7 +21,6 @@
 --   content_type  output (bytes)  billable ("1" when the provider bills this outcome)
 --   cap (the provider's)  grant_until (a grant's lease end, s)  template (the message template, or "")
 --   low_headroom_pct (the cap's share kept from low priority: grant.lua's)
---   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 --   blob_key blob_size blob_sha256: the output is that object-store object, already
 --     written (blob_key "" : the output is ARGV output, kept in KEYS[2]); its record
 --     points at it, and KEYS[12] names it for deletion when the record expires
@@ -94,7 +93,7 @@ redis.call("EXPIRE", KEYS[1], ARGV[ARG_RETENTION])
 drop_body(KEYS[11], ARGV[ARG_RETENTION], ARGV[ARG_ERROR_TYPE] ~= "", rec, e, rec.workspace, ARGV[ARG_NOW])
 forget_deadlines(KEYS[10], ARGV[ARG_ID], rec)
 owe_webhook(KEYS[1], e, ARGV[ARG_ID], ARGV[ARG_NOW], rec)
-owe_ws(ws_target({ws_id = rec.workspace}, KEYS[7], KEYS[8], ARGV[ARG_SPLIT]), e, "end")
+owe_ws(ws_target({ws_id = rec.workspace}, KEYS[7], KEYS[8]), e, "end")
 announce_completed(ARGV[ARG_ID])
 
 -- Pace estimates for Retry-After: moving averages (weight 0.2) of run time

@@ -20,8 +20,8 @@
 -- split into per-slot steps, owed (lib/ledger.lua, owe_ws) and given by the caller.
 --
 -- KEYS[1] P:webhook:{id}  KEYS[2] P:webhook:due:{provider} (the one that holds it)
--- KEYS[3] W:ws  KEYS[4] W:ledger (its pending events count; split "1":
---   P:owed:{provider} in both places, lib/ledger.lua's ws_target)
+-- KEYS[3] W:ws  KEYS[4] W:ledger (its pending events count; or P:owed:{provider}
+--   in both places: ws_target, which the store's consistency model links in, lua/effects/)
 -- ARGV by name (ARGV[ARG_REQUEST_ID] and so on; store/webhooks.py,
 -- RECORD_ARGS, whose order the generated ARG_* constants give):
 --   request_id, token (the attempt's), now (s)
@@ -32,7 +32,6 @@
 --   msg_id             the event's webhook-id: an attempt at an event that
 --                      already ended (the request's next one holds the head
 --                      now) changes nothing
---   split              "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 -- returns {"DELIVERED" | "GONE" | "GAVE_UP", effects owed...} | {"RETRY"} | {"STALE"} | {"DONE"}
 --   | {"MISSING"} (nothing to log)
 
@@ -51,7 +50,7 @@ redis.call("HSET", KEYS[1], "last_status", ARGV[ARG_STATUS], "last_error", ARGV[
 
 -- the event ends; the request's next event, if one is owed, takes its place
 local function finish(state, code)
-  webhook_ended(KEYS[1], ws_target({ws_id = e[4] or ""}, KEYS[3], KEYS[4], ARGV[ARG_SPLIT]), KEYS[2],
+  webhook_ended(KEYS[1], ws_target({ws_id = e[4] or ""}, KEYS[3], KEYS[4]), KEYS[2],
     ARGV[ARG_REQUEST_ID], state, ARGV[ARG_NOW], ARGV[ARG_KEEP_S])
   return with_granted(code, {})
 end

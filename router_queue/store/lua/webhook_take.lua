@@ -31,14 +31,13 @@
 -- thousand every wait.
 --
 -- KEYS[1] P:webhook:{id}   KEYS[2] P:webhook:due:{provider} (the one that holds it)
--- KEYS[3] W:ws  KEYS[4] W:ledger (its pending events count; split "1":
---   P:owed:{provider} in both places, lib/ledger.lua's ws_target)
+-- KEYS[3] W:ws  KEYS[4] W:ledger (its pending events count; or P:owed:{provider}
+--   in both places: ws_target, which the store's consistency model links in, lua/effects/)
 -- ARGV by name (ARGV[ARG_REQUEST_ID] and so on; store/webhooks.py, TAKE_ARGS):
 --   request_id  now (s)  lease_s  token (of this attempt)
 --   turn: webhook_turn.lua's answer ("" when not asked)  open_until: its "OPEN"'s until
 --   wait_s: the first wait  window_s: the retry window  keep_s: seconds an ended event is kept
 --   circuit_cooling_s: an open circuit's cooling  jitter: a random number in [0, 1)
---   split: "1" on a store split into per-slot steps (lib/ledger.lua, ws_target)
 -- returns {"TAKEN", field, value, ...} | {"BUSY"} | {"NOT_DUE"} | {"OPEN", at} | {"WAIT", at}
 --   | {"GAVE_UP", effects owed...} | {"DONE"} | {"MISSING"}
 
@@ -73,7 +72,7 @@ local function defer(code, after, span)
   local began = tonumber(e[5] or e[4] or ARGV[ARG_NOW])
   if at > began + tonumber(ARGV[ARG_WINDOW_S]) then
     redis.call("HSET", KEYS[1], "last_error", "still waiting its turn when the retry window ended")
-    webhook_ended(KEYS[1], ws_target({ws_id = e[6] or ""}, KEYS[3], KEYS[4], ARGV[ARG_SPLIT]), KEYS[2],
+    webhook_ended(KEYS[1], ws_target({ws_id = e[6] or ""}, KEYS[3], KEYS[4]), KEYS[2],
       ARGV[ARG_REQUEST_ID], "given_up", ARGV[ARG_NOW], ARGV[ARG_KEEP_S])
     return with_granted("GAVE_UP", {})
   end

@@ -1,7 +1,8 @@
 -- lib/ledger.lua: the workspace's side of a request's start and end (ws_effects,
--- ws_apply, owe_ws, ws_target), its kept bytes (keep_stored, keep_result,
--- release_stored), its ledger (ledger_add), the settling of a hold (settle)
--- and a script's answer with what it owed (with_granted).
+-- ws_apply, owe_ws; where they go, ws_target, is lua/effects/'s), its kept
+-- bytes (keep_stored, keep_result, release_stored), its ledger (ledger_add),
+-- the settling of a hold (settle) and a script's answer with what it owed
+-- (with_granted).
 -- requires: util, budget
 
 -- ---------------------------------------------------------------------------
@@ -188,28 +189,13 @@ local function ws_apply(ws_key, ledger_key, e)
   end
 end
 
--- Where a step's workspace effects go (owe_ws), set in `k`, the step's keys:
--- the workspace's hash and ledger (k.ws, k.ledger), applied in the step; or,
--- on a store split into per-slot steps (split "1"), the provider's owed set
--- (k.owed: keys.py, P:owed:{provider}, given in their place), applied by
--- the workspace's own step (ws_settle.lua) once the caller has the reply, or
--- by the sweeper for a caller that died first.
-local function ws_target(k, ws_key, ledger_key, split)
-  if split == "1" then
-    k.owed = ws_key
-  else
-    k.ws, k.ledger = ws_key, ledger_key
-  end
-  return k
-end
-
 --: The effects this step owed (JSON), returned to its caller (with_granted).
 local OWED = {}
 
 -- Give the workspace effects `e` of the request's `kind` ("start" | "end" |
 -- "webhook": its last webhook event ended after it did) to its workspace
--- (k.ws_id): at once, or owed (ws_target). An owed end is owed even when it
--- gives nothing back: it closes the request's open entry.
+-- (k.ws_id): at once, or owed (ws_target, lua/effects/). An owed end is owed
+-- even when it gives nothing back: it closes the request's open entry.
 local function owe_ws(k, e, kind)
   if not k.owed then
     ws_apply(k.ws, k.ledger, e)
