@@ -188,6 +188,22 @@ def empty_client(request) -> Callable[[], redis.Redis]:
     return emptied
 
 
+def _urgent_heads(client: redis.Redis) -> list[tuple[bytes, float]]:
+    return client.zrange(f"{keys.schedule(PROVIDER)}:uheads", 0, -1, withscores=True)
+
+
+def _heads_not_low_first(client: redis.Redis) -> list[tuple[bytes, float]]:
+    """What reserve_pick reads from :uheads (lib/reserve.lua), read the long way:
+    the heads, in order, whose workspace's first waiting request is not low."""
+    sched = keys.schedule(PROVIDER)
+    kept = []
+    for member, tag in client.zrange(f"{sched}:heads", 0, -1, withscores=True):
+        first = client.zrange(f"{sched}:ws:{member.decode()[16:]}", 0, 0, withscores=True)
+        if first and first[0][1] < BANDS["low"] * 2**45:
+            kept.append((member, tag))
+    return kept
+
+
 def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps, headroom_pct: int = 0,
            model_caps: dict[str, int] | None = None) -> None:
     settings = Settings(redis_url="redis://unused", default_rate_limit="1000/second", max_takeovers=1,
@@ -290,6 +306,7 @@ def _drive(empty_client, cap: int, weights: list[int], limits: list[int], steps,
             seen[request_id] = status
         waiting = [i for i in ids if seen[i] == IN_QUEUE]
         assert store.queue_depth(PROVIDER) == len(waiting)  # nothing lost, nothing left behind
+        assert _urgent_heads(services.redis) == _heads_not_low_first(services.redis)
         assert {i for i in waiting if i not in model.granted} == {
             w[2] for queued in model.waiting.values() for w in queued}
         if not any(model.limits.values()) and not model.reserve and not model.model_caps:

@@ -1,6 +1,6 @@
 -- lib/schedule.lua: the fair schedule behind each provider's cap (enqueue, grant,
 -- grant_directly, release_slot, position).
--- requires: util, model_room
+-- requires: util, model_room, reserve
 
 -- ---------------------------------------------------------------------------
 -- The schedule behind a provider's cap (keys.py, "P:sched:{provider}").
@@ -27,6 +27,9 @@
 -- requests ends, when it comes back with its old tag, so it takes its next
 -- slot at once (max-min fair: it only ever had less than its share). Parking
 -- and unparking are O(log n): the slots themselves stay where they are.
+-- Once only the slots kept from `low` work are free, the pick is the first of
+-- {base}:uheads, the heads whose workspace's first request is not low
+-- (lib/reserve.lua): one ZRANGE too. So every step here is O(log n) a slot.
 --
 -- S, the scheduler's context: base ("P:sched:{provider}"), running
 -- (P:running:{provider}), cap (model_caps: lib/model_room.lua), now, grant_until (lease of a grant not yet
@@ -38,10 +41,6 @@
 
 --: Virtual time one request of a weight-1 workspace takes; divisible by 1..16.
 local QUANTUM = 720720
---: Priority bands within a workspace, scored band * BAND_SPAN + admission seq.
-local BANDS = {high = 0, normal = 1, low = 2}
-local BAND_SPAN = 35184372088832  -- 2^45
-
 local function num(x)
   return string.format("%.17g", x)
 end
@@ -50,23 +49,10 @@ local function workspace_of_slot(member)
   return string.sub(member, 17)  -- "%015d|{ws}"
 end
 
--- The provider's last slots kept from `low` work (a batch), so a normal or high request
--- finds one free at once: headroom_pct % of the cap rounded up, never all (cap 1: none).
-local function low_reserve_of(cap, headroom_pct)
-  return math.max(0, math.min(cap - 1, math.ceil(cap * (tonumber(headroom_pct) or 0) / 100)))
-end
-
 local function sched_ctx(base, running, list, cap_arg, now, grant_until, template, headroom_pct)
   local cap, model_caps = cap_of(cap_arg)
   return {base = base, running = running, list = list, cap = cap, now = now, grant_until = grant_until,
           template = template, limits = {}, low_reserve = low_reserve_of(cap, headroom_pct), model_caps = model_caps}
-end
-
--- `urgent` counts the requests waiting that are not low: reserve_pick's one read.
-local function count_urgent(S, score, by)
-  if score and tonumber(score) < BANDS.low * BAND_SPAN then
-    redis.call("HINCRBY", S.base, "urgent", by)
-  end
 end
 
 -- A workspace's weight (>= 1) and its own cap on requests in flight per
@@ -111,6 +97,7 @@ local function park(S, ws)
   local head = first_slot(S, ws)
   if head then
     redis.call("ZREM", S.base .. ":heads", head[1])
+    redis.call("ZREM", S.base .. ":uheads", head[1])
   end
   redis.call("HSET", S.base, "parked|" .. ws, "1")
 end
@@ -120,6 +107,7 @@ local function unpark(S, ws)
   local head = first_slot(S, ws)
   if head then
     redis.call("ZADD", S.base .. ":heads", head[2], head[1])
+    urgent_head(S, ws, head)
   end
 end
 
@@ -133,13 +121,15 @@ local function enqueue(S, ws, request_id, seq, priority)
   redis.call("HSET", base, "f|" .. ws, num(tag), "lim|" .. ws, weight .. ":" .. cap)
   redis.call("ZADD", base .. ":slots", num(tag), member)
   redis.call("ZADD", base .. ":wslots:" .. ws, num(tag), member)
+  local head = nil
   if redis.call("ZCARD", base .. ":wslots:" .. ws) == 1 and redis.call("HEXISTS", base, "parked|" .. ws) == 0 then
     redis.call("ZADD", base .. ":heads", num(tag), member)
+    head = {member, num(tag)}
   end
   local score = (BANDS[priority] or 1) * BAND_SPAN + seq
+  urgent_queued(S, ws, score, head)
   redis.call("ZADD", base .. ":ws:" .. ws, num(score), request_id)
   redis.call("ZINCRBY", base .. ":depths", 1, ws)
-  count_urgent(S, score, 1)
 end
 
 -- A workspace with nothing left waiting keeps no tag; once no workspace
@@ -150,7 +140,7 @@ local function forget_workspace_if_idle(S, ws)
     redis.call("ZREM", S.base .. ":depths", ws)
     redis.call("HDEL", S.base, "f|" .. ws, "parked|" .. ws, "lim|" .. ws)
     if redis.call("ZCARD", S.base .. ":depths") == 0 then
-      redis.call("HDEL", S.base, "vtime", "urgent")
+      redis.call("HDEL", S.base, "vtime", "urgent")  -- (urgent: a count kept before :uheads)
     end
   end
 end
@@ -163,7 +153,6 @@ local function dequeue_waiting(S, ws, request_id)
     return false
   end
   redis.call("ZREM", S.base .. ":ws:" .. ws, request_id)
-  count_urgent(S, score, -1)
   local wslots = S.base .. ":wslots:" .. ws
   local last = redis.call("ZPOPMAX", wslots)
   if #last > 0 then
@@ -173,6 +162,7 @@ local function dequeue_waiting(S, ws, request_id)
     if #now_last > 0 then
       redis.call("HSET", S.base, "f|" .. ws, now_last[2])
     end
+    urgent_left(S, ws, score, last[1], #now_last == 0)
   end
   forget_workspace_if_idle(S, ws)
   return true
@@ -241,30 +231,6 @@ local function give_slot(S, ws, request_id, granted, record)
   return added
 end
 
-local function low_first(S, ws)
-  local first = redis.call("ZRANGE", S.base .. ":ws:" .. ws, 0, 0, "WITHSCORES")
-  return first[2] ~= nil and tonumber(first[2]) >= BANDS.low * BAND_SPAN
-end
-
--- grant()'s pick once only the reserve is free: `head` unless its workspace's first request
--- is low, else the first head in tag order whose is not, or nil (`urgent` counts those
--- waiting: none costs one read). A low head passed over keeps its tag, so comes first again.
-local function reserve_pick(S, head)
-  if not low_first(S, workspace_of_slot(head[1])) then
-    return head
-  end
-  if tonumber(redis.call("HGET", S.base, "urgent") or "0") <= 0 then
-    return nil
-  end
-  local heads = redis.call("ZRANGE", S.base .. ":heads", 1, -1, "WITHSCORES")
-  for i = 1, #heads, 2 do
-    if not (S.blocked and S.blocked[workspace_of_slot(heads[i])]) and not low_first(S, workspace_of_slot(heads[i])) then
-      return {heads[i], heads[i + 1]}
-    end
-  end
-  return nil
-end
-
 -- Give every free slot to the request the schedule names next; returns the
 -- ids granted that the caller must publish (none when S.template pushed them).
 -- The provider's count in flight (ZCARD P:running) is read once: given by
@@ -312,7 +278,7 @@ local function grant(S)
         redis.call("HSET", base, "vtime", num(tag))
       end
       local popped = take_picked(S, ws)
-      count_urgent(S, popped[2], -1)
+      urgent_granted(S, ws, member, popped[2] or false, next_head)
       forget_workspace_if_idle(S, ws)
       local request_id = popped[1]
       if request_id and redis.call("HGET", key_request(request_id), "status") == "IN_QUEUE" then
