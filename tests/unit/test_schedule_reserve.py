@@ -9,6 +9,7 @@ import pytest
 
 from router_queue.provider_pools import Member
 from router_queue.services import Services
+from router_queue.store import keys
 from router_queue.store.members import MemberStore, PoolCapacity
 from tests.unit.schedule_support import PROVIDER, Fleet
 
@@ -108,3 +109,19 @@ def test_an_interactive_request_behind_many_low_only_workspaces_costs_its_admiss
     takes the reserve costs Redis as many commands behind 300 low-only workspaces
     as behind 5 (60 each; the walk cost 64 and 359)."""
     assert _admission_behind(real_redis, settings, 300) == _admission_behind(real_redis, settings, 5) < 70
+
+
+def test_entries_a_step_of_an_earlier_version_left_never_give_low_work_the_reserve(services):
+    """During a rolling deploy a step of the version before lib/reserve.lua moves heads
+    without keeping :uheads: an entry naming a workspace whose first request is low now,
+    or a slot no longer a head, is passed over (and dropped) when the reserve is picked."""
+    fleet = Fleet(services, cap=4)  # 1 slot kept
+    batcher, other = fleet.workspace("batcher"), fleet.workspace("other")
+    _batch(fleet, batcher, 10)
+    fleet.start_granted()
+    sched = keys.schedule(PROVIDER)
+    (batch_head, _), = services.redis.zrange(f"{sched}:heads", 0, 0, withscores=True)
+    services.redis.zadd(f"{sched}:uheads", {batch_head: 0, f"{'9' * 15}|{batcher}": 0})
+    interactive = fleet.submit(other, "i0")
+    assert fleet.granted() == [interactive]
+    assert services.redis.zrange(f"{sched}:uheads", 0, -1) == []

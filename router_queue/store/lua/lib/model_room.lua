@@ -87,7 +87,7 @@ local function room_in(S, ws, in_flight, urgent_only)
   local first = redis.call("ZRANGE", S.base .. ":ws:" .. ws, 0, MODEL_LOOKAHEAD - 1, "WITHSCORES")
   for i = 1, #first, 2 do
     if urgent_only and tonumber(first[i + 1]) >= 2 * 35184372088832 then
-      break  -- a low band's: every one after it is low too (schedule.lua's BANDS)
+      break  -- a low band's: every one after it is low too (reserve.lua's LOW_SCORE)
     end
     if in_flight < room_of(S, first[i]) then
       S.picked = {first[i], first[i + 1]}

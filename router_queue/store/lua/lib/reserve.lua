@@ -13,8 +13,10 @@
 -- score) is not in the low band. So that pick is one ZRANGE, O(log n), however
 -- many low-only workspaces wait ahead of it; whoever changes a workspace's
 -- head or its first request keeps :uheads with it (enqueue, grant, park,
--- unpark, dequeue_waiting: the only writers of :heads), in a read or two.
--- Each costs nothing when the request it moves is low and no model is paused.
+-- unpark, dequeue_waiting: the only writers of :heads), in a read or two;
+-- queueing, granting or dropping a low request, nothing (granting: unless a
+-- model is paused). A workspace waiting from before :uheads was kept joins it
+-- at its next change (until then it takes no reserved slot).
 -- ---------------------------------------------------------------------------
 
 --: Priority bands within a workspace, scored band * BAND_SPAN + admission seq.
