@@ -1,16 +1,14 @@
 """Admission's arguments and its steps, one object per consistency model
-(``consistency.py`` hands the store one): the callers ask it to admit, to
-admit several at once, and to give up what was left between its steps.
-
-One Redis admits in one step (:class:`OneStepAdmission`, ``admit.lua``). A
-Redis Cluster's provider and workspace live in different slots, so no one
-script may write both: split, it takes three (:class:`TwoStepAdmission`): the
+(``consistency.py``): the store asks it to admit, to admit several at once,
+and to give up what was left between steps. One Redis admits in one step
+(:class:`OneStepAdmission`, ``admit.lua``). A cluster's provider and workspace
+live in different slots, so it takes three (:class:`TwoStepAdmission`): the
 admission written pending in the provider's slot (``keys.admitting``), the
 workspace's part (``admit_ws.lua``), then the provider's (``admit_place.lua``),
-which runs only while the admission is still pending. A refusal there is
-undone at once (``admit_undo.lua``); one abandoned between the steps is undone
-by the sweeper :data:`ABANDON_AFTER_S` past its write deadline. Whichever
-takes the member out first decides. A lost reply is read back (:class:`LostReplies`).
+which runs only while it is still pending. A refusal there is undone at once
+(``admit_undo.lua``); one abandoned between the steps, by the sweeper
+:data:`ABANDON_AFTER_S` past its write deadline. Whichever takes the member out
+first decides. A lost reply is read back (:class:`LostReplies`).
 ``docs/ARCHITECTURE.md``, "Redis Cluster"."""
 
 from __future__ import annotations
