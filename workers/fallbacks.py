@@ -2,10 +2,10 @@
 
 Only a request that named fallback models pays for any of this: each time
 its model could not run (its pool had no member to give, or a member
-answered 429, refused our credential or failed), the worker tells the
-store (``store/model_fallback.py``), which keeps the clock on the record
-and, past ``FALLBACK_AFTER_SECONDS`` (or the start deadline), names the next
-model. The worker then delivers it again at once, on that model: the same
+answered 429, refused our credential or failed), the worker tells the store
+(:func:`wait_or_turn`, this module's one entry; ``store/model_fallback.py``),
+which keeps the clock on the record and, past ``FALLBACK_AFTER_SECONDS`` (or
+the start deadline), names the next model. The worker then delivers it again at once, on that model: the same
 provider's pool and slot, its URL, its output. ``docs/POOLS.md``.
 """
 
@@ -25,8 +25,23 @@ log = logging.getLogger(__name__)
 MEMBER_TROUBLE = {429: "rate_limited", 401: "credential_refused", 403: "credential_refused"}
 
 
-def trouble(services: Services, record: RequestRecord, entry: ModelEntry, member: str = "",
-            error_type: str = "") -> Turn | None:
+def wait_or_turn(services: Services, record: RequestRecord, entry: ModelEntry, wait: float,
+                 later: Callable[[float, str], Exception], member: str = "", error_type: str = "") -> float:
+    """``entry`` could not run ``record``: the trouble noted (:func:`_trouble`);
+    when the request now runs on another model, ``later(0.0, …)`` is raised
+    (delivered again at once, on that model); else ``wait``, cut short to
+    when its turn is due. The one step each of the worker's waits takes."""
+    turn = _trouble(services, record, entry, member, error_type)
+    if turn is None:
+        return wait
+    if turn.model and turn.model != entry.id:
+        raise later(0.0, f"{entry.id} could not run it ({error_type or 'its pool kept it waiting'}): "
+                         f"it falls back to {turn.model}")
+    return wait if turn.gone or turn.model else min(wait, turn.wait_s)
+
+
+def _trouble(services: Services, record: RequestRecord, entry: ModelEntry, member: str,
+             error_type: str) -> Turn | None:
     """Note that ``entry`` could not run ``record`` now; None when there is
     nothing to fall back to (no model named, or every one tried)."""
     upcoming = next_model(record, entry.id) if record.fallback_models else ""
@@ -39,31 +54,3 @@ def trouble(services: Services, record: RequestRecord, entry: ModelEntry, member
         log.warning("request %s: %s could not run it for %.0f s; it falls back to %s", record.id, entry.id,
                     services.model_fallback.after_s, turn.model, extra={"model_ran": turn.model})
     return turn
-
-
-def wait_or_turn(services: Services, record: RequestRecord, entry: ModelEntry, wait: float,
-                 later: Callable[[float, str], Exception], member: str = "", error_type: str = "") -> float:
-    """``entry`` could not run ``record``: the trouble noted (:func:`trouble`);
-    when the request now runs on another model, ``later(0.0, …)`` is raised
-    (delivered again at once, on that model); else ``wait``, cut short to
-    when its turn is due. The one step each of the worker's waits takes."""
-    turn = trouble(services, record, entry, member, error_type)
-    model = turned(turn, entry)
-    if model:
-        raise later(0.0, f"{entry.id} could not run it ({error_type or 'its pool kept it waiting'}): "
-                         f"it falls back to {model}")
-    return wait_s(turn, wait)
-
-
-def turned(turn: Turn | None, entry: ModelEntry) -> str:
-    """The model the request now runs on, when it is no longer ``entry``'s ("" otherwise)."""
-    if turn is None or not turn.model or turn.model == entry.id:
-        return ""
-    return turn.model
-
-
-def wait_s(turn: Turn | None, wait: float) -> float:
-    """``wait``, cut short to when a turn is due."""
-    if turn is None or turn.gone or turn.model:
-        return wait
-    return min(wait, turn.wait_s)

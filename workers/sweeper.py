@@ -77,8 +77,7 @@ def sweep(context: WorkerContext, now: float | None = None) -> SweepReport:
     for provider in services.catalog.providers():
         store.grant(provider, now)
     reconciled = sum(store.effects.reconcile(provider, now) for provider in services.catalog.providers())
-    abandoned = sum(store.two_step.abandon(provider, now) for provider in services.catalog.providers()) \
-        if store.two_step is not None else 0
+    abandoned = sum(store.admission.abandon(provider, now) for provider in services.catalog.providers())
     if reconciled or abandoned:
         log.warning("sweeper: %d workspace effect(s) given and %d admission(s) undone for callers that died "
                     "between the steps", reconciled, abandoned)

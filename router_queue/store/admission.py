@@ -1,14 +1,14 @@
-"""Admission's arguments, and admission on a store split into per-slot steps
-(a Redis Cluster's: a request's provider and its workspace live in different
-slots, so no one script may write both).
-
-One Redis admits in one step (``admit.lua``). Split, it takes three: the
+"""Admission's arguments and its steps, one object per consistency model
+(``consistency.py``): the store asks it to admit, to admit several at once,
+and to give up what was left between steps. One Redis admits in one step
+(:class:`OneStepAdmission`, ``admit.lua``). A cluster's provider and workspace
+live in different slots, so it takes three (:class:`TwoStepAdmission`): the
 admission written pending in the provider's slot (``keys.admitting``), the
 workspace's part (``admit_ws.lua``), then the provider's (``admit_place.lua``),
-which runs only while the admission is still pending. A refusal there is
-undone at once (``admit_undo.lua``); one abandoned between the steps is undone
-by the sweeper :data:`ABANDON_AFTER_S` past its write deadline. Whichever
-takes the member out first decides. A lost reply is read back (:class:`LostReplies`).
+which runs only while it is still pending. A refusal there is undone at once
+(``admit_undo.lua``); one abandoned between the steps, by the sweeper
+:data:`ABANDON_AFTER_S` past its write deadline. Whichever takes the member out
+first decides. A lost reply is read back (:class:`LostReplies`).
 ``docs/ARCHITECTURE.md``, "Redis Cluster"."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple, Protocol
 
 import redis
 
@@ -64,6 +64,34 @@ def counted_windows(reply: list[Any]) -> list[Any] | None:
     admit_ws.lua's replies end with once they counted the call, taken off the
     reply; None for a reply without them (refused by rate, expired, read back)."""
     return reply.pop() if reply and isinstance(reply[-1], list) else None
+
+
+class AdmitCall(NamedTuple):
+    """What an admission is sent (``FrontDoorRequests._admit_call``): ADMIT_ARGS
+    by name, its Idempotency-Key's key, and admit.lua's keys, the provider's
+    part (split, in admit_place.lua's order but the pending set) and all."""
+
+    values: dict[str, Any]
+    idem_key: str
+    provider_keys: list[str]
+    one_step_keys: list[str]
+
+
+class AdmissionSteps(Protocol):
+    """Admission as the store's consistency model takes it; each answers as admit.lua does."""
+
+    def admit(self, call: AdmitCall, rate_keys: Any, rate_args: Any) -> list[Any]:
+        """Admit ``call``, the caller's rate windows (keys, args) counted first."""
+        ...
+
+    def admit_many(self, calls: list[AdmitCall]) -> list[list[Any]] | None:
+        """Several admissions in one round trip, no rate counted; None where
+        that would drop a guarantee :meth:`admit` keeps, or on a failed round trip."""
+        ...
+
+    def abandon(self, provider: str, now: float) -> int:
+        """Give up the provider's admissions left between their steps; how many were undone."""
+        ...
 
 
 class LostReplies:
@@ -144,7 +172,45 @@ class LostReplies:
         return [b"IN_DOUBT"]
 
 
+class OneStepAdmission:
+    """One Redis: each admission is ``admit.lua``'s one atomic step, written
+    once the replicas have it (``acknowledged``); nothing is ever left between
+    steps. A lost reply is read back (``lost_replies``)."""
+
+    def __init__(self, client: redis.Redis, lost_replies: LostReplies, acknowledged: ReplicatedWrites):
+        self.client = client
+        self.lost_replies = lost_replies
+        self.acknowledged = acknowledged
+        self._admit = load_script(client, "admit", ADMIT_ARGS)
+
+    def admit(self, call: AdmitCall, rate_keys: Any, rate_args: Any) -> list[Any]:
+        try:
+            return self.acknowledged.run(self._admit, keys=[*call.one_step_keys, *rate_keys],
+                                         args=[*argv(ADMIT_ARGS, **call.values), *rate_args])
+        except UNREACHABLE as exc:  # sent, and no reply: Redis may have run it
+            return self.lost_replies.reply(exc, call.values, call.idem_key if call.values["fingerprint"] else None)
+
+    def admit_many(self, calls: list[AdmitCall]) -> list[list[Any]] | None:
+        """Each its own ``admit.lua``, pipelined; None when writes are held
+        for replicas (nothing is sent) or the round trip fails (some may have been admitted)."""
+        if self.acknowledged.replication.replicas:
+            return None
+        pipe = self.client.pipeline(transaction=False)
+        for call in calls:
+            self._admit(keys=call.one_step_keys, args=argv(ADMIT_ARGS, **call.values), client=pipe)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except UNREACHABLE:
+            return None
+        return None if any(isinstance(reply, Exception) for reply in replies) else replies
+
+    def abandon(self, provider: str, now: float) -> int:
+        return 0  # nothing is ever between steps
+
+
 class TwoStepAdmission:
+    """A Redis Cluster: each admission in the three steps the module's docstring tells."""
+
     def __init__(self, client: redis.Redis, lost_replies: LostReplies, acknowledged: ReplicatedWrites):
         self.client = client
         self.lost_replies = lost_replies
@@ -157,11 +223,9 @@ class TwoStepAdmission:
         self._place = load_script(client, "admit_place", SPLIT_ADMIT_ARGS)
         self._undo = load_script(client, "admit_undo", UNDO_ARGS)
 
-    def admit(self, values: dict[str, Any], rate_keys: list[str], rate_args: list, idem_key: str,
-              provider_keys: list[str]) -> list[Any]:
-        """Admit in the three steps; answers as admit.lua does. ``values``:
-        ADMIT_ARGS by name; ``provider_keys``: admit.lua's keys of the
-        provider's part, in admit_place.lua's order but the pending set."""
+    def admit(self, call: AdmitCall, rate_keys: Any, rate_args: Any) -> list[Any]:
+        """Admit in the three steps; answers as admit.lua does."""
+        values, idem_key, provider_keys = call.values, call.idem_key, call.provider_keys
         request_id, workspace, provider = values["id"], values["workspace"], values["provider"]
         body_bytes = self._body_bytes(values)
         if not values["write_deadline"]:
@@ -204,6 +268,9 @@ class TwoStepAdmission:
         if placed[0] not in (b"ADMITTED", b"IN_DOUBT"):  # in doubt: the sweeper undoes it if it was not placed
             self._give_back(admitting, pending)
         return [*placed, windows] if windows is not None else placed
+
+    def admit_many(self, calls: list[AdmitCall]) -> list[list[Any]] | None:
+        return None  # each admission's steps wait on the one before: not pipelined
 
     def abandon(self, provider: str, now: float) -> int:
         """Give up the provider's admissions pending :data:`ABANDON_AFTER_S`

@@ -28,9 +28,11 @@ PERIOD_NAMES = {letter: name for name, letter in PERIODS.items()}
 WORKSPACE = "ws"
 #: Thresholds (per cent of each limit) alerted unless set otherwise.
 DEFAULT_ALERT_AT = (80, 100)
-#: budget_take.lua's and budget_sent.lua's ARGV by name.
+#: budget_take.lua's, budget_sent.lua's and budget_publish.lua's ARGV by name
+#: (budget_publish.lua's then the crossings).
 TAKE_ARGS = ("crossing", "token", "now", "lease_until")
 SENT_ARGS = ("crossing", "token", "outcome", "again_at")
+PUBLISH_ARGS = ("now", "until")
 _EPOCH = datetime.date(1970, 1, 1)
 
 
@@ -92,6 +94,8 @@ class Crossing:
     attempts: int = 0
     #: Until when an attempt holds it, or a failed one's backoff runs (0: due now).
     due: float = 0.0
+    #: Until when a message the sweeper published for it is in flight (0: none; :meth:`Budgets.publishing`).
+    in_flight_until: float = 0.0
 
     @property
     def ident(self) -> str:
@@ -128,6 +132,7 @@ class Budgets:
         self.client = client
         self._take = load_script(client, "budget_take", TAKE_ARGS)
         self._sent = load_script(client, "budget_sent", SENT_ARGS)
+        self._publish = load_script(client, "budget_publish", PUBLISH_ARGS)
 
     def set(self, workspace: str, scope: str, limits: dict[str, int | None],
             alert_at: tuple[int, ...] | None = None) -> None:
@@ -183,7 +188,7 @@ class Budgets:
     def _crossing(workspace: str, c: dict[str, Any]) -> Crossing:
         return Crossing(workspace, c["scope"], PERIOD_NAMES[c["period"]], day_of(int(c["start"])), int(c["budget"]),
                         int(c["threshold"]), int(c["spent"]), float(c["at"]), int(c.get("attempts", 0)),
-                        float(c.get("due", 0)))
+                        float(c.get("due", 0)), float(c.get("pub", 0)))
 
     def alerting(self) -> list[str]:
         """The workspaces with a budget, whose crossings may be owed."""
@@ -205,6 +210,14 @@ class Budgets:
         pipe.lpush(keys.key_audit(crossing.workspace), json.dumps(line, separators=(",", ":")))
         pipe.ltrim(keys.key_audit(crossing.workspace), 0, AUDIT_KEPT - 1)
         pipe.execute()
+
+    def publishing(self, workspace: str, idents: list[str], *, now: float, until: float) -> list[str]:
+        """``budget_publish.lua``: those of the workspace's crossings ``idents``
+        still due at ``now`` with no message in flight, each marked in flight
+        until ``until`` (a take ends it sooner): the ones to publish now."""
+        reply = self._publish(keys=[keys.workspace(workspace)],
+                              args=[*argv(PUBLISH_ARGS, now=repr(now), until=repr(until)), *idents])
+        return [v.decode() if isinstance(v, bytes) else str(v) for v in reply]
 
     def take(self, workspace: str, ident: str, *, token: str, now: float, lease_s: float) -> Crossing | str:
         """``budget_take.lua``: the crossing ``ident`` held for one attempt

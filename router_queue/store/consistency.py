@@ -17,7 +17,7 @@ from typing import Any, Callable, Protocol
 import redis
 
 from . import keys
-from .admission import LostReplies, TwoStepAdmission
+from .admission import AdmissionSteps, LostReplies, OneStepAdmission, TwoStepAdmission
 from .effects import AppliedEffects, WorkspaceEffects
 from .migrate_data import open_requests
 from .owed import OwedEffects
@@ -32,8 +32,8 @@ class Consistency(Protocol):
         ...
 
     def admission(self, client: redis.Redis, lost_replies: LostReplies,
-                  acknowledged: ReplicatedWrites) -> TwoStepAdmission | None:
-        """Admission's steps when it takes more than ``admit.lua``'s one; else None."""
+                  acknowledged: ReplicatedWrites) -> AdmissionSteps:
+        """Admission's steps (``admission.py``)."""
         ...
 
     def rate_in_step(self, rate: Any, count_apart: Callable[[Any], None]) -> Any:
@@ -62,8 +62,8 @@ class OneStep:
         return AppliedEffects()
 
     def admission(self, client: redis.Redis, lost_replies: LostReplies,
-                  acknowledged: ReplicatedWrites) -> TwoStepAdmission | None:
-        return None
+                  acknowledged: ReplicatedWrites) -> AdmissionSteps:
+        return OneStepAdmission(client, lost_replies, acknowledged)
 
     def rate_in_step(self, rate: Any, count_apart: Callable[[Any], None]) -> Any:
         return rate
@@ -88,7 +88,7 @@ class SplitSteps:
         return OwedEffects(client)
 
     def admission(self, client: redis.Redis, lost_replies: LostReplies,
-                  acknowledged: ReplicatedWrites) -> TwoStepAdmission | None:
+                  acknowledged: ReplicatedWrites) -> AdmissionSteps:
         return TwoStepAdmission(client, lost_replies, acknowledged)
 
     def rate_in_step(self, rate: Any, count_apart: Callable[[Any], None]) -> Any:

@@ -97,8 +97,8 @@ class RequestStoreBase:
         self.lost_replies = LostReplies(client, write_deadline_s or LOST_REPLY_BUDGET_S)
         #: The writes a caller is told about, held for ``replication``'s replicas.
         self.acknowledged = ReplicatedWrites(client, replication)
-        #: Admission's steps on a cluster (``admission.py``); None: one step, ``admit.lua``.
-        self.two_step = consistency.admission(client, self.lost_replies, self.acknowledged)
+        #: Admission's steps: one (``admit.lua``) or a cluster's three (``admission.py``).
+        self.admission = consistency.admission(client, self.lost_replies, self.acknowledged)
         #: A replica that serves status polls and event streams' position
         #: reads (``REDIS_READ_URL``), or None: the primary serves them.
         self.reads = reads

@@ -17,8 +17,8 @@ from ..requests.outcomes import Admit, Cancel, Status
 from ..requests.record import RequestRecord, Submission, admitted_values
 from ..requests.values import Admission, HistoryPage, Pace, StatusView
 from . import budgets, keys
-from .admission import ADMIT_ARGS, counted_windows
-from .connect import UNREACHABLE, bounded
+from .admission import AdmitCall, counted_windows
+from .connect import bounded
 from .ids import well_formed
 from .requests_base import _FIELDS, RequestStoreBase, _seconds, _text
 from .scripts import argv, load_script
@@ -101,7 +101,6 @@ class FrontDoorRequests(RequestStoreBase):
 
     def _load_scripts(self, client: redis.Redis) -> None:
         super()._load_scripts(client)
-        self._admit = load_script(client, "admit", ADMIT_ARGS)
         self._cancel = self.effects.load_script(client, "cancel", CANCEL_ARGS)
         self._status = load_script(client, "status", STATUS_ARGS)
         self._history = load_script(client, "history", HISTORY_ARGS)
@@ -111,21 +110,13 @@ class FrontDoorRequests(RequestStoreBase):
         self._spend_rate = load_script(bounded(client, SPEND_RATE_TIMEOUT_S), "rate")
 
     def admit(self, submission: Submission, rate=None) -> Admission:
-        """One atomic admission of ``submission`` (``admit.lua``): the record,
-        its place in the provider's schedule, and a slot with its Celery
-        message when one is free. ``rate`` (a ``ratelimit.Meter``) is
+        """The admission of ``submission`` (``admit.lua``, in the steps the
+        store's model takes: :attr:`admission`): the record, its place in the
+        provider's schedule, and a slot with its Celery message when one is free. ``rate`` (a ``ratelimit.Meter``) is
         counted first, and told where its windows stand; a spent window
         raises the refusal it makes. A lost reply is read back (``LostReplies``)."""
         rate_keys, rate_args = (rate.keys, rate.args) if rate is not None else ((), ())
-        values, idem_key, provider_keys, one_step_keys = self._admit_call(submission)
-        if self.two_step is not None:
-            reply = self.two_step.admit(values, list(rate_keys), list(rate_args), idem_key, provider_keys)
-        else:
-            try:
-                reply = self.acknowledged.run(self._admit, keys=[*one_step_keys, *rate_keys],
-                                              args=[*argv(ADMIT_ARGS, **values), *rate_args])
-            except UNREACHABLE as exc:  # sent, and no reply: Redis may have run it
-                reply = self.lost_replies.reply(exc, values, idem_key if submission.idempotency_key_hash else None)
+        reply = self.admission.admit(self._admit_call(submission), rate_keys, rate_args)
         code = Admit(_text(reply[0]))
         if code is Admit.RATE_LIMITED:
             raise rate.refusal(reply[1:])
@@ -142,25 +133,15 @@ class FrontDoorRequests(RequestStoreBase):
         nothing is sent), or when the round trip fails (some may have been
         admitted: the caller admits each again, and its Idempotency-Key,
         which every batch line has, replays what was)."""
-        if self.two_step is not None or self.acknowledged.replication.replicas:
-            return None
-        pipe = self.client.pipeline(transaction=False)
-        for submission in submissions:
-            values, _, _, one_step_keys = self._admit_call(submission)
-            self._admit(keys=one_step_keys, args=argv(ADMIT_ARGS, **values), client=pipe)
-        try:
-            replies = pipe.execute(raise_on_error=False)
-        except UNREACHABLE:
-            return None
-        if any(isinstance(reply, Exception) for reply in replies):
+        replies = self.admission.admit_many([self._admit_call(submission) for submission in submissions])
+        if replies is None:
             return None
         for reply in replies:
             counted_windows(reply)  # no rate counted: an empty list, taken off before the granted ids are read
         return [self._admission(Admit(_text(reply[0])), reply, s.provider) for s, reply in zip(submissions, replies)]
 
-    def _admit_call(self, submission: Submission) -> tuple[dict[str, Any], str, list[str], list[str]]:
-        """What ``admit.lua`` is sent for ``submission``: its ARGV by name, its
-        Idempotency-Key's key, the provider's keys (split) and every key (one step)."""
+    def _admit_call(self, submission: Submission) -> AdmitCall:
+        """What admission is sent for ``submission``."""
         request_id, workspace, model, provider = (submission.request_id, submission.workspace, submission.model,
                                                   submission.provider)
         retry_of = submission.retry_of
@@ -191,7 +172,7 @@ class FrontDoorRequests(RequestStoreBase):
             keys.deadlines(provider), keys.history(workspace), keys.model_history(workspace, model),
             keys.body(request_id), keys.stored(workspace), keys.batch(workspace, submission.batch_id or "-"),
         ]
-        return values, idem_key, provider_keys, one_step_keys
+        return AdmitCall(values, idem_key, provider_keys, one_step_keys)
 
     def _admission(self, code: Admit, reply: list[Any], provider: str) -> Admission:
         """An ``admit.lua`` reply as its :class:`Admission` (what it granted published)."""

@@ -42,16 +42,25 @@ def body_of(crossing: Crossing) -> bytes:
 def publish_owed(services: Services, publish: Callable[[str, str], None], now: float | None = None) -> int:
     """The sweeper's part: each crossing owed and due (not held by an
     attempt, its backoff over) published as (workspace, crossing) to the
-    webhooks worker; nothing is sent here, so no receiver holds a sweep. How
-    many were published."""
+    webhooks worker; nothing is sent here, so no receiver holds a sweep.
+    Each is marked in flight for WEBHOOK_LEASE_SECONDS as it is found due, in
+    one step (``Budgets.publishing``): a message still queued is not
+    published again by the next sweeps, and one lost is once that time
+    passes untaken. How many were published."""
     now = time.time() if now is None else now
     budgets = services.accounts.budgets
-    published = 0
+    due: dict[str, list[str]] = {}
+    found = 0
     for crossing in budgets.owed(budgets.alerting()[:WORKSPACES_PER_SWEEP]):
-        if published >= CROSSINGS_PER_SWEEP:
+        if found >= CROSSINGS_PER_SWEEP:
             break
-        if crossing.due <= now:
-            publish(crossing.workspace, crossing.ident)
+        if crossing.due <= now and crossing.in_flight_until <= now:
+            due.setdefault(crossing.workspace, []).append(crossing.ident)
+            found += 1
+    published = 0
+    for workspace, idents in due.items():
+        for ident in budgets.publishing(workspace, idents, now=now, until=now + services.settings.webhook_lease_s):
+            publish(workspace, ident)
             published += 1
     return published
 

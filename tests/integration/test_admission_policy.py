@@ -24,6 +24,7 @@ import requests
 
 from router_queue.settings import Settings
 from router_queue.store import keys
+from router_queue.store.consistency import ONE_STEP
 from router_queue.store.ids import ID_PATTERN
 
 from .admission_support import (
@@ -110,7 +111,7 @@ def test_200_concurrent_submits_under_one_key_create_exactly_one_request(stack, 
         assert set(statuses) <= {201, 409}, statuses
         for busy in (a for a in answers if a.status_code == 409):
             assert_error(busy, 409, "concurrency_limit_exceeded", retry_after_expected=True)
-        if services.store.two_step is None:
+        if services.consistency is ONE_STEP:
             # Admission is one atomic Lua step: nobody ever sees the key "being admitted".
             assert statuses == {201: 200}, statuses
         # On a cluster it is steps (store/admission.py): a resend between the first's steps is

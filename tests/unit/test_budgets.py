@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import json
+import time
 
 import pytest
 
@@ -218,6 +219,38 @@ def test_one_attempt_holds_a_crossing_and_a_full_turn_waits_uncounted(services, 
     assert services.accounts.budgets.owed([ws])[0].attempts == 0  # waiting is no attempt
     services.webhooks.end_turn(ws, endpoint, token="an-event", now=now)
     assert _send_published(services) == ["failed"] and posted == [crossing.webhook_id]
+
+
+def test_a_crossing_is_published_once_per_lease_until_a_worker_takes_it(services):
+    ws = services.accounts.create_workspace("p", queue_enabled=True, credits=10_000)
+    services.accounts.budgets.set(ws, "ws", {"day": 10}, (100,))
+    admit(services, ws, 10)
+    published: list[str] = []
+
+    def sweep(at: float) -> None:
+        budget_alerts.publish_owed(services, lambda w, ident: published.append(ident), now=at)
+
+    now, lease = time.time(), services.settings.webhook_lease_s
+    sweep(now)
+    sweep(now + 1)  # its message is still queued: not published again
+    assert len(published) == 1
+    sweep(now + lease + 1)  # never taken (lost in the broker): published again, once
+    sweep(now + lease + 2)
+    assert len(published) == 2
+    assert budget_alerts.send(services, ws, published[-1]) == "audited"
+    sweep(now + 3 * lease)
+    assert len(published) == 2
+
+
+def test_a_taken_crossing_given_back_is_published_at_the_next_sweep(services):
+    ws = services.accounts.create_workspace("g", queue_enabled=True, credits=10_000)
+    services.accounts.budgets.set(ws, "ws", {"day": 10}, (100,))
+    admit(services, ws, 10)
+    (published,) = _publish(services)
+    crossing = services.accounts.budgets.take(ws, published.split("|", 1)[1], token="t", now=time.time(), lease_s=30)
+    assert isinstance(crossing, budget_store.Crossing)
+    services.accounts.budgets.sent(crossing, token="t", outcome="released")  # the workspace's turn was full
+    assert _publish(services) == [published]
 
 
 def test_the_sweep_publishes_at_most_its_bound_of_crossings(services, monkeypatch):

@@ -10,6 +10,7 @@ import pytest
 
 from router_queue.services import Services
 from router_queue.store import keys, requests_delivery, requests_front, requests_maintenance, webhooks
+from router_queue.store.admission import OneStepAdmission, TwoStepAdmission
 from router_queue.store.consistency import ONE_STEP, SPLIT_STEPS
 from router_queue.store.effects import AppliedEffects
 from router_queue.store.owed import OwedEffects
@@ -23,17 +24,19 @@ OWING = {"cancel": requests_front.CANCEL_ARGS, "claim": requests_delivery.CLAIM_
          "webhook_take": webhooks.TAKE_ARGS, "webhook_record": webhooks.RECORD_ARGS}
 
 
-@pytest.mark.parametrize("url, model, effects", [("redis://unused", ONE_STEP, AppliedEffects),
-                                                  ("redis+cluster://unused:7000", SPLIT_STEPS, OwedEffects)],
+@pytest.mark.parametrize("url, model, effects, admission",
+                         [("redis://unused", ONE_STEP, AppliedEffects, OneStepAdmission),
+                          ("redis+cluster://unused:7000", SPLIT_STEPS, OwedEffects, TwoStepAdmission)],
                          ids=["one Redis", "a cluster"])
-def test_the_model_follows_the_store_and_every_store_is_handed_the_same_one(client, settings, url, model, effects):
+def test_the_model_follows_the_store_and_every_store_is_handed_the_same_one(client, settings, url, model, effects,
+                                                                            admission):
     settings = dataclasses.replace(settings, redis_url=url, broker_url="redis://unused-broker")
     services = Services.build(settings, client, dispatcher=RecordingDispatcher())
     assert services.consistency is model
     assert services.store.consistency is model and services.accounts.epoch.consistency is model
     assert isinstance(services.store.effects, effects)
     assert services.webhooks.effects is services.store.effects
-    assert (services.store.two_step is None) == (model is ONE_STEP)
+    assert isinstance(services.store.admission, admission)
 
 
 @pytest.mark.parametrize("script", OWING)

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from router_queue.services import Services
-from router_queue.store.admission import ABANDON_AFTER_S
+from router_queue.store.admission import ABANDON_AFTER_S, TwoStepAdmission
 from router_queue.web.app import create_app
 from tests.unit.conftest import RecordingDispatcher
 
@@ -54,18 +54,16 @@ def front(request, client, settings):
     store = services.store
 
     def lose(*, runs: bool, read_back: bool = True, error: Exception | None = None) -> None:
-        if split:
-            store.two_step._place = LostReply(store.two_step._place, runs=runs, error=error)
-        else:
-            store._admit = LostReply(store._admit, runs=runs, error=error)
+        name = "_place" if split else "_admit"
+        setattr(store.admission, name, LostReply(getattr(store.admission, name), runs=runs, error=error))
         if not read_back:
             store.lost_replies._admitted = unanswered
 
     def restore() -> None:
-        for holder, name in ((store, "_admit"), (store.two_step, "_place")):
-            script = getattr(holder, name, None)
+        for name in ("_admit", "_place"):
+            script = getattr(store.admission, name, None)
             if isinstance(script, LostReply):
-                setattr(holder, name, script.script)
+                setattr(store.admission, name, script.script)
 
     http = create_app(settings, services=services).test_client()
     return http, {"X-API-Key": services.accounts.mint_key(workspace)}, services, workspace, lose, restore
@@ -123,8 +121,8 @@ def test_in_doubt_without_a_key_when_it_was_not_admitted_the_status_says_so(fron
     doubt = submit(http, auth)
     assert doubt.status_code == 504
     assert http.get(doubt.json["status_url"], headers=auth).status_code in (404, 410)
-    if services.store.two_step is not None:  # split: its workspace's part waits for the sweeper
-        services.store.two_step.abandon("bfl", time.time() + ABANDON_AFTER_S + 1)
+    # split: its workspace's part waits for the sweeper (one Redis: nothing to give up)
+    services.store.admission.abandon("bfl", time.time() + ABANDON_AFTER_S + 1)
     assert services.accounts.get(workspace).held == 0
 
 
@@ -151,20 +149,22 @@ def test_a_connection_that_could_not_be_made_is_503_without_reading_back(front):
 def lose_the_keys_step(services, *, runs: bool, error: Exception | None = None) -> None:
     """Lose the reply of the step that answers a key's replay: the one step on
     one Redis, the workspace's step split (the provider's step is then not sent)."""
-    store = services.store
-    if store.two_step is not None:
-        store.two_step._reserve = LostReply(store.two_step._reserve, runs=runs, error=error)
-    else:
-        store._admit = LostReply(store._admit, runs=runs, error=error)
+    admission = services.store.admission
+    name = _keys_step(services)
+    setattr(admission, name, LostReply(getattr(admission, name), runs=runs, error=error))
 
 
 def found_again(services) -> None:
     """The step :func:`lose_the_keys_step` made lose its reply answers again."""
-    holder = services.store.two_step or services.store
-    name = "_reserve" if services.store.two_step is not None else "_admit"
-    script = getattr(holder, name)
+    name = _keys_step(services)
+    script = getattr(services.store.admission, name)
     if isinstance(script, LostReply):
-        setattr(holder, name, script.script)
+        setattr(services.store.admission, name, script.script)
+
+
+def _keys_step(services) -> str:
+    """The admission's step that answers a key's replay (its script's attribute)."""
+    return "_reserve" if isinstance(services.store.admission, TwoStepAdmission) else "_admit"
 
 
 def test_a_keyed_resend_whose_reply_was_lost_is_in_doubt_while_an_earlier_attempt_holds_the_key(front):

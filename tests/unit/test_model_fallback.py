@@ -21,34 +21,19 @@ from router_queue.store.members import MemberStore
 from tests.unit import delivery_support
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.fallback_support import NEW, OLD, deliver_for, gemini
+from tests.unit.pool_support import LOCATIONS, pool_catalog, vertex_members
 from tests.unit.route_support import assert_error, status_of, submit
 
 stub_origin, fresh_stub, worker_services = (delivery_support.stub_origin, delivery_support.fresh_stub,
                                             delivery_support.worker_services)
 
 NEW_PATH = f"/v2/models/{NEW}"
-LOCATIONS = ("us-central1", "europe-west4")
-
-
-def catalog_with(tmp_path, *, pool: bool, prices: dict[str, int] | None = None) -> Catalog:
-    """The shipped catalog, Vertex AI as a pool of two locations if ``pool``,
-    with these models' prices."""
-    raw = json.loads(DEFAULT_CATALOG.read_text())
-    if pool:
-        raw["providers"]["vertexai"] = {"members": [
-            {"name": loc, "max_in_flight": 4, "credentials": {"kind": "google", "env": "VERTEXAI_ACCESS_TOKEN"},
-             "project": "p", "location": loc} for loc in LOCATIONS]}
-    for model, credits in (prices or {}).items():
-        raw["models"][model]["price_credits"] = credits
-    path = tmp_path / f"catalog-{len(list(tmp_path.iterdir()))}.json"
-    path.write_text(json.dumps(raw))
-    return Catalog.load(path)
 
 
 @pytest.fixture
 def vertex_pool(worker_services, tmp_path):
     """Vertex AI as a pool of two locations, fallbacks due after 5 s."""
-    worker_services.catalog = catalog_with(tmp_path, pool=True)
+    worker_services.catalog = Catalog.load(pool_catalog(tmp_path, members=vertex_members()))
     worker_services.model_fallback.after_s = 5.0
     return worker_services
 
@@ -88,7 +73,8 @@ def charges(services, workspace):
 
 
 def test_a_dearer_fallback_is_held_and_the_model_that_ran_is_charged(http, auth, vertex_pool, workspace, tmp_path):
-    vertex_pool.catalog = catalog_with(tmp_path, pool=True, prices={OLD: 60})  # dearer than the path's model (39)
+    # OLD dearer than the path's model (39)
+    vertex_pool.catalog = Catalog.load(pool_catalog(tmp_path, members=vertex_members(), prices={OLD: 60}))
     accepted = submit(http, auth, gemini("x"), path=NEW_PATH, headers={"X-Comfy-Fallback-Models": OLD})
     assert accepted.status_code == 201, accepted.get_data(as_text=True)
     request_id = accepted.json["request_id"]
@@ -102,7 +88,7 @@ def test_a_dearer_fallback_is_held_and_the_model_that_ran_is_charged(http, auth,
 
 
 def test_a_cheaper_fallback_that_ran_is_charged_its_own_price(vertex_pool, workspace, tmp_path):
-    vertex_pool.catalog = catalog_with(tmp_path, pool=True, prices={OLD: 20})
+    vertex_pool.catalog = Catalog.load(pool_catalog(tmp_path, members=vertex_members(), prices={OLD: 20}))
     request_id = admitted(vertex_pool, workspace, "cat [stub:429_model=gemini-3.1-flash-image]", fallback=OLD)
     assert deliver_for(vertex_pool, request_id) == "completed"
     record = vertex_pool.store.status_view(request_id, "vertexai").record
@@ -115,7 +101,7 @@ def test_a_cheaper_fallback_that_ran_is_charged_its_own_price(vertex_pool, works
 def test_a_split_store_charges_the_model_that_ran_and_gives_the_rest_back(client, vertex_pool, tmp_path):
     """On a Redis Cluster the workspace's side is its own step (ws_settle.lua): the same amounts."""
     split = Services.build(vertex_pool.settings, client, dispatcher=RecordingDispatcher(), split=True)
-    split.catalog = catalog_with(tmp_path, pool=True, prices={OLD: 20})
+    split.catalog = Catalog.load(pool_catalog(tmp_path, members=vertex_members(), prices={OLD: 20}))
     split.model_fallback.after_s = 5.0
     workspace = split.accounts.create_workspace("split", queue_enabled=True, credits=1000)
     request_id = admitted(split, workspace, "cat [stub:429_model=gemini-3.1-flash-image]", fallback=OLD)
@@ -128,7 +114,7 @@ def test_a_split_store_charges_the_model_that_ran_and_gives_the_rest_back(client
 
 
 def test_a_hold_the_workspace_cannot_cover_names_the_dearer_fallback(http, auth, services, workspace, tmp_path):
-    services.catalog = catalog_with(tmp_path, pool=False, prices={OLD: 60})
+    services.catalog = Catalog.load(pool_catalog(tmp_path, prices={OLD: 60}))
     services.accounts.set_credits(workspace, 50)  # enough for the path's model (39), not for its fallback
     refused = submit(http, auth, gemini("x"), path=NEW_PATH, headers={"X-Comfy-Fallback-Models": OLD})
     assert_error(refused, 402, "insufficient_credits")
@@ -216,7 +202,7 @@ def test_a_batch_line_names_its_fallback_models_as_the_header_would(http, auth, 
 
 def test_a_batch_line_with_a_dearer_fallback_holds_it_and_keeps_its_model_price(http, auth, services, workspace,
                                                                              tmp_path):
-    services.catalog = catalog_with(tmp_path, pool=False, prices={OLD: 60})
+    services.catalog = Catalog.load(pool_catalog(tmp_path, prices={OLD: 60}))
     line = {"model": NEW, "body": gemini("a"), "fallback_models": [OLD]}
     sent = http.post("/v2/batches", data=json.dumps(line) + "\n", headers={**auth, "Content-Type": "application/x-ndjson"})
     assert sent.status_code == 201, sent.get_data(as_text=True)

@@ -6,32 +6,22 @@ on fakeredis and a real Redis."""
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from router_queue.catalog import Catalog
 from router_queue.requests.record import Submission
-from router_queue.settings import DEFAULT_CATALOG
 from router_queue.states import IN_QUEUE
 from router_queue.store import keys
 from router_queue.store.members import PoolCapacity, capacities, read_states
+from tests.unit.fallback_support import NEW, OLD
+from tests.unit.pool_support import pool_catalog, vertex_members
 from tests.unit.support import Clock
-
-NEW, OLD = "vertexai/gemini-3.1-flash-image", "vertexai/gemini-2.5-flash-image"
-LOCATIONS = ("us-central1", "europe-west4")
 
 
 @pytest.fixture
 def pool(services, tmp_path):
     """Vertex AI as two locations of 2 slots each, its capacity read at every grant on a clock moved by hand."""
-    raw = json.loads(DEFAULT_CATALOG.read_text())
-    raw["providers"]["vertexai"] = {"members": [
-        {"name": loc, "max_in_flight": 2, "credentials": {"kind": "google", "env": "VERTEXAI_ACCESS_TOKEN"},
-         "project": "p", "location": loc} for loc in LOCATIONS]}
-    path = tmp_path / "catalog.json"
-    path.write_text(json.dumps(raw))
-    services.catalog = Catalog.load(path)
+    services.catalog = Catalog.load(pool_catalog(tmp_path, members=vertex_members(max_in_flight=2)))
     clock = Clock()
     services.members.clock = clock
     capacity = PoolCapacity(services.redis, services.catalog.members, ttl_s=0, clock=clock, wait=True)

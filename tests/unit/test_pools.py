@@ -5,7 +5,6 @@ take out the member and cost the request nothing."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 
 import pytest
@@ -22,6 +21,7 @@ from router_queue.store.gauges import QueueGauges
 from router_queue.store.members import FULL_WAIT_S, MemberStore, PoolCapacity
 from tests.unit import delivery_support
 from tests.unit.delivery_support import admitted, deliver_until_done
+from tests.unit.pool_support import pool_catalog
 from tests.unit.support import cli_runner, context_of
 
 stub_origin, fresh_stub, worker_services = (delivery_support.stub_origin, delivery_support.fresh_stub,
@@ -31,16 +31,8 @@ TWO_KEYS = [{"name": "key-a", "max_in_flight": 2, "credentials": {"kind": "api_k
             {"name": "key-b", "max_in_flight": 3, "credentials": {"kind": "api_key", "env": "BFL_KEY_B"}}]
 
 
-def pool_catalog(tmp_path, provider="bfl", members=None):
-    catalog = json.loads(DEFAULT_CATALOG.read_text())
-    catalog["providers"][provider] = {"members": members or TWO_KEYS}
-    path = tmp_path / "catalog.json"
-    path.write_text(json.dumps(catalog))
-    return path
-
-
 def test_a_pools_cap_is_its_members_caps_summed_and_their_keys_are_read(tmp_path):
-    path = pool_catalog(tmp_path)
+    path = pool_catalog(tmp_path, "bfl", TWO_KEYS)
     catalog = Catalog.load(path)
     assert catalog.max_in_flight("bfl") == 5
     assert [m.name for m in catalog.members("bfl")] == ["key-a", "key-b"]
@@ -151,7 +143,7 @@ def test_a_slot_whose_worker_died_is_given_back_when_its_lease_ends(pool):
 def pooled(worker_services, tmp_path):
     """The services with BFL a pool of two keys, key-a and key-b."""
     services = worker_services
-    services.catalog = Catalog.load(pool_catalog(tmp_path))
+    services.catalog = Catalog.load(pool_catalog(tmp_path, "bfl", TWO_KEYS))
     services.settings = dataclasses.replace(services.settings, provider_credentials={
         **services.settings.provider_credentials, "BFL_KEY_A": Secret("key-a"), "BFL_KEY_B": Secret("key-b")})
     return services

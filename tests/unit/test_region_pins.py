@@ -13,9 +13,9 @@ import requests
 from router_queue.catalog import Catalog
 from router_queue.cli import main
 from router_queue.requests.record import Submission
-from router_queue.settings import DEFAULT_CATALOG
 from tests.unit import delivery_support
 from tests.unit.fallback_support import NEW, OLD, deliver_for, gemini
+from tests.unit.pool_support import pool_catalog, vertex_members
 from tests.unit.support import cli_runner
 
 stub_origin, fresh_stub, worker_services = (delivery_support.stub_origin, delivery_support.fresh_stub,
@@ -25,18 +25,13 @@ US, EU = "us-central1", "europe-west4"
 
 
 def members(*extra):
-    return [{"name": loc, "max_in_flight": 4, "credentials": {"kind": "google", "env": "VERTEXAI_ACCESS_TOKEN"},
-             "project": "p", "location": loc} for loc in (US, EU)] + list(extra)
+    return vertex_members(locations=(US, EU)) + list(extra)
 
 
 @pytest.fixture
 def pool_of(worker_services, tmp_path):
     def build(spec):
-        raw = json.loads(DEFAULT_CATALOG.read_text())
-        raw["providers"]["vertexai"] = {"members": spec}
-        path = tmp_path / "catalog.json"
-        path.write_text(json.dumps(raw))
-        worker_services.catalog = Catalog.load(path)
+        worker_services.catalog = Catalog.load(pool_catalog(tmp_path, members=spec))
         worker_services.model_fallback.after_s = 5.0
         return worker_services
     return build

@@ -48,7 +48,7 @@ NAMED = {
     "batch_commit": batches.COMMIT_ARGS, "batch_take": batches.TAKE_ARGS, "batch_progress": batches.PROGRESS_ARGS,
     "batch_finish": batches.FINISH_ARGS,
     "bulk_create": bulk.CREATE_ARGS, "bulk_note": bulk.NOTE_ARGS, "bulk_lease": bulk.LEASE_ARGS,
-    "budget_sent": budgets.SENT_ARGS, "budget_take": budgets.TAKE_ARGS,
+    "budget_sent": budgets.SENT_ARGS, "budget_take": budgets.TAKE_ARGS, "budget_publish": budgets.PUBLISH_ARGS,
     "member_take": members.TAKE_ARGS, "member_release": members.RELEASE_ARGS, "member_limited": members.LIMITED_ARGS,
     "fallback_turn": model_fallback.TURN_ARGS, "ws_regions": regions.SET_ARGS,
 }

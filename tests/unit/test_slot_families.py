@@ -120,7 +120,7 @@ def test_on_a_split_store_every_script_call_keeps_to_one_family_and_one_slot(cal
     store.history(ws, since=0, status="IN_QUEUE", model=MODEL)
     store.grant(PROVIDER)
     store.effects.reconcile(PROVIDER, time.time() + 60)
-    store.two_step.abandon(PROVIDER, time.time() + 60)
+    store.admission.abandon(PROVIDER, time.time() + 60)
 
     mixed = {name for name, families, _ in calls if len(families) > 1}
     ran = {name for name, _, _ in calls}

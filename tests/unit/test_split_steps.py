@@ -284,10 +284,10 @@ def test_a_replay_of_an_admission_between_its_steps_is_told_to_wait_not_given_an
                                          provider=PROVIDER, body="{}", price=PRICE, fingerprint="f",
                                          idempotency_key_hash="k1")).outcome.value)
 
-    split.store.two_step.between_steps = replay_now
+    split.store.admission.between_steps = replay_now
     admitted = split.store.admit(Submission(request_id=first, workspace=ws, model=MODEL, provider=PROVIDER, body="{}",
                                  price=PRICE, fingerprint="f", idempotency_key_hash="k1"))
-    split.store.two_step.between_steps = None
+    split.store.admission.between_steps = None
     assert replays == ["ADMITTING"]  # the front door's 409 concurrency_limit_exceeded, with Retry-After
     assert admitted.outcome.value == "ADMITTED"
     replay = split.store.admit(Submission(request_id=split.ids.mint(ws, MODEL), workspace=ws, model=MODEL, provider=PROVIDER,
@@ -307,7 +307,7 @@ KILLED_BETWEEN_ADMISSION_STEPS = textwrap.dedent("""
     client = redis.Redis.from_url(url)
     services = Services.build(Settings(redis_url="redis://unused", public_base_url="http://router.test"), client,
                               dispatcher=RecordingDispatcher(), split=True)
-    services.store.two_step.between_steps = lambda: os.kill(os.getpid(), signal.SIGKILL)
+    services.store.admission.between_steps = lambda: os.kill(os.getpid(), signal.SIGKILL)
     services.store.admit(Submission(request_id=request_id, workspace=workspace, model="bfl/flux-2-pro",
                                     provider="bfl", body='{"prompt": "p"}', price=60, fingerprint="f",
                                     idempotency_key_hash="k1"))
@@ -328,14 +328,14 @@ def test_an_admission_killed_between_its_steps_is_undone_once_and_never_placed(r
     assert services.store.status_view(request_id, PROVIDER).record is None
     [pending] = services.redis.zrange(keys.admitting(PROVIDER), 0, -1, withscores=True)
     assert _gauge(services, "router_queue_admissions_pending") == 1
-    assert services.store.two_step.abandon(PROVIDER, time.time()) == 0  # its caller may still place it
-    assert services.store.two_step.abandon(PROVIDER, pending[1] + ABANDON_AFTER_S + 1) == 1
-    assert services.store.two_step.abandon(PROVIDER, pending[1] + ABANDON_AFTER_S + 2) == 0
+    assert services.store.admission.abandon(PROVIDER, time.time()) == 0  # its caller may still place it
+    assert services.store.admission.abandon(PROVIDER, pending[1] + ABANDON_AFTER_S + 1) == 1
+    assert services.store.admission.abandon(PROVIDER, pending[1] + ABANDON_AFTER_S + 2) == 0
     workspace = services.accounts.get(ws)
     assert (workspace.credits, workspace.held, workspace.queued, workspace.queued_bytes) == (1000, 0, 0, 0)
     assert _ledger(services, ws) == [("hold", PRICE), ("release", PRICE)]
     # the provider's step, had the caller come back to it now, can no longer place it
-    late = services.store.two_step._place(keys=[keys.request(request_id), keys.queue(PROVIDER),
+    late = services.store.admission._place(keys=[keys.request(request_id), keys.queue(PROVIDER),
                                                  keys.sequence(PROVIDER), keys.schedule(PROVIDER),
                                                  keys.running(PROVIDER), keys.schedule(PROVIDER),
                                                  keys.request(request_id), keys.body(request_id),

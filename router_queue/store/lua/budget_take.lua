@@ -3,6 +3,8 @@
 -- crossing itself in the workspace's owed list: its token and `due` (the
 -- lease's end). A crossing whose `due` is ahead (an attempt holds it, or a
 -- failed one's backoff runs) is BUSY: two workers never send it at once.
+-- Taking it ends its message's flight (`pub`: budget_publish.lua), so once
+-- this attempt ends it is published again if still owed.
 --
 -- KEYS[1] W:ws
 -- ARGV by name (budgets.py, TAKE_ARGS): crossing ("{scope}|{period}|{start}|{threshold}")
@@ -16,6 +18,7 @@ for _, c in ipairs(owed) do
       return {"BUSY"}
     end
     c.token = ARGV[ARG_TOKEN]
+    c.pub = nil
     c.due = tonumber(ARGV[ARG_LEASE_UNTIL])
     redis.call("HSET", KEYS[1], "budget_owed", cjson.encode(owed))
     return {"TAKEN", cjson.encode(c)}
