@@ -6,27 +6,12 @@ fixtures; it builds on ``harness.py``.
 
 from __future__ import annotations
 
-import json
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Iterator
 
-from router_queue.settings import DEFAULT_CATALOG
+from tests.pool_catalogs import pool_catalog
 
 from .harness import RunningStack, private_stack
-
-
-def pool_catalog(directory: Path, provider: str, members: list[dict[str, Any]],
-                 prices: dict[str, int] | None = None) -> Path:
-    """The shipped catalog with ``provider`` a pool of ``members`` (and the
-    models in ``prices`` at those prices), written in ``directory``."""
-    raw = json.loads(Path(DEFAULT_CATALOG).read_text())
-    raw["providers"][provider] = {"members": members}
-    for model, price in (prices or {}).items():
-        raw["models"][model]["price_credits"] = price
-    path = directory / f"{provider}-pool.json"
-    path.write_text(json.dumps(raw))
-    return path
 
 
 @contextmanager

@@ -18,10 +18,10 @@ from router_queue.services import Services
 from router_queue.settings import DEFAULT_CATALOG
 from router_queue.states import COMPLETED
 from router_queue.store.members import MemberStore
+from tests.pool_catalogs import LOCATIONS, pool_catalog, vertex_members
 from tests.unit import delivery_support
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.fallback_support import NEW, OLD, deliver_for, gemini
-from tests.unit.pool_support import LOCATIONS, pool_catalog, vertex_members
 from tests.unit.route_support import assert_error, status_of, submit
 
 stub_origin, fresh_stub, worker_services = (delivery_support.stub_origin, delivery_support.fresh_stub,

@@ -13,8 +13,8 @@ from router_queue.requests.record import Submission
 from router_queue.states import IN_QUEUE
 from router_queue.store import keys
 from router_queue.store.members import PoolCapacity, capacities, read_states
+from tests.pool_catalogs import pool_catalog, vertex_members
 from tests.unit.fallback_support import NEW, OLD
-from tests.unit.pool_support import pool_catalog, vertex_members
 from tests.unit.support import Clock
 
 

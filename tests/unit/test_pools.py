@@ -19,9 +19,9 @@ from router_queue.states import COMPLETED
 from router_queue.store import keys
 from router_queue.store.gauges import QueueGauges
 from router_queue.store.members import FULL_WAIT_S, MemberStore, PoolCapacity
+from tests.pool_catalogs import pool_catalog
 from tests.unit import delivery_support
 from tests.unit.delivery_support import admitted, deliver_until_done
-from tests.unit.pool_support import pool_catalog
 from tests.unit.support import cli_runner, context_of
 
 stub_origin, fresh_stub, worker_services = (delivery_support.stub_origin, delivery_support.fresh_stub,

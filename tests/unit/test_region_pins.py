@@ -13,9 +13,9 @@ import requests
 from router_queue.catalog import Catalog
 from router_queue.cli import main
 from router_queue.requests.record import Submission
+from tests.pool_catalogs import pool_catalog, vertex_members
 from tests.unit import delivery_support
 from tests.unit.fallback_support import NEW, OLD, deliver_for, gemini
-from tests.unit.pool_support import pool_catalog, vertex_members
 from tests.unit.support import cli_runner
 
 stub_origin, fresh_stub, worker_services = (delivery_support.stub_origin, delivery_support.fresh_stub,

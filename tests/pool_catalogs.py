@@ -1,7 +1,6 @@
-"""Pooled catalogs as the unit tests build them (``test_pools.py``,
-``test_pool_models.py``, ``test_model_fallback.py``, ``test_region_pins.py``),
-as ``tests/integration/pool_support.py`` builds the integration suite's: the
-shipped catalog with one provider's ``members`` given."""
+"""Pooled catalogs as the unit and integration tests build them (the pool,
+fallback and region pin tests; ``tests/integration/pool_support.py`` starts
+a stack on one): the shipped catalog with one provider's ``members`` given."""
 
 from __future__ import annotations
 
