@@ -166,17 +166,17 @@ def capacities(states: list[MemberState], now: float) -> tuple[int, str]:
     return total, ",".join(below)
 
 
-def region_rooms(members: tuple[Member, ...], states: list[MemberState], now: float) -> str:
+def region_rooms(members: tuple[Member, ...], serving: list[int]) -> str:
     """Each region's room for the schedule's region pins (``lib/pins.lua``):
     "@region=n" per region a member runs in, "@*=n" for the members marked
-    ``any_region``, n the learned caps of those serving now (0 while every one
-    is paused or out); "" when no member names a region or serves any (a pin
-    then has no member here, and the worker ends its requests)."""
+    ``any_region``, n the caps of those serving now (``serving``, a cap per
+    member: 0 while it is paused or out); "" when no member names a region or
+    serves any (a pin then has no member here, and the worker ends its requests)."""
     rooms: dict[str, int] = {}
-    for member, state in zip(members, states, strict=True):
+    for member, cap in zip(members, serving, strict=True):
         place = "*" if member.any_region else member.region  # (one that serves any pin counts once)
         if place:
-            rooms[place] = rooms.get(place, 0) + (state.learned_cap if state.out_until() <= now else 0)
+            rooms[place] = rooms.get(place, 0) + cap
     return ",".join(f"@{place}={room}" for place, room in sorted(rooms.items()))
 
 
@@ -216,7 +216,11 @@ class PoolCapacity:
         and each region's room ("@region=cap,...": :func:`region_rooms`), as
         last read; "" when neither (the schedule's grants then read nothing more)."""
         self(provider)
-        return self._models.get(provider, "")
+        known = self._models.get(provider)
+        if known is None:  # not read yet: the catalog's caps, as the capacity's
+            members = self.members(provider)
+            return region_rooms(members, [member.max_in_flight for member in members])
+        return known
 
     def refresh(self, provider: str) -> int:
         """Read ``provider``'s pool now; its capacity (kept as it was if Redis does not answer)."""
@@ -228,8 +232,9 @@ class PoolCapacity:
             previous = self._read.get(provider)
             capacity = previous[0] if previous is not None else self._configured(provider)
         else:
-            capacity, below = capacities(states, self.clock())
-            rooms = region_rooms(self.members(provider), states, self.clock())
+            now = self.clock()
+            capacity, below = capacities(states, now)
+            rooms = region_rooms(self.members(provider), [s.learned_cap if s.out_until() <= now else 0 for s in states])
             self._models[provider] = ",".join(part for part in (below, rooms) if part)
         self._read[provider] = (capacity, self.clock() + self.ttl_s)
         return capacity
