@@ -2,22 +2,30 @@
 lua/lib/pins.lua): a pinned workspace's requests are granted only while its
 members have room, wait IN_QUEUE holding no provider slot otherwise, and
 their queue positions count only the requests competing for those members;
-on fakeredis and a real Redis."""
+on fakeredis and a real Redis, admitted in one step and split (a cluster's
+admission hands the pin from the workspace's step to the provider's)."""
 
 from __future__ import annotations
 
 import pytest
 
 from router_queue.catalog import Catalog
+from router_queue.services import Services
 from router_queue.requests.record import Submission
 from router_queue.states import IN_QUEUE
 from router_queue.store import keys
 from router_queue.store.members import PoolCapacity
 from tests.pool_catalogs import pool_catalog, vertex_members
 from tests.unit.fallback_support import NEW
+from tests.unit.conftest import RecordingDispatcher
 from tests.unit.support import Clock
 
 US, EU = "us-central1", "europe-west4"
+
+
+@pytest.fixture(params=["one step", "split"])
+def services(request, client, settings):
+    return Services.build(settings, client, dispatcher=RecordingDispatcher(), split=request.param == "split")
 
 
 @pytest.fixture
