@@ -1,5 +1,5 @@
 -- lib/pins.lua: region pins in the schedule (pin_group, pin_full, pin_granted,
--- pin_released, pin_slot_added, pin_slot_removed, pin_apart): a pinned
+-- pin_released, pin_waiting_group, pin_slot_added, pin_slot_removed, pin_apart): a pinned
 -- workspace's requests are granted against its members' room, not the
 -- pool's, and their queue positions count only the requests competing for
 -- those members.
@@ -109,6 +109,22 @@ local function pin_released(S, group, request_id)
   end
 end
 
+-- enqueue's part: the group a workspace already waiting waits in (from its
+-- copy "lim|ws", `copy`), kept whatever its pin's `group` is now; the record an
+-- admission wrote with its own pin's group (S.admitting) is set right when
+-- they differ, so its status reads the group it waits in.
+local function pin_waiting_group(S, request_id, copy, group)
+  local waiting_in = string.match(copy, "^[^:]*:[^:]*:(.*)$") or ""
+  if waiting_in ~= group and S.admitting == request_id then
+    if waiting_in == "" then
+      redis.call("HDEL", key_request(request_id), "pin_group")
+    else
+      redis.call("HSET", key_request(request_id), "pin_group", waiting_in)
+    end
+  end
+  return waiting_in
+end
+
 -- enqueue's part: a slot `member` tagged `tag` of a workspace waiting in `group`.
 local function pin_slot_added(base, group, tag, member)
   if group == "" then
@@ -144,11 +160,18 @@ local function apart(a, b)
   return true
 end
 
--- position()'s part: of the waiting slots ahead of slot `member` (tagged
+-- position()'s part: of the waiting slots ahead of ws's slot `member` (tagged
 -- `tag`) in the provider's order, how many belong to groups sharing no member
--- with `group`. One SMEMBERS and, per such group, a ZCOUNT (and a ZRANGE of
--- its slots of the same tag, at most PIN_TIES, ordered as :slots orders them).
-local function pin_apart(base, group, tag, member)
+-- with `group` (false: none, nothing read; nil: ws's, read from its copy).
+-- One SMEMBERS and, per such group, a ZCOUNT (and a ZRANGE of its slots of
+-- the same tag, at most PIN_TIES, ordered as :slots orders them).
+local function pin_apart(base, ws, group, tag, member)
+  if group == nil then
+    group = string.match(redis.call("HGET", base, "lim|" .. ws) or "", "^[^:]*:[^:]*:(.+)$")
+  end
+  if not group then
+    return 0
+  end
   local ahead = 0
   for _, other in ipairs(redis.call("SMEMBERS", base .. ":pins")) do
     if apart(group, other) then

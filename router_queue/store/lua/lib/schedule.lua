@@ -114,24 +114,14 @@ local function unpark(S, ws)
   end
 end
 
--- A new waiting request takes the next slot of its workspace. A workspace
--- already waiting keeps the group it waits in (lib/pins.lua): the record an
--- admission wrote with its own pin's group (S.admitting) is set right when
--- that differs.
+-- A new waiting request takes the next slot of its workspace (a workspace
+-- already waiting keeps the group it waits in: lib/pins.lua).
 local function enqueue(S, ws, request_id, seq, priority)
   local base = S.base
   local weight, cap, group = ws_limits(S, ws)
   local v = redis.call("HMGET", base, "vtime", "f|" .. ws, "lim|" .. ws)
   if v[3] then
-    local waiting_in = string.match(v[3], "^[^:]*:[^:]*:(.*)$") or ""
-    if waiting_in ~= group and S.admitting == request_id then
-      if waiting_in == "" then
-        redis.call("HDEL", key_request(request_id), "pin_group")
-      else
-        redis.call("HSET", key_request(request_id), "pin_group", waiting_in)
-      end
-    end
-    group = waiting_in
+    group = pin_waiting_group(S, request_id, v[3], group)
     S.limits[ws] = {weight, cap, group}
   end
   local tag = math.max(tonumber(v[1] or "0"), tonumber(v[2] or "0")) + math.floor(QUANTUM / weight)
@@ -398,12 +388,5 @@ local function position(base, ws, request_id, group)
   if not slot[1] then
     return granted + i
   end
-  local ahead = redis.call("ZRANK", base .. ":slots", slot[1])
-  if group == nil then
-    group = string.match(redis.call("HGET", base, "lim|" .. ws) or "", "^[^:]*:[^:]*:(.+)$")
-  end
-  if group then
-    ahead = ahead - pin_apart(base, group, slot[2], slot[1])
-  end
-  return granted + ahead
+  return granted + redis.call("ZRANK", base .. ":slots", slot[1]) - pin_apart(base, ws, group, slot[2], slot[1])
 end
