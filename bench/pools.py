@@ -7,12 +7,16 @@ with 429 (the stub's ``429_key``). A request's wait is all but its generation
 wait with one member paused against both healthy at half the pool's capacity,
 where the member left carries all of it past its capacity (queueing's floor:
 bench/README.md); ``pool_failover_wait_quarter_load``: the same at a quarter.
+``pool_failover_wait_floor`` measures that floor: the same half load on a fleet
+whose pool is the one healthy member alone, against the two healthy members.
 """
 
 import json
 import statistics
 import time
 from pathlib import Path
+
+import redis
 
 from . import core
 from .core import Context, MeasurementError, emit, log, phase
@@ -25,12 +29,12 @@ FULL_RATE = MEMBER_CAP * 2 / LATENCY_S
 LOCATIONS = ("us-central1", "europe-west4")
 
 
-def pool_catalog(directory: Path) -> Path:
+def pool_catalog(directory: Path, locations: tuple[str, ...] = LOCATIONS) -> Path:
     raw = json.loads((core.ROOT / "router_queue" / "catalog.json").read_text())
     raw["providers"]["vertexai"] = {"members": [
         {"name": location, "max_in_flight": MEMBER_CAP, "project": "bench", "location": location,
-         "credentials": {"kind": "google", "env": "VERTEXAI_ACCESS_TOKEN"}} for location in LOCATIONS]}
-    path = directory / "catalog-pool.json"
+         "credentials": {"kind": "google", "env": "VERTEXAI_ACCESS_TOKEN"}} for location in locations]}
+    path = directory / f"catalog-pool-{len(locations)}.json"
     path.write_text(json.dumps(raw, indent=2))
     return path
 
@@ -77,5 +81,15 @@ def pool_failover(ctx: Context) -> None:
         quarter = measure(fleet, 0.25)
         states = fleet.services.members.states("vertexai", fleet.services.catalog.members("vertexai"))
         log("pool_failover: " + "; ".join(f"{s.member}: sent {s.taken}, 429s {s.rate_limited}" for s in states))
+    with children.scope():
+        # queueing's floor: the member left, alone and healthy, carrying the same load
+        redis.Redis.from_url(ctx.db_url(9)).flushdb()
+        fleet = core.Fleet(children, ctx.db_url(9), caps={}, log_prefix="pool-alone-",
+                           extra_env={"CATALOG_PATH": str(pool_catalog(children.log_dir, LOCATIONS[:1]))}).start()
+        if fleet.services.catalog.max_in_flight("vertexai") != MEMBER_CAP:
+            raise MeasurementError("pool_failover: the one-member fleet's catalog is not its own")
+        alone = statistics.median(statistics.median(waits(fleet, False, FULL_RATE / 2)[0]) for _ in range(ROUNDS))
+        log(f"pool_failover: one healthy member alone at the same load: p50 wait {alone * 1000:.0f} ms")
     emit("pool_failover_wait", 1000 * half[1], "ms", 1000 * half[0])
+    emit("pool_failover_wait_floor", 1000 * alone, "ms", 1000 * half[0])
     emit("pool_failover_wait_quarter_load", 1000 * quarter[1], "ms", 1000 * quarter[0])

@@ -166,6 +166,20 @@ def capacities(states: list[MemberState], now: float) -> tuple[int, str]:
     return total, ",".join(below)
 
 
+def region_rooms(members: tuple[Member, ...], serving: list[int]) -> str:
+    """Each region's room for the schedule's region pins (``lib/pins.lua``):
+    "@region=n" per region a member runs in, "@*=n" for the members marked
+    ``any_region``, n the caps of those serving now (``serving``, a cap per
+    member: 0 while it is paused or out); "" when no member names a region or
+    serves any (a pin then has no member here, and the worker ends its requests)."""
+    rooms: dict[str, int] = {}
+    for member, cap in zip(members, serving, strict=True):
+        place = "*" if member.any_region else member.region  # (one that serves any pin counts once)
+        if place:
+            rooms[place] = rooms.get(place, 0) + cap
+    return ",".join(f"@{place}={room}" for place, room in sorted(rooms.items()))
+
+
 class PoolCapacity:
     """How many generations the provider's schedule may grant now: its
     members' learned caps summed, a paused or taken-out member's left out, so
@@ -198,10 +212,15 @@ class PoolCapacity:
         return cached[0] if cached is not None else self._configured(provider)
 
     def model_caps(self, provider: str) -> str:
-        """The models whose capacity is below the pool's now ("model=cap,...",
-        "" when none: the schedule's grants then read nothing more), as last read."""
+        """The models whose capacity is below the pool's now ("model=cap,...")
+        and each region's room ("@region=cap,...": :func:`region_rooms`), as
+        last read; "" when neither (the schedule's grants then read nothing more)."""
         self(provider)
-        return self._models.get(provider, "")
+        known = self._models.get(provider)
+        if known is None:  # not read yet: the catalog's caps, as the capacity's
+            members = self.members(provider)
+            return region_rooms(members, [member.max_in_flight for member in members])
+        return known
 
     def refresh(self, provider: str) -> int:
         """Read ``provider``'s pool now; its capacity (kept as it was if Redis does not answer)."""
@@ -213,7 +232,10 @@ class PoolCapacity:
             previous = self._read.get(provider)
             capacity = previous[0] if previous is not None else self._configured(provider)
         else:
-            capacity, self._models[provider] = capacities(states, self.clock())
+            now = self.clock()
+            capacity, below = capacities(states, now)
+            rooms = region_rooms(self.members(provider), [s.learned_cap if s.out_until() <= now else 0 for s in states])
+            self._models[provider] = ",".join(part for part in (below, rooms) if part)
         self._read[provider] = (capacity, self.clock() + self.ttl_s)
         return capacity
 

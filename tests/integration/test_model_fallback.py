@@ -90,6 +90,39 @@ def by_location(running: RunningStack) -> dict[str, int]:
             if key.startswith("vertex_generate:")}
 
 
+def test_a_pinned_workspace_waits_in_the_queue_for_its_members(pooled: RunningStack) -> None:
+    """Pinned to europe-west4 (4 slots): of six 3 s requests, four take its
+    slots and two wait IN_QUEUE, holding no provider slot, at positions 0 and
+    1, while an unpinned workspace's requests run at once in us-central1.
+    Before the schedule knew pins, all six were granted (the pool has 8): two
+    waited IN_PROGRESS in the worker, on slots the unpinned ones needed."""
+    members = pooled.services.catalog.members("vertexai")
+
+    def settled() -> bool:  # the earlier tests' 429s: learned caps grown back, no pause left
+        return all(s.learned_cap == 4 and s.out_until(OLD) <= time.time()
+                   for s in read_states(pooled.services.redis, "vertexai", members))
+    wait_for(settled, timeout_s=30, what="both members back to 4 slots")
+    with pooled.caller("pin-queue") as pinned, pooled.caller("pin-free") as free:
+        assert pooled.services.regions is not None
+        pooled.services.regions.set(pinned.workspace, ("europe-west4",))
+        try:
+            before = by_location(pooled)
+            ids = [pinned.submit_ok(OLD, gemini(unique_prompt("pin queue", "[stub:latency=3]"))) for _ in range(6)]
+            wait_for(lambda: [pinned.status_body(OLD, i)["status"] for i in ids[:4]] == ["IN_PROGRESS"] * 4,
+                     timeout_s=10, what="europe-west4's four slots taken")
+            waiting = [pinned.status_body(OLD, i) for i in ids[4:]]
+            assert [(b["status"], b["queue_position"]) for b in waiting] == [("IN_QUEUE", 0), ("IN_QUEUE", 1)]
+            others = [free.submit_ok(OLD, gemini(unique_prompt("pin free", "[stub:latency=0.2]"))) for _ in range(4)]
+            for request_id in others:
+                assert free.wait_status(OLD, request_id, timeout_s=20).get("error_type") is None
+            for request_id in ids:
+                assert pinned.wait_status(OLD, request_id, timeout_s=30).get("error_type") is None
+            during = {loc: n - before.get(loc, 0) for loc, n in by_location(pooled).items()}
+            assert during == {"us-central1": len(others), "europe-west4": len(ids)}, during
+        finally:
+            pooled.services.regions.set(pinned.workspace, ())
+
+
 def test_a_pinned_workspace_never_touches_an_out_of_region_member(pooled: RunningStack) -> None:
     """Pinned to europe-west4 (``workspace set-regions``): its requests, a
     fallback's included, run there alone, and wait while it answers 429;

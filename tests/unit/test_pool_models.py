@@ -76,12 +76,13 @@ def test_a_request_passed_over_for_its_models_pause_keeps_its_turn(pool, workspa
 
 
 def test_with_no_model_paused_the_grant_reads_nothing_more(pool, workspace):
-    """The common case: the cap passed alone, the fast path as before."""
-    assert pool.store._granting("vertexai", 0.0)[2] == 4
+    """The common case: the cap passed with the regions' rooms alone (no model
+    below it), the fast path as before."""
+    assert pool.store._granting("vertexai", 0.0)[2] == "4;@europe-west4=2,@us-central1=2"
     request_id = submit(pool, workspace)
     assert granted(pool) == [request_id]
     pause_everywhere(pool, OLD)
-    assert pool.store._granting("vertexai", 0.0)[2] == f"2;{OLD}=0"
+    assert pool.store._granting("vertexai", 0.0)[2] == f"2;{OLD}=0,@europe-west4=1,@us-central1=1"
     direct = pool.store.admit(Submission(request_id=pool.ids.mint(workspace, NEW), workspace=workspace, model=NEW,
                                          provider="vertexai", body="{}"))
     assert direct.position == 1 and len(granted(pool)) == 2  # its model has room: granted in its admission

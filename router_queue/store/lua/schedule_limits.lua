@@ -10,8 +10,11 @@
 -- returns 1 when the schedule held a copy (now updated), else 0
 
 local field = "lim|" .. ARGV[ARG_WORKSPACE]
-if redis.call("HEXISTS", KEYS[1], field) == 0 then
+local copy = redis.call("HGET", KEYS[1], field)
+if not copy then
   return 0
 end
-redis.call("HSET", KEYS[1], field, ARGV[ARG_LIMITS])
+-- the group its pin waits in stays while it waits (lib/pins.lua)
+local group = string.match(copy, "^[^:]*:[^:]*(:.+)$") or ""
+redis.call("HSET", KEYS[1], field, ARGV[ARG_LIMITS] .. group)
 return 1

@@ -1,7 +1,7 @@
 -- lib/admission.lua: admission's parts (admission_opening, admission_source,
 -- admission_checks, reserve_admission, place_admission), which admit.lua,
 -- admit_ws.lua and admit_place.lua put together.
--- requires: util, ledger, body, schedule, history, budget
+-- requires: util, ledger, body, schedule, pins, history, budget
 
 -- ---------------------------------------------------------------------------
 -- Admission: admit.lua in one step; on a store split into per-slot steps,
@@ -96,7 +96,7 @@ local function admission_checks(K, bytes)
   local names = {"queue_enabled", "queued", "max_queued", "credits", "held", "webhook_url",
     "webhook_secret", "queued_bytes", "max_queued_bytes", "webhooks_pending", "max_pending_webhooks",
     "webhook_events", "weight", "max_in_flight", "history_until", "history_until|" .. ARGV[ARG_MODEL],
-    "stored_bytes", "max_stored_bytes"}
+    "stored_bytes", "max_stored_bytes", "regions"}
   local price = tonumber(ARGV[ARG_PRICE])
   -- a priced request's budgets (lib/budget.lua), in the same read
   local scopes = price > 0 and budget_names(names, ARGV[ARG_KEY_ID]) or nil
@@ -144,7 +144,7 @@ local function admission_checks(K, bytes)
   if scopes then
     -- its hold within every budget of the workspace and of the caller's key
     -- for the period now, else refused (a full budget's 100 % alert owed)
-    local plan, refusal, spent = budget_check(scopes, ws, 19, price, ARGV[ARG_NOW])
+    local plan, refusal, spent = budget_check(scopes, ws, 20, price, ARGV[ARG_NOW])
     if not plan then
       budget_refused(K.ws, spent)
       return nil, refusal
@@ -160,14 +160,14 @@ end
 -- its ledger entry, the history's entries, the idempotency reservation. Returns
 -- what the provider's part records (R): webhook (the URL, or false), events
 -- (the events chosen, if not only "completed"), idem (the key's hash), open,
--- limits (the workspace's weight and max_in_flight, limits_of).
+-- limits (the workspace's weight and max_in_flight, limits_of), regions (its pin, if any).
 local function reserve_admission(K, ws, bytes)
   local price = tonumber(ARGV[ARG_PRICE])
   local webhook = ARGV[ARG_WEBHOOK_URL] ~= "" and ARGV[ARG_WEBHOOK_URL] or ws[6]
   if webhook == "" then
     webhook = false
   end
-  local R = {webhook = webhook, limits = limits_of(ws[13], ws[14])}
+  local R = {webhook = webhook, limits = limits_of(ws[13], ws[14]), regions = ws[19] or nil}
   local counts = {"queued", tonumber(ws[2] or "0") + 1, "queued_bytes", tonumber(ws[8] or "0") + bytes}
   if price > 0 then
     local held = tonumber(ws[5] or "0") + price
@@ -255,7 +255,7 @@ local function place_admission(K, src, R)
   end
   local S = sched_ctx(K.sched, K.running, K.list, ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL],
     ARGV[ARG_TEMPLATE], ARGV[ARG_LOW_HEADROOM_PCT])
-  S.limits[ARGV[ARG_WORKSPACE]] = R.limits
+  S.limits[ARGV[ARG_WORKSPACE]] = {R.limits[1], R.limits[2], pin_group(S, R.regions)}
   -- Nobody waiting ahead and a slot free: granted at once (grant_directly),
   -- its granted_at written with the record.
   local granted, rank = grant_directly(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID], record, ARGV[ARG_PRIORITY])

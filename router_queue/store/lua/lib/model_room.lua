@@ -21,17 +21,29 @@
 --: How many of a workspace's first requests a grant asks about while a model is paused.
 local MODEL_LOOKAHEAD = 8
 
--- The pool's cap, and the models below it ({model = cap}), or nil when none is.
+-- The pool's cap, the models below it ({model = cap}, or nil when none is),
+-- and each region's room ({region = cap}, "@region=cap" entries: lib/pins.lua;
+-- nil when the pool names no regions).
 local function cap_of(arg)
   local total, below = string.match(tostring(arg), "^([^;]*);(.*)$")
   if not total then
-    return tonumber(arg), nil
+    return tonumber(arg), nil, nil
   end
-  local caps = {}
-  for model, cap in string.gmatch(below, "([^,=]+)=(%-?%d+)") do
-    caps[model] = tonumber(cap)
+  local caps, regions = {}, {}
+  for name, cap in string.gmatch(below, "([^,=]+)=(%-?%d+)") do
+    if string.sub(name, 1, 1) == "@" then
+      regions[string.sub(name, 2)] = tonumber(cap)
+    else
+      caps[name] = tonumber(cap)
+    end
   end
-  return tonumber(total), next(caps) and caps or nil
+  return tonumber(total), next(caps) and caps or nil, next(regions) and regions or nil
+end
+
+-- Leave workspace `ws` for this grant: it keeps its tag, and first_head passes it over.
+local function pass_over(S, ws)
+  S.blocked = S.blocked or {}
+  S.blocked[ws] = true
 end
 
 -- The heads in tag order, passing over the workspaces left for this step:
@@ -94,8 +106,7 @@ local function room_in(S, ws, in_flight, urgent_only)
       return true
     end
   end
-  S.blocked = S.blocked or {}
-  S.blocked[ws] = true
+  pass_over(S, ws)
   return false
 end
 

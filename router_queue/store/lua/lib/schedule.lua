@@ -1,6 +1,6 @@
 -- lib/schedule.lua: the fair schedule behind each provider's cap (enqueue, grant,
 -- grant_directly, release_slot, position).
--- requires: util, model_room, reserve
+-- requires: util, model_room, reserve, pins
 
 -- ---------------------------------------------------------------------------
 -- The schedule behind a provider's cap (keys.py, "P:sched:{provider}").
@@ -32,7 +32,8 @@
 -- (lib/reserve.lua): one ZRANGE too. So every step here is O(log n) a slot.
 --
 -- S, the scheduler's context: base ("P:sched:{provider}"), running
--- (P:running:{provider}), cap (model_caps: lib/model_room.lua), now, grant_until (lease of a grant not yet
+-- (P:running:{provider}), cap (model_caps: lib/model_room.lua; region_caps:
+-- lib/pins.lua), now, grant_until (lease of a grant not yet
 -- claimed: the reaper publishes it again after that), list (the broker's
 -- list for the provider) and template (its Celery message with RQTPLREQ,
 -- RQTPLTASK and RQTPLTAG standing for the request id, task id and delivery
@@ -50,19 +51,21 @@ local function workspace_of_slot(member)
 end
 
 local function sched_ctx(base, running, list, cap_arg, now, grant_until, template, headroom_pct)
-  local cap, model_caps = cap_of(cap_arg)
+  local cap, model_caps, region_caps = cap_of(cap_arg)
   return {base = base, running = running, list = list, cap = cap, now = now, grant_until = grant_until,
-          template = template, limits = {}, low_reserve = low_reserve_of(cap, headroom_pct), model_caps = model_caps}
+          template = template, limits = {}, low_reserve = low_reserve_of(cap, headroom_pct), model_caps = model_caps,
+          region_caps = region_caps}
 end
 
--- A workspace's weight (>= 1) and its own cap on requests in flight per
--- provider (0: none), from its hash's "weight" and "max_in_flight" (v1, v2:
--- strings, or false when absent).
-local function limits_of(v1, v2)
-  return {math.max(tonumber(v1 or "1") or 1, 1), tonumber(v2 or "0") or 0}
+-- A workspace's weight (>= 1), its own cap on requests in flight per
+-- provider (0: none) and its pin's group (lib/pins.lua; "" for none), from
+-- its hash's "weight" and "max_in_flight" (v1, v2: strings, or false when
+-- absent) and the group.
+local function limits_of(v1, v2, group)
+  return {math.max(tonumber(v1 or "1") or 1, 1), tonumber(v2 or "0") or 0, group or ""}
 end
 
--- The workspace's weight and its own cap (limits_of), read once per script.
+-- The workspace's weight, its own cap and its group (limits_of), read once per script.
 -- A caller that read them from the workspace's hash puts them in S.limits
 -- first (admit.lua); any other step reads the copy the schedule keeps while
 -- the workspace has requests waiting ("lim|ws", written by enqueue from
@@ -74,14 +77,14 @@ local function ws_limits(S, ws)
   if not known then
     local copy = redis.call("HGET", S.base, "lim|" .. ws)
     if copy then
-      known = limits_of(string.match(copy, "^([^:]*):(.*)$"))
+      known = limits_of(string.match(copy, "^([^:]*):([^:]*):?(.*)$"))
     else
-      local v = redis.call("HMGET", key_workspace(ws), "weight", "max_in_flight")
-      known = limits_of(v[1], v[2])
+      local v = redis.call("HMGET", key_workspace(ws), "weight", "max_in_flight", "regions")
+      known = limits_of(v[1], v[2], pin_group(S, v[3]))
     end
     S.limits[ws] = known
   end
-  return known[1], known[2]
+  return known[1], known[2], known[3]
 end
 
 -- The workspace's first slot, as a {member, tag} pair, or nil when it has none.
@@ -111,14 +114,20 @@ local function unpark(S, ws)
   end
 end
 
--- A new waiting request takes the next slot of its workspace.
+-- A new waiting request takes the next slot of its workspace. A workspace
+-- already waiting keeps the group it waits in (lib/pins.lua).
 local function enqueue(S, ws, request_id, seq, priority)
   local base = S.base
-  local weight, cap = ws_limits(S, ws)
-  local v = redis.call("HMGET", base, "vtime", "f|" .. ws)
+  local weight, cap, group = ws_limits(S, ws)
+  local v = redis.call("HMGET", base, "vtime", "f|" .. ws, "lim|" .. ws)
+  if v[3] then
+    group = string.match(v[3], "^[^:]*:[^:]*:(.*)$") or ""
+    S.limits[ws] = {weight, cap, group}
+  end
   local tag = math.max(tonumber(v[1] or "0"), tonumber(v[2] or "0")) + math.floor(QUANTUM / weight)
   local member = string.format("%015d|", redis.call("HINCRBY", base, "slotseq", 1)) .. ws
-  redis.call("HSET", base, "f|" .. ws, num(tag), "lim|" .. ws, weight .. ":" .. cap)
+  redis.call("HSET", base, "f|" .. ws, num(tag), "lim|" .. ws, weight .. ":" .. cap .. (group ~= "" and ":" .. group or ""))
+  pin_slot_added(base, group, num(tag), member)
   redis.call("ZADD", base .. ":slots", num(tag), member)
   redis.call("ZADD", base .. ":wslots:" .. ws, num(tag), member)
   local head = nil
@@ -157,6 +166,7 @@ local function dequeue_waiting(S, ws, request_id)
   local last = redis.call("ZPOPMAX", wslots)
   if #last > 0 then
     redis.call("ZREM", S.base .. ":slots", last[1])
+    pin_slot_removed(S.base, select(3, ws_limits(S, ws)), last[1])
     redis.call("ZREM", S.base .. ":heads", last[1])  -- it was the head only when it was the only slot
     local now_last = redis.call("ZRANGE", wslots, -1, -1, "WITHSCORES")
     if #now_last > 0 then
@@ -179,7 +189,10 @@ local function release_slot(S, ws, request_id, started)
   if not started then
     redis.call("ZREM", S.base .. ":granted", request_id)
   end
-  local counts = redis.call("HMGET", S.base, "run|" .. ws, "parked|" .. ws)
+  local counts = redis.call("HMGET", S.base, "run|" .. ws, "parked|" .. ws, "pinof|" .. request_id)
+  if counts[3] then
+    pin_released(S, counts[3], request_id)
+  end
   local left = tonumber(counts[1] or "0") - 1
   if left <= 0 then
     redis.call("HDEL", S.base, "run|" .. ws)
@@ -220,6 +233,7 @@ local function give_slot(S, ws, request_id, granted, record)
   local added = redis.call("ZADD", S.running, S.grant_until, request_id)
   redis.call("ZADD", base .. ":granted", n, request_id)
   redis.call("HINCRBY", base, "run|" .. ws, 1)
+  pin_granted(S, select(3, ws_limits(S, ws)), request_id)
   if S.template ~= "" then
     local task = request_id .. "." .. n
     local message = string.gsub(string.gsub(string.gsub(S.template, "RQTPLREQ", request_id),
@@ -263,13 +277,16 @@ local function grant(S)
     end
     local member, tag = head[1], tonumber(head[2])
     local ws = workspace_of_slot(member)
-    local _, limit = ws_limits(S, ws)
+    local _, limit, group = ws_limits(S, ws)
     if limit > 0 and tonumber(redis.call("HGET", base, "run|" .. ws) or "0") >= limit then
       park(S, ws)
+    elseif pin_full(S, group) then
+      pass_over(S, ws)  -- its members are full: it waits, holding no slot (lib/pins.lua)
     elseif room_in(S, ws, in_flight, in_flight >= S.cap - S.low_reserve) then  -- else left for this step
       redis.call("ZREM", heads, member)
       redis.call("ZREM", base .. ":slots", member)
       redis.call("ZREM", base .. ":wslots:" .. ws, member)
+      pin_slot_removed(base, group, member)
       local next_head = first_slot(S, ws)
       if next_head then
         redis.call("ZADD", heads, next_head[2], next_head[1])
@@ -324,10 +341,10 @@ end
 -- it did), for the grant() that follows in the same step.
 local function grant_directly(S, ws, request_id, record, priority)
   local in_flight = redis.call("ZCARD", S.running)
-  local _, limit = ws_limits(S, ws)
+  local _, limit, group = ws_limits(S, ws)
   local free = S.cap - (priority == "low" and S.low_reserve or 0)
   if in_flight >= free or in_flight >= room_for(S, record) or redis.call("ZCARD", S.base .. ":depths") > 0
-      or (limit > 0 and tonumber(redis.call("HGET", S.base, "run|" .. ws) or "0") >= limit) then
+      or pin_full(S, group) or (limit > 0 and tonumber(redis.call("HGET", S.base, "run|" .. ws) or "0") >= limit) then
     S.in_flight = in_flight
     return nil
   end
@@ -351,6 +368,10 @@ end
 -- own positions are a lower bound, and those behind its slots an upper one
 -- (as are positions when low work is passed over for the reserve: reserve_pick).
 -- Each step is a ZRANK, ZRANGE by index or ZCARD: O(log n) at any depth.
+-- A pinned workspace's waiting request leaves out the slots ahead of it of
+-- groups sharing none of its members (lib/pins.lua, pin_apart): they wait for
+-- other members, so they do not start before it. Granted requests count
+-- whatever their group: fewer than the pool's cap, each about to start.
 local function position(base, ws, request_id)
   local granted_rank = redis.call("ZRANK", base .. ":granted", request_id)
   if granted_rank then
@@ -361,6 +382,14 @@ local function position(base, ws, request_id)
     return false
   end
   local granted = redis.call("ZCARD", base .. ":granted")
-  local slot = redis.call("ZRANGE", base .. ":wslots:" .. ws, i, i)
-  return granted + (slot[1] and redis.call("ZRANK", base .. ":slots", slot[1]) or i)
+  local slot = redis.call("ZRANGE", base .. ":wslots:" .. ws, i, i, "WITHSCORES")
+  if not slot[1] then
+    return granted + i
+  end
+  local ahead = redis.call("ZRANK", base .. ":slots", slot[1])
+  local group = string.match(redis.call("HGET", base, "lim|" .. ws) or "", "^[^:]*:[^:]*:(.+)$")
+  if group then
+    ahead = ahead - pin_apart(base, group, slot[2], slot[1])
+  end
+  return granted + ahead
 end
