@@ -149,6 +149,9 @@ FIELDS: tuple[Field, ...] = (
     # the price of the model it runs on, kept only when it differs from its hold (the dearest model it
     # named): the path model's at admission, the model it turned to after (lib/ledger.lua, settle)
     Field("model_price", OPTIONAL_INT, admitted=True),
+    # the group of regions its workspace's pin waits in (lib/pins.lua), while that is one: its
+    # position counts only the requests competing for those members (status.lua hands it to position)
+    Field("pin_group", OPTIONAL_TEXT),
     Field("model_ran", OPTIONAL_TEXT, status=LISTED, doc=(
         "the model it runs on (provider/model) once its own model's pool kept it waiting past "
         "FALLBACK_AFTER_SECONDS and it fell back to one it named in X-Comfy-Fallback-Models; absent otherwise")),
@@ -271,6 +274,8 @@ class RequestRecord:
     fallback_models: str | None = None
     #: Its model's price, when less than its hold (a dearer fallback named); None otherwise.
     model_price: int | None = None
+    #: The group of regions its pinned workspace waits in (``lib/pins.lua``); None when not pinned.
+    pin_group: str | None = None
     #: The model it fell back to, and the models it left ({model, member, error_type} each).
     model_ran: str | None = None
     tried: list[dict[str, Any]] | None = None

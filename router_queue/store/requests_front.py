@@ -37,13 +37,14 @@ SPEND_RATE_TIMEOUT_S = 0.5
 #: Seconds by which Redis's clock may lag the front door's without a late
 #: write slipping past its deadline (see ``RequestStore._deadline``).
 CLOCK_ALLOWANCE_S = 0.2
-#: status.lua's ARGV by name: the request's id, where "workspace" and
-#: "status" are among the fields it reads (1-based, as Lua counts), how many
-#: fields; the fields follow (its ARG_REST), then the rate windows' pairs.
-STATUS_ARGS = ("id", "at_workspace", "at_status", "nfields")
+#: status.lua's ARGV by name: the request's id, where "workspace", "status"
+#: and "pin_group" are among the fields it reads (1-based, as Lua counts), how
+#: many fields; the fields follow (its ARG_REST), then the rate windows' pairs.
+STATUS_ARGS = ("id", "at_workspace", "at_status", "at_pin_group", "nfields")
 #: status.lua's ARGV after the id (``STATUS_ARGS``' others, then the fields), built once: a
 #: status poll is the hottest call.
-_STATUS_FIELD_ARGS = (_FIELDS.index("workspace") + 1, _FIELDS.index("status") + 1, len(_FIELDS), *_FIELDS)
+_STATUS_FIELD_ARGS = (_FIELDS.index("workspace") + 1, _FIELDS.index("status") + 1, _FIELDS.index("pin_group") + 1,
+                      len(_FIELDS), *_FIELDS)
 #: A history page examines at most this many history entries per entry it may
 #: list: a filter on status or error_type that matches little answers a
 #: short page and a cursor rather than reading the whole history.

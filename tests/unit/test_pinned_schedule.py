@@ -10,14 +10,14 @@ from __future__ import annotations
 import pytest
 
 from router_queue.catalog import Catalog
-from router_queue.services import Services
 from router_queue.requests.record import Submission
+from router_queue.services import Services
 from router_queue.states import IN_QUEUE
 from router_queue.store import keys
 from router_queue.store.members import PoolCapacity
 from tests.pool_catalogs import pool_catalog, vertex_members
-from tests.unit.fallback_support import NEW
 from tests.unit.conftest import RecordingDispatcher
+from tests.unit.fallback_support import NEW
 from tests.unit.support import Clock
 
 US, EU = "us-central1", "europe-west4"
@@ -137,3 +137,15 @@ def test_a_pin_changed_while_waiting_reaches_the_schedule_once_it_waits_no_more(
     later = [submit(pool, eu) for _ in range(2)]  # unpinned now: the pool's other two slots
     assert granted(pool) == [waiting, also, *later]
     assert submit(pool, free) not in granted(pool)
+
+
+def test_a_request_joining_its_workspaces_wait_counts_that_groups_competitors(pool, workspaces):
+    eu, us, free = workspaces
+    for _ in range(4):
+        submit(pool, free)  # the pool's cap: every later one waits
+    us_waiting = [submit(pool, us) for _ in range(2)]
+    first = submit(pool, eu)
+    pool.regions.set(eu, ())  # unpinned while its request waits pinned to Europe
+    joined = submit(pool, eu)
+    # the provider's order: us[0], first, us[1], joined; the last waits in Europe's group as its workspace does
+    assert [position(pool, i) for i in (*us_waiting, first, joined)] == [4, 5, 4, 5]

@@ -17,7 +17,8 @@
 -- it is not COMPLETED (it is for Retry-After, which a finished request is
 -- not sent: web/pacing.py). A missing record reads neither.
 
-local at_ws, at_status = tonumber(ARGV[ARG_AT_WORKSPACE]), tonumber(ARGV[ARG_AT_STATUS])
+local at_ws, at_status, at_pin = tonumber(ARGV[ARG_AT_WORKSPACE]), tonumber(ARGV[ARG_AT_STATUS]),
+  tonumber(ARGV[ARG_AT_PIN_GROUP])
 local nfields = tonumber(ARGV[ARG_NFIELDS])
 local spent = spend_rate(4, ARG_REST + nfields)
 if spent then
@@ -30,7 +31,7 @@ if status == "COMPLETED" then
   ttl = redis.call("TTL", KEYS[1])
 elseif status then
   if status == "IN_QUEUE" then
-    rank = position(KEYS[2], values[at_ws], ARGV[ARG_ID])
+    rank = position(KEYS[2], values[at_ws], ARGV[ARG_ID], values[at_pin])
   end
   pace = redis.call("HMGET", KEYS[3], "avg_run_s", "avg_gap_s")
 end

@@ -255,7 +255,12 @@ local function place_admission(K, src, R)
   end
   local S = sched_ctx(K.sched, K.running, K.list, ARGV[ARG_CAP], ARGV[ARG_NOW], ARGV[ARG_GRANT_UNTIL],
     ARGV[ARG_TEMPLATE], ARGV[ARG_LOW_HEADROOM_PCT])
-  S.limits[ARGV[ARG_WORKSPACE]] = {R.limits[1], R.limits[2], pin_group(S, R.regions)}
+  local group = pin_group(S, R.regions)
+  S.limits[ARGV[ARG_WORKSPACE]] = {R.limits[1], R.limits[2], group}
+  if group ~= "" then
+    append(record, "pin_group", group)  -- its position's competitors (status.lua)
+  end
+  S.admitting = ARGV[ARG_ID]  -- (enqueue sets the record right when its workspace waits in another group)
   -- Nobody waiting ahead and a slot free: granted at once (grant_directly),
   -- its granted_at written with the record.
   local granted, rank = grant_directly(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID], record, ARGV[ARG_PRIORITY])
@@ -264,7 +269,8 @@ local function place_admission(K, src, R)
   if not granted then
     enqueue(S, ARGV[ARG_WORKSPACE], ARGV[ARG_ID], seq, ARGV[ARG_PRIORITY])
     granted = grant(S)
-    rank = position(S.base, ARGV[ARG_WORKSPACE], ARGV[ARG_ID])
+    local waiting_in = S.limits[ARGV[ARG_WORKSPACE]][3]
+    rank = position(S.base, ARGV[ARG_WORKSPACE], ARGV[ARG_ID], waiting_in ~= "" and waiting_in)
   end
   local reply = with_granted("ADMITTED", granted)
   table.insert(reply, 2, ARGV[ARG_ID])

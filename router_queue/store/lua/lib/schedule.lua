@@ -115,13 +115,23 @@ local function unpark(S, ws)
 end
 
 -- A new waiting request takes the next slot of its workspace. A workspace
--- already waiting keeps the group it waits in (lib/pins.lua).
+-- already waiting keeps the group it waits in (lib/pins.lua): the record an
+-- admission wrote with its own pin's group (S.admitting) is set right when
+-- that differs.
 local function enqueue(S, ws, request_id, seq, priority)
   local base = S.base
   local weight, cap, group = ws_limits(S, ws)
   local v = redis.call("HMGET", base, "vtime", "f|" .. ws, "lim|" .. ws)
   if v[3] then
-    group = string.match(v[3], "^[^:]*:[^:]*:(.*)$") or ""
+    local waiting_in = string.match(v[3], "^[^:]*:[^:]*:(.*)$") or ""
+    if waiting_in ~= group and S.admitting == request_id then
+      if waiting_in == "" then
+        redis.call("HDEL", key_request(request_id), "pin_group")
+      else
+        redis.call("HSET", key_request(request_id), "pin_group", waiting_in)
+      end
+    end
+    group = waiting_in
     S.limits[ws] = {weight, cap, group}
   end
   local tag = math.max(tonumber(v[1] or "0"), tonumber(v[2] or "0")) + math.floor(QUANTUM / weight)
@@ -372,7 +382,9 @@ end
 -- groups sharing none of its members (lib/pins.lua, pin_apart): they wait for
 -- other members, so they do not start before it. Granted requests count
 -- whatever their group: fewer than the pool's cap, each about to start.
-local function position(base, ws, request_id)
+-- `group`: the record's pin_group (false: none), when the caller read it
+-- (status.lua); nil: read from the workspace's copy ("lim|ws").
+local function position(base, ws, request_id, group)
   local granted_rank = redis.call("ZRANK", base .. ":granted", request_id)
   if granted_rank then
     return granted_rank
@@ -387,7 +399,9 @@ local function position(base, ws, request_id)
     return granted + i
   end
   local ahead = redis.call("ZRANK", base .. ":slots", slot[1])
-  local group = string.match(redis.call("HGET", base, "lim|" .. ws) or "", "^[^:]*:[^:]*:(.+)$")
+  if group == nil then
+    group = string.match(redis.call("HGET", base, "lim|" .. ws) or "", "^[^:]*:[^:]*:(.+)$")
+  end
   if group then
     ahead = ahead - pin_apart(base, group, slot[2], slot[1])
   end
