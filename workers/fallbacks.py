@@ -48,7 +48,7 @@ def _trouble(services: Services, record: RequestRecord, entry: ModelEntry, membe
     if not upcoming or services.model_fallback is None:
         return None
     following = services.catalog.by_id(upcoming)  # its price is what the request is charged once it turns
-    turn = services.model_fallback.trouble(record, entry.id, member, error_type,
+    turn = services.model_fallback.trouble(record, entry.id, upcoming, member, error_type,
                                            next_price=following.price_credits if following else None)
     if turn.model and turn.model != entry.id:
         log.warning("request %s: %s could not run it for %.0f s; it falls back to %s", record.id, entry.id,

@@ -12,6 +12,7 @@ from ..requests.outcomes import Cancel
 from ..settings import without_password
 from ..states import COMPLETED, IN_PROGRESS, IN_QUEUE
 from ..store.migrate import legacy_keys_present, migrate, seal_webhook_secrets
+from ..store.migrate_data import urgent_heads
 from ..store.webhooks import FailingEndpoint
 from ..urls import origin
 from ..web.operations import recent_failures, summary
@@ -203,7 +204,8 @@ def migrate_keys(drop_version_8: bool) -> None:
     one tag for everything) to today's, a hash tag per family, and rewrite
     what an earlier version wrote in a shape only it read (its shared
     draining and webhook due sets, costs not yet kept), with every process of
-    the service stopped; requests minted before ids carried their provider's
+    the service stopped, and rebuild each schedule's urgent heads (which
+    workspaces may take the slots kept from low work); requests minted before ids carried their provider's
     code (version 8) are no longer read: counted, and deleted with
     --drop-version-8. Then seal the webhook secrets with the newest
     WEBHOOK_SECRETS_KEY (plaintext ones, and those of an older key: safe
@@ -221,6 +223,9 @@ def migrate_keys(drop_version_8: bool) -> None:
                "an earlier version wrote")
     if rewritten.opened is not None:
         click.echo(f"opened {rewritten.opened} requests admitted before the store was split")
+    providers = services.catalog.providers()
+    click.echo(f"rebuilt the urgent heads of {len(providers)} providers' schedules: "
+               f"{urgent_heads(services.redis, providers)} workspaces may take a slot kept from low work")
     box = services.accounts.box
     if box is None:
         click.echo("WEBHOOK_SECRETS_KEY is not set: webhook secrets left as they are (plaintext)", err=True)

@@ -4,10 +4,11 @@ stopped): the shared draining set becomes the schedules' marks; the shared
 webhook due set's events move to their providers' own, naming it; records and
 events from before costs were kept are given their cost; on a store to be
 served split, each request admitted before gets its open entry. Each step
-finds nothing left on a second run. Requests minted before ids carried their
-provider's code (version 8) are no longer read: counted, and deleted only when
-asked (:func:`version_8`); while any is left the layout marker is not written
-and a process refuses the store (``epoch.py``). In full: ``docs/ARCHITECTURE.md``.
+finds nothing left on a second run. What an earlier version did not keep is
+rebuilt: each schedule's ``:uheads`` (safe while the service runs). Requests
+minted before ids carried their provider's code (version 8) are no longer
+read: counted, and deleted only when asked (:func:`version_8`); while any is
+left the layout marker is not written and a process refuses the store (``epoch.py``).
 """
 
 from __future__ import annotations
@@ -15,13 +16,14 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import redis
 from redis.cluster import RedisCluster
 
 from ..states import COMPLETED, IN_QUEUE
 from . import keys
+from .scripts import load_script
 
 #: Where an earlier version marked the draining providers (a set).
 OLD_DRAINING = f"{keys.PREFIX}:draining"
@@ -129,6 +131,15 @@ def open_requests(client: redis.Redis, batch: int = 1000) -> int:
     owing: dict[str, str] = {}
     _scan(client, OWED, batch, lambda key: _mark_owed(client, key, owing))
     return _scan(client, RECORDS, batch, lambda key: _open(client, key, owing))
+
+
+def urgent_heads(client: redis.Redis, providers: Iterable[str]) -> int:
+    """Each provider's ``:uheads`` rebuilt from its ``:heads`` (``uheads_rebuild.lua``,
+    one step a provider): a workspace whose request that is not low waited
+    from before they were kept takes the reserve now, not at its next change.
+    Returns how many heads they hold in all."""
+    rebuild = load_script(client, "uheads_rebuild")
+    return sum(int(rebuild(keys=[keys.schedule(provider)])) for provider in providers)
 
 
 def _adopt_draining(client: redis.Redis) -> int:

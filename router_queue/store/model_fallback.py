@@ -53,12 +53,13 @@ class ModelFallback:
         self.clock = clock
         self._turn = load_script(client, "fallback_turn", TURN_ARGS)
 
-    def trouble(self, record: RequestRecord, current: str, member: str = "", error_type: str = "", *,
-                next_price: int | None = None) -> Turn:
+    def trouble(self, record: RequestRecord, current: str, upcoming: str, member: str = "", error_type: str = "",
+                *, next_price: int | None = None) -> Turn:
         """``record``'s model ``current`` could not run (``member`` and
         ``error_type`` say why, "" when its pool had no member to give).
-        ``next_price``: the next model's, which a turn makes its price."""
-        upcoming = next_model(record, current)
+        ``upcoming``: the model a turn names, the caller's
+        :func:`next_model`; ``next_price``: its price, which a turn makes
+        the request's."""
         reply = self._turn(keys=[keys.request(record.id)],
                            args=argv(TURN_ARGS, now=repr(self.clock()), after=repr(self.after_s), model=current,
                                      next=upcoming, next_price="" if next_price is None else next_price, member=member,

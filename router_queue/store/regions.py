@@ -18,13 +18,14 @@ from typing import Callable
 
 import redis
 
+from ..ttl_cache import TtlCache
 from . import keys
 from .scripts import argv, load_script
 
 SET_ARGS = ("regions",)
 #: A region's name, as clouds spell them (us-central1, europe-west4, eu).
 REGION = re.compile(r"[a-z0-9][a-z0-9-]{0,39}")
-#: Workspaces whose pin a process keeps at most; when full, it starts afresh (as ``web/auth.py``'s key cache).
+#: Workspaces whose pin a process keeps at most; when full, it starts afresh (``ttl_cache.TtlCache``).
 CACHE_MAX_ENTRIES = 10_000
 
 
@@ -42,27 +43,25 @@ class WorkspaceRegions:
         self.client = client
         self.cache_s = cache_s
         self.clock = clock
-        #: workspace -> (reused until, its pin); ``self.clock``'s times
-        self._cache: dict[str, tuple[float, tuple[str, ...]]] = {}
+        #: workspace -> its pin, until ``cache_s`` after it was read (``self.clock``'s times)
+        self._cache: TtlCache[str, tuple[str, ...]] = TtlCache(CACHE_MAX_ENTRIES)
         self._set = load_script(client, "ws_regions", SET_ARGS)
 
     def set(self, workspace: str, regions: tuple[str, ...]) -> None:
         """Pin ``workspace`` to ``regions`` (none: unpin it); LookupError if there is no such workspace."""
         if not self._set(keys=[keys.workspace(workspace)], args=argv(SET_ARGS, regions=",".join(regions))):
             raise LookupError(f"no workspace {workspace}")
-        self._cache.pop(workspace, None)
+        self._cache.drop(workspace)
 
     def of(self, workspace: str) -> tuple[str, ...]:
         """The regions ``workspace`` is pinned to; () when it is not. Read
         at most once per ``cache_s`` per workspace in this process."""
         now = self.clock()
-        cached = self._cache.get(workspace)
-        if cached is not None and cached[0] > now:
-            return cached[1]
+        cached = self._cache.fresh(workspace, now)
+        if cached is not None:
+            return cached
         raw = self.client.hget(keys.workspace(workspace), "regions")
         pinned = tuple(raw.decode().split(",")) if raw else ()
         if self.cache_s > 0:
-            if len(self._cache) >= CACHE_MAX_ENTRIES:
-                self._cache.clear()
-            self._cache[workspace] = (now + self.cache_s, pinned)
+            self._cache.put(workspace, pinned, now + self.cache_s)
         return pinned

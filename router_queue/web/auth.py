@@ -22,6 +22,7 @@ from flask import Request
 from ..errors import NotEnabled, Unauthorized
 from ..store.accounts import Accounts
 from ..store.apikeys import hash_key, key_id
+from ..ttl_cache import TtlCache
 
 #: Seconds a key -> caller lookup is reused: a revoked key is refused by
 #: every front door within this (the contract promises 5 s).
@@ -67,8 +68,9 @@ class KeyResolver:
     def __init__(self, accounts: Accounts, clock: Callable[[], float] = time.monotonic):
         self.accounts = accounts
         self.clock = clock
-        #: key digest -> (reused until, caller or None, when the key stops or None); ``self.clock``'s times
-        self._cache: dict[str, tuple[float, Caller | None, float | None]] = {}
+        #: key digest -> (caller or None, when the key stops or None), until
+        #: CACHE_TTL_S after it was read or the key stops; ``self.clock``'s times
+        self._cache: TtlCache[str, tuple[Caller | None, float | None]] = TtlCache(CACHE_MAX_ENTRIES)
 
     def caller(self, request: Request) -> Caller:
         """Who is calling; ``401 unauthorized`` for no key or an unknown one.
@@ -100,15 +102,14 @@ class KeyResolver:
         time; None: no end), from the cache unless ``fresh`` or stale."""
         digest = hash_key(key)
         now = self.clock()
-        cached = self._cache.get(digest)
-        if cached is not None and cached[0] > now and not fresh:
-            return cached[1], cached[2]
-        if len(self._cache) >= CACHE_MAX_ENTRIES:
-            self._cache.clear()
-        caller, left_s = self._lookup(key, cached[1] if cached is not None else None)
+        cached = None if fresh else self._cache.fresh(digest, now)
+        if cached is not None:
+            return cached
+        previous = self._cache.last(digest)
+        caller, left_s = self._lookup(key, previous[0] if previous is not None else None)
         valid_s = CACHE_TTL_S if left_s is None else min(CACHE_TTL_S, left_s)
         stops_at = None if left_s is None else now + left_s
-        self._cache[digest] = (now + valid_s, caller, stops_at)
+        self._cache.put(digest, (caller, stops_at), now + valid_s)
         return caller, stops_at
 
     def _lookup(self, key: str, previous: Caller | None) -> tuple[Caller | None, float | None]:

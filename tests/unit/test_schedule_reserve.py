@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import pytest
 
+from router_queue.cli import main
 from router_queue.provider_pools import Member
 from router_queue.services import Services
 from router_queue.store import keys
 from router_queue.store.members import MemberStore, PoolCapacity
 from tests.unit.schedule_support import PROVIDER, Fleet
+from tests.unit.support import ServicesCliRunner
 
 
 def _batch(fleet: Fleet, ws: str, n: int) -> list[str]:
@@ -125,3 +127,29 @@ def test_entries_a_step_of_an_earlier_version_left_never_give_low_work_the_reser
     interactive = fleet.submit(other, "i0")
     assert fleet.granted() == [interactive]
     assert services.redis.zrange(f"{sched}:uheads", 0, -1) == []
+
+
+def test_migrate_keys_gives_the_reserve_to_a_workspace_waiting_from_before_uheads(services):
+    """A workspace whose normal request waited from before lib/reserve.lua kept :uheads
+    took no slot kept from low work until its next change: ``ops migrate-keys`` rebuilds
+    :uheads from :heads, as the steps keep it, and the next reserved slot to free is its."""
+    fleet = Fleet(services, cap=4)  # 1 slot kept
+    batcher, other, waiting = fleet.workspace("batcher"), fleet.workspace("other"), fleet.workspace("waiting")
+    _batch(fleet, batcher, 10)
+    fleet.start_granted()
+    first = fleet.submit(other, "i0")  # takes the reserve
+    fleet.start_granted()
+    urgent = fleet.submit(waiting, "w0")  # the cap is full: it waits
+    uheads = f"{keys.schedule(PROVIDER)}:uheads"
+    kept = services.redis.zrange(uheads, 0, -1, withscores=True)
+    assert [member.decode()[16:] for member, _ in kept] == [waiting]
+    services.redis.delete(uheads)  # as the version before :uheads left it
+    batch_head = services.redis.zrange(f"{keys.schedule(PROVIDER)}:heads", 0, -1)[0]
+    services.redis.zadd(uheads, {batch_head: 0})  # and one entry it left behind
+    migrated = ServicesCliRunner(services).invoke(main, ["ops", "migrate-keys"])
+    assert migrated.exit_code == 0, migrated.output
+    assert (f"rebuilt the urgent heads of {len(services.catalog.providers())} providers' schedules: "
+            "1 workspaces may take a slot kept from low work") in migrated.output.splitlines()
+    assert services.redis.zrange(uheads, 0, -1, withscores=True) == kept
+    fleet.finish(first)
+    assert fleet.granted() == [urgent]
