@@ -149,3 +149,17 @@ def test_a_request_joining_its_workspaces_wait_counts_that_groups_competitors(po
     joined = submit(pool, eu)
     # the provider's order: us[0], first, us[1], joined; the last waits in Europe's group as its workspace does
     assert [position(pool, i) for i in (*us_waiting, first, joined)] == [4, 5, 4, 5]
+
+
+def test_a_full_group_is_passed_over_whole_however_many_of_its_workspaces_wait(pool, workspaces):
+    eu, _, free = workspaces
+    running = [submit(pool, eu) for _ in range(2)]  # Europe's two slots
+    many = []
+    for n in range(40):
+        ws = pool.accounts.create_workspace(f"eu{n}", queue_enabled=True, credits=10**6)
+        pool.regions.set(ws, (EU,))
+        many.append(submit(pool, ws))
+    unpinned = submit(pool, free)  # behind all 40 in tag order, for members they cannot use
+    assert granted(pool) == [*running, unpinned]
+    cancel(pool, eu, running[0])
+    assert granted(pool) == [running[1], unpinned, many[0]]  # Europe's first in its turn

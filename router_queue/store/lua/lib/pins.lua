@@ -3,7 +3,7 @@
 -- workspace's requests are granted against its members' room, not the
 -- pool's, and their queue positions count only the requests competing for
 -- those members.
--- requires:
+-- requires: model_room
 
 -- ---------------------------------------------------------------------------
 -- A workspace pinned to regions (store/regions.py) may run only on the members
@@ -22,11 +22,14 @@
 -- provider_error without sending it (docs/POOLS.md).
 --
 -- Granting: a group's requests in flight are counted ("pinrun|{group}", each
--- request's group kept while it holds its slot, "pinof|{id}"); while they fill
--- the group's room, the workspace is passed over for this grant and keeps its
--- tag (as a workspace whose models have no room: model_room.lua), so the
--- slot goes to the next workspace and the pinned one is first again once its
--- members have room: it waits IN_QUEUE holding no provider slot.
+-- request's group kept while it holds its slot, "pinof|{id}"). Each group is a
+-- queue of its own: its workspaces' heads are in {base}:gheads:{group}, not in
+-- {base}:heads (the unpinned workspaces'), and a grant takes the first head in
+-- tag order of :heads and of each group whose requests in flight leave its
+-- room (pick_head: one ZRANGE a group). So a full group is passed over whole,
+-- however many of its workspaces wait, its workspaces keep their tags, and the
+-- first is granted once its members have room: a pinned request waits
+-- IN_QUEUE holding no provider slot, and the unpinned are granted meanwhile.
 --
 -- Positions: the group's waiting slots are mirrored in {base}:pslots:{group}
 -- (the same members and tags), the groups waiting listed in {base}:pins. A
@@ -79,6 +82,11 @@ local function pin_running(S, group)
   return n
 end
 
+-- Where the heads of the workspaces waiting in `group` are ("": the unpinned', {base}:heads).
+local function heads_of(S, group)
+  return group == "" and S.base .. ":heads" or S.base .. ":gheads:" .. group
+end
+
 -- Whether `group`'s members are full: its requests in flight fill its room.
 -- Without region caps (before the pool is first read) nothing is full.
 local function pin_full(S, group)
@@ -86,6 +94,27 @@ local function pin_full(S, group)
     return false
   end
   return pin_running(S, group) >= pin_room(S, group)
+end
+
+-- grant()'s pick: the first head in tag order of :heads and of each group not
+-- full ({member, tag}, {} for none). The groups are read once a step, and only
+-- for a pool that names regions (no group waits in any other).
+local function pick_head(S)
+  local best = first_head(S, S.base .. ":heads")
+  if not S.region_caps then
+    return best
+  end
+  S.groups = S.groups or redis.call("SMEMBERS", S.base .. ":pins")
+  for _, group in ipairs(S.groups) do
+    if not pin_full(S, group) then
+      local head = first_head(S, heads_of(S, group))
+      if head[1] and (not best[1] or tonumber(head[2]) < tonumber(best[2])
+          or (tonumber(head[2]) == tonumber(best[2]) and head[1] < best[1])) then
+        best = head
+      end
+    end
+  end
+  return best
 end
 
 -- give_slot's part: request_id of `group` takes a slot.

@@ -113,7 +113,9 @@ local function reserve_pick(S, head)
       return nil
     end
     local ws = string.sub(pick[1], 17)
-    if redis.call("ZSCORE", S.base .. ":heads", pick[1]) and not low_first(S, ws) then
+    -- still its workspace's head (its first slot, not parked), whichever heads set holds it
+    local first = redis.call("ZRANGE", S.base .. ":wslots:" .. ws, 0, 0)
+    if first[1] == pick[1] and redis.call("HEXISTS", S.base, "parked|" .. ws) == 0 and not low_first(S, ws) then
       return pick
     end
     redis.call("ZREM", uheads, pick[1])
@@ -128,10 +130,16 @@ end
 local function urgent_rebuilt(S)
   local uheads = S.base .. ":uheads"
   redis.call("DEL", uheads)
-  local heads = redis.call("ZRANGE", S.base .. ":heads", 0, -1, "WITHSCORES")
-  for i = 1, #heads, 2 do
-    if not low_first(S, string.sub(heads[i], 17)) then
-      redis.call("ZADD", uheads, heads[i + 1], heads[i])
+  local sets = {S.base .. ":heads"}
+  for _, group in ipairs(redis.call("SMEMBERS", S.base .. ":pins")) do
+    sets[#sets + 1] = S.base .. ":gheads:" .. group  -- (lib/pins.lua)
+  end
+  for _, set in ipairs(sets) do
+    local heads = redis.call("ZRANGE", set, 0, -1, "WITHSCORES")
+    for i = 1, #heads, 2 do
+      if not low_first(S, string.sub(heads[i], 17)) then
+        redis.call("ZADD", uheads, heads[i + 1], heads[i])
+      end
     end
   end
   return redis.call("ZCARD", uheads)

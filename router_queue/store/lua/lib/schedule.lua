@@ -99,7 +99,7 @@ end
 local function park(S, ws)
   local head = first_slot(S, ws)
   if head then
-    redis.call("ZREM", S.base .. ":heads", head[1])
+    redis.call("ZREM", heads_of(S, select(3, ws_limits(S, ws))), head[1])
     redis.call("ZREM", S.base .. ":uheads", head[1])
   end
   redis.call("HSET", S.base, "parked|" .. ws, "1")
@@ -109,7 +109,7 @@ local function unpark(S, ws)
   redis.call("HDEL", S.base, "parked|" .. ws)
   local head = first_slot(S, ws)
   if head then
-    redis.call("ZADD", S.base .. ":heads", head[2], head[1])
+    redis.call("ZADD", heads_of(S, select(3, ws_limits(S, ws))), head[2], head[1])
     urgent_head(S, ws, head)
   end
 end
@@ -132,7 +132,7 @@ local function enqueue(S, ws, request_id, seq, priority)
   redis.call("ZADD", base .. ":wslots:" .. ws, num(tag), member)
   local head = nil
   if redis.call("ZCARD", base .. ":wslots:" .. ws) == 1 and redis.call("HEXISTS", base, "parked|" .. ws) == 0 then
-    redis.call("ZADD", base .. ":heads", num(tag), member)
+    redis.call("ZADD", heads_of(S, group), num(tag), member)
     head = {member, num(tag)}
   end
   local score = (BANDS[priority] or 1) * BAND_SPAN + seq
@@ -165,9 +165,10 @@ local function dequeue_waiting(S, ws, request_id)
   local wslots = S.base .. ":wslots:" .. ws
   local last = redis.call("ZPOPMAX", wslots)
   if #last > 0 then
+    local group = select(3, ws_limits(S, ws))
     redis.call("ZREM", S.base .. ":slots", last[1])
-    pin_slot_removed(S.base, select(3, ws_limits(S, ws)), last[1])
-    redis.call("ZREM", S.base .. ":heads", last[1])  -- it was the head only when it was the only slot
+    pin_slot_removed(S.base, group, last[1])
+    redis.call("ZREM", heads_of(S, group), last[1])  -- it was the head only when it was the only slot
     local now_last = redis.call("ZRANGE", wslots, -1, -1, "WITHSCORES")
     if #now_last > 0 then
       redis.call("HSET", S.base, "f|" .. ws, now_last[2])
@@ -254,12 +255,12 @@ end
 -- counted here as give_slot adds to it (no other write in this step changes
 -- it). The loop is the same: grant while a slot is free and a head exists.
 local function grant(S)
-  local base, heads = S.base, S.base .. ":heads"
+  local base = S.base
   local granted = {}
   local in_flight = S.in_flight
   S.in_flight = nil
   while in_flight == nil or in_flight < S.cap do
-    local head = first_head(S, heads)
+    local head = pick_head(S)
     if #head == 0 then
       break
     end
@@ -283,6 +284,7 @@ local function grant(S)
     elseif pin_full(S, group) then
       pass_over(S, ws)  -- its members are full: it waits, holding no slot (lib/pins.lua)
     elseif room_in(S, ws, in_flight, in_flight >= S.cap - S.low_reserve) then  -- else left for this step
+      local heads = heads_of(S, group)
       redis.call("ZREM", heads, member)
       redis.call("ZREM", base .. ":slots", member)
       redis.call("ZREM", base .. ":wslots:" .. ws, member)
