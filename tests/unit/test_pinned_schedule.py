@@ -8,6 +8,7 @@ admission hands the pin from the workspace's step to the provider's)."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from router_queue.catalog import Catalog
 from router_queue.requests.record import Submission
@@ -163,3 +164,41 @@ def test_a_full_group_is_passed_over_whole_however_many_of_its_workspaces_wait(p
     assert granted(pool) == [*running, unpinned]
     cancel(pool, eu, running[0])
     assert granted(pool) == [running[1], unpinned, many[0]]  # Europe's first in its turn
+
+
+PINS = ((), (EU,), (US,), (EU, US))
+ROOM = {(EU,): 2, (US,): 2, (EU, US): 4}
+#: An operation: ("submit", workspace index) or ("end", which request holding a slot ends, by index).
+operations = st.lists(st.one_of(st.tuples(st.just("submit"), st.integers(0, len(PINS) - 1)),
+                                st.tuples(st.just("end"), st.integers(0, 7))), min_size=1, max_size=40)
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(steps=operations)
+def test_every_step_grants_all_it_may_and_no_group_past_its_room(pool, steps):
+    """After any sequence of submits and ends: the pool's cap holds, no group
+    has more in flight than its members' room, and nothing waits that could
+    be granted (a request waits only while the pool is full or its group is)."""
+    pool.redis.flushdb()
+    spaces = []
+    for n, pin in enumerate(PINS):
+        ws = pool.accounts.create_workspace(f"p{n}", queue_enabled=True, credits=10**6)
+        pool.accounts.set_limits(ws, max_queued=100)
+        pool.regions.set(ws, pin)
+        spaces.append(ws)
+    pin_of = {}
+    for op, n in steps:
+        if op == "submit":
+            pin_of[submit(pool, spaces[n])] = n
+        elif holding := [i.decode() for i in pool.redis.zrange(keys.running("vertexai"), 0, -1)]:
+            ended = holding[n % len(holding)]
+            cancel(pool, spaces[pin_of[ended]], ended)
+        holding = [i.decode() for i in pool.redis.zrange(keys.running("vertexai"), 0, -1)]
+        assert len(holding) <= 4
+        in_group = {pin: sum(PINS[pin_of[i]] == pin for i in holding) for pin in ROOM}
+        assert all(in_group[pin] <= room for pin, room in ROOM.items()), in_group
+        waiting = [i for i in pin_of if i not in holding
+                   and pool.store.status_view(i, "vertexai").record.status == IN_QUEUE]
+        for request_id in waiting:
+            pin = PINS[pin_of[request_id]]
+            assert len(holding) == 4 or (pin and in_group[pin] >= ROOM[pin]), (request_id, pin, in_group)
