@@ -31,8 +31,11 @@ TAKE_ARGS = ("now", "request_id", "lease_until", "prefer", "grow_every", "full_w
 RELEASE_ARGS = ("member", "request_id")
 LIMITED_ARGS = ("member", "what", "until", "cap", "now", "model")
 #: Seconds a request waits before it asks again when every member is full
-#: (rare: the schedule grants no more than the pool has room for, ``PoolCapacity``).
-FULL_WAIT_S = 0.25
+#: (rare: the schedule grants no more than the pool has room for, ``PoolCapacity``;
+#: mostly a request a paused member's probe sent back). Short, because the slot
+#: it waits for stays idle until it asks: 0.25 s left the member carrying a
+#: failover idle enough to double its queue wait (bench ``pool_failover``).
+FULL_WAIT_S = 0.05
 #: Seconds a process trusts the pool's capacity it last read.
 CAPACITY_TTL_S = 0.5
 #: Seconds a member whose credential was refused (401, 403) is left out.
