@@ -97,12 +97,18 @@ def test_a_pinned_workspace_waits_in_the_queue_for_its_members(pooled: RunningSt
     Before the schedule knew pins, all six were granted (the pool has 8): two
     waited IN_PROGRESS in the worker, on slots the unpinned ones needed."""
     members = pooled.services.catalog.members("vertexai")
-
-    def settled() -> bool:  # the earlier tests' 429s: learned caps grown back, no pause left
-        return all(s.learned_cap == 4 and s.out_until(OLD) <= time.time()
-                   for s in read_states(pooled.services.redis, "vertexai", members))
-    wait_for(settled, timeout_s=30, what="both members back to 4 slots")
     with pooled.caller("pin-queue") as pinned, pooled.caller("pin-free") as free:
+        def settled() -> bool:
+            """The earlier tests' 429s halved the learned caps, which grow back a slot per
+            MEMBER_GROW_SECONDS at a generation sent: both members fed until back to 4."""
+            if all(s.learned_cap == 4 and s.out_until(OLD) <= time.time()
+                   for s in read_states(pooled.services.redis, "vertexai", members)):
+                return True
+            for request_id in [free.submit_ok(OLD, gemini(unique_prompt("regrow", "[stub:latency=0.3]")))
+                               for _ in range(8)]:
+                free.wait_status(OLD, request_id, timeout_s=20)
+            return False
+        wait_for(settled, timeout_s=60, what="both members back to 4 slots")
         assert pooled.services.regions is not None
         pooled.services.regions.set(pinned.workspace, ("europe-west4",))
         try:
@@ -119,6 +125,12 @@ def test_a_pinned_workspace_waits_in_the_queue_for_its_members(pooled: RunningSt
                 assert pinned.wait_status(OLD, request_id, timeout_s=30).get("error_type") is None
             during = {loc: n - before.get(loc, 0) for loc, n in by_location(pooled).items()}
             assert during == {"us-central1": len(others), "europe-west4": len(ids)}, during
+
+            def charged() -> list[str]:  # (on a Redis Cluster, by the workspace's own step just after)
+                return sorted(e.request_id for e in pooled.services.accounts.ledger(pinned.workspace)
+                              if e.type == "charge")
+            wait_for(lambda: len(charged()) >= len(ids), timeout_s=10, what="the pinned requests charged")
+            assert charged() == sorted(ids)  # each once: none lost, none charged twice
         finally:
             pooled.services.regions.set(pinned.workspace, ())
 
