@@ -7,7 +7,10 @@ import json
 import requests
 from click.testing import CliRunner
 
+from router_queue.catalog import Catalog
+from router_queue.store.members import PoolCapacity
 from router_queue.web.front import EXTENSION
+from tests.pool_catalogs import pool_catalog, vertex_members
 from workers.context import WorkerContext
 from workers.leases import LeaseKeeper
 
@@ -76,3 +79,16 @@ def frames(response, limit: int = 20, out: list | None = None) -> list[dict]:
             break
     response.close()
     return out
+
+
+def pooled(services, directory, max_in_flight: int = 2):
+    """``services`` with Vertex AI a pool of its two locations of ``max_in_flight``
+    slots each (tests/pool_catalogs.py), the pool's capacity read at every grant
+    on a clock moved by hand (``services.clock``)."""
+    services.catalog = Catalog.load(pool_catalog(directory, members=vertex_members(max_in_flight=max_in_flight)))
+    clock = Clock()
+    services.members.clock = clock
+    capacity = PoolCapacity(services.redis, services.catalog.members, ttl_s=0, clock=clock, wait=True)
+    services.store.max_in_flight, services.store.model_caps = capacity, capacity.model_caps
+    services.clock = clock
+    return services

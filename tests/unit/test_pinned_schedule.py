@@ -10,16 +10,13 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from router_queue.catalog import Catalog
 from router_queue.requests.record import Submission
 from router_queue.services import Services
 from router_queue.states import IN_QUEUE
 from router_queue.store import keys
-from router_queue.store.members import PoolCapacity
-from tests.pool_catalogs import pool_catalog, vertex_members
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.fallback_support import NEW
-from tests.unit.support import Clock
+from tests.unit.support import pooled
 
 US, EU = "us-central1", "europe-west4"
 
@@ -31,15 +28,8 @@ def services(request, client, settings):
 
 @pytest.fixture
 def pool(services, tmp_path):
-    """Vertex AI as two locations of 2 slots each (pool cap 4), its capacity read at every grant."""
-    services.catalog = Catalog.load(pool_catalog(tmp_path, members=vertex_members(max_in_flight=2,
-                                                                                 locations=(US, EU))))
-    clock = Clock()
-    services.members.clock = clock
-    capacity = PoolCapacity(services.redis, services.catalog.members, ttl_s=0, clock=clock, wait=True)
-    services.store.max_in_flight, services.store.model_caps = capacity, capacity.model_caps
-    services.clock = clock
-    return services
+    """Vertex AI as two locations (US, EU) of 2 slots each (pool cap 4), its capacity read at every grant."""
+    return pooled(services, tmp_path)
 
 
 @pytest.fixture

@@ -8,26 +8,18 @@ from __future__ import annotations
 
 import pytest
 
-from router_queue.catalog import Catalog
 from router_queue.requests.record import Submission
 from router_queue.states import IN_QUEUE
 from router_queue.store import keys
-from router_queue.store.members import PoolCapacity, capacities, read_states
-from tests.pool_catalogs import pool_catalog, vertex_members
+from router_queue.store.members import capacities, read_states
 from tests.unit.fallback_support import NEW, OLD
-from tests.unit.support import Clock
+from tests.unit.support import pooled
 
 
 @pytest.fixture
 def pool(services, tmp_path):
     """Vertex AI as two locations of 2 slots each, its capacity read at every grant on a clock moved by hand."""
-    services.catalog = Catalog.load(pool_catalog(tmp_path, members=vertex_members(max_in_flight=2)))
-    clock = Clock()
-    services.members.clock = clock
-    capacity = PoolCapacity(services.redis, services.catalog.members, ttl_s=0, clock=clock, wait=True)
-    services.store.max_in_flight, services.store.model_caps = capacity, capacity.model_caps
-    services.clock = clock
-    return services
+    return pooled(services, tmp_path)
 
 
 def submit(services, workspace, model=NEW, fallback=""):
