@@ -66,6 +66,16 @@ def members() -> None:
                    f"{m['paused_s']}\t{m['out_s']}\t{m['taken']}\t{m['rate_limited']}\t{m['revoked']}")
 
 
+@ops.command("pins")
+def pins() -> None:
+    """Per group of regions pinned workspaces wait in: requests waiting,
+    requests holding a slot, and the room its members have now; a full group
+    waits whole while the rest of the pool is granted (docs/POOLS.md)."""
+    click.echo("provider\tgroup\twaiting\tin_flight\troom")
+    for row in summary(_services())["pins"]:
+        click.echo(f"{row['provider']}\t{row['group']}\t{row['waiting']}\t{row['in_flight']}\t{row['room']}")
+
+
 @ops.command("failures")
 def failures() -> None:
     """Recent failures by model and error_type: counts in the last hour and

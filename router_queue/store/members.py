@@ -169,18 +169,23 @@ def capacities(states: list[MemberState], now: float) -> tuple[int, str]:
     return total, ",".join(below)
 
 
-def region_rooms(members: tuple[Member, ...], serving: list[int]) -> str:
+def rooms_by_place(members: tuple[Member, ...], serving: list[int]) -> dict[str, int]:
     """Each region's room for the schedule's region pins (``lib/pins.lua``):
-    "@region=n" per region a member runs in, "@*=n" for the members marked
-    ``any_region``, n the caps of those serving now (``serving``, a cap per
-    member: 0 while it is paused or out); "" when no member names a region or
-    serves any (a pin then has no member here, and the worker ends its requests)."""
+    per region a member runs in, and "*" for the members marked ``any_region``,
+    the caps of those serving now (``serving``, a cap per member: 0 while it
+    is paused or out); empty when no member names a region or serves any (a
+    pin then has no member here, and the worker ends its requests)."""
     rooms: dict[str, int] = {}
     for member, cap in zip(members, serving, strict=True):
         place = "*" if member.any_region else member.region  # (one that serves any pin counts once)
         if place:
             rooms[place] = rooms.get(place, 0) + cap
-    return ",".join(f"@{place}={room}" for place, room in sorted(rooms.items()))
+    return rooms
+
+
+def region_rooms(members: tuple[Member, ...], serving: list[int]) -> str:
+    """:func:`rooms_by_place` as the schedule is handed it: "@region=n,@*=n"."""
+    return ",".join(f"@{place}={room}" for place, room in sorted(rooms_by_place(members, serving).items()))
 
 
 class PoolCapacity:

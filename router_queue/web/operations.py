@@ -25,6 +25,8 @@ from ..ops_token import CHALLENGE, admits
 from ..services import Services
 from ..store.fleet import FleetCollector
 from ..store.gauges import QueueGauges
+from ..store.members import rooms_by_place
+from ..store.pin_groups import pin_groups
 from ..store.webhooks import WebhookStore
 from . import paths
 from .bodies import json_response
@@ -150,6 +152,7 @@ def summary(services: Services) -> dict:
         })
     return {"providers": rows, "at": now, "webhooks": webhook_summary(services.webhooks, now),
             "members": pool_summary(services, now),
+            "pins": pin_summary(services, now),
             "failures": recent_failures(services, now),
             "workers": [{"name": w.name, "queues": list(w.queues), "pid": w.pid,
                          "alive": w.alive(now, fleet.heartbeat_s), "last_heartbeat_s": round(now - w.beat_at, 1)}
@@ -168,6 +171,24 @@ def pool_summary(services: Services, now: float) -> list[dict]:
                          "paused_s": round(max(0.0, state.paused_until - now), 1),
                          "out_s": round(max(0.0, state.revoked_until - now), 1),
                          "taken": state.taken, "rate_limited": state.rate_limited, "revoked": state.revoked})
+    return rows
+
+
+def pin_summary(services: Services, now: float) -> list[dict]:
+    """Each group of regions pinned workspaces wait in (``docs/POOLS.md``, "Region
+    pins"): requests waiting, requests holding a slot and the room its members
+    have now (their learned caps, a paused or out member's left out); for the
+    page and ``ops pins``."""
+    rows = []
+    for provider in services.catalog.providers():
+        groups = pin_groups(services.redis, provider)
+        if not groups:
+            continue
+        members = services.catalog.members(provider)
+        rooms = rooms_by_place(members, [s.learned_cap if s.out_until() <= now else 0
+                                         for s in services.members.states(provider, members)])
+        rows += [{"provider": provider, "group": g.group, "waiting": g.waiting, "in_flight": g.in_flight,
+                  "room": sum(rooms.get(place, 0) for place in g.group.split(","))} for g in groups]
     return rows
 
 

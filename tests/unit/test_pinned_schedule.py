@@ -10,13 +10,14 @@ from __future__ import annotations
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from router_queue.cli import main
 from router_queue.requests.record import Submission
 from router_queue.services import Services
 from router_queue.states import IN_QUEUE
 from router_queue.store import keys
 from tests.unit.conftest import RecordingDispatcher
 from tests.unit.fallback_support import NEW
-from tests.unit.support import pooled
+from tests.unit.support import cli_runner, pooled
 
 US, EU = "us-central1", "europe-west4"
 
@@ -192,3 +193,18 @@ def test_every_step_grants_all_it_may_and_no_group_past_its_room(pool, steps):
         for request_id in waiting:
             pin = PINS[pin_of[request_id]]
             assert len(holding) == 4 or (pin and in_group[pin] >= ROOM[pin]), (request_id, pin, in_group)
+
+
+def test_the_operator_sees_each_group_waiting_its_slots_and_its_room(pool, workspaces, app):
+    eu, us, free = workspaces
+    for _ in range(3):
+        submit(pool, eu)  # Europe's two slots, and one waiting for them
+    for _ in range(2):
+        submit(pool, free)  # the pool's other two
+    submit(pool, us)  # waits for the pool, not for its room
+    shown = cli_runner(app).invoke(main, ["ops", "pins"])
+    assert shown.exit_code == 0, shown.output
+    assert [line.split("\t") for line in shown.output.splitlines()] == [
+        ["provider", "group", "waiting", "in_flight", "room"],
+        ["vertexai", EU, "1", "2", "2"],
+        ["vertexai", US, "1", "0", "2"]]
