@@ -133,8 +133,12 @@ end
 -- workspace's counts), gives its slot back.
 local function pin_released(S, group, request_id)
   redis.call("HDEL", S.base, "pinof|" .. request_id)
-  if tonumber(redis.call("HINCRBY", S.base, "pinrun|" .. group, -1)) <= 0 then
+  local left = tonumber(redis.call("HINCRBY", S.base, "pinrun|" .. group, -1))
+  if left <= 0 then
     redis.call("HDEL", S.base, "pinrun|" .. group)
+  end
+  if S.pinrun and S.pinrun[group] then
+    S.pinrun[group] = math.max(left, 0)  -- (a step that granted before this release)
   end
 end
 
