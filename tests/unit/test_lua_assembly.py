@@ -36,5 +36,5 @@ def test_a_script_gets_every_lib_definition_it_names(script):
 
 def test_a_status_read_carries_only_the_lib_definitions_it_calls():
     kept = re.findall(r"^local (?:function )?(\w+)", lib_for(LUA.joinpath("status.lua").read_text()), re.M)
-    assert kept == ["rate_windows", "spend_rate", "PIN_TIES", "apart", "pin_apart", "position"]
+    assert kept == ["rate_windows", "spend_rate", "PIN_TIES", "copy_group", "apart", "pin_apart", "position"]
     assert len(DEFINED) > 40

@@ -15,6 +15,5 @@ if not copy then
   return 0
 end
 -- the group its pin waits in stays while it waits (lib/pins.lua)
-local group = string.match(copy, "^[^:]*:[^:]*(:.+)$") or ""
-redis.call("HSET", KEYS[1], field, ARGV[ARG_LIMITS] .. group)
+redis.call("HSET", KEYS[1], field, group_copy(ARGV[ARG_LIMITS], copy_group(copy)))
 return 1

@@ -1,4 +1,4 @@
--- lib/pins.lua: region pins in the schedule (pin_group, pin_full, pin_granted,
+-- lib/pins.lua: region pins in the schedule (pin_group, copy_group, group_copy, pin_full, pin_granted,
 -- pin_released, pin_waiting_group, pin_slot_added, pin_slot_removed, pin_apart): a pinned
 -- workspace's requests are granted against its members' room, not the
 -- pool's, and their queue positions count only the requests competing for
@@ -59,6 +59,17 @@ local function pin_group(S, regions)
     named[#named + 1] = "*"
   end
   return table.concat(named, ",")
+end
+
+-- The group a workspace's limits copy ("lim|ws": "{weight}:{max_in_flight}[:{group}]",
+-- lib/schedule.lua) names, "" for none (or no copy).
+local function copy_group(copy)
+  return string.match(copy or "", "^[^:]*:[^:]*:(.+)$") or ""
+end
+
+-- That copy written: `limits` ("{weight}:{max_in_flight}") with `group`, if any.
+local function group_copy(limits, group)
+  return group ~= "" and limits .. ":" .. group or limits
 end
 
 -- The room of `group` now: its regions' rooms summed.
@@ -147,7 +158,7 @@ end
 -- admission wrote with its own pin's group (S.admitting) is set right when
 -- they differ, so its status reads the group it waits in.
 local function pin_waiting_group(S, request_id, copy, group)
-  local waiting_in = string.match(copy, "^[^:]*:[^:]*:(.*)$") or ""
+  local waiting_in = copy_group(copy)
   if waiting_in ~= group and S.admitting == request_id then
     if waiting_in == "" then
       redis.call("HDEL", key_request(request_id), "pin_group")
@@ -200,9 +211,9 @@ end
 -- the same tag, at most PIN_TIES, ordered as :slots orders them).
 local function pin_apart(base, ws, group, tag, member)
   if group == nil then
-    group = string.match(redis.call("HGET", base, "lim|" .. ws) or "", "^[^:]*:[^:]*:(.+)$")
+    group = copy_group(redis.call("HGET", base, "lim|" .. ws))
   end
-  if not group then
+  if not group or group == "" then
     return 0
   end
   local ahead = 0

@@ -77,7 +77,8 @@ local function ws_limits(S, ws)
   if not known then
     local copy = redis.call("HGET", S.base, "lim|" .. ws)
     if copy then
-      known = limits_of(string.match(copy, "^([^:]*):([^:]*):?(.*)$"))
+      local weight, cap = string.match(copy, "^([^:]*):([^:]*)")
+      known = limits_of(weight, cap, copy_group(copy))
     else
       local v = redis.call("HMGET", key_workspace(ws), "weight", "max_in_flight", "regions")
       known = limits_of(v[1], v[2], pin_group(S, v[3]))
@@ -126,7 +127,7 @@ local function enqueue(S, ws, request_id, seq, priority)
   end
   local tag = math.max(tonumber(v[1] or "0"), tonumber(v[2] or "0")) + math.floor(QUANTUM / weight)
   local member = string.format("%015d|", redis.call("HINCRBY", base, "slotseq", 1)) .. ws
-  redis.call("HSET", base, "f|" .. ws, num(tag), "lim|" .. ws, weight .. ":" .. cap .. (group ~= "" and ":" .. group or ""))
+  redis.call("HSET", base, "f|" .. ws, num(tag), "lim|" .. ws, group_copy(weight .. ":" .. cap, group))
   pin_slot_added(base, group, num(tag), member)
   redis.call("ZADD", base .. ":slots", num(tag), member)
   redis.call("ZADD", base .. ":wslots:" .. ws, num(tag), member)
