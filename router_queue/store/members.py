@@ -169,6 +169,11 @@ def capacities(states: list[MemberState], now: float) -> tuple[int, str]:
     return total, ",".join(below)
 
 
+def serving_caps(states: list[MemberState], now: float) -> list[int]:
+    """Each member's learned cap while it serves any model, 0 while it is paused for every model or out."""
+    return [s.learned_cap if s.out_until() <= now else 0 for s in states]
+
+
 def rooms_by_place(members: tuple[Member, ...], serving: list[int]) -> dict[str, int]:
     """Each region's room for the schedule's region pins (``lib/pins.lua``):
     per region a member runs in, and "*" for the members marked ``any_region``,
@@ -242,7 +247,7 @@ class PoolCapacity:
         else:
             now = self.clock()
             capacity, below = capacities(states, now)
-            rooms = region_rooms(self.members(provider), [s.learned_cap if s.out_until() <= now else 0 for s in states])
+            rooms = region_rooms(self.members(provider), serving_caps(states, now))
             self._models[provider] = ",".join(part for part in (below, rooms) if part)
         self._read[provider] = (capacity, self.clock() + self.ttl_s)
         return capacity

@@ -25,7 +25,7 @@ from ..ops_token import CHALLENGE, admits
 from ..services import Services
 from ..store.fleet import FleetCollector
 from ..store.gauges import QueueGauges
-from ..store.members import rooms_by_place
+from ..store.members import rooms_by_place, serving_caps
 from ..store.pin_groups import pin_groups
 from ..store.webhooks import WebhookStore
 from . import paths
@@ -185,8 +185,7 @@ def pin_summary(services: Services, now: float) -> list[dict]:
         if not groups:
             continue
         members = services.catalog.members(provider)
-        rooms = rooms_by_place(members, [s.learned_cap if s.out_until() <= now else 0
-                                         for s in services.members.states(provider, members)])
+        rooms = rooms_by_place(members, serving_caps(services.members.states(provider, members), now))
         rows += [{"provider": provider, "group": g.group, "waiting": g.waiting, "in_flight": g.in_flight,
                   "room": sum(rooms.get(place, 0) for place in g.group.split(","))} for g in groups]
     return rows
